@@ -1,0 +1,392 @@
+#include "client/attention_client.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace attention::client {
+namespace {
+
+int ClampToInt(int64_t value) {
+  if (value < 0) return -1;  // gRPC: unlimited
+  return value > std::numeric_limits<int>::max()
+             ? std::numeric_limits<int>::max()
+             : static_cast<int>(value);
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
+                                             const ClientOptions& options) {
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxSendMessageSize(ClampToInt(options.max_send_message_bytes));
+  arguments.SetMaxReceiveMessageSize(
+      ClampToInt(options.max_receive_message_bytes));
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                   arguments);
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // gRPC and absl share the canonical code space.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+// ---------------------------------------------------------------------------
+// SessionHandle
+
+SessionHandle::SessionHandle(AttentionClient* client, v1::SessionInfo info)
+    : client_(client), info_(std::move(info)) {}
+
+int64_t SessionHandle::value_dim() const {
+  return spec().value_dim() > 0 ? spec().value_dim() : spec().head_dim();
+}
+
+absl::StatusOr<int64_t> SessionHandle::TokenCount(
+    absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v) const {
+  const int64_t q_row = int64_t{spec().num_q_heads()} * spec().head_dim();
+  const int64_t k_row = int64_t{spec().num_kv_heads()} * spec().head_dim();
+  const int64_t v_row = int64_t{spec().num_kv_heads()} * value_dim();
+  if (q_row <= 0 || k_row <= 0 || v_row <= 0) {
+    return absl::FailedPreconditionError(
+        "the session handle has no resolved spec (was it built from the "
+        "server's SessionInfo?)");
+  }
+  const int64_t tokens = static_cast<int64_t>(q.size()) / q_row;
+  if (tokens < 1 || static_cast<int64_t>(q.size()) != tokens * q_row ||
+      static_cast<int64_t>(k.size()) != tokens * k_row ||
+      static_cast<int64_t>(v.size()) != tokens * v_row) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q, k, v hold ", q.size(), ", ", k.size(), ", ", v.size(),
+        " floats; for T tokens they need T*", q_row, ", T*", k_row, ", T*",
+        v_row, " (H*head_dim, H_kv*head_dim, H_kv*value_dim) with T >= 1"));
+  }
+  return tokens;
+}
+
+template <typename Request>
+absl::StatusOr<Request> SessionHandle::MakeRequest(
+    int layer, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, const StepOptions& options,
+    std::optional<int64_t> required_tokens) const {
+  auto tokens = TokenCount(q, k, v);
+  if (!tokens.ok()) return tokens.status();
+  if (required_tokens.has_value() && *tokens != *required_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a decode step is exactly one token; got ", *tokens));
+  }
+  Request request;
+  request.set_session_id(id());
+  request.set_layer(layer);
+  auto q_tensor = MakeTensor(
+      q, {*tokens, spec().num_q_heads(), spec().head_dim()},
+      options.input_dtype);
+  if (!q_tensor.ok()) return q_tensor.status();
+  auto k_tensor = MakeTensor(
+      k, {*tokens, spec().num_kv_heads(), spec().head_dim()},
+      options.input_dtype);
+  if (!k_tensor.ok()) return k_tensor.status();
+  auto v_tensor = MakeTensor(v, {*tokens, spec().num_kv_heads(), value_dim()},
+                             options.input_dtype);
+  if (!v_tensor.ok()) return v_tensor.status();
+  *request.mutable_q() = *std::move(q_tensor);
+  *request.mutable_k() = *std::move(k_tensor);
+  *request.mutable_v() = *std::move(v_tensor);
+  request.set_output_dtype(options.output_dtype);
+  request.set_return_lse(options.return_lse);
+  return request;
+}
+
+absl::StatusOr<v1::PrefillRequest> SessionHandle::MakePrefillRequest(
+    int layer, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, const StepOptions& options) const {
+  return MakeRequest<v1::PrefillRequest>(layer, q, k, v, options,
+                                         std::nullopt);
+}
+
+absl::StatusOr<v1::DecodeRequest> SessionHandle::MakeDecodeRequest(
+    int layer, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, const StepOptions& options) const {
+  return MakeRequest<v1::DecodeRequest>(layer, q, k, v, options, 1);
+}
+
+absl::StatusOr<v1::AttentionResult> SessionHandle::Prefill(
+    int layer, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, const StepOptions& options) {
+  auto request = MakePrefillRequest(layer, q, k, v, options);
+  if (!request.ok()) return request.status();
+  return client_->Prefill(*request);
+}
+
+absl::StatusOr<v1::AttentionResult> SessionHandle::DecodeStep(
+    int layer, absl::Span<const float> q, absl::Span<const float> k,
+    absl::Span<const float> v, const StepOptions& options) {
+  auto request = MakeDecodeRequest(layer, q, k, v, options);
+  if (!request.ok()) return request.status();
+  return client_->DecodeStep(*request);
+}
+
+absl::StatusOr<v1::SessionInfo> SessionHandle::Info() const {
+  return client_->GetSession(id());
+}
+
+absl::StatusOr<v1::SessionInfo> SessionHandle::Truncate(int64_t length) {
+  return client_->TruncateSession(id(), length);
+}
+
+absl::StatusOr<SessionHandle> SessionHandle::Fork() const {
+  auto info = client_->ForkSession(id());
+  if (!info.ok()) return info.status();
+  return SessionHandle(client_, *std::move(info));
+}
+
+absl::Status SessionHandle::Delete() { return client_->DeleteSession(id()); }
+
+// ---------------------------------------------------------------------------
+// DecodeStream
+
+DecodeStream::DecodeStream(v1::AttentionService::Stub* stub)
+    : stream_(stub->Decode(&context_)) {}
+
+DecodeStream::~DecodeStream() {
+  if (!final_status_.has_value()) {
+    context_.TryCancel();
+    stream_->Finish().IgnoreError();
+  }
+}
+
+bool DecodeStream::Write(const v1::DecodeRequest& request) {
+  if (final_status_.has_value() || writes_done_) return false;
+  return stream_->Write(request);
+}
+
+absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
+  if (!final_status_.has_value()) {
+    v1::AttentionResult result;
+    if (stream_->Read(&result)) return result;
+    final_status_ = FromGrpcStatus(stream_->Finish());
+  }
+  if (!final_status_->ok()) return *final_status_;
+  return absl::OutOfRangeError("the Decode stream has ended");
+}
+
+absl::StatusOr<v1::AttentionResult> DecodeStream::Step(
+    const v1::DecodeRequest& request) {
+  // A failed Write means the stream is over; Read then reports why.
+  Write(request);
+  return Read();
+}
+
+void DecodeStream::WritesDone() {
+  if (writes_done_ || final_status_.has_value()) return;
+  writes_done_ = true;
+  stream_->WritesDone();
+}
+
+absl::Status DecodeStream::Finish() {
+  if (final_status_.has_value()) return *final_status_;
+  WritesDone();
+  v1::AttentionResult discarded;
+  while (stream_->Read(&discarded)) {
+  }
+  final_status_ = FromGrpcStatus(stream_->Finish());
+  return *final_status_;
+}
+
+// ---------------------------------------------------------------------------
+// AttentionClient
+
+AttentionClient::AttentionClient(std::shared_ptr<grpc::Channel> channel,
+                                 ClientOptions options)
+    : channel_(std::move(channel)),
+      options_(options),
+      stub_(v1::AttentionService::NewStub(channel_)) {}
+
+std::unique_ptr<AttentionClient> AttentionClient::Connect(
+    const std::string& target, ClientOptions options) {
+  return std::make_unique<AttentionClient>(CreateChannel(target, options),
+                                           options);
+}
+
+absl::Status AttentionClient::WaitForConnected(absl::Duration timeout) {
+  if (channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("could not connect to the server within ",
+                   absl::FormatDuration(timeout),
+                   "; is attention-server running at this address?"));
+}
+
+void AttentionClient::PrepareContext(grpc::ClientContext* context) const {
+  if (options_.call_timeout != absl::InfiniteDuration()) {
+    context->set_deadline(
+        absl::ToChronoTime(absl::Now() + options_.call_timeout));
+  }
+}
+
+absl::StatusOr<v1::SessionInfo> AttentionClient::CreateSession(
+    const v1::SessionSpec& spec, absl::Duration idle_timeout) {
+  v1::CreateSessionRequest request;
+  *request.mutable_spec() = spec;
+  request.set_idle_timeout_seconds(
+      absl::ToInt64Seconds(absl::Ceil(idle_timeout, absl::Seconds(1))));
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::SessionInfo response;
+  grpc::Status status = stub_->CreateSession(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::SessionInfo> AttentionClient::GetSession(
+    absl::string_view session_id) {
+  v1::GetSessionRequest request;
+  request.set_session_id(std::string(session_id));
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::SessionInfo response;
+  grpc::Status status = stub_->GetSession(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::SessionInfo>> AttentionClient::ListSessions() {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ListSessionsResponse response;
+  grpc::Status status =
+      stub_->ListSessions(&context, v1::ListSessionsRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return std::vector<v1::SessionInfo>(response.sessions().begin(),
+                                      response.sessions().end());
+}
+
+absl::Status AttentionClient::DeleteSession(absl::string_view session_id) {
+  v1::DeleteSessionRequest request;
+  request.set_session_id(std::string(session_id));
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::DeleteSessionResponse response;
+  return FromGrpcStatus(stub_->DeleteSession(&context, request, &response));
+}
+
+absl::StatusOr<v1::SessionInfo> AttentionClient::ForkSession(
+    absl::string_view session_id) {
+  v1::ForkSessionRequest request;
+  request.set_session_id(std::string(session_id));
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::SessionInfo response;
+  grpc::Status status = stub_->ForkSession(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::SessionInfo> AttentionClient::TruncateSession(
+    absl::string_view session_id, int64_t length) {
+  v1::TruncateSessionRequest request;
+  request.set_session_id(std::string(session_id));
+  request.set_length(length);
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::SessionInfo response;
+  grpc::Status status = stub_->TruncateSession(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::AttentionResult> AttentionClient::Prefill(
+    const v1::PrefillRequest& request) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::AttentionResult response;
+  grpc::Status status = stub_->Prefill(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::AttentionResult> AttentionClient::DecodeStep(
+    const v1::DecodeRequest& request) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::AttentionResult response;
+  grpc::Status status = stub_->DecodeStep(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<std::vector<v1::AttentionResult>> AttentionClient::BatchDecode(
+    const v1::BatchDecodeRequest& request) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::BatchDecodeResponse response;
+  grpc::Status status = stub_->BatchDecode(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return std::vector<v1::AttentionResult>(response.results().begin(),
+                                          response.results().end());
+}
+
+absl::StatusOr<v1::AttentionResult> AttentionClient::Attention(
+    const v1::AttentionRequest& request) {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::AttentionResult response;
+  grpc::Status status = stub_->Attention(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<v1::ServerInfo> AttentionClient::GetServerInfo() {
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  v1::ServerInfo response;
+  grpc::Status status =
+      stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::StatusOr<ServingStatus> AttentionClient::CheckHealth(
+    const std::string& service) {
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = health->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  switch (response.status()) {
+    case grpc::health::v1::HealthCheckResponse::SERVING:
+      return ServingStatus::kServing;
+    case grpc::health::v1::HealthCheckResponse::NOT_SERVING:
+      return ServingStatus::kNotServing;
+    case grpc::health::v1::HealthCheckResponse::SERVICE_UNKNOWN:
+      return ServingStatus::kServiceUnknown;
+    default:
+      return ServingStatus::kUnknown;
+  }
+}
+
+std::unique_ptr<DecodeStream> AttentionClient::OpenDecodeStream() {
+  return std::make_unique<DecodeStream>(stub_.get());
+}
+
+absl::StatusOr<SessionHandle> AttentionClient::OpenSession(
+    const v1::SessionSpec& spec, absl::Duration idle_timeout) {
+  auto info = CreateSession(spec, idle_timeout);
+  if (!info.ok()) return info.status();
+  return SessionHandle(this, *std::move(info));
+}
+
+}  // namespace attention::client

@@ -1,0 +1,218 @@
+// A thin C++ client for attention.v1.AttentionService.
+//
+//   auto client = attention::client::AttentionClient::Connect("host:50051");
+//   auto session = client->OpenSession(spec);           // SessionHandle
+//   auto prefill = session->Prefill(/*layer=*/0, q, k, v);
+//   auto stream = client->OpenDecodeStream();
+//   auto step = stream->Step(*session->MakeDecodeRequest(0, q1, k1, v1));
+//   auto out = attention::client::TensorToFloats(step->output());
+//
+// Every method returns the server's status translated to absl::Status (same
+// code, same message); transport failures arrive as UNAVAILABLE or
+// DEADLINE_EXCEEDED. Status codes are documented in attention.proto.
+//
+// Thread-safety: AttentionClient and SessionHandle are thread-safe (calls
+// may run concurrently from many threads). A DecodeStream is not: use each
+// stream from one thread at a time.
+#ifndef ATTENTION_CLIENT_ATTENTION_CLIENT_H_
+#define ATTENTION_CLIENT_ATTENTION_CLIENT_H_
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/status.h>
+#include <grpcpp/support/sync_stream.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "attention/v1/attention.pb.h"
+#include "client/tensor_codec.h"
+
+namespace attention::client {
+
+struct ClientOptions {
+  // Largest message sent / received (the server's default is 64 MiB).
+  int64_t max_send_message_bytes = int64_t{64} << 20;
+  int64_t max_receive_message_bytes = int64_t{64} << 20;
+  // Deadline of each unary call; infinite = none. Streams have none.
+  absl::Duration call_timeout = absl::InfiniteDuration();
+};
+
+// An insecure channel to `target` ("host:port") with the options' message
+// size limits.
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
+                                             const ClientOptions& options);
+
+// The absl::Status with the same code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// grpc.health.v1 serving status.
+enum class ServingStatus { kUnknown, kServing, kNotServing, kServiceUnknown };
+
+class AttentionClient;
+
+// Per-call options of SessionHandle's typed helpers.
+struct StepOptions {
+  // dtype q, k and v travel in (values are rounded to it).
+  v1::DType input_dtype = v1::DTYPE_FLOAT32;
+  // dtype of the result's output; unspecified = float32.
+  v1::DType output_dtype = v1::DTYPE_UNSPECIFIED;
+  bool return_lse = false;
+};
+
+// A session on the server: its id and resolved spec, with typed helpers.
+// Copyable; copies name the same server session. Deleting it is explicit
+// (Delete), never implied by destruction.
+class SessionHandle {
+ public:
+  // `client` must outlive the handle. `info` comes from the server (its spec
+  // is resolved: value_dim and max_tokens are set).
+  SessionHandle(AttentionClient* client, v1::SessionInfo info);
+
+  const std::string& id() const { return info_.session_id(); }
+  const v1::SessionSpec& spec() const { return info_.spec(); }
+  int64_t value_dim() const;
+
+  // Requests appending T tokens to `layer`: q holds T*H*head_dim floats,
+  // k T*H_kv*head_dim and v T*H_kv*value_dim (row-major [T, heads, dim]).
+  // INVALID_ARGUMENT when the sizes do not describe the same T >= 1.
+  absl::StatusOr<v1::PrefillRequest> MakePrefillRequest(
+      int layer, absl::Span<const float> q, absl::Span<const float> k,
+      absl::Span<const float> v, const StepOptions& options = {}) const;
+  // The same for one token (T must be 1), for DecodeStep, DecodeStream and
+  // BatchDecode.
+  absl::StatusOr<v1::DecodeRequest> MakeDecodeRequest(
+      int layer, absl::Span<const float> q, absl::Span<const float> k,
+      absl::Span<const float> v, const StepOptions& options = {}) const;
+
+  absl::StatusOr<v1::AttentionResult> Prefill(int layer,
+                                              absl::Span<const float> q,
+                                              absl::Span<const float> k,
+                                              absl::Span<const float> v,
+                                              const StepOptions& options = {});
+  absl::StatusOr<v1::AttentionResult> DecodeStep(
+      int layer, absl::Span<const float> q, absl::Span<const float> k,
+      absl::Span<const float> v, const StepOptions& options = {});
+
+  // The session's current state (GetSession).
+  absl::StatusOr<v1::SessionInfo> Info() const;
+  absl::StatusOr<v1::SessionInfo> Truncate(int64_t length);
+  // A copy-on-write copy of the session, as a new handle.
+  absl::StatusOr<SessionHandle> Fork() const;
+  absl::Status Delete();
+
+ private:
+  // T from the sizes of q, k and v; INVALID_ARGUMENT when inconsistent.
+  absl::StatusOr<int64_t> TokenCount(absl::Span<const float> q,
+                                     absl::Span<const float> k,
+                                     absl::Span<const float> v) const;
+  template <typename Request>
+  absl::StatusOr<Request> MakeRequest(int layer, absl::Span<const float> q,
+                                      absl::Span<const float> k,
+                                      absl::Span<const float> v,
+                                      const StepOptions& options,
+                                      std::optional<int64_t> tokens) const;
+
+  AttentionClient* client_;
+  v1::SessionInfo info_;
+};
+
+// The bidirectional Decode stream: one result per request, in order. The
+// first failing request ends the stream; its status is what Read (and
+// Finish) then return, and the steps before it stay applied.
+class DecodeStream {
+ public:
+  explicit DecodeStream(v1::AttentionService::Stub* stub);
+  ~DecodeStream();  // cancels the stream if it was not finished
+
+  DecodeStream(const DecodeStream&) = delete;
+  DecodeStream& operator=(const DecodeStream&) = delete;
+
+  // Sends a request. False when the stream has ended (Read or Finish then
+  // give the reason).
+  bool Write(const v1::DecodeRequest& request);
+  // The next result. When the stream has ended: its error, or OUT_OF_RANGE
+  // when it ended cleanly.
+  absl::StatusOr<v1::AttentionResult> Read();
+  // Write then Read.
+  absl::StatusOr<v1::AttentionResult> Step(const v1::DecodeRequest& request);
+  // Signals that no more requests follow.
+  void WritesDone();
+  // Half-closes, discards unread results, and returns the final status.
+  // Idempotent.
+  absl::Status Finish();
+
+ private:
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::DecodeRequest, v1::AttentionResult>>
+      stream_;
+  bool writes_done_ = false;
+  std::optional<absl::Status> final_status_;
+};
+
+class AttentionClient {
+ public:
+  AttentionClient(std::shared_ptr<grpc::Channel> channel,
+                  ClientOptions options = {});
+  // A client on a new channel to `target` (connects lazily).
+  static std::unique_ptr<AttentionClient> Connect(const std::string& target,
+                                                  ClientOptions options = {});
+
+  // OK once the channel is connected; DEADLINE_EXCEEDED when it is not
+  // within `timeout`.
+  absl::Status WaitForConnected(absl::Duration timeout);
+
+  absl::StatusOr<v1::SessionInfo> CreateSession(
+      const v1::SessionSpec& spec,
+      absl::Duration idle_timeout = absl::ZeroDuration());
+  absl::StatusOr<v1::SessionInfo> GetSession(absl::string_view session_id);
+  absl::StatusOr<std::vector<v1::SessionInfo>> ListSessions();
+  absl::Status DeleteSession(absl::string_view session_id);
+  absl::StatusOr<v1::SessionInfo> ForkSession(absl::string_view session_id);
+  absl::StatusOr<v1::SessionInfo> TruncateSession(absl::string_view session_id,
+                                                  int64_t length);
+  absl::StatusOr<v1::AttentionResult> Prefill(
+      const v1::PrefillRequest& request);
+  absl::StatusOr<v1::AttentionResult> DecodeStep(
+      const v1::DecodeRequest& request);
+  // Results in request order; all steps applied or none.
+  absl::StatusOr<std::vector<v1::AttentionResult>> BatchDecode(
+      const v1::BatchDecodeRequest& request);
+  absl::StatusOr<v1::AttentionResult> Attention(
+      const v1::AttentionRequest& request);
+  absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  // grpc.health.v1.Health/Check; `service` empty = the whole server.
+  absl::StatusOr<ServingStatus> CheckHealth(const std::string& service = "");
+
+  std::unique_ptr<DecodeStream> OpenDecodeStream();
+
+  // CreateSession, as a handle.
+  absl::StatusOr<SessionHandle> OpenSession(
+      const v1::SessionSpec& spec,
+      absl::Duration idle_timeout = absl::ZeroDuration());
+
+  v1::AttentionService::Stub* stub() { return stub_.get(); }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  // Applies options_.call_timeout.
+  void PrepareContext(grpc::ClientContext* context) const;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  ClientOptions options_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+};
+
+}  // namespace attention::client
+
+#endif  // ATTENTION_CLIENT_ATTENTION_CLIENT_H_

@@ -1,0 +1,449 @@
+// attnctl: command-line tool for attention-service.
+//
+//   attnctl info                      server version, backend, KV pool usage
+//   attnctl demo                      session + prefill + streamed decode,
+//                                     checked against stateless attention
+//   attnctl plan --preset=NAME | --num_layers=... [--context=N]
+//                                     KV-cache bytes per token and context
+//   attnctl health                    grpc.health.v1 check; exit codes like
+//                                     grpc_health_probe (0 serving, 2 cannot
+//                                     connect, 3 RPC failed, 4 not serving)
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "client/attention_client.h"
+#include "core/dtype.h"
+#include "core/kv_size.h"
+#include "core/session_spec.h"
+
+ABSL_FLAG(std::string, target, "localhost:50051",
+          "attention-server address (host:port).");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
+          "Deadline for connecting and for each call.");
+// plan
+ABSL_FLAG(std::string, preset, "",
+          "plan: model preset (gpt-oss-120b, llama-3.3-70b, qwen2.5-7b); "
+          "explicit flags override its fields.");
+ABSL_FLAG(int32_t, num_layers, 0, "plan: transformer layers.");
+ABSL_FLAG(int32_t, num_q_heads, 0, "plan: query heads (0 = num_kv_heads).");
+ABSL_FLAG(int32_t, num_kv_heads, 0, "plan: key/value heads.");
+ABSL_FLAG(int32_t, head_dim, 0, "plan: key dimension.");
+ABSL_FLAG(int32_t, value_dim, 0, "plan: value dimension (0 = head_dim).");
+ABSL_FLAG(std::string, kv_dtype, "",
+          "plan: KV storage dtype (float32, float16, bfloat16; default "
+          "bfloat16). demo: session kv_dtype (default float32).");
+ABSL_FLAG(std::string, window_pattern, "",
+          "plan: comma-separated windows repeated over the layers, 0 = full "
+          "(e.g. \"128,0\" alternates window-128 and full layers).");
+ABSL_FLAG(int32_t, num_sink_tokens, 0,
+          "plan: StreamingLLM sink tokens of every window layer.");
+ABSL_FLAG(int64_t, context, 131072, "plan: context length in tokens.");
+// demo
+ABSL_FLAG(int32_t, prompt_tokens, 8, "demo: prompt length.");
+ABSL_FLAG(int32_t, decode_steps, 8, "demo: streamed decode steps per layer.");
+ABSL_FLAG(uint32_t, seed, 1, "demo: random seed of the synthetic q/k/v.");
+
+namespace attention::attnctl {
+namespace {
+
+namespace v1 = ::attention::v1;
+using client::AttentionClient;
+using client::ClientOptions;
+
+std::unique_ptr<AttentionClient> MakeClient() {
+  ClientOptions options;
+  options.call_timeout = absl::GetFlag(FLAGS_timeout);
+  return AttentionClient::Connect(absl::GetFlag(FLAGS_target), options);
+}
+
+int Fail(const absl::Status& status, absl::string_view doing) {
+  std::cerr << "attnctl: " << doing << ": " << status << std::endl;
+  return 1;
+}
+
+// "4.504 GiB", "320 KiB", "12 bytes".
+std::string HumanBytes(int64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " bytes");
+  double value = static_cast<double>(bytes);
+  int unit = -1;
+  while (value >= 1024.0 && unit < 3) {
+    value /= 1024.0;
+    ++unit;
+  }
+  std::string text = absl::StrFormat("%.3f", value);
+  text.erase(text.find_last_not_of('0') + 1);
+  if (text.back() == '.') text.pop_back();
+  return absl::StrCat(text, " ", kUnits[unit]);
+}
+
+// ---------------------------------------------------------------------------
+// info
+
+int RunInfo() {
+  auto client = MakeClient();
+  auto info = client->GetServerInfo();
+  if (!info.ok()) return Fail(info.status(), "GetServerInfo");
+  std::cout << "version:            " << info->version() << "\n"
+            << "backend:            " << info->backend() << "\n"
+            << "device:             " << info->device() << "\n"
+            << "kv cache capacity:  " << info->kv_cache_capacity_bytes()
+            << " bytes (" << HumanBytes(info->kv_cache_capacity_bytes())
+            << ")\n"
+            << "kv cache used:      " << info->kv_cache_used_bytes()
+            << " bytes (" << HumanBytes(info->kv_cache_used_bytes()) << ")\n"
+            << "active sessions:    " << info->active_sessions() << "\n"
+            << "max message bytes:  " << info->max_message_bytes() << " ("
+            << HumanBytes(info->max_message_bytes()) << ")" << std::endl;
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// health
+
+int RunHealth() {
+  auto client = MakeClient();
+  const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
+  if (absl::Status connected = client->WaitForConnected(timeout);
+      !connected.ok()) {
+    std::cerr << "attnctl health: cannot connect to "
+              << absl::GetFlag(FLAGS_target) << ": " << connected.message()
+              << std::endl;
+    return 2;
+  }
+  auto status = client->CheckHealth();
+  if (!status.ok()) {
+    std::cerr << "attnctl health: health check RPC failed: "
+              << status.status() << std::endl;
+    return 3;
+  }
+  if (*status != client::ServingStatus::kServing) {
+    std::cout << "status: NOT_SERVING" << std::endl;
+    return 4;
+  }
+  std::cout << "status: SERVING" << std::endl;
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// plan
+
+struct Preset {
+  int32_t num_layers;
+  int32_t num_q_heads;
+  int32_t num_kv_heads;
+  int32_t head_dim;
+  const char* window_pattern;
+  const char* kv_dtype;
+};
+
+const std::map<std::string, Preset>& Presets() {
+  // Public model configurations; gpt-oss alternates window-128 and full
+  // layers.
+  static const auto* presets = new std::map<std::string, Preset>{
+      {"gpt-oss-120b", {36, 64, 8, 64, "128,0", "bfloat16"}},
+      {"llama-3.3-70b", {80, 64, 8, 128, "0", "bfloat16"}},
+      {"qwen2.5-7b", {28, 28, 4, 128, "0", "bfloat16"}},
+  };
+  return *presets;
+}
+
+absl::StatusOr<SessionSpec> PlanSpecFromFlags() {
+  SessionSpec spec;
+  std::string window_pattern = "0";
+  std::string kv_dtype = "bfloat16";
+  const std::string preset_name = absl::GetFlag(FLAGS_preset);
+  if (!preset_name.empty()) {
+    auto it = Presets().find(preset_name);
+    if (it == Presets().end()) {
+      std::vector<std::string> names;
+      for (const auto& [name, unused] : Presets()) names.push_back(name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown --preset ", preset_name, "; choose one of ",
+                       absl::StrJoin(names, ", ")));
+    }
+    const Preset& preset = it->second;
+    spec.num_layers = preset.num_layers;
+    spec.num_q_heads = preset.num_q_heads;
+    spec.num_kv_heads = preset.num_kv_heads;
+    spec.head_dim = preset.head_dim;
+    window_pattern = preset.window_pattern;
+    kv_dtype = preset.kv_dtype;
+    spec.model = preset_name;
+  }
+  if (int32_t v = absl::GetFlag(FLAGS_num_layers); v != 0) spec.num_layers = v;
+  if (int32_t v = absl::GetFlag(FLAGS_num_kv_heads); v != 0) {
+    spec.num_kv_heads = v;
+  }
+  if (int32_t v = absl::GetFlag(FLAGS_num_q_heads); v != 0) {
+    spec.num_q_heads = v;
+  }
+  if (spec.num_q_heads == 0) spec.num_q_heads = spec.num_kv_heads;
+  if (int32_t v = absl::GetFlag(FLAGS_head_dim); v != 0) spec.head_dim = v;
+  if (int32_t v = absl::GetFlag(FLAGS_value_dim); v != 0) spec.value_dim = v;
+  if (!absl::GetFlag(FLAGS_kv_dtype).empty()) {
+    kv_dtype = absl::GetFlag(FLAGS_kv_dtype);
+  }
+  if (!absl::GetFlag(FLAGS_window_pattern).empty()) {
+    window_pattern = absl::GetFlag(FLAGS_window_pattern);
+  }
+  if (spec.num_layers <= 0 || spec.num_kv_heads <= 0 || spec.head_dim <= 0) {
+    return absl::InvalidArgumentError(
+        "plan needs --preset or --num_layers, --num_kv_heads and --head_dim");
+  }
+  auto dtype = ParseDType(kv_dtype);
+  if (!dtype.ok()) return dtype.status();
+  spec.kv_dtype = *dtype;
+
+  std::vector<int32_t> windows;
+  for (absl::string_view part : absl::StrSplit(window_pattern, ',')) {
+    int32_t window = 0;
+    if (!absl::SimpleAtoi(part, &window) || window < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--window_pattern \"", window_pattern,
+          "\" must be comma-separated non-negative integers (0 = full)"));
+    }
+    windows.push_back(window);
+  }
+  const int32_t sinks = absl::GetFlag(FLAGS_num_sink_tokens);
+  for (int32_t layer = 0; layer < spec.num_layers; ++layer) {
+    LayerSpec& layer_spec = spec.layers.emplace_back();
+    layer_spec.window = windows[layer % windows.size()];
+    layer_spec.num_sink_tokens = layer_spec.window > 0 ? sinks : 0;
+  }
+  return spec;
+}
+
+int RunPlan() {
+  auto spec = PlanSpecFromFlags();
+  if (!spec.ok()) return Fail(spec.status(), "plan");
+  const int64_t context = absl::GetFlag(FLAGS_context);
+  if (context < 0) {
+    return Fail(absl::InvalidArgumentError("--context must be >= 0"), "plan");
+  }
+  SpecLimits limits;
+  limits.max_tokens_limit = std::max(limits.max_tokens_limit, context);
+  limits.max_layers = std::max(limits.max_layers, spec->num_layers);
+  auto resolved = ResolveSessionSpec(*spec, limits);
+  if (!resolved.ok()) return Fail(resolved.status(), "plan");
+  const KvSizePlan plan = PlanKvSize(*resolved, context);
+
+  std::vector<std::string> windows;
+  for (const LayerSpec& layer : resolved->layers) {
+    windows.push_back(absl::StrCat(layer.window));
+  }
+  std::cout << "model:                    "
+            << (resolved->model.empty() ? "(custom)" : resolved->model)
+            << "\n"
+            << "layers:                   " << resolved->num_layers << " ("
+            << plan.full_layers << " full, " << plan.window_layers
+            << " sliding-window)\n"
+            << "heads:                    " << resolved->num_q_heads
+            << " query, " << resolved->num_kv_heads << " key/value\n"
+            << "head_dim / value_dim:     " << resolved->head_dim << " / "
+            << resolved->value_dim << "\n"
+            << "kv_dtype:                 " << DTypeName(resolved->kv_dtype)
+            << "\n"
+            << "KV per token per layer:   " << plan.bytes_per_token_per_layer
+            << " bytes (" << HumanBytes(plan.bytes_per_token_per_layer)
+            << "/token)\n"
+            << "KV per token:             " << plan.bytes_per_token_all_full
+            << " bytes (" << HumanBytes(plan.bytes_per_token_all_full)
+            << "/token, all layers)\n"
+            << "KV at " << context << " tokens: " << plan.context_bytes
+            << " bytes (" << HumanBytes(plan.context_bytes)
+            << "; window layers keep window + sink tokens)\n"
+            << "KV at " << context
+            << " tokens if every layer were full: "
+            << plan.context_bytes_all_full << " bytes ("
+            << HumanBytes(plan.context_bytes_all_full) << ")" << std::endl;
+  return 0;
+}
+
+// ---------------------------------------------------------------------------
+// demo
+
+std::vector<float> RandomValues(std::mt19937& rng, int64_t count) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (float& value : values) value = uniform(rng);
+  return values;
+}
+
+int RunDemo() {
+  auto client = MakeClient();
+  const int32_t prompt = absl::GetFlag(FLAGS_prompt_tokens);
+  const int32_t steps = absl::GetFlag(FLAGS_decode_steps);
+  if (prompt < 1 || steps < 0) {
+    return Fail(absl::InvalidArgumentError(
+                    "--prompt_tokens must be >= 1, --decode_steps >= 0"),
+                "demo");
+  }
+  v1::DType kv_dtype = v1::DTYPE_FLOAT32;
+  if (std::string name = absl::GetFlag(FLAGS_kv_dtype); !name.empty()) {
+    auto parsed = ParseDType(name);
+    if (!parsed.ok()) return Fail(parsed.status(), "demo");
+    kv_dtype = static_cast<v1::DType>(static_cast<int>(*parsed));
+  }
+
+  // Two layers: full causal, and a sliding window with StreamingLLM sinks.
+  v1::SessionSpec spec;
+  spec.set_num_layers(2);
+  spec.set_num_q_heads(4);
+  spec.set_num_kv_heads(2);
+  spec.set_head_dim(16);
+  spec.set_kv_dtype(kv_dtype);
+  spec.set_model("attnctl-demo");
+  spec.add_layers()->set_window(0);
+  v1::LayerSpec* window_layer = spec.add_layers();
+  window_layer->set_window(6);
+  window_layer->set_num_sink_tokens(2);
+
+  auto session = client->OpenSession(spec);
+  if (!session.ok()) return Fail(session.status(), "CreateSession");
+  std::cout << "session " << session->id() << ": 2 layers (full; window 6 + 2 "
+            << "sinks), 4 query heads, 2 KV heads, head_dim 16, kv_dtype "
+            << v1::DType_Name(kv_dtype) << std::endl;
+
+  const int64_t heads = 4, kv_heads = 2, dim = 16;
+  const int64_t total = prompt + steps;
+  std::mt19937 rng(absl::GetFlag(FLAGS_seed));
+  int exit_code = 0;
+  std::vector<std::vector<float>> q(2), k(2), v(2), session_out(2);
+  for (int layer = 0; layer < 2; ++layer) {
+    q[layer] = RandomValues(rng, total * heads * dim);
+    k[layer] = RandomValues(rng, total * kv_heads * dim);
+    v[layer] = RandomValues(rng, total * kv_heads * dim);
+  }
+  auto slice = [](const std::vector<float>& values, int64_t row, int64_t rows,
+                  int64_t width) {
+    return absl::MakeConstSpan(values).subspan(row * width, rows * width);
+  };
+
+  // 1. Prefill the prompt on both layers.
+  for (int layer = 0; layer < 2; ++layer) {
+    auto result = session->Prefill(layer, slice(q[layer], 0, prompt, heads * dim),
+                                   slice(k[layer], 0, prompt, kv_heads * dim),
+                                   slice(v[layer], 0, prompt, kv_heads * dim));
+    if (!result.ok()) return Fail(result.status(), "Prefill");
+    auto output = client::TensorToFloats(result->output());
+    if (!output.ok()) return Fail(output.status(), "Prefill output");
+    session_out[layer] = *std::move(output);
+  }
+  std::cout << "prefilled " << prompt << " tokens on each layer" << std::endl;
+
+  // 2. Stream the decode steps through one Decode stream.
+  auto stream = client->OpenDecodeStream();
+  for (int64_t t = prompt; t < total; ++t) {
+    for (int layer = 0; layer < 2; ++layer) {
+      auto request = session->MakeDecodeRequest(
+          layer, slice(q[layer], t, 1, heads * dim),
+          slice(k[layer], t, 1, kv_heads * dim),
+          slice(v[layer], t, 1, kv_heads * dim));
+      if (!request.ok()) return Fail(request.status(), "Decode request");
+      auto result = stream->Step(*request);
+      if (!result.ok()) return Fail(result.status(), "Decode");
+      auto output = client::TensorToFloats(result->output());
+      if (!output.ok()) return Fail(output.status(), "Decode output");
+      session_out[layer].insert(session_out[layer].end(), output->begin(),
+                                output->end());
+    }
+  }
+  if (absl::Status finished = stream->Finish(); !finished.ok()) {
+    return Fail(finished, "Decode stream");
+  }
+  std::cout << "streamed " << steps << " decode steps per layer" << std::endl;
+
+  // 3. One stateless causal Attention call per layer over the same keys.
+  //    With float32 KV storage the results must be bitwise identical.
+  double worst = 0.0;
+  for (int layer = 0; layer < 2; ++layer) {
+    v1::AttentionRequest request;
+    auto q_tensor = client::MakeTensor(q[layer], {total, heads, dim});
+    auto k_tensor = client::MakeTensor(k[layer], {total, kv_heads, dim}, kv_dtype);
+    auto v_tensor = client::MakeTensor(v[layer], {total, kv_heads, dim}, kv_dtype);
+    if (!q_tensor.ok() || !k_tensor.ok() || !v_tensor.ok()) {
+      return Fail(absl::InternalError("could not build the tensors"), "demo");
+    }
+    *request.mutable_q() = *std::move(q_tensor);
+    *request.mutable_k() = *std::move(k_tensor);
+    *request.mutable_v() = *std::move(v_tensor);
+    request.set_causal(true);
+    request.set_window(spec.layers(layer).window());
+    request.set_num_sink_tokens(spec.layers(layer).num_sink_tokens());
+    auto result = client->Attention(request);
+    if (!result.ok()) return Fail(result.status(), "Attention");
+    auto stateless = client::TensorToFloats(result->output());
+    if (!stateless.ok()) return Fail(stateless.status(), "Attention output");
+    double max_diff = 0.0;
+    for (size_t i = 0; i < stateless->size(); ++i) {
+      max_diff = std::max(
+          max_diff, std::fabs(static_cast<double>((*stateless)[i]) -
+                              static_cast<double>(session_out[layer][i])));
+    }
+    std::cout << "layer " << layer
+              << ": max |session - stateless| = " << max_diff << std::endl;
+    worst = std::max(worst, max_diff);
+  }
+  std::cout << "max abs difference: " << worst << std::endl;
+  if (kv_dtype == v1::DTYPE_FLOAT32 && worst != 0.0) {
+    std::cerr << "attnctl demo: float32 results must be bitwise identical"
+              << std::endl;
+    exit_code = 1;
+  }
+
+  if (absl::Status deleted = session->Delete(); !deleted.ok()) {
+    return Fail(deleted, "DeleteSession");
+  }
+  std::cout << "deleted session " << session->id() << std::endl;
+  return exit_code;
+}
+
+int Usage() {
+  std::cerr << "usage: attnctl info|demo|plan|health [flags]   "
+               "(attnctl --help for flags)"
+            << std::endl;
+  return 1;
+}
+
+}  // namespace
+}  // namespace attention::attnctl
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Command-line tool for attention-service.\n"
+      "  attnctl info     server version, backend and KV pool usage\n"
+      "  attnctl demo     session, prefill, streamed decode, compared with "
+      "stateless attention\n"
+      "  attnctl plan     KV-cache bytes per token and per context "
+      "(--preset or --num_layers ...)\n"
+      "  attnctl health   grpc.health.v1 check (exit 0 serving, 2 cannot "
+      "connect, 3 RPC failed, 4 not serving)");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) return attention::attnctl::Usage();
+  const std::string command = args[1];
+  if (command == "info") return attention::attnctl::RunInfo();
+  if (command == "demo") return attention::attnctl::RunDemo();
+  if (command == "plan") return attention::attnctl::RunPlan();
+  if (command == "health") return attention::attnctl::RunHealth();
+  std::cerr << "attnctl: unknown command \"" << command << "\"" << std::endl;
+  return attention::attnctl::Usage();
+}

@@ -1,0 +1,14 @@
+# attn_add_test(NAME SOURCES src... LIBS lib... [LABELS label...])
+# One GoogleTest executable; each TEST becomes a CTest test.
+function(attn_add_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest_main
+                        GTest::gmock)
+  set(labels ${ARG_LABELS})
+  if(NOT labels)
+    set(labels unit)
+  endif()
+  gtest_discover_tests(${name} PROPERTIES LABELS "${labels}"
+                       DISCOVERY_TIMEOUT 60)
+endfunction()

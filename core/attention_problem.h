@@ -1,0 +1,73 @@
+// AttentionProblem: one fully validated attention computation handed to a
+// backend, and the canonical reduction order every backend must follow.
+//
+// Reduction order (what makes results bitwise reproducible). For each query
+// row and query head:
+//   * key positions are split into chunks of kKeysPerSplit absolute
+//     positions [c*kKeysPerSplit, (c+1)*kKeysPerSplit), and each chunk into
+//     tiles of kKeysPerTile absolute positions;
+//   * a chunk's (max, denominator, accumulator) state starts empty and is
+//     updated tile by tile, keys in increasing position inside a tile, with
+//     the online-softmax rescaling of the seeds' tiled_attention;
+//   * the row state starts as the learned sink (max = sink logit,
+//     denominator = 1, accumulator = 0) or empty, and chunk states are merged
+//     into it in increasing chunk order.
+// Positions are absolute, so a token's output does not depend on how the
+// queries were chunked or batched, nor on the number of threads.
+#ifndef ATTENTION_CORE_ATTENTION_PROBLEM_H_
+#define ATTENTION_CORE_ATTENTION_PROBLEM_H_
+
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "core/kv_view.h"
+#include "core/tensor.h"
+
+namespace attention {
+
+inline constexpr int64_t kKeysPerTile = 32;
+inline constexpr int64_t kKeysPerSplit = 512;
+static_assert(kKeysPerSplit % kKeysPerTile == 0);
+
+enum class EmptyRowPolicy {
+  kError,  // a row with no visible key and no sink is INVALID_ARGUMENT
+  kZero,   // such a row yields zero output/weights and lse = -inf
+};
+
+// Which keys a query sees. Query i of a problem sits at absolute position
+// p = query_start + i. Key j is visible iff
+//   (!causal || j <= p) && (window == 0 || p - j < window ||
+//                           j < num_sink_tokens).
+// REQUIRES (checked by the engine): window > 0 and query_start > 0 only with
+// causal; num_sink_tokens > 0 only with window > 0.
+struct MaskSpec {
+  bool causal = true;
+  int32_t window = 0;
+  int32_t num_sink_tokens = 0;
+  int64_t query_start = 0;
+};
+
+struct AttentionProblem {
+  // Queries [T, H, head_dim], any dtype (converted to float32 once).
+  TensorView q;
+  // Keys and values at positions [0, kv.length).
+  KvView kv;
+  MaskSpec mask;
+  // Learned sink logit per query head: empty or exactly H finite values.
+  absl::Span<const float> sink_logits;
+  // Logit scale (finite, > 0).
+  float scale = 1.0f;
+  // Optional additive bias [T, T_k] or [H, T, T_k] (finite or -inf), where
+  // T_k = kv.length. nullptr when absent. Only stateless calls use it.
+  const TensorView* bias = nullptr;
+  EmptyRowPolicy empty_row_policy = EmptyRowPolicy::kError;
+
+  // Caller-owned float32 outputs, written by the backend:
+  float* output = nullptr;   // [T, H, value_dim], required
+  float* lse = nullptr;      // [T, H], optional
+  float* weights = nullptr;  // [H, T, T_k], optional
+};
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_ATTENTION_PROBLEM_H_

@@ -1,0 +1,82 @@
+// AttentionBackend: the device-specific half of the engine (CPU now, CUDA
+// later). It owns the memory KV blocks live in and runs attention over them.
+// Everything above it (block pool, sessions, engine) is device-agnostic.
+#ifndef ATTENTION_CORE_BACKEND_H_
+#define ATTENTION_CORE_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/attention_problem.h"
+#include "core/kv_view.h"
+#include "core/tensor.h"
+
+namespace attention {
+
+// A region of backend memory holding KV blocks. Owned by the block pool.
+class DeviceArena {
+ public:
+  virtual ~DeviceArena() = default;
+  // Base address (device address for a GPU backend). Stable for the
+  // arena's lifetime.
+  virtual std::byte* data() = 0;
+  virtual int64_t size_bytes() const = 0;
+};
+
+// Destination of KvWrite: rows [start, start + T) of a paged layer.
+struct KvWrite {
+  KvBlockLayout layout;
+  // Absolute position of the first new token.
+  int64_t start = 0;
+  // k [T, H_kv, head_dim] and v [T, H_kv, value_dim], any dtype; converted
+  // to layout.dtype. REQUIRES: values representable in layout.dtype.
+  TensorView k;
+  TensorView v;
+  // Base address of every block of the layer (indexed by logical block);
+  // the blocks covering [start, start + T) are non-null and writable.
+  absl::Span<std::byte* const> blocks;
+};
+
+// Thread-safety: every method may be called concurrently from any thread;
+// calls touching disjoint blocks and outputs never interfere.
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+
+  // "cpu" or "cuda".
+  virtual absl::string_view name() const = 0;
+  // Human-readable device description, e.g. "AMD EPYC 9654 (avx2)".
+  virtual std::string device() const = 0;
+
+  // Allocates `bytes` of block memory once at start-up.
+  // RESOURCE_EXHAUSTED when the device cannot provide it.
+  virtual absl::StatusOr<std::unique_ptr<DeviceArena>> AllocateArena(
+      int64_t bytes) = 0;
+
+  // Stores new keys and values into their blocks. INTERNAL on device
+  // failure. REQUIRES: inputs validated by the caller.
+  virtual absl::Status WriteKv(const KvWrite& write) = 0;
+
+  // Copies `bytes` from block memory `src` to block memory `dst` (used for
+  // copy-on-write). INTERNAL on device failure.
+  virtual absl::Status CopyBlock(const std::byte* src, std::byte* dst,
+                                 int64_t bytes) = 0;
+
+  // Computes every problem in the order documented in attention_problem.h.
+  // The problems are independent and may run in parallel; their outputs must
+  // not overlap. Returns INVALID_ARGUMENT when a visible logit overflows or
+  // (policy kError) a row sees no key, naming the problem index, row and
+  // head; INTERNAL on device failure. On error the outputs are unspecified.
+  // REQUIRES: shapes, dtypes, finiteness and mask parameters validated.
+  virtual absl::Status Attend(absl::Span<const AttentionProblem> problems) = 0;
+};
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_BACKEND_H_

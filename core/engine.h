@@ -1,0 +1,147 @@
+// AttentionEngine: the whole attention service without any RPC layer —
+// sessions, their paged KV caches, and stateless attention, over one
+// backend. The server translates protobuf to these calls and back.
+//
+// Every method validates its inputs completely and either succeeds or
+// changes nothing (no partial append, no leaked block). Status codes:
+//   INVALID_ARGUMENT   bad shape/dtype, NaN/Inf, overflowing logits, bad spec
+//   NOT_FOUND          unknown session
+//   OUT_OF_RANGE       append past the session's max_tokens
+//   RESOURCE_EXHAUSTED KV pool or session quota full
+//   FAILED_PRECONDITION truncation needing keys a window layer dropped
+//   INTERNAL           device failure
+#ifndef ATTENTION_CORE_ENGINE_H_
+#define ATTENTION_CORE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/attention_problem.h"
+#include "core/backend.h"
+#include "core/block_pool.h"
+#include "core/session.h"
+#include "core/session_manager.h"
+#include "core/session_spec.h"
+#include "core/tensor.h"
+
+namespace attention {
+
+struct EngineOptions {
+  // KV pool capacity and block size (bytes). A session's tokens per block is
+  // block_bytes / (its K+V bytes per token per layer).
+  int64_t kv_cache_bytes = int64_t{1} << 30;
+  int64_t kv_block_bytes = 64 << 10;
+  // Largest [H, T_q, T_k] weights tensor (bytes) a stateless call may ask
+  // for.
+  int64_t max_weights_bytes = 64 << 20;
+  SessionManagerOptions sessions;
+};
+
+// Appends T tokens to one layer (Prefill; DecodeStep is T == 1).
+struct AppendRequest {
+  std::string session_id;
+  int32_t layer = 0;
+  TensorView q;  // [T, H, head_dim]
+  TensorView k;  // [T, H_kv, head_dim]
+  TensorView v;  // [T, H_kv, value_dim]
+  DType output_dtype = DType::kFloat32;
+  bool return_lse = false;
+  // When set, T must equal it (DecodeStep uses 1).
+  std::optional<int64_t> required_tokens;
+};
+
+// Stateless attention (attention.v1.AttentionRequest).
+struct StatelessRequest {
+  TensorView q;  // [T_q, H, head_dim]
+  TensorView k;  // [T_k, H_kv, head_dim]
+  TensorView v;  // [T_k, H_kv, value_dim]
+  MaskSpec mask{.causal = false};
+  std::vector<float> sink_logits;  // empty or H
+  std::optional<TensorView> bias;  // [T_q, T_k] or [H, T_q, T_k]
+  EmptyRowPolicy empty_row_policy = EmptyRowPolicy::kError;
+  float scale = 0.0f;  // 0 = 1/sqrt(head_dim)
+  bool return_weights = false;
+  DType output_dtype = DType::kFloat32;
+  bool return_lse = false;
+};
+
+struct AttentionOutput {
+  Tensor output;  // [T, H, value_dim] in the requested dtype
+  int64_t position = 0;
+  std::optional<Tensor> weights;  // [H, T_q, T_k] float32
+  std::optional<Tensor> lse;      // [T, H] float32
+};
+
+struct EngineStats {
+  BlockPoolStats pool;
+  int64_t active_sessions = 0;
+  int64_t sessions_created_total = 0;
+  int64_t sessions_expired_total = 0;
+};
+
+// Thread-safety: all methods are thread-safe. Calls on different sessions
+// run in parallel; calls on the same session are serialised.
+class AttentionEngine {
+ public:
+  // Takes ownership of `backend` and allocates the KV pool from it.
+  // INVALID_ARGUMENT for bad options, RESOURCE_EXHAUSTED when the pool
+  // cannot be allocated.
+  static absl::StatusOr<std::unique_ptr<AttentionEngine>> Create(
+      std::unique_ptr<AttentionBackend> backend, EngineOptions options);
+  ~AttentionEngine();
+
+  AttentionEngine(const AttentionEngine&) = delete;
+  AttentionEngine& operator=(const AttentionEngine&) = delete;
+
+  const AttentionBackend& backend() const { return *backend_; }
+  const EngineOptions& options() const { return options_; }
+
+  absl::StatusOr<SessionInfo> CreateSession(const SessionSpec& spec,
+                                            absl::Duration idle_timeout);
+  absl::StatusOr<SessionInfo> GetSession(const std::string& id);
+  std::vector<SessionInfo> ListSessions() const;
+  absl::Status DeleteSession(const std::string& id);
+  absl::StatusOr<SessionInfo> ForkSession(const std::string& id);
+  // Cuts every layer longer than `length` back to it; all layers or none.
+  absl::StatusOr<SessionInfo> TruncateSession(const std::string& id,
+                                              int64_t length);
+
+  // Prefill / DecodeStep: appends the request's K/V to the layer and returns
+  // causal attention of its queries over the layer's visible history.
+  absl::StatusOr<AttentionOutput> Append(const AppendRequest& request);
+
+  // Several appends validated together and applied all or nothing (the
+  // BatchDecode RPC and the serving path's gathered decode steps). A
+  // (session, layer) may appear at most once. Results are in request order
+  // and bitwise equal to running each request alone.
+  absl::StatusOr<std::vector<AttentionOutput>> AppendBatch(
+      absl::Span<const AppendRequest> requests);
+
+  // Stateless attention over the request's own keys and values.
+  absl::StatusOr<AttentionOutput> Attend(const StatelessRequest& request);
+
+  EngineStats stats() const;
+
+  // Removes idle sessions now (the manager's reaper also does this).
+  int64_t ExpireIdleSessions();
+
+ private:
+  AttentionEngine(std::unique_ptr<AttentionBackend> backend,
+                  std::unique_ptr<BlockPool> pool, EngineOptions options);
+
+  const std::unique_ptr<AttentionBackend> backend_;
+  const std::unique_ptr<BlockPool> pool_;
+  const EngineOptions options_;
+  SessionManager sessions_;
+};
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_ENGINE_H_

@@ -1,0 +1,92 @@
+// KvView: a read-only view of the keys and values of one attention problem,
+// either paged (a session layer's blocks in the KV pool) or contiguous (the
+// k/v tensors of a stateless call). Kernels address key `pos` of KV head `h`
+// the same way in both cases, which is what lets every path share one
+// reduction order.
+#ifndef ATTENTION_CORE_KV_VIEW_H_
+#define ATTENTION_CORE_KV_VIEW_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/types/span.h"
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace attention {
+
+// Geometry of one paged KV block: all KV heads of `tokens_per_block`
+// consecutive positions of one layer. Inside a block, keys are laid out
+// [num_kv_heads][tokens_per_block][head_dim] followed by values
+// [num_kv_heads][tokens_per_block][value_dim], so a kernel streams one head's
+// keys contiguously.
+struct KvBlockLayout {
+  DType dtype = DType::kFloat32;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int value_dim = 0;
+  int64_t tokens_per_block = 0;
+
+  int64_t bytes_per_token() const {
+    return int64_t{num_kv_heads} * (head_dim + value_dim) * DTypeSize(dtype);
+  }
+  // Bytes actually used in a block (<= the pool's block size).
+  int64_t used_bytes() const { return tokens_per_block * bytes_per_token(); }
+  // Byte offset of the value region inside a block.
+  int64_t value_offset_bytes() const {
+    return int64_t{num_kv_heads} * tokens_per_block * head_dim *
+           DTypeSize(dtype);
+  }
+};
+
+struct KvView {
+  DType dtype = DType::kFloat32;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int value_dim = 0;
+  // Keys exist at absolute positions [0, length).
+  int64_t length = 0;
+  // Position `pos` lives in block pos / tokens_per_block at row
+  // pos % tokens_per_block.
+  int64_t tokens_per_block = 0;
+  // Base address of each block's keys and values; nullptr for a block that a
+  // sliding-window layer has dropped (kernels never read masked positions).
+  absl::Span<const std::byte* const> k_blocks;
+  absl::Span<const std::byte* const> v_blocks;
+  // Element strides inside a block.
+  int64_t k_token_stride = 0;
+  int64_t k_head_stride = 0;
+  int64_t v_token_stride = 0;
+  int64_t v_head_stride = 0;
+
+  const std::byte* key(int64_t pos, int head) const {
+    const std::byte* block = k_blocks[pos / tokens_per_block];
+    return block + ((pos % tokens_per_block) * k_token_stride +
+                    head * k_head_stride) *
+                       DTypeSize(dtype);
+  }
+  const std::byte* value(int64_t pos, int head) const {
+    const std::byte* block = v_blocks[pos / tokens_per_block];
+    return block + ((pos % tokens_per_block) * v_token_stride +
+                    head * v_head_stride) *
+                       DTypeSize(dtype);
+  }
+};
+
+// A view of paged blocks. `k_blocks[i]` is block i's base address and
+// `v_blocks[i]` = k_blocks[i] + layout.value_offset_bytes() (or both null).
+// The spans must outlive the view.
+KvView PagedKvView(const KvBlockLayout& layout, int64_t length,
+                   absl::Span<const std::byte* const> k_blocks,
+                   absl::Span<const std::byte* const> v_blocks);
+
+// A view of contiguous k [T_k, H_kv, head_dim] and v [T_k, H_kv, value_dim]
+// tensors, as one block. `block_storage` (2 entries) holds the block
+// pointers and must outlive the view.
+// REQUIRES: k and v validated, same dtype and T_k, same H_kv.
+KvView ContiguousKvView(const TensorView& k, const TensorView& v,
+                        const std::byte* block_storage[2]);
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_KV_VIEW_H_

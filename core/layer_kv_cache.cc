@@ -1,0 +1,202 @@
+#include "core/layer_kv_cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace attention {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+LayerKvCache::LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
+                           const LayerSpec& mask)
+    : pool_(pool), layout_(layout), mask_(mask) {}
+
+LayerKvCache::~LayerKvCache() { pool_->UnrefAll(table_); }
+
+LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
+    : pool_(other.pool_),
+      layout_(other.layout_),
+      mask_(std::move(other.mask_)),
+      length_(other.length_),
+      table_(std::move(other.table_)) {
+  other.table_.clear();
+  other.length_ = 0;
+}
+
+LayerKvCache LayerKvCache::Fork() const {
+  LayerKvCache copy(pool_, layout_, mask_);
+  copy.length_ = length_;
+  copy.table_ = table_;
+  for (BlockId id : table_) {
+    if (id != kNoBlock) pool_->Ref(id);
+  }
+  return copy;
+}
+
+int64_t LayerKvCache::referenced_blocks() const {
+  return std::count_if(table_.begin(), table_.end(),
+                       [](BlockId id) { return id != kNoBlock; });
+}
+
+int64_t LayerKvCache::FirstNeededPosition(int64_t length) const {
+  if (mask_.window <= 0) return 0;
+  // A query at position >= length reads keys > length - window. One extra
+  // block is kept so that short rollbacks (speculative decoding) still work.
+  return std::max<int64_t>(
+      0, length - mask_.window + 1 - layout_.tokens_per_block);
+}
+
+LayerKvCache::PendingAppend::PendingAppend(BlockPool* pool,
+                                           const KvBlockLayout& layout)
+    : pool_(pool), layout_(layout) {}
+
+LayerKvCache::PendingAppend::PendingAppend(PendingAppend&& other) noexcept
+    : pool_(other.pool_),
+      layout_(other.layout_),
+      start_(other.start_),
+      count_(other.count_),
+      table_(std::move(other.table_)),
+      allocated_(std::move(other.allocated_)),
+      replaced_(std::move(other.replaced_)),
+      k_blocks_(std::move(other.k_blocks_)),
+      k_view_(std::move(other.k_view_)),
+      v_view_(std::move(other.v_view_)),
+      committed_(other.committed_) {
+  other.committed_ = true;  // the moved-from object owns nothing
+}
+
+LayerKvCache::PendingAppend::~PendingAppend() {
+  if (!committed_) pool_->UnrefAll(allocated_);
+}
+
+KvWrite LayerKvCache::PendingAppend::write_target() const {
+  KvWrite write;
+  write.layout = layout_;
+  write.start = start_;
+  write.blocks = k_blocks_;
+  return write;
+}
+
+KvView LayerKvCache::PendingAppend::view() const {
+  return PagedKvView(layout_, new_length(), k_view_, v_view_);
+}
+
+absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
+    int64_t count) {
+  const int64_t tpb = layout_.tokens_per_block;
+  PendingAppend pending(pool_, layout_);
+  pending.start_ = length_;
+  pending.count_ = count;
+  pending.table_ = table_;
+
+  // The block holding the current end is written in place unless another
+  // session shares it, in which case the new tokens go to a private copy.
+  const bool partial_tail = length_ % tpb != 0;
+  const int64_t tail = length_ / tpb;
+  const bool copy_tail = partial_tail && pool_->RefCount(table_[tail]) > 1;
+  const int64_t new_blocks =
+      CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size());
+  if (absl::Status status =
+          pool_->Allocate(new_blocks + (copy_tail ? 1 : 0), &pending.allocated_);
+      !status.ok()) {
+    return status;
+  }
+  int64_t next = 0;
+  if (copy_tail) {
+    const BlockId copy = pending.allocated_[next++];
+    if (absl::Status status = pool_->CopyBlock(table_[tail], copy);
+        !status.ok()) {
+      return status;  // `pending` releases what it allocated
+    }
+    pending.replaced_.push_back(table_[tail]);
+    pending.table_[tail] = copy;
+  }
+  while (next < static_cast<int64_t>(pending.allocated_.size())) {
+    pending.table_.push_back(pending.allocated_[next++]);
+  }
+
+  const int64_t value_offset = layout_.value_offset_bytes();
+  for (BlockId id : pending.table_) {
+    std::byte* base = id == kNoBlock ? nullptr : pool_->data(id);
+    pending.k_blocks_.push_back(base);
+    pending.k_view_.push_back(base);
+    pending.v_view_.push_back(base == nullptr ? nullptr : base + value_offset);
+  }
+  return pending;
+}
+
+void LayerKvCache::Commit(PendingAppend pending) {
+  table_ = std::move(pending.table_);
+  length_ = pending.new_length();
+  pool_->UnrefAll(pending.replaced_);
+  pending.committed_ = true;
+  DropUnneededBlocks();
+}
+
+void LayerKvCache::DropUnneededBlocks() {
+  if (mask_.window <= 0) return;
+  const int64_t tpb = layout_.tokens_per_block;
+  const int64_t first_needed = FirstNeededPosition(length_);
+  for (int64_t b = 0; b < static_cast<int64_t>(table_.size()); ++b) {
+    const bool holds_sink = b * tpb < mask_.num_sink_tokens;
+    const bool before_window = (b + 1) * tpb <= first_needed;
+    if (!before_window) break;
+    if (!holds_sink && table_[b] != kNoBlock) {
+      pool_->Unref(table_[b]);
+      table_[b] = kNoBlock;
+    }
+  }
+}
+
+absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
+  if (length >= length_ || mask_.window <= 0 || length == 0) {
+    return absl::OkStatus();
+  }
+  // A query at `length` sees keys (length - window, length) besides sinks.
+  const int64_t tpb = layout_.tokens_per_block;
+  const int64_t first_visible = std::max<int64_t>(0, length - mask_.window + 1);
+  for (int64_t b = first_visible / tpb; b <= (length - 1) / tpb; ++b) {
+    if (table_[b] != kNoBlock) continue;
+    // Keys from the first retained block on are still here.
+    int64_t retained = b + 1;
+    while (retained < static_cast<int64_t>(table_.size()) &&
+           table_[retained] == kNoBlock) {
+      ++retained;
+    }
+    const int64_t shortest = retained * tpb + mask_.window - 1;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "truncating to ", length, " tokens needs keys from position ",
+        first_visible, ", which this sliding-window layer (window ",
+        mask_.window, ") has already dropped; the shortest possible length is ",
+        std::min(shortest, length_)));
+  }
+  return absl::OkStatus();
+}
+
+void LayerKvCache::Truncate(int64_t length) {
+  if (length >= length_) return;
+  const int64_t keep = CeilDiv(length, layout_.tokens_per_block);
+  pool_->UnrefAll(absl::MakeConstSpan(table_).subspan(keep));
+  table_.resize(keep);
+  length_ = length;
+}
+
+KvView LayerKvCache::view(std::vector<const std::byte*>* k_storage,
+                          std::vector<const std::byte*>* v_storage) const {
+  k_storage->clear();
+  v_storage->clear();
+  const int64_t value_offset = layout_.value_offset_bytes();
+  for (BlockId id : table_) {
+    const std::byte* base = id == kNoBlock ? nullptr : pool_->data(id);
+    k_storage->push_back(base);
+    v_storage->push_back(base == nullptr ? nullptr : base + value_offset);
+  }
+  return PagedKvView(layout_, length_, *k_storage, *v_storage);
+}
+
+}  // namespace attention

@@ -1,0 +1,116 @@
+// LayerKvCache: the paged KV history of one layer of one session.
+//
+// A block table maps logical block b (positions [b*T_b, (b+1)*T_b), T_b =
+// tokens per block) to a pool block. Sliding-window layers drop blocks no
+// future query can see (kNoBlock entries), keeping window + sink tokens plus
+// one block of slack for rollbacks.
+//
+// Appends are staged: PrepareAppend allocates (and copies on write) every
+// block the new tokens need without touching the cache; the caller writes
+// K/V and runs attention against the staged table; Commit then publishes it.
+// Dropping an uncommitted PendingAppend returns its blocks, so a failed call
+// changes nothing.
+#ifndef ATTENTION_CORE_LAYER_KV_CACHE_H_
+#define ATTENTION_CORE_LAYER_KV_CACHE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/block_pool.h"
+#include "core/kv_view.h"
+#include "core/session_spec.h"
+
+namespace attention {
+
+// Thread-safety: not thread-safe; the owning Session serialises access.
+class LayerKvCache {
+ public:
+  // `pool` must outlive the cache. `mask` is the layer's resolved spec.
+  LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
+               const LayerSpec& mask);
+  ~LayerKvCache();  // drops every block reference
+
+  LayerKvCache(LayerKvCache&& other) noexcept;
+  LayerKvCache& operator=(LayerKvCache&&) = delete;
+  LayerKvCache(const LayerKvCache&) = delete;
+  LayerKvCache& operator=(const LayerKvCache&) = delete;
+
+  // A copy sharing every block (each gains a reference).
+  LayerKvCache Fork() const;
+
+  int64_t length() const { return length_; }
+  const KvBlockLayout& layout() const { return layout_; }
+  const LayerSpec& mask() const { return mask_; }
+  // Blocks this layer references (shared blocks included).
+  int64_t referenced_blocks() const;
+
+  // A staged append of `count` tokens at positions [start, start + count).
+  class PendingAppend {
+   public:
+    PendingAppend(PendingAppend&& other) noexcept;
+    PendingAppend& operator=(PendingAppend&&) = delete;
+    ~PendingAppend();  // releases the staged blocks unless committed
+
+    int64_t start() const { return start_; }
+    int64_t new_length() const { return start_ + count_; }
+    // Destination for the new K/V (k and v left for the caller to set).
+    KvWrite write_target() const;
+    // Keys [0, new_length) as attention will see them after the append.
+    KvView view() const;
+
+   private:
+    friend class LayerKvCache;
+    PendingAppend(BlockPool* pool, const KvBlockLayout& layout);
+
+    BlockPool* pool_;
+    KvBlockLayout layout_;
+    int64_t start_ = 0;
+    int64_t count_ = 0;
+    std::vector<BlockId> table_;        // the staged block table
+    std::vector<BlockId> allocated_;    // owned until commit
+    std::vector<BlockId> replaced_;     // originals replaced by COW copies
+    std::vector<std::byte*> k_blocks_;  // base address per logical block
+    std::vector<const std::byte*> k_view_;
+    std::vector<const std::byte*> v_view_;
+    bool committed_ = false;
+  };
+
+  // Stages `count` >= 1 new tokens. RESOURCE_EXHAUSTED when the pool cannot
+  // supply the blocks; INTERNAL when a copy-on-write copy fails. Nothing
+  // changes on error.
+  absl::StatusOr<PendingAppend> PrepareAppend(int64_t count);
+
+  // Publishes `pending`, which must come from this cache's latest
+  // PrepareAppend with no other change in between, then drops the blocks a
+  // window layer no longer needs.
+  void Commit(PendingAppend pending);
+
+  // OK when Truncate(length) keeps every key a query at position `length`
+  // could see; FAILED_PRECONDITION when a window layer already dropped one.
+  absl::Status CheckTruncate(int64_t length) const;
+  // Cuts the layer back to min(length(), length) tokens, releasing blocks
+  // past the end. REQUIRES: CheckTruncate(length) is OK.
+  void Truncate(int64_t length);
+
+  // Keys [0, length()) as they are now; valid until the next change.
+  KvView view(std::vector<const std::byte*>* k_storage,
+              std::vector<const std::byte*>* v_storage) const;
+
+ private:
+  // First position a future query (at >= length) may read, with slack.
+  int64_t FirstNeededPosition(int64_t length) const;
+  void DropUnneededBlocks();
+
+  BlockPool* pool_;
+  KvBlockLayout layout_;
+  LayerSpec mask_;
+  int64_t length_ = 0;
+  std::vector<BlockId> table_;
+};
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_LAYER_KV_CACHE_H_

@@ -1,0 +1,70 @@
+#include "core/session.h"
+
+#include <utility>
+
+namespace attention {
+namespace {
+
+std::vector<LayerKvCache> EmptyLayers(const SessionSpec& spec,
+                                      const KvBlockLayout& layout,
+                                      BlockPool* pool) {
+  std::vector<LayerKvCache> layers;
+  layers.reserve(spec.num_layers);
+  for (const LayerSpec& layer : spec.layers) {
+    layers.emplace_back(pool, layout, layer);
+  }
+  return layers;
+}
+
+}  // namespace
+
+Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
+                 BlockPool* pool, absl::Duration idle_timeout, absl::Time now)
+    : Session(std::move(id), spec, layout, pool, idle_timeout, now,
+              EmptyLayers(spec, layout, pool)) {}
+
+Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
+                 BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
+                 std::vector<LayerKvCache> layers)
+    : id_(std::move(id)),
+      spec_(std::move(spec)),
+      layout_(layout),
+      pool_(pool),
+      idle_timeout_(idle_timeout),
+      last_used_ns_(absl::ToUnixNanos(now)),
+      layers_(std::move(layers)) {}
+
+std::unique_ptr<Session> Session::Fork(std::string id, absl::Time now) const {
+  std::vector<LayerKvCache> layers;
+  layers.reserve(layers_.size());
+  for (const LayerKvCache& layer : layers_) layers.push_back(layer.Fork());
+  return std::unique_ptr<Session>(new Session(std::move(id), spec_, layout_,
+                                              pool_, idle_timeout_, now,
+                                              std::move(layers)));
+}
+
+SessionInfo Session::Info() const {
+  SessionInfo info;
+  info.session_id = id_;
+  info.spec = spec_;
+  absl::MutexLock lock(&mu_);
+  int64_t blocks = 0;
+  for (const LayerKvCache& layer : layers_) {
+    info.layer_lengths.push_back(layer.length());
+    blocks += layer.referenced_blocks();
+  }
+  info.kv_cache_bytes = blocks * pool_->block_bytes();
+  return info;
+}
+
+void Session::Touch(absl::Time now) {
+  last_used_ns_.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
+}
+
+bool Session::Expired(absl::Time now) const {
+  const absl::Time last =
+      absl::FromUnixNanos(last_used_ns_.load(std::memory_order_relaxed));
+  return now - last > idle_timeout_;
+}
+
+}  // namespace attention

@@ -1,0 +1,96 @@
+// SessionManager: the table of live sessions, their ids and idle expiry.
+#ifndef ATTENTION_CORE_SESSION_MANAGER_H_
+#define ATTENTION_CORE_SESSION_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/block_pool.h"
+#include "core/session.h"
+#include "core/session_spec.h"
+
+namespace attention {
+
+struct SessionManagerOptions {
+  SpecLimits limits;
+  absl::Duration default_idle_timeout = absl::Minutes(10);
+  absl::Duration max_idle_timeout = absl::Hours(24);
+  int64_t max_sessions = 65536;
+  // How often the reaper looks for expired sessions; zero disables the
+  // background reaper (tests call ExpireIdle themselves).
+  absl::Duration reap_interval = absl::Seconds(1);
+  // Clock, replaceable by tests.
+  std::function<absl::Time()> now = [] { return absl::Now(); };
+};
+
+// Thread-safety: all methods are thread-safe. Returned sessions stay valid
+// while referenced even if deleted or expired meanwhile; their blocks are
+// freed when the last reference goes.
+class SessionManager {
+ public:
+  // `pool` must outlive the manager.
+  SessionManager(BlockPool* pool, SessionManagerOptions options);
+  ~SessionManager();  // stops the reaper
+
+  SessionManager(const SessionManager&) = delete;
+  SessionManager& operator=(const SessionManager&) = delete;
+
+  // Resolves `spec` and creates an empty session with an unguessable id.
+  // INVALID_ARGUMENT for a bad spec or timeout (including a per-token KV
+  // size larger than one pool block); RESOURCE_EXHAUSTED at max_sessions.
+  // idle_timeout zero means the default.
+  absl::StatusOr<std::shared_ptr<Session>> Create(
+      const SessionSpec& spec, absl::Duration idle_timeout);
+
+  // NOT_FOUND for an unknown or expired id. Resets the idle clock.
+  absl::StatusOr<std::shared_ptr<Session>> Get(const std::string& id);
+
+  // Every live session, in no particular order.
+  std::vector<std::shared_ptr<Session>> List() const;
+
+  // Removes the session at once. NOT_FOUND for an unknown id.
+  absl::Status Delete(const std::string& id);
+
+  // Creates a copy-on-write fork of `id`. NOT_FOUND, RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::shared_ptr<Session>> Fork(const std::string& id);
+
+  // Removes every session idle for longer than its timeout at `now`;
+  // returns how many it removed.
+  int64_t ExpireIdle(absl::Time now);
+
+  int64_t size() const;
+  int64_t expired_total() const;
+  int64_t created_total() const;
+  absl::Time Now() const { return options_.now(); }
+
+ private:
+  std::string NewSessionId();
+  absl::Status Insert(std::shared_ptr<Session> session);
+  void ReaperMain();
+
+  BlockPool* const pool_;
+  const SessionManagerOptions options_;
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  int64_t expired_total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_SESSION_MANAGER_H_

@@ -1,0 +1,155 @@
+#include "core/session_spec.h"
+
+#include <cmath>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace attention {
+namespace {
+
+absl::Status SpecError(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid SessionSpec: ", field, " ", problem));
+}
+
+absl::Status CheckRange(absl::string_view field, int64_t value, int64_t lo,
+                        int64_t hi, absl::string_view hint = "") {
+  if (value < lo || value > hi) {
+    return SpecError(field, absl::StrCat("must be in [", lo, ", ", hi,
+                                         "], got ", value, hint));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLayer(const LayerSpec& layer, absl::string_view name,
+                           int32_t num_q_heads) {
+  if (layer.window < 0) {
+    return SpecError(absl::StrCat(name, ".window"),
+                     absl::StrCat("must be >= 0 (0 = full causal), got ",
+                                  layer.window));
+  }
+  if (layer.num_sink_tokens < 0) {
+    return SpecError(absl::StrCat(name, ".num_sink_tokens"),
+                     absl::StrCat("must be >= 0, got ", layer.num_sink_tokens));
+  }
+  if (layer.num_sink_tokens > 0 && layer.window == 0) {
+    return SpecError(
+        absl::StrCat(name, ".num_sink_tokens"),
+        absl::StrCat("= ", layer.num_sink_tokens,
+                     " needs a sliding window (window > 0); a full causal "
+                     "layer already sees every token"));
+  }
+  if (!layer.sink_logits.empty() &&
+      layer.sink_logits.size() != static_cast<size_t>(num_q_heads)) {
+    return SpecError(
+        absl::StrCat(name, ".sink_logits"),
+        absl::StrCat("must be empty or have exactly num_q_heads = ",
+                     num_q_heads, " values, got ", layer.sink_logits.size()));
+  }
+  for (size_t h = 0; h < layer.sink_logits.size(); ++h) {
+    if (!std::isfinite(layer.sink_logits[h])) {
+      return SpecError(absl::StrCat(name, ".sink_logits[", h, "]"),
+                       absl::StrCat("must be finite, got ",
+                                    layer.sink_logits[h]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
+                                               const SpecLimits& limits) {
+  SessionSpec out = spec;
+  if (auto s = CheckRange("num_layers", spec.num_layers, 1, limits.max_layers);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("num_q_heads", spec.num_q_heads, 1, limits.max_heads);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("num_kv_heads", spec.num_kv_heads, 1,
+                          spec.num_q_heads, " (at most num_q_heads)");
+      !s.ok()) {
+    return s;
+  }
+  if (spec.num_q_heads % spec.num_kv_heads != 0) {
+    return SpecError(
+        "num_q_heads",
+        absl::StrCat("= ", spec.num_q_heads,
+                     " must be a multiple of num_kv_heads = ",
+                     spec.num_kv_heads, " (grouped-query attention)"));
+  }
+  if (auto s =
+          CheckRange("head_dim", spec.head_dim, 1, limits.max_head_dim);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = CheckRange("value_dim", spec.value_dim, 0, limits.max_head_dim,
+                          " (0 = head_dim)");
+      !s.ok()) {
+    return s;
+  }
+  if (out.value_dim == 0) out.value_dim = spec.head_dim;
+  switch (spec.kv_dtype) {
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      break;
+    default:
+      return SpecError("kv_dtype",
+                       absl::StrCat("is not a known dtype (",
+                                    static_cast<int>(spec.kv_dtype),
+                                    "); use float32, float16 or bfloat16"));
+  }
+  if (!std::isfinite(spec.scale) || spec.scale < 0.0f) {
+    return SpecError("scale",
+                     absl::StrCat("must be finite and >= 0 (0 = "
+                                  "1/sqrt(head_dim)), got ",
+                                  spec.scale));
+  }
+  if (spec.scale == 0.0f) {
+    out.scale =
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.head_dim)));
+  }
+
+  const size_t num_layers = static_cast<size_t>(spec.num_layers);
+  if (spec.layers.size() > 1 && spec.layers.size() != num_layers) {
+    return SpecError(
+        "layers",
+        absl::StrCat("must have 0 entries (all full causal), 1 entry (applies "
+                     "to every layer) or num_layers = ",
+                     spec.num_layers, " entries, got ", spec.layers.size()));
+  }
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    if (auto s = ValidateLayer(spec.layers[i], absl::StrCat("layers[", i, "]"),
+                               spec.num_q_heads);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (spec.layers.empty()) {
+    out.layers.assign(num_layers, LayerSpec{});
+  } else if (spec.layers.size() == 1) {
+    out.layers.assign(num_layers, spec.layers[0]);
+  }
+
+  if (spec.max_tokens < 0) {
+    return SpecError("max_tokens",
+                     absl::StrCat("must be >= 0 (0 = server default ",
+                                  limits.default_max_tokens, "), got ",
+                                  spec.max_tokens));
+  }
+  if (spec.max_tokens > limits.max_tokens_limit) {
+    return SpecError("max_tokens",
+                     absl::StrCat("= ", spec.max_tokens,
+                                  " exceeds this server's limit of ",
+                                  limits.max_tokens_limit, " tokens"));
+  }
+  if (spec.max_tokens == 0) out.max_tokens = limits.default_max_tokens;
+  return out;
+}
+
+}  // namespace attention

@@ -1,0 +1,132 @@
+// attention-server: serves attention.v1.AttentionService over gRPC.
+//
+// Stops on SIGTERM or SIGINT: stops accepting calls, lets in-flight calls
+// finish (up to --shutdown_grace), exits 0.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/attention_server.h"
+#include "server/server_options.h"
+
+ABSL_FLAG(std::string, listen_address, "0.0.0.0",
+          "Address to listen on (0.0.0.0 = all IPv4 interfaces).");
+ABSL_FLAG(int, port, 50051,
+          "gRPC port; 0 picks a free port and prints it (see --port_file).");
+ABSL_FLAG(std::string, port_file, "",
+          "When set, the bound port is written to this file once serving.");
+ABSL_FLAG(int, metrics_port, 9464,
+          "Prometheus metrics port (accepted; metrics are served in a later "
+          "release).");
+ABSL_FLAG(std::string, backend, "auto",
+          "Attention backend: auto (cuda when a GPU is usable), cpu or cuda.");
+ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30,
+          "Capacity of the KV block pool in bytes.");
+ABSL_FLAG(int64_t, kv_block_bytes, int64_t{64} << 10,
+          "Size of one KV block in bytes (a multiple of 256).");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
+          "Largest gRPC message received or sent, in bytes.");
+ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Minutes(10),
+          "Idle time after which a session is deleted (e.g. 10m, 90s).");
+ABSL_FLAG(int64_t, max_session_tokens, 131072,
+          "Default and largest SessionSpec.max_tokens (tokens per layer).");
+ABSL_FLAG(int, threads, 0, "Backend worker threads; 0 = one per core.");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
+          "On SIGTERM/SIGINT, how long in-flight calls may take to finish.");
+
+namespace attention::server {
+namespace {
+
+ServerOptions OptionsFromFlags() {
+  ServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen_address);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  options.kv_block_bytes = absl::GetFlag(FLAGS_kv_block_bytes);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
+  options.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
+  options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  return options;
+}
+
+// Writes the port via a temporary file and rename, so a reader never sees a
+// partial number.
+bool WritePortFile(const std::string& path, int port) {
+  const std::string temporary = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << port << "\n";
+    if (!out.good()) return false;
+  }
+  return std::rename(temporary.c_str(), path.c_str()) == 0;
+}
+
+int Run() {
+  // Block the stop signals before any thread exists, so every thread
+  // inherits the mask and only sigwait below ever sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const ServerOptions options = OptionsFromFlags();
+  auto server = AttentionServer::Start(options);
+  if (!server.ok()) {
+    std::cerr << "attention-server: cannot start: " << server.status()
+              << std::endl;
+    return 1;
+  }
+  std::cout << "attention-server " << ServerVersion() << " listening on "
+            << options.listen_address << ":" << (*server)->port()
+            << " port=" << (*server)->port()
+            << " backend=" << (*server)->backend_name() << " ("
+            << (*server)->backend_reason() << ")"
+            << " device=\"" << (*server)->engine().backend().device() << "\""
+            << std::endl;
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
+    std::cerr << "attention-server: cannot write --port_file " << port_file
+              << ": " << std::strerror(errno) << std::endl;
+    return 1;
+  }
+
+  int signal_number = 0;
+  while (sigwait(&stop_signals, &signal_number) != 0) {
+  }
+  std::cout << "attention-server: " << strsignal(signal_number)
+            << ", draining (up to "
+            << absl::FormatDuration(options.shutdown_grace) << ")"
+            << std::endl;
+  (*server)->Shutdown();
+  server->reset();
+  std::cout << "attention-server: stopped" << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace attention::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Serves attention.v1.AttentionService (transformer attention with "
+      "paged KV-cache sessions) over gRPC.\nUsage: attention-server "
+      "[--port=50051] [--backend=auto|cpu|cuda] [--kv_cache_bytes=N] ...");
+  absl::ParseCommandLine(argc, argv);
+  return attention::server::Run();
+}

@@ -1,0 +1,402 @@
+#include "server/metrics.h"
+
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/text_serializer.h>
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+
+namespace attention::server {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+constexpr std::array<absl::string_view, kNumRpcMethods> kMethodNames = {
+    "CreateSession", "GetSession",      "ListSessions", "DeleteSession",
+    "ForkSession",   "TruncateSession", "Prefill",      "DecodeStep",
+    "Decode",        "BatchDecode",     "Attention",    "GetServerInfo",
+};
+
+// Indexed by grpc::StatusCode.
+constexpr std::array<absl::string_view, kNumGrpcCodes> kCodeNames = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
+// 1-2.5-5 steps from 50 µs to 10 s, in nanoseconds so that recording
+// compares integers.
+constexpr std::array<int64_t, 17> kDurationBoundsNanos = {
+    50'000,        100'000,       250'000,     500'000,       1'000'000,
+    2'500'000,     5'000'000,     10'000'000,  25'000'000,    50'000'000,
+    100'000'000,   250'000'000,   500'000'000, 1'000'000'000, 2'500'000'000,
+    5'000'000'000, 10'000'000'000};
+
+constexpr std::array<int64_t, 11> kBatchBounds = {1,  2,   4,   8,   16,  32,
+                                                  64, 128, 256, 512, 1024};
+
+int CodeIndex(grpc::StatusCode code) {
+  const int index = static_cast<int>(code);
+  return index >= 0 && index < kNumGrpcCodes ? index
+                                             : grpc::StatusCode::UNKNOWN;
+}
+
+// A histogram over integer observations with fixed bounds: one atomic per
+// bucket (non-cumulative; +Inf last) and an integer sum, so that Observe is
+// two relaxed adds. The count is derived from the buckets at collection, so
+// the exported _count always equals the +Inf bucket.
+template <size_t kNumBounds>
+class AtomicHistogram {
+ public:
+  explicit AtomicHistogram(const std::array<int64_t, kNumBounds>& bounds)
+      : bounds_(bounds) {}
+
+  void Observe(int64_t value) {
+    // lower_bound: the first bound >= value, as `le` means.
+    const size_t bucket =
+        std::lower_bound(bounds_.begin(), bounds_.end(), value) -
+        bounds_.begin();
+    buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
+    sum_.fetch_add(value, std::memory_order_relaxed);
+  }
+
+  // `unit` converts bounds and sum to the exported unit.
+  ClientMetric::Histogram Collect(double unit) const {
+    ClientMetric::Histogram out;
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i <= kNumBounds; ++i) {
+      cumulative += buckets_[i].load(std::memory_order_relaxed);
+      ClientMetric::Bucket bucket;
+      bucket.cumulative_count = cumulative;
+      bucket.upper_bound = i < kNumBounds
+                               ? static_cast<double>(bounds_[i]) * unit
+                               : std::numeric_limits<double>::infinity();
+      out.bucket.push_back(bucket);
+    }
+    out.sample_count = cumulative;
+    out.sample_sum =
+        static_cast<double>(sum_.load(std::memory_order_relaxed)) * unit;
+    return out;
+  }
+
+ private:
+  const std::array<int64_t, kNumBounds>& bounds_;
+  std::array<std::atomic<uint64_t>, kNumBounds + 1> buckets_{};
+  std::atomic<int64_t> sum_{0};
+};
+
+// One cache line (or more) per method, so that the hot DecodeStep counters
+// do not share a line with other methods'.
+struct alignas(64) MethodCounters {
+  std::array<std::atomic<uint64_t>, kNumGrpcCodes> by_code{};
+  AtomicHistogram<kDurationBoundsNanos.size()> duration{kDurationBoundsNanos};
+};
+
+ClientMetric::Label Label(absl::string_view name, absl::string_view value) {
+  return ClientMetric::Label{std::string(name), std::string(value)};
+}
+
+MetricFamily Family(absl::string_view name, absl::string_view help,
+                    MetricType type) {
+  MetricFamily family;
+  family.name = std::string(name);
+  family.help = std::string(help);
+  family.type = type;
+  return family;
+}
+
+// A family with one unlabelled sample.
+MetricFamily Scalar(absl::string_view name, absl::string_view help,
+                    MetricType type, double value) {
+  MetricFamily family = Family(name, help, type);
+  ClientMetric metric;
+  if (type == MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
+  family.metric.push_back(std::move(metric));
+  return family;
+}
+
+std::vector<double> ToDoubles(absl::Span<const int64_t> values, double unit) {
+  std::vector<double> out;
+  for (int64_t v : values) out.push_back(static_cast<double>(v) * unit);
+  return out;
+}
+
+}  // namespace
+
+absl::string_view RpcMethodName(RpcMethod method) {
+  const int index = static_cast<int>(method);
+  return index >= 0 && index < kNumRpcMethods ? kMethodNames[index] : "unknown";
+}
+
+absl::string_view GrpcCodeName(grpc::StatusCode code) {
+  return kCodeNames[CodeIndex(code)];
+}
+
+// The metrics this file owns, served as one prometheus::Collectable.
+class ServerMetrics::Collector final : public prometheus::Collectable {
+ public:
+  void RecordRequest(RpcMethod method, grpc::StatusCode code,
+                     absl::Duration elapsed) {
+    const int index = static_cast<int>(method);
+    if (index < 0 || index >= kNumRpcMethods) return;
+    MethodCounters& counters = methods_[index];
+    counters.by_code[CodeIndex(code)].fetch_add(1, std::memory_order_relaxed);
+    counters.duration.Observe(
+        std::max<int64_t>(0, absl::ToInt64Nanoseconds(elapsed)));
+  }
+
+  void AddTokens(TokenPhase phase, int64_t count) {
+    if (count <= 0) return;
+    tokens_[phase == TokenPhase::kPrefill ? 0 : 1].fetch_add(
+        static_cast<uint64_t>(count), std::memory_order_relaxed);
+  }
+
+  void ObserveDecodeBatch(int64_t size) {
+    decode_batch_.Observe(std::max<int64_t>(0, size));
+  }
+
+  void AddStreams(int64_t delta) {
+    streams_active_.fetch_add(delta, std::memory_order_relaxed);
+  }
+
+  void SetStateProvider(std::function<MetricsState()> provider) {
+    absl::MutexLock lock(&provider_mu_);
+    provider_ = std::move(provider);
+  }
+
+  std::vector<MetricFamily> Collect() const override {
+    std::vector<MetricFamily> families;
+
+    MetricFamily requests =
+        Family("attention_requests_total",
+               "Finished RPCs by method and gRPC status code (Decode: "
+               "stream steps).",
+               MetricType::Counter);
+    MetricFamily durations =
+        Family("attention_request_duration_seconds",
+               "RPC handling time by method (Decode: per stream step).",
+               MetricType::Histogram);
+    for (int m = 0; m < kNumRpcMethods; ++m) {
+      const MethodCounters& counters = methods_[m];
+      for (int c = 0; c < kNumGrpcCodes; ++c) {
+        ClientMetric metric;
+        metric.label = {Label("method", kMethodNames[m]),
+                        Label("code", kCodeNames[c])};
+        metric.counter.value = static_cast<double>(
+            counters.by_code[c].load(std::memory_order_relaxed));
+        requests.metric.push_back(std::move(metric));
+      }
+      ClientMetric metric;
+      metric.label = {Label("method", kMethodNames[m])};
+      metric.histogram = counters.duration.Collect(1e-9);
+      durations.metric.push_back(std::move(metric));
+    }
+    families.push_back(std::move(requests));
+    families.push_back(std::move(durations));
+
+    MetricFamily tokens =
+        Family("attention_tokens_total",
+               "Tokens appended to sessions, by phase (prefill or decode).",
+               MetricType::Counter);
+    for (int p = 0; p < 2; ++p) {
+      ClientMetric metric;
+      metric.label = {Label("phase", p == 0 ? "prefill" : "decode")};
+      metric.counter.value =
+          static_cast<double>(tokens_[p].load(std::memory_order_relaxed));
+      tokens.metric.push_back(std::move(metric));
+    }
+    families.push_back(std::move(tokens));
+
+    MetricFamily batch =
+        Family("attention_decode_batch_size",
+               "Decode steps per BatchDecode call.", MetricType::Histogram);
+    ClientMetric batch_metric;
+    batch_metric.histogram = decode_batch_.Collect(1.0);
+    batch.metric.push_back(std::move(batch_metric));
+    families.push_back(std::move(batch));
+
+    families.push_back(Scalar(
+        "attention_streams_active", "Open Decode streams.", MetricType::Gauge,
+        static_cast<double>(streams_active_.load(std::memory_order_relaxed))));
+
+    // Holding the lock while the provider runs is what lets
+    // SetStateProvider promise that a replaced provider is no longer used.
+    absl::MutexLock lock(&provider_mu_);
+    if (provider_) AppendState(provider_(), &families);
+    return families;
+  }
+
+ private:
+  static void AppendState(const MetricsState& s,
+                          std::vector<MetricFamily>* families) {
+    const auto d = [](int64_t v) { return static_cast<double>(v); };
+    families->push_back(Scalar("attention_sessions_active", "Live sessions.",
+                               MetricType::Gauge, d(s.sessions_active)));
+    families->push_back(Scalar("attention_sessions_created_total",
+                               "Sessions created (including forks).",
+                               MetricType::Counter,
+                               d(s.sessions_created_total)));
+    families->push_back(Scalar("attention_sessions_expired_total",
+                               "Sessions removed after their idle timeout.",
+                               MetricType::Counter,
+                               d(s.sessions_expired_total)));
+    families->push_back(Scalar("attention_sessions_evicted_total",
+                               "Sessions removed to free KV cache memory.",
+                               MetricType::Counter,
+                               d(s.sessions_evicted_total)));
+    families->push_back(Scalar("attention_kv_cache_capacity_bytes",
+                               "KV block pool capacity.", MetricType::Gauge,
+                               d(s.kv_cache_capacity_bytes)));
+    families->push_back(Scalar("attention_kv_cache_used_bytes",
+                               "KV block pool bytes in referenced blocks.",
+                               MetricType::Gauge, d(s.kv_cache_used_bytes)));
+    families->push_back(Scalar(
+        "attention_kv_cache_usage_ratio",
+        "Used over capacity of the KV block pool (0 to 1).", MetricType::Gauge,
+        s.kv_cache_capacity_bytes > 0
+            ? std::clamp(
+                  d(s.kv_cache_used_bytes) / d(s.kv_cache_capacity_bytes), 0.0,
+                  1.0)
+            : 0.0));
+    families->push_back(Scalar("attention_kv_blocks_used",
+                               "KV blocks with at least one reference.",
+                               MetricType::Gauge, d(s.kv_blocks_used)));
+    families->push_back(Scalar("attention_kv_blocks_total",
+                               "KV blocks in the pool.", MetricType::Gauge,
+                               d(s.kv_blocks_total)));
+  }
+
+  std::array<MethodCounters, kNumRpcMethods> methods_;
+  alignas(64) std::array<std::atomic<uint64_t>, 2> tokens_{};
+  AtomicHistogram<kBatchBounds.size()> decode_batch_{kBatchBounds};
+  alignas(64) std::atomic<int64_t> streams_active_{0};
+
+  mutable absl::Mutex provider_mu_;
+  std::function<MetricsState()> provider_ ABSL_GUARDED_BY(provider_mu_);
+};
+
+const std::vector<double>& ServerMetrics::RequestDurationBuckets() {
+  static const auto* const buckets =
+      new std::vector<double>(ToDoubles(kDurationBoundsNanos, 1e-9));
+  return *buckets;
+}
+
+const std::vector<double>& ServerMetrics::DecodeBatchSizeBuckets() {
+  static const auto* const buckets =
+      new std::vector<double>(ToDoubles(kBatchBounds, 1.0));
+  return *buckets;
+}
+
+ServerMetrics::ServerMetrics(const ServerMetricsOptions& options)
+    : collector_(std::make_shared<Collector>()),
+      registry_(std::make_shared<prometheus::Registry>()) {
+  prometheus::BuildGauge()
+      .Name("attention_build_info")
+      .Help("Always 1; the labels say which build and backend is serving.")
+      .Register(*registry_)
+      .Add({{"version", options.version},
+            {"backend", options.backend},
+            {"device", options.device}})
+      .Set(1);
+}
+
+absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
+    const ServerMetricsOptions& options) {
+  if (options.http_threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics http_threads is ", options.http_threads, "; it must be >= 1"));
+  }
+  std::unique_ptr<ServerMetrics> metrics(new ServerMetrics(options));
+  if (options.listen_address.empty()) return metrics;
+  // civetweb reports a failed bind by throwing; nothing else here throws.
+  try {
+    metrics->exposer_ = std::make_unique<prometheus::Exposer>(
+        options.listen_address, static_cast<size_t>(options.http_threads));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve metrics on ", options.listen_address, " (", e.what(),
+        "); choose another --metrics_port, or a free one with 0"));
+  }
+  metrics->exposer_->RegisterCollectable(metrics->collector_);
+  metrics->exposer_->RegisterCollectable(metrics->registry_);
+  const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
+  metrics->port_ = ports.empty() ? 0 : ports.front();
+  return metrics;
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+void ServerMetrics::RecordRequest(RpcMethod method, grpc::StatusCode code,
+                                  absl::Duration elapsed) {
+  collector_->RecordRequest(method, code, elapsed);
+}
+
+void ServerMetrics::AddTokens(TokenPhase phase, int64_t count) {
+  collector_->AddTokens(phase, count);
+}
+
+void ServerMetrics::ObserveDecodeBatch(int64_t size) {
+  collector_->ObserveDecodeBatch(size);
+}
+
+void ServerMetrics::StreamOpened() { collector_->AddStreams(1); }
+
+void ServerMetrics::StreamClosed() { collector_->AddStreams(-1); }
+
+void ServerMetrics::SetStateProvider(std::function<MetricsState()> provider) {
+  collector_->SetStateProvider(std::move(provider));
+}
+
+std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {
+  std::vector<MetricFamily> families = collector_->Collect();
+  for (MetricFamily& family : registry_->Collect()) {
+    families.push_back(std::move(family));
+  }
+  return families;
+}
+
+std::string ServerMetrics::TextExposition() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, Collect());
+  return out.str();
+}
+
+ScopedStreamMetric::ScopedStreamMetric(ServerMetrics* metrics)
+    : metrics_(metrics) {
+  if (metrics_ != nullptr) metrics_->StreamOpened();
+}
+
+ScopedStreamMetric::~ScopedStreamMetric() {
+  if (metrics_ != nullptr) metrics_->StreamClosed();
+}
+
+}  // namespace attention::server

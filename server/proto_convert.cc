@@ -1,0 +1,255 @@
+#include "server/proto_convert.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace attention::server {
+namespace {
+
+// "steps[2].q" from ("steps[2]", "q"); just "q" without a prefix.
+std::string FieldName(absl::string_view prefix, absl::string_view field) {
+  if (prefix.empty()) return std::string(field);
+  return absl::StrCat(prefix, ".", field);
+}
+
+// Largest byte size a tensor may declare; keeps every later size computation
+// (elements * dtype size, offsets) far from int64 overflow.
+constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
+
+template <typename Request>
+absl::StatusOr<AppendRequest> AppendFromProto(const Request& request,
+                                              absl::string_view prefix) {
+  AppendRequest out;
+  out.session_id = request.session_id();
+  out.layer = request.layer();
+  auto q = TensorViewFromProto(request.q(), FieldName(prefix, "q"));
+  if (!q.ok()) return q.status();
+  auto k = TensorViewFromProto(request.k(), FieldName(prefix, "k"));
+  if (!k.ok()) return k.status();
+  auto v = TensorViewFromProto(request.v(), FieldName(prefix, "v"));
+  if (!v.ok()) return v.status();
+  auto output_dtype = OptionalDTypeFromProto(
+      request.output_dtype(), FieldName(prefix, "output_dtype"));
+  if (!output_dtype.ok()) return output_dtype.status();
+  out.q = *std::move(q);
+  out.k = *std::move(k);
+  out.v = *std::move(v);
+  out.output_dtype = *output_dtype;
+  out.return_lse = request.return_lse();
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<DType> TensorDTypeFromProto(v1::DType dtype,
+                                           absl::string_view what) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    case v1::DTYPE_UNSPECIFIED:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what,
+          " has no dtype (is the tensor missing?): set Tensor.dtype to "
+          "DTYPE_FLOAT32, DTYPE_FLOAT16 or DTYPE_BFLOAT16"));
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " has unknown dtype ", static_cast<int>(dtype),
+                   "; use DTYPE_FLOAT32, DTYPE_FLOAT16 or DTYPE_BFLOAT16"));
+}
+
+absl::StatusOr<DType> OptionalDTypeFromProto(v1::DType dtype,
+                                             absl::string_view what) {
+  if (dtype == v1::DTYPE_UNSPECIFIED) return DType::kFloat32;
+  return TensorDTypeFromProto(dtype, what);
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+absl::StatusOr<TensorView> TensorViewFromProto(const v1::Tensor& tensor,
+                                               absl::string_view what) {
+  auto dtype = TensorDTypeFromProto(tensor.dtype(), absl::StrCat(what));
+  if (!dtype.ok()) return dtype.status();
+  TensorView view;
+  view.dtype = *dtype;
+  view.shape.assign(tensor.shape().begin(), tensor.shape().end());
+  int64_t bytes = DTypeSize(view.dtype);
+  for (int i = 0; i < tensor.shape_size(); ++i) {
+    const int64_t dim = tensor.shape(i);
+    if (dim <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".shape[", i, "] is ", dim, " in shape ",
+                       ShapeString(view.shape),
+                       "; every dimension must be positive"));
+    }
+    if (dim > kMaxTensorBytes / bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " shape ", ShapeString(view.shape),
+                       " is too large to be a tensor"));
+    }
+    bytes *= dim;
+  }
+  // A view, not a copy: the request's bytes stay where gRPC parsed them.
+  view.data = reinterpret_cast<const std::byte*>(tensor.data().data());
+  view.size_bytes = static_cast<int64_t>(tensor.data().size());
+  return view;
+}
+
+void TensorToProto(const Tensor& tensor, v1::Tensor* out) {
+  out->Clear();
+  out->set_dtype(DTypeToProto(tensor.dtype()));
+  for (int64_t dim : tensor.shape()) out->add_shape(dim);
+  out->set_data(reinterpret_cast<const char*>(tensor.data()),
+                static_cast<size_t>(tensor.size_bytes()));
+}
+
+absl::StatusOr<SessionSpec> SessionSpecFromProto(const v1::SessionSpec& spec) {
+  SessionSpec out;
+  out.num_layers = spec.num_layers();
+  out.num_q_heads = spec.num_q_heads();
+  out.num_kv_heads = spec.num_kv_heads();
+  out.head_dim = spec.head_dim();
+  out.value_dim = spec.value_dim();
+  auto kv_dtype = OptionalDTypeFromProto(spec.kv_dtype(), "spec.kv_dtype");
+  if (!kv_dtype.ok()) return kv_dtype.status();
+  out.kv_dtype = *kv_dtype;
+  out.scale = spec.scale();
+  out.layers.reserve(spec.layers_size());
+  for (const v1::LayerSpec& layer : spec.layers()) {
+    LayerSpec& converted = out.layers.emplace_back();
+    converted.window = layer.window();
+    converted.num_sink_tokens = layer.num_sink_tokens();
+    converted.sink_logits.assign(layer.sink_logits().begin(),
+                                 layer.sink_logits().end());
+  }
+  out.max_tokens = spec.max_tokens();
+  out.model = spec.model();
+  return out;
+}
+
+void SessionSpecToProto(const SessionSpec& spec, v1::SessionSpec* out) {
+  out->Clear();
+  out->set_num_layers(spec.num_layers);
+  out->set_num_q_heads(spec.num_q_heads);
+  out->set_num_kv_heads(spec.num_kv_heads);
+  out->set_head_dim(spec.head_dim);
+  out->set_value_dim(spec.value_dim);
+  out->set_kv_dtype(DTypeToProto(spec.kv_dtype));
+  out->set_scale(spec.scale);
+  for (const LayerSpec& layer : spec.layers) {
+    v1::LayerSpec* converted = out->add_layers();
+    converted->set_window(layer.window);
+    converted->set_num_sink_tokens(layer.num_sink_tokens);
+    converted->mutable_sink_logits()->Add(layer.sink_logits.begin(),
+                                          layer.sink_logits.end());
+  }
+  out->set_max_tokens(spec.max_tokens);
+  out->set_model(spec.model);
+}
+
+void SessionInfoToProto(const SessionInfo& info, v1::SessionInfo* out) {
+  out->Clear();
+  out->set_session_id(info.session_id);
+  SessionSpecToProto(info.spec, out->mutable_spec());
+  out->mutable_layer_lengths()->Add(info.layer_lengths.begin(),
+                                    info.layer_lengths.end());
+  out->set_kv_cache_bytes(info.kv_cache_bytes);
+}
+
+absl::StatusOr<EmptyRowPolicy> EmptyRowPolicyFromProto(
+    v1::EmptyRowPolicy policy) {
+  switch (policy) {
+    case v1::EMPTY_ROW_POLICY_UNSPECIFIED:
+    case v1::EMPTY_ROW_POLICY_ERROR:
+      return EmptyRowPolicy::kError;
+    case v1::EMPTY_ROW_POLICY_ZERO:
+      return EmptyRowPolicy::kZero;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "empty_row_policy has unknown value ", static_cast<int>(policy),
+      "; use EMPTY_ROW_POLICY_ERROR or EMPTY_ROW_POLICY_ZERO"));
+}
+
+absl::StatusOr<AppendRequest> AppendRequestFromProto(
+    const v1::PrefillRequest& request) {
+  return AppendFromProto(request, "");
+}
+
+absl::StatusOr<AppendRequest> AppendRequestFromProto(
+    const v1::DecodeRequest& request, absl::string_view what) {
+  auto out = AppendFromProto(request, what);
+  if (out.ok()) out->required_tokens = 1;
+  return out;
+}
+
+absl::StatusOr<StatelessRequest> StatelessRequestFromProto(
+    const v1::AttentionRequest& request) {
+  StatelessRequest out;
+  auto q = TensorViewFromProto(request.q(), "q");
+  if (!q.ok()) return q.status();
+  auto k = TensorViewFromProto(request.k(), "k");
+  if (!k.ok()) return k.status();
+  auto v = TensorViewFromProto(request.v(), "v");
+  if (!v.ok()) return v.status();
+  out.q = *std::move(q);
+  out.k = *std::move(k);
+  out.v = *std::move(v);
+  out.mask.causal = request.causal();
+  out.mask.window = request.window();
+  out.mask.num_sink_tokens = request.num_sink_tokens();
+  out.mask.query_start = request.query_start();
+  out.sink_logits.assign(request.sink_logits().begin(),
+                         request.sink_logits().end());
+  if (request.has_bias()) {
+    auto bias = TensorViewFromProto(request.bias(), "bias");
+    if (!bias.ok()) return bias.status();
+    out.bias = *std::move(bias);
+  }
+  auto policy = EmptyRowPolicyFromProto(request.empty_row_policy());
+  if (!policy.ok()) return policy.status();
+  out.empty_row_policy = *policy;
+  out.scale = request.scale();
+  out.return_weights = request.return_weights();
+  auto output_dtype =
+      OptionalDTypeFromProto(request.output_dtype(), "output_dtype");
+  if (!output_dtype.ok()) return output_dtype.status();
+  out.output_dtype = *output_dtype;
+  out.return_lse = request.return_lse();
+  return out;
+}
+
+void AttentionOutputToProto(const AttentionOutput& output,
+                            v1::AttentionResult* out) {
+  out->Clear();
+  TensorToProto(output.output, out->mutable_output());
+  out->set_position(output.position);
+  if (output.weights.has_value()) {
+    TensorToProto(*output.weights, out->mutable_weights());
+  }
+  if (output.lse.has_value()) TensorToProto(*output.lse, out->mutable_lse());
+}
+
+}  // namespace attention::server

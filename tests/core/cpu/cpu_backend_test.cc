@@ -1,0 +1,979 @@
+#include "core/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstdint>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/reference_attention.h"
+
+namespace attention {
+namespace {
+
+using ::attention::testing::ReferenceAttention;
+using ::attention::testing::ReferenceInputs;
+using ::attention::testing::ReferenceKeyVisible;
+using ::attention::testing::ReferenceOutputs;
+using ::testing::HasSubstr;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kFloatMax = std::numeric_limits<float>::max();
+
+// Tensor bytes in some dtype plus the exact stored values as floats.
+struct Stored {
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  std::vector<std::byte> bytes;
+  std::vector<float> values;
+
+  TensorView view() const {
+    TensorView v;
+    v.dtype = dtype;
+    v.shape = shape;
+    v.data = bytes.data();
+    v.size_bytes = static_cast<int64_t>(bytes.size());
+    return v;
+  }
+};
+
+Stored Store(DType dtype, Shape shape, const std::vector<float>& raw) {
+  Stored s;
+  s.dtype = dtype;
+  s.shape = std::move(shape);
+  const int64_t n = NumElements(s.shape);
+  EXPECT_EQ(n, static_cast<int64_t>(raw.size()));
+  s.bytes.resize(n * DTypeSize(dtype));
+  ConvertFromFloat(raw.data(), n, dtype, s.bytes.data());
+  s.values.resize(n);
+  ConvertToFloat(dtype, s.bytes.data(), n, s.values.data());
+  return s;
+}
+
+std::vector<float> Normal(int64_t n, std::mt19937& rng, float stddev = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, stddev);
+  std::vector<float> out(n);
+  for (float& x : out) x = normal(rng);
+  return out;
+}
+
+struct Config {
+  int64_t num_queries = 8;
+  int num_heads = 4;
+  int num_kv_heads = 2;
+  int head_dim = 16;
+  int value_dim = 16;
+  int64_t num_keys = -1;  // -1: query_start + num_queries
+  DType q_dtype = DType::kFloat32;
+  DType kv_dtype = DType::kFloat32;
+  MaskSpec mask;
+  std::vector<float> sink_logits;
+  float scale = 0.0f;  // 0: 1/sqrt(head_dim)
+  int bias_rank = 0;
+  double masked_bias_fraction = 0.0;  // share of -inf bias entries
+  EmptyRowPolicy policy = EmptyRowPolicy::kError;
+  bool want_weights = false;
+  uint32_t seed = 7;
+};
+
+// One attention problem over a contiguous KV view, with its outputs.
+// Not movable: the problem points into it.
+class Case {
+ public:
+  explicit Case(const Config& config) : config_(config) {
+    std::mt19937 rng(config.seed);
+    if (config_.num_keys < 0) {
+      config_.num_keys = config_.mask.query_start + config_.num_queries;
+    }
+    if (config_.scale == 0.0f) {
+      config_.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+    }
+    const Config& c = config_;
+    q = Store(c.q_dtype, {c.num_queries, c.num_heads, c.head_dim},
+              Normal(c.num_queries * c.num_heads * c.head_dim, rng));
+    k = Store(c.kv_dtype, {c.num_keys, c.num_kv_heads, c.head_dim},
+              Normal(c.num_keys * c.num_kv_heads * c.head_dim, rng));
+    v = Store(c.kv_dtype, {c.num_keys, c.num_kv_heads, c.value_dim},
+              Normal(c.num_keys * c.num_kv_heads * c.value_dim, rng));
+    if (c.bias_rank > 0) {
+      Shape shape = {c.num_queries, c.num_keys};
+      if (c.bias_rank == 3) shape.insert(shape.begin(), c.num_heads);
+      std::vector<float> raw = Normal(NumElements(shape), rng, 0.5f);
+      std::uniform_real_distribution<double> uniform(0.0, 1.0);
+      for (float& x : raw) {
+        if (uniform(rng) < c.masked_bias_fraction) x = -kInf;
+      }
+      bias = Store(DType::kFloat32, shape, raw);
+    }
+    ResetOutputs();
+  }
+  Case(const Case&) = delete;
+  Case& operator=(const Case&) = delete;
+
+  const Config& config() const { return config_; }
+
+  void ResetOutputs() {
+    const Config& c = config_;
+    // Poison the outputs so a value the backend forgets to write shows up.
+    output.assign(c.num_queries * c.num_heads * c.value_dim, 12345.0f);
+    lse.assign(c.num_queries * c.num_heads, 12345.0f);
+    if (c.want_weights) {
+      weights.assign(c.num_heads * c.num_queries * c.num_keys, 12345.0f);
+    }
+  }
+
+  // The problem over the contiguous K/V tensors.
+  AttentionProblem Problem() {
+    k_view = k.view();
+    v_view = v.view();
+    AttentionProblem p = BaseProblem();
+    p.kv = ContiguousKvView(k_view, v_view, block_storage);
+    return p;
+  }
+
+  // The problem with an explicit KV view (e.g. paged).
+  AttentionProblem ProblemWith(const KvView& kv) {
+    AttentionProblem p = BaseProblem();
+    p.kv = kv;
+    return p;
+  }
+
+  ReferenceInputs ReferenceIn() const {
+    const Config& c = config_;
+    ReferenceInputs in;
+    in.num_queries = c.num_queries;
+    in.num_heads = c.num_heads;
+    in.num_kv_heads = c.num_kv_heads;
+    in.head_dim = c.head_dim;
+    in.value_dim = c.value_dim;
+    in.num_keys = c.num_keys;
+    in.q = q.values;
+    in.k = k.values;
+    in.v = v.values;
+    in.mask = c.mask;
+    in.sink_logits = c.sink_logits;
+    in.scale = c.scale;
+    in.bias_rank = c.bias_rank;
+    in.bias = bias.values;
+    in.empty_row_policy = c.policy;
+    return in;
+  }
+
+  Stored q, k, v, bias;
+  std::vector<float> output, lse, weights;
+
+ private:
+  AttentionProblem BaseProblem() {
+    const Config& c = config_;
+    q_view = q.view();
+    bias_view = bias.view();
+    AttentionProblem p;
+    p.q = q_view;
+    p.mask = c.mask;
+    p.sink_logits = c.sink_logits;
+    p.scale = c.scale;
+    p.bias = c.bias_rank > 0 ? &bias_view : nullptr;
+    p.empty_row_policy = c.policy;
+    p.output = output.data();
+    p.lse = lse.data();
+    p.weights = c.want_weights ? weights.data() : nullptr;
+    return p;
+  }
+
+  Config config_;
+  TensorView q_view, k_view, v_view, bias_view;
+  const std::byte* block_storage[2] = {nullptr, nullptr};
+};
+
+void ExpectClose(const std::vector<float>& got, const std::vector<double>& want,
+                 double tolerance, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const bool ok =
+        (std::isinf(want[i]) && got[i] == want[i]) ||
+        std::abs(got[i] - want[i]) <= tolerance * (1.0 + std::abs(want[i]));
+    if (!ok && reported++ < 5) {
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want "
+                    << want[i];
+    }
+  }
+}
+
+void ExpectBitwiseEqual(const std::vector<float>& a,
+                        const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+      << what << " differs bitwise";
+}
+
+// Runs `c` on `backend` and checks output, lse and (if wanted) weights
+// against the double-precision reference.
+void CheckAgainstReference(CpuBackend& backend, Case& c,
+                           double tolerance = 2e-5) {
+  const AttentionProblem problem = c.Problem();
+  ASSERT_TRUE(backend.Attend({&problem, 1}).ok());
+  absl::StatusOr<ReferenceOutputs> want = ReferenceAttention(c.ReferenceIn());
+  ASSERT_TRUE(want.ok()) << want.status();
+  ExpectClose(c.output, want->output, tolerance, "output");
+  ExpectClose(c.lse, want->lse, tolerance, "lse");
+  if (c.config().want_weights) {
+    ExpectClose(c.weights, want->weights, tolerance, "weights");
+  }
+}
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  CpuBackend backend_{3};
+};
+
+TEST_F(CpuBackendTest, NameAndDevice) {
+  EXPECT_EQ(backend_.name(), "cpu");
+  EXPECT_EQ(backend_.num_threads(), 3);
+  EXPECT_THAT(backend_.device(), HasSubstr("3 threads"));
+}
+
+TEST_F(CpuBackendTest, CausalPrefillMatchesReference) {
+  Config config;
+  config.num_queries = 77;
+  config.want_weights = true;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+}
+
+TEST_F(CpuBackendTest, NonCausalMatchesReference) {
+  Config config;
+  config.num_queries = 5;
+  config.num_keys = 70;
+  config.mask.causal = false;
+  config.want_weights = true;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+}
+
+TEST_F(CpuBackendTest, SlidingWindowMatchesReference) {
+  Config config;
+  config.num_queries = 100;
+  config.mask.window = 16;
+  config.want_weights = true;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+}
+
+TEST_F(CpuBackendTest, WindowWithSinkTokensMatchesReference) {
+  Config config;
+  config.num_queries = 150;
+  config.mask.window = 20;
+  config.mask.num_sink_tokens = 4;
+  config.want_weights = true;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+  // A late query sees the 4 sink tokens and its 20-token window, nothing
+  // else.
+  const int64_t row = 149;
+  for (int64_t j = 0; j < 150; ++j) {
+    const float w = c.weights[(0 * 150 + row) * 150 + j];
+    const bool visible = j < 4 || j > row - 20;
+    EXPECT_EQ(w > 0.0f, visible) << "key " << j;
+  }
+}
+
+TEST_F(CpuBackendTest, LearnedSinkLogitsMatchReference) {
+  Config config;
+  config.num_queries = 40;
+  config.sink_logits = {0.5f, -1.0f, 2.0f, 3.0f};
+  config.want_weights = true;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+  // The sink takes part of the mass: token weights sum to less than 1.
+  for (int h = 0; h < 4; ++h) {
+    for (int64_t i = 0; i < 40; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < 40; ++j) sum += c.weights[(h * 40 + i) * 40 + j];
+      EXPECT_LT(sum, 1.0);
+      EXPECT_GT(sum, 0.0);
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, LearnedSinkWithAllKeysMaskedGivesZeros) {
+  Config config;
+  config.num_queries = 6;
+  config.sink_logits = {0.5f, -1.0f, 2.0f, 3.0f};
+  config.bias_rank = 2;
+  config.masked_bias_fraction = 1.0;  // every key masked
+  config.want_weights = true;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+  for (float x : c.output) EXPECT_EQ(x, 0.0f);
+  for (float x : c.weights) EXPECT_EQ(x, 0.0f);
+  // The denominator is the sink alone: lse = sink logit.
+  for (int64_t i = 0; i < 6; ++i) {
+    for (int h = 0; h < 4; ++h) {
+      EXPECT_FLOAT_EQ(c.lse[i * 4 + h], config.sink_logits[h]);
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, GqaRepeatsKvHeadsAndNeverTiles) {
+  Config config;
+  config.num_queries = 20;
+  config.num_heads = 8;
+  config.num_kv_heads = 2;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+  ReferenceInputs tiled = c.ReferenceIn();
+  tiled.tile_kv_heads = true;
+  absl::StatusOr<ReferenceOutputs> wrong = ReferenceAttention(tiled);
+  ASSERT_TRUE(wrong.ok());
+  double max_diff = 0;
+  for (size_t i = 0; i < c.output.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(c.output[i] - wrong->output[i]));
+  }
+  EXPECT_GT(max_diff, 1e-3) << "tile order must give a different answer";
+}
+
+TEST_F(CpuBackendTest, MultiQueryAndMultiHeadAttention) {
+  for (int num_kv_heads : {1, 6}) {
+    Config config;
+    config.num_queries = 33;
+    config.num_heads = 6;
+    config.num_kv_heads = num_kv_heads;
+    Case c(config);
+    CheckAgainstReference(backend_, c);
+  }
+}
+
+TEST_F(CpuBackendTest, EmptyRowErrorNamesTheRow) {
+  Config config;
+  config.num_queries = 4;
+  config.mask.causal = false;
+  config.num_keys = 9;
+  config.bias_rank = 2;
+  Case c(config);
+  for (int64_t j = 0; j < 9; ++j) {
+    float minus_inf = -kInf;
+    std::memcpy(c.bias.bytes.data() + (2 * 9 + j) * 4, &minus_inf, 4);
+  }
+  const AttentionProblem problem = c.Problem();
+  absl::Status status = backend_.Attend({&problem, 1});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("query row 2"));
+  EXPECT_THAT(status.message(), HasSubstr("ZERO"));
+}
+
+TEST_F(CpuBackendTest, EmptyRowZeroPolicyGivesZerosAndNegativeInfinityLse) {
+  Config config;
+  config.num_queries = 4;
+  config.num_keys = 40;
+  config.mask.causal = false;
+  config.bias_rank = 3;
+  config.masked_bias_fraction = 0.3;
+  config.policy = EmptyRowPolicy::kZero;
+  config.want_weights = true;
+  Case c(config);
+  // Row 1 of head 2 sees nothing.
+  for (int64_t j = 0; j < 40; ++j) {
+    float minus_inf = -kInf;
+    std::memcpy(c.bias.bytes.data() + ((2 * 4 + 1) * 40 + j) * 4, &minus_inf,
+                4);
+    c.bias.values[(2 * 4 + 1) * 40 + j] = minus_inf;
+  }
+  CheckAgainstReference(backend_, c);
+  EXPECT_EQ(c.lse[1 * 4 + 2], -kInf);
+  for (int d = 0; d < 16; ++d) EXPECT_EQ(c.output[(1 * 4 + 2) * 16 + d], 0.0f);
+  for (int64_t j = 0; j < 40; ++j) {
+    EXPECT_EQ(c.weights[(2 * 4 + 1) * 40 + j], 0.0f);
+  }
+}
+
+TEST_F(CpuBackendTest, HalfPrecisionInputsMatchReference) {
+  for (DType kv_dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    for (DType q_dtype :
+         {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+      Config config;
+      config.num_queries = 45;
+      config.q_dtype = q_dtype;
+      config.kv_dtype = kv_dtype;
+      config.mask.window = 24;
+      Case c(config);
+      CheckAgainstReference(backend_, c);
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, WeightsSumToOneWithoutSinks) {
+  Config config;
+  config.num_queries = 50;
+  config.want_weights = true;
+  config.mask.window = 10;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+  for (int h = 0; h < 4; ++h) {
+    for (int64_t i = 0; i < 50; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < 50; ++j) sum += c.weights[(h * 50 + i) * 50 + j];
+      EXPECT_NEAR(sum, 1.0, 1e-5);
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, BiasMatchesReference) {
+  for (int rank : {2, 3}) {
+    Config config;
+    config.num_queries = 37;
+    config.num_keys = 70;
+    config.mask.causal = false;
+    config.bias_rank = rank;
+    config.masked_bias_fraction = 0.4;
+    config.policy = EmptyRowPolicy::kZero;
+    config.want_weights = true;
+    Case c(config);
+    CheckAgainstReference(backend_, c);
+  }
+  // Bias together with a causal mask.
+  Config config;
+  config.num_queries = 40;
+  config.bias_rank = 3;
+  config.masked_bias_fraction = 0.2;
+  config.policy = EmptyRowPolicy::kZero;
+  Case c(config);
+  CheckAgainstReference(backend_, c);
+}
+
+TEST_F(CpuBackendTest, LogitOverflowIsRejected) {
+  const float big = std::sqrt(0.75f * kFloatMax);
+  Config config;
+  config.num_queries = 1;
+  config.num_heads = 1;
+  config.num_kv_heads = 1;
+  config.head_dim = 2;
+  config.value_dim = 1;
+  config.scale = 1.0f;
+  Case c(config);
+  for (Stored* s : {&c.q, &c.k}) *s = Store(DType::kFloat32, s->shape, {big, big});
+  c.v = Store(DType::kFloat32, c.v.shape, {1.0f});
+  const AttentionProblem problem = c.Problem();
+  absl::Status status = backend_.Attend({&problem, 1});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("overflowed"));
+  EXPECT_THAT(status.message(), HasSubstr("rescale"));
+}
+
+TEST_F(CpuBackendTest, OnlyVisibleLogitsAreChecked) {
+  const float big = std::sqrt(0.75f * kFloatMax);
+  Config config;
+  config.num_queries = 1;
+  config.num_keys = 2;
+  config.num_heads = 1;
+  config.num_kv_heads = 1;
+  config.head_dim = 2;
+  config.value_dim = 1;
+  config.scale = 1.0f;
+  Case c(config);
+  c.q = Store(DType::kFloat32, c.q.shape, {big, big});
+  // Key 0 is harmless; key 1 would overflow but lies in the causal future.
+  c.k = Store(DType::kFloat32, c.k.shape, {0.0f, 1e-30f, big, big});
+  c.v = Store(DType::kFloat32, c.v.shape, {3.0f, 5.0f});
+  const AttentionProblem problem = c.Problem();
+  ASSERT_TRUE(backend_.Attend({&problem, 1}).ok());
+  EXPECT_EQ(c.output[0], 3.0f);
+}
+
+TEST_F(CpuBackendTest, BiasOverflowIsRejected) {
+  // The seeds' case: a finite score and a finite bias whose sum overflows.
+  const float big = std::sqrt(0.75f * kFloatMax);
+  for (float sign : {1.0f, -1.0f}) {
+    Config config;
+    config.num_queries = 1;
+    config.num_heads = 1;
+    config.num_kv_heads = 1;
+    config.head_dim = 1;
+    config.value_dim = 1;
+    config.scale = 1.0f;
+    config.mask.causal = false;
+    config.bias_rank = 2;
+    Case c(config);
+    c.q = Store(DType::kFloat32, c.q.shape, {big});
+    c.k = Store(DType::kFloat32, c.k.shape, {sign * big});
+    c.v = Store(DType::kFloat32, c.v.shape, {1.0f});
+    c.bias = Store(DType::kFloat32, c.bias.shape, {sign * 0.75f * kFloatMax});
+    const AttentionProblem problem = c.Problem();
+    absl::Status status = backend_.Attend({&problem, 1});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("bias overflowed"));
+    EXPECT_FALSE(ReferenceAttention(c.ReferenceIn()).ok());
+  }
+}
+
+TEST_F(CpuBackendTest, ValueDimDiffersFromHeadDim) {
+  for (auto [head_dim, value_dim] : {std::pair{16, 24}, std::pair{5, 3},
+                                     std::pair{40, 7}}) {
+    Config config;
+    config.num_queries = 35;
+    config.head_dim = head_dim;
+    config.value_dim = value_dim;
+    config.sink_logits = {0.1f, 0.2f, 0.3f, 0.4f};
+    config.want_weights = true;
+    Case c(config);
+    CheckAgainstReference(backend_, c);
+  }
+}
+
+TEST_F(CpuBackendTest, QueryStartOffsetsPositions) {
+  Config config;
+  config.num_queries = 10;
+  config.mask.query_start = 50;
+  config.mask.window = 30;
+  config.mask.num_sink_tokens = 2;
+  config.want_weights = true;
+  Case c(config);
+  ASSERT_EQ(c.config().num_keys, 60);
+  CheckAgainstReference(backend_, c);
+}
+
+TEST_F(CpuBackendTest, LongContextSpansSeveralChunks) {
+  {
+    Config config;
+    config.num_queries = 20;
+    config.mask.query_start = 1480;  // T_k = 1500 > 2 * kKeysPerSplit
+    config.sink_logits = {1.0f, 0.0f, -1.0f, 2.0f};
+    config.want_weights = true;
+    Case c(config);
+    CheckAgainstReference(backend_, c);
+  }
+  {
+    Config config;
+    config.num_queries = 1500;
+    config.head_dim = 8;
+    config.value_dim = 8;
+    config.num_heads = 2;
+    config.num_kv_heads = 1;
+    Case c(config);
+    CheckAgainstReference(backend_, c);
+  }
+  {
+    Config config;
+    config.num_queries = 600;
+    config.mask.window = 100;
+    config.mask.num_sink_tokens = 3;
+    config.head_dim = 8;
+    config.value_dim = 8;
+    Case c(config);
+    CheckAgainstReference(backend_, c);
+  }
+}
+
+TEST_F(CpuBackendTest, OnlineSoftmaxTraceAcrossTwoTiles) {
+  // The seeds' online-softmax trace: logits [2, 1 | 3, 0.5] with values
+  // [1, 2 | 3, 4], placed at positions 0, 1 (tile 0) and 32, 33 (tile 1).
+  static_assert(kKeysPerTile == 32);
+  Config config;
+  config.num_queries = 1;
+  config.num_keys = 34;
+  config.num_heads = 1;
+  config.num_kv_heads = 1;
+  config.head_dim = 1;
+  config.value_dim = 1;
+  config.scale = 1.0f;
+  config.mask.causal = false;
+  config.bias_rank = 2;
+  Case c(config);
+  std::vector<float> keys(34, 0.0f), values(34, 0.0f), bias(34, -kInf);
+  const int positions[4] = {0, 1, 32, 33};
+  const float logits[4] = {2.0f, 1.0f, 3.0f, 0.5f};
+  for (int i = 0; i < 4; ++i) {
+    keys[positions[i]] = logits[i];
+    values[positions[i]] = static_cast<float>(i + 1);
+    bias[positions[i]] = 0.0f;
+  }
+  c.q = Store(DType::kFloat32, c.q.shape, {1.0f});
+  c.k = Store(DType::kFloat32, c.k.shape, keys);
+  c.v = Store(DType::kFloat32, c.v.shape, values);
+  c.bias = Store(DType::kFloat32, c.bias.shape, bias);
+  const AttentionProblem problem = c.Problem();
+  ASSERT_TRUE(backend_.Attend({&problem, 1}).ok());
+  // Frozen in the seeds: output 2.502296533903012, final denominator
+  // l2 = 1.5852997230319539 relative to the running max 3.
+  EXPECT_NEAR(c.output[0], 2.502296533903012, 1e-6);
+  EXPECT_NEAR(c.lse[0], 3.0 + std::log(1.5852997230319539), 1e-6);
+}
+
+// ---- Paged views, eviction and bitwise determinism -------------------------
+
+// The keys and values of a Case written by the backend into paged blocks.
+struct PagedKv {
+  std::unique_ptr<DeviceArena> arena;
+  KvBlockLayout layout;
+  std::vector<std::byte*> blocks;
+  std::vector<const std::byte*> k_blocks;
+  std::vector<const std::byte*> v_blocks;
+
+  KvView view(int64_t length) const {
+    return PagedKvView(layout, length, k_blocks, v_blocks);
+  }
+};
+
+PagedKv WritePaged(CpuBackend& backend, const Case& c,
+                   int64_t tokens_per_block, int64_t write_chunk) {
+  const Config& config = c.config();
+  PagedKv paged;
+  paged.layout.dtype = config.kv_dtype;
+  paged.layout.num_kv_heads = config.num_kv_heads;
+  paged.layout.head_dim = config.head_dim;
+  paged.layout.value_dim = config.value_dim;
+  paged.layout.tokens_per_block = tokens_per_block;
+  const int64_t num_blocks =
+      (config.num_keys + tokens_per_block - 1) / tokens_per_block;
+  // Spread blocks out (reverse order, a gap between them) like a pool would.
+  const int64_t stride = paged.layout.used_bytes() + 64;
+  auto arena = backend.AllocateArena(num_blocks * stride);
+  EXPECT_TRUE(arena.ok());
+  paged.arena = *std::move(arena);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    paged.blocks.push_back(paged.arena->data() +
+                           (num_blocks - 1 - b) * stride);
+  }
+  for (int64_t start = 0; start < config.num_keys; start += write_chunk) {
+    const int64_t end = std::min(config.num_keys, start + write_chunk);
+    KvWrite write;
+    write.layout = paged.layout;
+    write.start = start;
+    // k/v rows [start, end), in the case's own dtype.
+    write.k = c.k.view();
+    write.k.shape[0] = end - start;
+    write.k.data += start * config.num_kv_heads * config.head_dim *
+                    DTypeSize(config.kv_dtype);
+    write.v = c.v.view();
+    write.v.shape[0] = end - start;
+    write.v.data += start * config.num_kv_heads * config.value_dim *
+                    DTypeSize(config.kv_dtype);
+    write.blocks = paged.blocks;
+    EXPECT_TRUE(backend.WriteKv(write).ok());
+  }
+  for (std::byte* block : paged.blocks) {
+    paged.k_blocks.push_back(block);
+    paged.v_blocks.push_back(block + paged.layout.value_offset_bytes());
+  }
+  return paged;
+}
+
+TEST_F(CpuBackendTest, WriteKvStoresTheBlockLayout) {
+  Config config;
+  config.num_queries = 1;
+  config.num_keys = 10;
+  config.num_kv_heads = 2;
+  config.value_dim = 3;
+  Case c(config);
+  const PagedKv paged = WritePaged(backend_, c, 4, 3);
+  for (int64_t pos = 0; pos < 10; ++pos) {
+    const std::byte* block = paged.blocks[pos / 4];
+    for (int h = 0; h < 2; ++h) {
+      const float* key = reinterpret_cast<const float*>(block) +
+                         (h * 4 + pos % 4) * 16;
+      const float* value =
+          reinterpret_cast<const float*>(block +
+                                         paged.layout.value_offset_bytes()) +
+          (h * 4 + pos % 4) * 3;
+      for (int d = 0; d < 16; ++d) {
+        EXPECT_EQ(key[d], c.k.values[(pos * 2 + h) * 16 + d]);
+      }
+      for (int d = 0; d < 3; ++d) {
+        EXPECT_EQ(value[d], c.v.values[(pos * 2 + h) * 3 + d]);
+      }
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, WriteKvConvertsToTheStorageDtype) {
+  Config config;
+  config.num_queries = 1;
+  config.num_keys = 9;
+  Case c(config);  // float32 inputs
+  PagedKv paged;
+  paged.layout = {DType::kFloat16, 2, 16, 16, 5};
+  auto arena = backend_.AllocateArena(2 * paged.layout.used_bytes());
+  ASSERT_TRUE(arena.ok());
+  paged.arena = *std::move(arena);
+  paged.blocks = {paged.arena->data(),
+                  paged.arena->data() + paged.layout.used_bytes()};
+  KvWrite write;
+  write.layout = paged.layout;
+  write.k = c.k.view();
+  write.v = c.v.view();
+  write.blocks = paged.blocks;
+  ASSERT_TRUE(backend_.WriteKv(write).ok());
+  const KvView view = PagedKvView(
+      paged.layout, 9,
+      std::vector<const std::byte*>(paged.blocks.begin(), paged.blocks.end()),
+      {});
+  for (int64_t pos = 0; pos < 9; ++pos) {
+    for (int h = 0; h < 2; ++h) {
+      float key[16];
+      ConvertToFloat(DType::kFloat16, view.key(pos, h), 16, key);
+      for (int d = 0; d < 16; ++d) {
+        EXPECT_EQ(key[d], HalfToFloat(FloatToHalf(
+                              c.k.values[(pos * 2 + h) * 16 + d])));
+      }
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, WriteKvRejectsMissingBlock) {
+  Config config;
+  config.num_queries = 1;
+  config.num_keys = 9;
+  Case c(config);
+  KvBlockLayout layout = {DType::kFloat32, 2, 16, 16, 5};
+  std::vector<std::byte> memory(layout.used_bytes());
+  std::vector<std::byte*> blocks = {memory.data(), nullptr};
+  KvWrite write;
+  write.layout = layout;
+  write.k = c.k.view();
+  write.v = c.v.view();
+  write.blocks = blocks;
+  EXPECT_EQ(backend_.WriteKv(write).code(), absl::StatusCode::kInternal);
+}
+
+TEST_F(CpuBackendTest, ArenaIsAlignedAndCopyBlockCopies) {
+  auto arena = backend_.AllocateArena(1000);
+  ASSERT_TRUE(arena.ok());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->data()) % 64, 0u);
+  EXPECT_EQ((*arena)->size_bytes(), 1000);
+  std::byte* data = (*arena)->data();
+  for (int i = 0; i < 100; ++i) data[i] = std::byte(i);
+  ASSERT_TRUE(backend_.CopyBlock(data, data + 500, 100).ok());
+  EXPECT_EQ(std::memcmp(data, data + 500, 100), 0);
+  EXPECT_EQ(backend_.AllocateArena(-1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CpuBackendTest, LargeArenaIsReservedLazily) {
+  // 64 GiB of address space: succeeds without touching pages, or reports
+  // RESOURCE_EXHAUSTED where the system refuses to reserve it.
+  auto arena = backend_.AllocateArena(int64_t{64} << 30);
+  if (arena.ok()) {
+    EXPECT_EQ((*arena)->size_bytes(), int64_t{64} << 30);
+  } else {
+    EXPECT_EQ(arena.status().code(), absl::StatusCode::kResourceExhausted);
+  }
+}
+
+TEST_F(CpuBackendTest, PagedViewWithEvictedBlocksIsBitwiseContiguous) {
+  for (DType kv_dtype : {DType::kFloat32, DType::kFloat16}) {
+    Config config;
+    config.num_queries = 10;
+    config.mask.query_start = 1490;  // T_k = 1500
+    config.mask.window = 100;
+    config.mask.num_sink_tokens = 4;
+    config.kv_dtype = kv_dtype;
+    config.sink_logits = {0.3f, 0.2f, 0.1f, 0.0f};
+    Case c(config);
+    const AttentionProblem contiguous = c.Problem();
+    ASSERT_TRUE(backend_.Attend({&contiguous, 1}).ok());
+    const std::vector<float> want_output = c.output;
+    const std::vector<float> want_lse = c.lse;
+
+    PagedKv paged = WritePaged(backend_, c, /*tokens_per_block=*/7,
+                               /*write_chunk=*/11);
+    // Evict every block no query can see, as a window layer would.
+    int evicted = 0;
+    for (size_t b = 0; b < paged.k_blocks.size(); ++b) {
+      bool needed = false;
+      for (int64_t pos = b * 7; pos < std::min<int64_t>((b + 1) * 7, 1500);
+           ++pos) {
+        for (int64_t i = 0; i < 10; ++i) {
+          needed |= ReferenceKeyVisible(config.mask, 1490 + i, pos);
+        }
+      }
+      if (!needed) {
+        paged.k_blocks[b] = nullptr;
+        paged.v_blocks[b] = nullptr;
+        ++evicted;
+      }
+    }
+    EXPECT_GT(evicted, 180);
+    c.ResetOutputs();
+    const AttentionProblem problem = c.ProblemWith(paged.view(1500));
+    ASSERT_TRUE(backend_.Attend({&problem, 1}).ok());
+    ExpectBitwiseEqual(c.output, want_output, "paged output");
+    ExpectBitwiseEqual(c.lse, want_lse, "paged lse");
+  }
+}
+
+// Configurations for the determinism tests: plain causal, window + sink
+// tokens, learned sinks, all over more than one chunk.
+std::vector<Config> DeterminismConfigs() {
+  std::vector<Config> configs;
+  Config causal;
+  causal.num_queries = 600;
+  causal.head_dim = 24;
+  causal.value_dim = 20;
+  configs.push_back(causal);
+  Config window = causal;
+  window.mask.window = 70;
+  window.mask.num_sink_tokens = 5;
+  window.kv_dtype = DType::kBFloat16;
+  configs.push_back(window);
+  Config sinks = causal;
+  sinks.sink_logits = {2.0f, -2.0f, 0.0f, 1.0f};
+  sinks.q_dtype = DType::kFloat16;
+  configs.push_back(sinks);
+  return configs;
+}
+
+TEST_F(CpuBackendTest, DecodeRowsAreBitwisePrefillRows) {
+  for (const Config& config : DeterminismConfigs()) {
+    Case c(config);
+    const AttentionProblem prefill = c.Problem();
+    ASSERT_TRUE(backend_.Attend({&prefill, 1}).ok());
+    const std::vector<float> want_output = c.output;
+    const std::vector<float> want_lse = c.lse;
+
+    // One single-row problem per token over exactly the keys before it, all
+    // in one batch (like a stream of decode steps).
+    const int64_t T = config.num_queries;
+    const int H = config.num_heads;
+    std::vector<float> output(want_output.size()), lse(want_lse.size());
+    std::vector<TensorView> q_rows(T), k_rows(T), v_rows(T);
+    std::vector<std::array<const std::byte*, 2>> storage(T);
+    std::vector<AttentionProblem> steps(T);
+    const int64_t q_row_bytes = H * config.head_dim * DTypeSize(config.q_dtype);
+    for (int64_t i = 0; i < T; ++i) {
+      q_rows[i] = c.q.view();
+      q_rows[i].shape[0] = 1;
+      q_rows[i].data += i * q_row_bytes;
+      q_rows[i].size_bytes = q_row_bytes;
+      k_rows[i] = c.k.view();
+      k_rows[i].shape[0] = i + 1;
+      v_rows[i] = c.v.view();
+      v_rows[i].shape[0] = i + 1;
+      AttentionProblem& step = steps[i];
+      step = prefill;
+      step.q = q_rows[i];
+      step.kv = ContiguousKvView(k_rows[i], v_rows[i], storage[i].data());
+      step.mask.query_start = i;
+      step.output = output.data() + i * H * config.value_dim;
+      step.lse = lse.data() + i * H;
+    }
+    ASSERT_TRUE(backend_.Attend(steps).ok());
+    ExpectBitwiseEqual(output, want_output, "decode output");
+    ExpectBitwiseEqual(lse, want_lse, "decode lse");
+
+    // Chunked prefill: uneven chunks, each over the keys up to its end.
+    std::fill(output.begin(), output.end(), 0.0f);
+    std::vector<AttentionProblem> chunks;
+    std::vector<TensorView> views;
+    views.reserve(64);
+    std::vector<std::array<const std::byte*, 2>> chunk_storage(16);
+    for (int64_t begin = 0, n = 1; begin < T; begin += n, n = n * 2 + 3) {
+      const int64_t end = std::min(T, begin + n);
+      views.push_back(c.q.view());
+      TensorView& q = views.back();
+      q.shape[0] = end - begin;
+      q.data += begin * q_row_bytes;
+      q.size_bytes = (end - begin) * q_row_bytes;
+      views.push_back(c.k.view());
+      views.back().shape[0] = end;
+      views.push_back(c.v.view());
+      views.back().shape[0] = end;
+      AttentionProblem chunk = prefill;
+      chunk.q = q;
+      chunk.kv = ContiguousKvView(views[views.size() - 2], views.back(),
+                                  chunk_storage[chunks.size()].data());
+      chunk.mask.query_start = begin;
+      chunk.output = output.data() + begin * H * config.value_dim;
+      chunk.lse = lse.data() + begin * H;
+      chunks.push_back(chunk);
+    }
+    ASSERT_TRUE(backend_.Attend(chunks).ok());
+    ExpectBitwiseEqual(output, want_output, "chunked prefill output");
+  }
+}
+
+TEST_F(CpuBackendTest, ThreadCountDoesNotChangeBits) {
+  CpuBackend one_thread(1);
+  CpuBackend four_threads(4);
+  for (const Config& config : DeterminismConfigs()) {
+    Case c(config);
+    const AttentionProblem problem = c.Problem();
+    ASSERT_TRUE(one_thread.Attend({&problem, 1}).ok());
+    const std::vector<float> want_output = c.output;
+    const std::vector<float> want_lse = c.lse;
+    c.ResetOutputs();
+    ASSERT_TRUE(four_threads.Attend({&problem, 1}).ok());
+    ExpectBitwiseEqual(c.output, want_output, "4-thread output");
+    ExpectBitwiseEqual(c.lse, want_lse, "4-thread lse");
+  }
+}
+
+TEST_F(CpuBackendTest, BatchCompanionsDoNotChangeBits) {
+  Config a_config;
+  a_config.num_queries = 70;
+  a_config.mask.window = 20;
+  a_config.mask.num_sink_tokens = 2;
+  Config b_config;
+  b_config.num_queries = 9;
+  b_config.num_keys = 600;
+  b_config.mask.causal = false;
+  b_config.bias_rank = 3;
+  b_config.masked_bias_fraction = 0.1;
+  b_config.want_weights = true;
+  b_config.num_heads = 2;
+  b_config.num_kv_heads = 1;
+  Config c_config;
+  c_config.num_queries = 1;
+  c_config.mask.query_start = 700;
+  c_config.sink_logits = {1, 2, 3, 4};
+  c_config.kv_dtype = DType::kFloat16;
+  Case a(a_config), b(b_config), c(c_config);
+
+  std::vector<std::vector<float>> alone;
+  for (Case* x : {&a, &b, &c}) {
+    const AttentionProblem problem = x->Problem();
+    ASSERT_TRUE(backend_.Attend({&problem, 1}).ok());
+    alone.push_back(x->output);
+    alone.push_back(x->lse);
+    alone.push_back(x->weights);
+    x->ResetOutputs();
+  }
+  const std::vector<AttentionProblem> batch = {b.Problem(), c.Problem(),
+                                               a.Problem()};
+  ASSERT_TRUE(backend_.Attend(batch).ok());
+  int i = 0;
+  for (Case* x : {&a, &b, &c}) {
+    ExpectBitwiseEqual(x->output, alone[i++], "batched output");
+    ExpectBitwiseEqual(x->lse, alone[i++], "batched lse");
+    ExpectBitwiseEqual(x->weights, alone[i++], "batched weights");
+  }
+}
+
+TEST_F(CpuBackendTest, FirstErrorIsReportedDeterministically) {
+  // Problems 1 and 2 both have an empty row; the error names problem 1 no
+  // matter which thread finds which first.
+  Config good;
+  good.num_queries = 50;
+  Config bad;
+  bad.num_queries = 40;
+  bad.mask.causal = false;
+  bad.bias_rank = 2;
+  bad.masked_bias_fraction = 1.0;
+  Case a(good), b(bad), c(bad);
+  CpuBackend four_threads(4);
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const std::vector<AttentionProblem> batch = {a.Problem(), b.Problem(),
+                                                 c.Problem()};
+    absl::Status status = four_threads.Attend(batch);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("problem 1: query row 0 "));
+  }
+}
+
+}  // namespace
+}  // namespace attention

@@ -1,0 +1,602 @@
+// Engine tests: session semantics, bitwise determinism across call paths,
+// and atomicity of failed calls. Numerical correctness of the attention
+// itself is covered against a double-precision reference in
+// tests/core/cpu/cpu_backend_test.cc; here the stateless path is the oracle
+// for the session paths (they must agree bitwise).
+#include "core/engine.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/cpu/cpu_backend.h"
+#include "core/kv_size.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_tensors.h"
+
+namespace attention {
+namespace {
+
+using testing::FloatTensor;
+using testing::HostTensor;
+using testing::RandomTensor;
+using testing::ToFloats;
+
+constexpr int kLayers = 3;
+constexpr int kQHeads = 4;
+constexpr int kKvHeads = 2;
+constexpr int kDim = 16;
+constexpr int kValueDim = 8;
+
+SessionSpec TestSpec() {
+  SessionSpec spec;
+  spec.num_layers = kLayers;
+  spec.num_q_heads = kQHeads;
+  spec.num_kv_heads = kKvHeads;
+  spec.head_dim = kDim;
+  spec.value_dim = kValueDim;
+  spec.max_tokens = 4096;
+  LayerSpec full;
+  LayerSpec window;
+  window.window = 37;
+  window.num_sink_tokens = 3;
+  LayerSpec sinks;
+  sinks.sink_logits = {0.5f, -1.0f, 2.0f, 0.0f};
+  spec.layers = {full, window, sinks};
+  return spec;
+}
+
+// A sequence of random q/k/v tokens for one layer.
+struct Tokens {
+  HostTensor q, k, v;
+  Tokens(int64_t count, std::mt19937& rng, DType dtype = DType::kFloat32)
+      : q(RandomTensor({count, kQHeads, kDim}, rng, dtype)),
+        k(RandomTensor({count, kKvHeads, kDim}, rng, dtype)),
+        v(RandomTensor({count, kKvHeads, kValueDim}, rng, dtype)) {}
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override { engine_ = MakeEngine(int64_t{64} << 20, 2); }
+
+  static std::unique_ptr<AttentionEngine> MakeEngine(int64_t kv_bytes,
+                                                     int threads) {
+    EngineOptions options;
+    options.kv_cache_bytes = kv_bytes;
+    options.kv_block_bytes = 4096;
+    options.sessions.reap_interval = absl::ZeroDuration();
+    auto engine = AttentionEngine::Create(
+        std::make_unique<CpuBackend>(threads), options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return *std::move(engine);
+  }
+
+  std::string NewSession(const SessionSpec& spec = TestSpec()) {
+    auto info = engine_->CreateSession(spec, absl::ZeroDuration());
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info->session_id;
+  }
+
+  static AppendRequest Request(const std::string& id, int layer,
+                               const Tokens& t, int64_t begin, int64_t end) {
+    AppendRequest r;
+    r.session_id = id;
+    r.layer = layer;
+    r.q = t.q.rows(begin, end);
+    r.k = t.k.rows(begin, end);
+    r.v = t.v.rows(begin, end);
+    r.return_lse = true;
+    return r;
+  }
+
+  // Appends rows [begin, end) and returns the float outputs.
+  std::vector<float> Append(const std::string& id, int layer, const Tokens& t,
+                            int64_t begin, int64_t end) {
+    auto out = engine_->Append(Request(id, layer, t, begin, end));
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return {};
+    EXPECT_EQ(out->position, begin);
+    return ToFloats(out->output);
+  }
+
+  // The stateless answer for rows [begin, end) over keys [0, end).
+  std::vector<float> Stateless(const Tokens& t, int layer, int64_t begin,
+                               int64_t end) {
+    const LayerSpec& mask = TestSpec().layers[layer];
+    StatelessRequest r;
+    r.q = t.q.rows(begin, end);
+    r.k = t.k.rows(0, end);
+    r.v = t.v.rows(0, end);
+    r.mask.causal = true;
+    r.mask.window = mask.window;
+    r.mask.num_sink_tokens = mask.num_sink_tokens;
+    r.mask.query_start = begin;
+    r.sink_logits = mask.sink_logits;
+    auto out = engine_->Attend(r);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? ToFloats(out->output) : std::vector<float>{};
+  }
+
+  SessionInfo Info(const std::string& id) {
+    auto info = engine_->GetSession(id);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return *info;
+  }
+
+  std::mt19937 rng_{2024};
+  std::unique_ptr<AttentionEngine> engine_;
+};
+
+std::vector<float> Slice(const std::vector<float>& all, int64_t begin,
+                         int64_t end) {
+  const int64_t row = kQHeads * kValueDim;
+  return {all.begin() + begin * row, all.begin() + end * row};
+}
+
+TEST_F(EngineTest, EveryPathGivesBitwiseTheSameOutput) {
+  constexpr int64_t kTokens = 700;  // spans two 512-key splits
+  for (int layer = 0; layer < kLayers; ++layer) {
+    SCOPED_TRACE(layer);
+    Tokens t(kTokens, rng_);
+    const std::vector<float> expected = Stateless(t, layer, 0, kTokens);
+
+    // One prefill.
+    const std::string one = NewSession();
+    EXPECT_EQ(Append(one, layer, t, 0, kTokens), expected);
+
+    // Chunked prefill with uneven chunks.
+    const std::string chunked = NewSession();
+    std::vector<float> pieces;
+    for (int64_t begin = 0, step = 1; begin < kTokens; step = step * 3 % 97 + 1) {
+      const int64_t end = std::min(kTokens, begin + step);
+      std::vector<float> out = Append(chunked, layer, t, begin, end);
+      pieces.insert(pieces.end(), out.begin(), out.end());
+      begin = end;
+    }
+    EXPECT_EQ(pieces, expected);
+
+    // Prefill then token-by-token decode.
+    const std::string decoded = NewSession();
+    std::vector<float> steps = Append(decoded, layer, t, 0, 500);
+    for (int64_t i = 500; i < kTokens; ++i) {
+      AppendRequest r = Request(decoded, layer, t, i, i + 1);
+      r.required_tokens = 1;
+      auto out = engine_->Append(r);
+      ASSERT_TRUE(out.ok()) << out.status();
+      std::vector<float> row = ToFloats(out->output);
+      steps.insert(steps.end(), row.begin(), row.end());
+    }
+    EXPECT_EQ(steps, expected);
+
+    // A single late query over the cache, stateless with query_start.
+    EXPECT_EQ(Stateless(t, layer, kTokens - 1, kTokens),
+              Slice(expected, kTokens - 1, kTokens));
+  }
+}
+
+TEST_F(EngineTest, BatchEqualsSeparateStepsAndThreadCountDoesNotMatter) {
+  // Two engines with different thread counts, sessions of different lengths.
+  std::unique_ptr<AttentionEngine> single = MakeEngine(int64_t{64} << 20, 1);
+  std::vector<Tokens> tokens;
+  std::vector<std::string> batched_ids, single_ids;
+  const int64_t lengths[] = {1, 40, 513, 200};
+  for (int s = 0; s < 4; ++s) {
+    tokens.emplace_back(lengths[s] + 1, rng_);
+    batched_ids.push_back(NewSession());
+    auto info = single->CreateSession(TestSpec(), absl::ZeroDuration());
+    ASSERT_TRUE(info.ok());
+    single_ids.push_back(info->session_id);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      Append(batched_ids[s], layer, tokens[s], 0, lengths[s]);
+      ASSERT_TRUE(single
+                      ->Append(Request(single_ids[s], layer, tokens[s], 0,
+                                       lengths[s]))
+                      .ok());
+    }
+  }
+  std::vector<AppendRequest> batch;
+  for (int s = 0; s < 4; ++s) {
+    for (int layer = 0; layer < kLayers; ++layer) {
+      batch.push_back(
+          Request(batched_ids[s], layer, tokens[s], lengths[s], lengths[s] + 1));
+    }
+  }
+  auto results = engine_->AppendBatch(batch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), batch.size());
+  size_t i = 0;
+  for (int s = 0; s < 4; ++s) {
+    for (int layer = 0; layer < kLayers; ++layer, ++i) {
+      auto alone = single->Append(
+          Request(single_ids[s], layer, tokens[s], lengths[s], lengths[s] + 1));
+      ASSERT_TRUE(alone.ok());
+      EXPECT_EQ(ToFloats((*results)[i].output), ToFloats(alone->output));
+      EXPECT_EQ(ToFloats(*(*results)[i].lse), ToFloats(*alone->lse));
+      EXPECT_EQ((*results)[i].position, lengths[s]);
+    }
+  }
+}
+
+TEST_F(EngineTest, ReducedPrecisionKvUsesTheStoredValues) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    SessionSpec spec = TestSpec();
+    spec.kv_dtype = dtype;
+    const std::string id = NewSession(spec);
+    // fp32 inputs; the session rounds K/V to `dtype` when storing them.
+    Tokens t(50, rng_);
+    std::vector<float> session_out = Append(id, 0, t, 0, 50);
+    // The same attention over K/V pre-rounded to `dtype` must match bitwise.
+    Tokens rounded = t;
+    for (HostTensor* x : {&rounded.k, &rounded.v}) {
+      *x = RandomTensor(x->shape, rng_, dtype);  // right shape and dtype
+      const HostTensor& src = x == &rounded.k ? t.k : t.v;
+      ConvertFromFloat(src.values.data(), NumElements(src.shape), dtype,
+                       x->bytes.data());
+    }
+    EXPECT_EQ(session_out, Stateless(rounded, 0, 0, 50));
+  }
+}
+
+TEST_F(EngineTest, OutputDtypesRoundTheFloat32Result) {
+  const std::string id = NewSession();
+  Tokens t(5, rng_);
+  AppendRequest r = Request(id, 0, t, 0, 5);
+  r.output_dtype = DType::kBFloat16;
+  auto out = engine_->Append(r);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->output.dtype(), DType::kBFloat16);
+  const std::vector<float> expected = Stateless(t, 0, 0, 5);
+  std::vector<float> got = ToFloats(out->output);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], BFloat16ToFloat(FloatToBFloat16(expected[i])));
+  }
+}
+
+TEST_F(EngineTest, ForkIsCopyOnWrite) {
+  const std::string parent = NewSession();
+  Tokens t(100, rng_);
+  Tokens other(100, rng_);
+  for (int layer = 0; layer < kLayers; ++layer) Append(parent, layer, t, 0, 60);
+  const int64_t used_before = engine_->stats().pool.used_bytes;
+  auto fork = engine_->ForkSession(parent);
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  EXPECT_EQ(fork->layer_lengths, Info(parent).layer_lengths);
+  EXPECT_EQ(engine_->stats().pool.used_bytes, used_before)
+      << "a fork allocates nothing until it writes";
+  // Diverge: the fork continues with other tokens, the parent with t.
+  std::vector<float> fork_out = Append(fork->session_id, 0, other, 60, 61);
+  std::vector<float> parent_out = Append(parent, 0, t, 60, 100);
+  EXPECT_EQ(parent_out, Slice(Stateless(t, 0, 0, 100), 60, 100));
+  // The fork sees t's first 60 tokens and then its own.
+  Tokens mixed = t;
+  std::memcpy(mixed.q.bytes.data() + 60 * kQHeads * kDim * 4,
+              other.q.bytes.data() + 60 * kQHeads * kDim * 4, kQHeads * kDim * 4);
+  std::memcpy(mixed.k.bytes.data() + 60 * kKvHeads * kDim * 4,
+              other.k.bytes.data() + 60 * kKvHeads * kDim * 4, kKvHeads * kDim * 4);
+  std::memcpy(mixed.v.bytes.data() + 60 * kKvHeads * kValueDim * 4,
+              other.v.bytes.data() + 60 * kKvHeads * kValueDim * 4,
+              kKvHeads * kValueDim * 4);
+  EXPECT_EQ(fork_out, Stateless(mixed, 0, 60, 61));
+  // Deleting the parent leaves the fork intact.
+  ASSERT_TRUE(engine_->DeleteSession(parent).ok());
+  EXPECT_EQ(Info(fork->session_id).layer_lengths[0], 61);
+}
+
+TEST_F(EngineTest, TruncateThenReappendReproduces) {
+  const std::string id = NewSession();
+  Tokens t(90, rng_);
+  Tokens draft(90, rng_);
+  for (int layer = 0; layer < kLayers; ++layer) Append(id, layer, t, 0, 80);
+  const int64_t bytes_at_80 = Info(id).kv_cache_bytes;
+  // Speculative tokens that get rejected.
+  for (int layer = 0; layer < kLayers; ++layer) Append(id, layer, draft, 80, 88);
+  auto info = engine_->TruncateSession(id, 80);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->layer_lengths, (std::vector<int64_t>{80, 80, 80}));
+  EXPECT_EQ(info->kv_cache_bytes, bytes_at_80);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    EXPECT_EQ(Append(id, layer, t, 80, 90),
+              Slice(Stateless(t, layer, 0, 90), 80, 90));
+  }
+  // Truncating past the end changes nothing.
+  EXPECT_EQ(engine_->TruncateSession(id, 1000)->layer_lengths,
+            (std::vector<int64_t>{90, 90, 90}));
+}
+
+TEST_F(EngineTest, TruncateIntoDroppedWindowIsFailedPreconditionAndAtomic) {
+  const std::string id = NewSession();
+  Tokens t(400, rng_);
+  for (int layer = 0; layer < kLayers; ++layer) Append(id, layer, t, 0, 400);
+  const SessionInfo before = Info(id);
+  auto status = engine_->TruncateSession(id, 100).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("layer 1"), absl::string_view::npos);
+  const SessionInfo after = Info(id);
+  EXPECT_EQ(after.layer_lengths, before.layer_lengths)
+      << "no layer was cut, not even the full ones";
+  EXPECT_EQ(after.kv_cache_bytes, before.kv_cache_bytes);
+}
+
+TEST_F(EngineTest, WindowLayersStayBounded) {
+  const std::string id = NewSession();
+  Tokens t(2000, rng_);
+  Append(id, 1, t, 0, 1000);
+  const int64_t at_1000 = Info(id).kv_cache_bytes;
+  Append(id, 1, t, 1000, 2000);
+  EXPECT_EQ(Info(id).kv_cache_bytes, at_1000);
+  // 21 tokens per block: the sink block, window 37 and one block of slack.
+  EXPECT_LE(at_1000, 5 * 4096);
+}
+
+TEST_F(EngineTest, HybridSessionUsesTheCalculatorsMemory) {
+  // gpt-oss geometry (8 KV heads, head_dim 64, fp16, window 128 every other
+  // layer) with fewer layers and a shorter context.
+  SessionSpec spec;
+  spec.num_layers = 4;
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 64;
+  spec.kv_dtype = DType::kFloat16;
+  LayerSpec full, window;
+  window.window = 128;
+  spec.layers = {full, window, full, window};
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{256} << 20;
+  options.kv_block_bytes = 64 << 10;  // 32 tokens of 2048 bytes
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto engine = *AttentionEngine::Create(std::make_unique<CpuBackend>(2),
+                                         options);
+  auto info = *engine->CreateSession(spec, absl::ZeroDuration());
+  constexpr int64_t kContext = 1024;
+  HostTensor q = RandomTensor({kContext, 8, 64}, rng_, DType::kFloat16);
+  HostTensor kv = RandomTensor({kContext, 8, 64}, rng_, DType::kFloat16);
+  for (int layer = 0; layer < 4; ++layer) {
+    AppendRequest r;
+    r.session_id = info.session_id;
+    r.layer = layer;
+    r.q = q.view();
+    r.k = kv.view();
+    r.v = kv.view();
+    ASSERT_TRUE(engine->Append(r).ok());
+  }
+  auto resolved = *engine->GetSession(info.session_id);
+  const KvSizePlan plan = PlanKvSize(resolved.spec, kContext);
+  // Full layers: exactly the payload (1024 tokens = 32 whole blocks).
+  // Window layers: window + one block of slack + the partial block.
+  const int64_t full_bytes = 2 * kContext * 2048;
+  const int64_t window_bytes = 2 * 128 * 2048;
+  EXPECT_EQ(plan.context_bytes, full_bytes + window_bytes);
+  EXPECT_GE(resolved.kv_cache_bytes, plan.context_bytes);
+  EXPECT_LE(resolved.kv_cache_bytes, full_bytes + 2 * (128 + 2 * 32) * 2048);
+}
+
+TEST_F(EngineTest, FailedCallsChangeNothing) {
+  const std::string id = NewSession();
+  Tokens t(64, rng_);
+  for (int layer = 0; layer < kLayers; ++layer) Append(id, layer, t, 0, 30);
+  const SessionInfo before = Info(id);
+  const int64_t pool_before = engine_->stats().pool.used_bytes;
+  auto expect_unchanged = [&](absl::StatusCode code, const AppendRequest& r) {
+    auto out = engine_->Append(r);
+    EXPECT_EQ(out.status().code(), code) << out.status();
+    EXPECT_FALSE(out.status().message().empty());
+    const SessionInfo after = Info(id);
+    EXPECT_EQ(after.layer_lengths, before.layer_lengths);
+    EXPECT_EQ(after.kv_cache_bytes, before.kv_cache_bytes);
+    EXPECT_EQ(engine_->stats().pool.used_bytes, pool_before);
+  };
+
+  // NaN in k.
+  Tokens nan = t;
+  float bad = std::nanf("");
+  std::memcpy(nan.k.bytes.data() + 30 * kKvHeads * kDim * 4 + 8, &bad, 4);
+  expect_unchanged(absl::StatusCode::kInvalidArgument,
+                   Request(id, 0, nan, 30, 34));
+  // Overflowing logits.
+  Tokens huge = t;
+  for (HostTensor* x : {&huge.q, &huge.k}) {
+    std::vector<float> big(x->values.size(), 3e19f);
+    std::memcpy(x->bytes.data(), big.data(), big.size() * 4);
+  }
+  expect_unchanged(absl::StatusCode::kInvalidArgument,
+                   Request(id, 0, huge, 30, 34));
+  // Wrong head count.
+  HostTensor wrong_q = RandomTensor({4, kQHeads + 1, kDim}, rng_);
+  AppendRequest r = Request(id, 0, t, 30, 34);
+  r.q = wrong_q.view();
+  expect_unchanged(absl::StatusCode::kInvalidArgument, r);
+  // Byte count that does not match the shape.
+  r = Request(id, 0, t, 30, 34);
+  r.k.size_bytes -= 4;
+  expect_unchanged(absl::StatusCode::kInvalidArgument, r);
+  // Bad layer.
+  r = Request(id, 0, t, 30, 34);
+  r.layer = kLayers;
+  expect_unchanged(absl::StatusCode::kInvalidArgument, r);
+  // Decode step with two tokens.
+  r = Request(id, 0, t, 30, 32);
+  r.required_tokens = 1;
+  expect_unchanged(absl::StatusCode::kInvalidArgument, r);
+  // K not representable in float16 storage is tested in a float16 session.
+  // Output not representable in float16.
+  Tokens loud = t;
+  std::vector<float> big_v(loud.v.values.size(), 1e6f);
+  std::memcpy(loud.v.bytes.data(), big_v.data(), big_v.size() * 4);
+  r = Request(id, 0, loud, 30, 34);
+  r.output_dtype = DType::kFloat16;
+  expect_unchanged(absl::StatusCode::kInvalidArgument, r);
+  // A batch whose last step is bad applies none of its steps.
+  std::vector<AppendRequest> batch = {Request(id, 0, t, 30, 31),
+                                      Request(id, 1, t, 30, 31),
+                                      Request(id, 2, nan, 30, 31)};
+  auto result = engine_->AppendBatch(batch);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(result.status().message().find("step 2"), absl::string_view::npos);
+  EXPECT_EQ(Info(id).layer_lengths, before.layer_lengths);
+  // Duplicate (session, layer) in one batch.
+  batch = {Request(id, 0, t, 30, 31), Request(id, 0, t, 31, 32)};
+  EXPECT_EQ(engine_->AppendBatch(batch).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Info(id).layer_lengths, before.layer_lengths);
+  EXPECT_EQ(engine_->stats().pool.used_bytes, pool_before);
+}
+
+TEST_F(EngineTest, Float16StorageRejectsUnrepresentableKeys) {
+  SessionSpec spec = TestSpec();
+  spec.kv_dtype = DType::kFloat16;
+  const std::string id = NewSession(spec);
+  Tokens t(4, rng_);
+  std::vector<float> big(t.k.values.size(), 1e5f);  // > 65504
+  std::memcpy(t.k.bytes.data(), big.data(), big.size() * 4);
+  auto out = engine_->Append(Request(id, 0, t, 0, 4));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Info(id).layer_lengths[0], 0);
+}
+
+TEST_F(EngineTest, MaxTokensIsOutOfRange) {
+  SessionSpec spec = TestSpec();
+  spec.max_tokens = 10;
+  const std::string id = NewSession(spec);
+  Tokens t(12, rng_);
+  Append(id, 0, t, 0, 8);
+  auto out = engine_->Append(Request(id, 0, t, 8, 11));
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(Info(id).layer_lengths[0], 8);
+  Append(id, 0, t, 8, 10);  // exactly max_tokens is fine
+}
+
+TEST_F(EngineTest, FullPoolIsResourceExhaustedAndRecovers) {
+  // 4 blocks of 21 tokens (2 KV heads * (16 + 8) floats = 192 bytes each).
+  engine_ = MakeEngine(4 * 4096, 2);
+  const std::string a = NewSession();
+  const std::string b = NewSession();
+  Tokens t(100, rng_);
+  Append(a, 0, t, 0, 60);  // 3 blocks
+  const SessionInfo before = Info(b);
+  auto out = engine_->Append(Request(b, 0, t, 0, 30));  // needs 2
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Info(b).layer_lengths, before.layer_lengths);
+  EXPECT_EQ(engine_->stats().pool.blocks_used, 3);
+  ASSERT_TRUE(engine_->DeleteSession(a).ok());
+  EXPECT_EQ(engine_->stats().pool.blocks_used, 0);
+  EXPECT_EQ(Append(b, 0, t, 0, 30), Stateless(t, 0, 0, 30));
+}
+
+TEST_F(EngineTest, UnknownSessionIsNotFound) {
+  Tokens t(1, rng_);
+  EXPECT_EQ(engine_->Append(Request("0123", 0, t, 0, 1)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->GetSession("0123").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->ForkSession("0123").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->TruncateSession("0123", 0).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->DeleteSession("0123").code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(EngineTest, StatelessValidation) {
+  Tokens t(8, rng_);
+  StatelessRequest r;
+  r.q = t.q.view();
+  r.k = t.k.view();
+  r.v = t.v.view();
+  auto code = [&](const StatelessRequest& req) {
+    return engine_->Attend(req).status().code();
+  };
+  EXPECT_EQ(code(r), absl::StatusCode::kOk);
+  StatelessRequest bad = r;
+  bad.mask.window = 4;  // needs causal
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.mask.query_start = 3;  // needs causal
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.mask.causal = true;
+  bad.mask.num_sink_tokens = 2;  // needs a window
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.sink_logits = {1.0f};  // needs one per query head
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.scale = -1.0f;
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  HostTensor bias = RandomTensor({8, 7}, rng_);
+  bad = r;
+  bad.bias = bias.view();
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  HostTensor nan_bias = FloatTensor({8, 8}, std::vector<float>(64, 0.0f));
+  const float nan = std::nanf("");
+  std::memcpy(nan_bias.bytes.data() + 12, &nan, 4);
+  bad = r;
+  bad.bias = nan_bias.view();
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad = r;
+  bad.return_weights = true;
+  EXPECT_EQ(code(bad), absl::StatusCode::kOk);
+}
+
+TEST_F(EngineTest, StatelessWeightsRespectTheSizeLimit) {
+  EngineOptions options;
+  options.kv_cache_bytes = 1 << 20;
+  options.kv_block_bytes = 4096;
+  options.max_weights_bytes = 1000;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto engine =
+      *AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
+  Tokens t(16, rng_);
+  StatelessRequest r;
+  r.q = t.q.view();
+  r.k = t.k.view();
+  r.v = t.v.view();
+  r.return_weights = true;  // 4 * 16 * 16 * 4 bytes > 1000
+  auto out = engine->Attend(r);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("return_weights"),
+            absl::string_view::npos);
+}
+
+TEST_F(EngineTest, ConcurrentSessionsMatchTheirStatelessAnswers) {
+  constexpr int kThreads = 6;
+  std::vector<Tokens> tokens;
+  for (int i = 0; i < kThreads; ++i) tokens.emplace_back(64, rng_);
+  std::vector<std::vector<float>> expected;
+  for (int i = 0; i < kThreads; ++i) {
+    expected.push_back(Stateless(tokens[i], 2, 0, 64));
+  }
+  std::vector<std::vector<float>> got(kThreads);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      const std::string id = NewSession();
+      got[i] = Append(id, 2, tokens[i], 0, 16);
+      for (int64_t p = 16; p < 64; ++p) {
+        std::vector<float> row = Append(id, 2, tokens[i], p, p + 1);
+        got[i].insert(got[i].end(), row.begin(), row.end());
+      }
+      EXPECT_TRUE(engine_->DeleteSession(id).ok());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int i = 0; i < kThreads; ++i) EXPECT_EQ(got[i], expected[i]) << i;
+  EXPECT_EQ(engine_->stats().pool.used_bytes, 0);
+  EXPECT_EQ(engine_->stats().active_sessions, 0);
+}
+
+TEST_F(EngineTest, ListAndStats) {
+  const std::string a = NewSession();
+  const std::string b = NewSession();
+  std::vector<SessionInfo> all = engine_->ListSessions();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(engine_->stats().active_sessions, 2);
+  EXPECT_EQ(engine_->stats().sessions_created_total, 2);
+  EXPECT_EQ(all[0].layer_lengths.size(), static_cast<size_t>(kLayers));
+}
+
+}  // namespace
+}  // namespace attention

@@ -1,0 +1,165 @@
+#include "core/layer_kv_cache.h"
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/cpu/cpu_backend.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_tensors.h"
+
+namespace attention {
+namespace {
+
+using testing::HostTensor;
+using testing::RandomTensor;
+
+constexpr int kHeads = 2;
+constexpr int kDim = 4;
+
+class LayerKvCacheTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    layout_.dtype = DType::kFloat32;
+    layout_.num_kv_heads = kHeads;
+    layout_.head_dim = kDim;
+    layout_.value_dim = kDim;
+    layout_.tokens_per_block = 4;
+    // 4 tokens * 2 heads * 8 floats * 4 bytes = 256 bytes per block.
+    pool_ = *BlockPool::Create(&backend_, 64 * 256, 256);
+  }
+
+  // Appends `count` random tokens and returns their K tensor.
+  HostTensor Append(LayerKvCache& cache, int64_t count) {
+    HostTensor k = RandomTensor({count, kHeads, kDim}, rng_);
+    HostTensor v = RandomTensor({count, kHeads, kDim}, rng_);
+    auto pending = cache.PrepareAppend(count);
+    EXPECT_TRUE(pending.ok()) << pending.status();
+    KvWrite write = pending->write_target();
+    write.k = k.view();
+    write.v = v.view();
+    EXPECT_TRUE(backend_.WriteKv(write).ok());
+    cache.Commit(*std::move(pending));
+    return k;
+  }
+
+  float KeyAt(const LayerKvCache& cache, int64_t pos, int head, int d) {
+    std::vector<const std::byte*> ks, vs;
+    KvView view = cache.view(&ks, &vs);
+    float x;
+    std::memcpy(&x, view.key(pos, head) + d * 4, 4);
+    return x;
+  }
+
+  std::mt19937 rng_{7};
+  CpuBackend backend_{1};
+  KvBlockLayout layout_;
+  std::unique_ptr<BlockPool> pool_;
+};
+
+TEST_F(LayerKvCacheTest, AppendStoresKeysAtTheirPositions) {
+  LayerKvCache cache(pool_.get(), layout_, LayerSpec{});
+  HostTensor first = Append(cache, 3);
+  HostTensor second = Append(cache, 6);
+  EXPECT_EQ(cache.length(), 9);
+  EXPECT_EQ(cache.referenced_blocks(), 3);
+  for (int h = 0; h < kHeads; ++h) {
+    for (int d = 0; d < kDim; ++d) {
+      EXPECT_EQ(KeyAt(cache, 1, h, d), first.values[(1 * kHeads + h) * kDim + d]);
+      EXPECT_EQ(KeyAt(cache, 7, h, d),
+                second.values[(4 * kHeads + h) * kDim + d]);
+    }
+  }
+}
+
+TEST_F(LayerKvCacheTest, AbandonedAppendReleasesItsBlocks) {
+  LayerKvCache cache(pool_.get(), layout_, LayerSpec{});
+  Append(cache, 5);
+  const int64_t used = pool_->stats().blocks_used;
+  {
+    auto pending = cache.PrepareAppend(20);
+    ASSERT_TRUE(pending.ok());
+    EXPECT_GT(pool_->stats().blocks_used, used);
+  }
+  EXPECT_EQ(pool_->stats().blocks_used, used);
+  EXPECT_EQ(cache.length(), 5);
+}
+
+TEST_F(LayerKvCacheTest, PoolExhaustionChangesNothing) {
+  LayerKvCache cache(pool_.get(), layout_, LayerSpec{});
+  Append(cache, 10);
+  const int64_t used = pool_->stats().blocks_used;
+  auto pending = cache.PrepareAppend(64 * 4);
+  EXPECT_EQ(pending.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool_->stats().blocks_used, used);
+  EXPECT_EQ(cache.length(), 10);
+}
+
+TEST_F(LayerKvCacheTest, ForkSharesThenCopiesOnWrite) {
+  LayerKvCache parent(pool_.get(), layout_, LayerSpec{});
+  Append(parent, 6);  // blocks: [0..3] full, [4..5] partial
+  const float before = KeyAt(parent, 5, 1, 2);
+  LayerKvCache child = parent.Fork();
+  EXPECT_EQ(pool_->stats().blocks_used, 2) << "a fork shares every block";
+  HostTensor child_keys = Append(child, 1);  // writes into the shared tail
+  EXPECT_EQ(pool_->stats().blocks_used, 3) << "the shared tail was copied";
+  HostTensor parent_keys = Append(parent, 1);
+  EXPECT_EQ(KeyAt(parent, 5, 1, 2), before);
+  EXPECT_EQ(KeyAt(child, 5, 1, 2), before);
+  EXPECT_EQ(KeyAt(child, 6, 0, 0), child_keys.values[0]);
+  EXPECT_EQ(KeyAt(parent, 6, 0, 0), parent_keys.values[0]);
+}
+
+TEST_F(LayerKvCacheTest, WindowLayerKeepsWindowSinksAndSlack) {
+  LayerSpec mask;
+  mask.window = 8;
+  mask.num_sink_tokens = 2;
+  LayerKvCache cache(pool_.get(), layout_, mask);
+  for (int i = 0; i < 10; ++i) Append(cache, 5);  // 50 tokens
+  // Needed: sinks (block 0) and keys >= 50 - 8 + 1 - 4 = 39 (blocks 9..12).
+  EXPECT_EQ(cache.referenced_blocks(), 1 + 4);
+  EXPECT_EQ(pool_->stats().blocks_used, 5);
+}
+
+TEST_F(LayerKvCacheTest, TruncateRespectsDroppedWindowKeys) {
+  LayerSpec mask;
+  mask.window = 8;
+  LayerKvCache cache(pool_.get(), layout_, mask);
+  for (int i = 0; i < 10; ++i) Append(cache, 5);  // keeps positions >= 36
+  // A query at 45 needs keys >= 38: still there.
+  EXPECT_TRUE(cache.CheckTruncate(45).ok());
+  // A query at 40 needs keys >= 33, but block [32, 36) is gone.
+  absl::Status status = cache.CheckTruncate(40);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("shortest possible length is 43"),
+            absl::string_view::npos)
+      << status;
+  EXPECT_TRUE(cache.CheckTruncate(0).ok()) << "an empty layer needs no key";
+  cache.Truncate(45);
+  EXPECT_EQ(cache.length(), 45);
+  EXPECT_EQ(cache.referenced_blocks(), 3);  // [36, 48)
+}
+
+TEST_F(LayerKvCacheTest, TruncateReleasesBlocksPastTheEnd) {
+  LayerKvCache cache(pool_.get(), layout_, LayerSpec{});
+  Append(cache, 17);
+  EXPECT_EQ(pool_->stats().blocks_used, 5);
+  cache.Truncate(8);
+  EXPECT_EQ(cache.length(), 8);
+  EXPECT_EQ(pool_->stats().blocks_used, 2);
+  cache.Truncate(100);  // longer than the layer: no change
+  EXPECT_EQ(cache.length(), 8);
+}
+
+TEST_F(LayerKvCacheTest, DestructionReleasesEverything) {
+  {
+    LayerKvCache cache(pool_.get(), layout_, LayerSpec{});
+    Append(cache, 30);
+    LayerKvCache fork = cache.Fork();
+    Append(fork, 3);
+  }
+  EXPECT_EQ(pool_->stats().blocks_used, 0);
+}
+
+}  // namespace
+}  // namespace attention

@@ -1,0 +1,160 @@
+#include "core/session_manager.h"
+
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/time/time.h"
+#include "core/cpu/cpu_backend.h"
+#include "gtest/gtest.h"
+
+namespace attention {
+namespace {
+
+SessionSpec SmallSpec() {
+  SessionSpec spec;
+  spec.num_layers = 2;
+  spec.num_q_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 8;
+  return spec;
+}
+
+class SessionManagerTest : public ::testing::Test {
+ protected:
+  SessionManager MakeManager(int64_t max_sessions = 100) {
+    SessionManagerOptions options;
+    options.reap_interval = absl::ZeroDuration();
+    options.default_idle_timeout = absl::Seconds(30);
+    options.max_sessions = max_sessions;
+    options.now = [this] { return now_; };
+    return SessionManager(pool_.get(), options);
+  }
+
+  CpuBackend backend_{1};
+  std::unique_ptr<BlockPool> pool_ =
+      *BlockPool::Create(&backend_, 1 << 20, 4096);
+  absl::Time now_ = absl::FromUnixSeconds(1000);
+};
+
+TEST_F(SessionManagerTest, IdsAreLongRandomAndUnique) {
+  SessionManager manager = MakeManager(1000);
+  std::set<std::string> ids;
+  for (int i = 0; i < 200; ++i) {
+    auto session = manager.Create(SmallSpec(), absl::ZeroDuration());
+    ASSERT_TRUE(session.ok()) << session.status();
+    const std::string& id = (*session)->id();
+    EXPECT_EQ(id.size(), 32u) << "128 bits, hex encoded";
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef"), std::string::npos);
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), 200u);
+}
+
+TEST_F(SessionManagerTest, CreateResolvesTheSpec) {
+  SessionManager manager = MakeManager();
+  auto session = *manager.Create(SmallSpec(), absl::ZeroDuration());
+  EXPECT_EQ(session->spec().value_dim, 8);
+  EXPECT_EQ(session->spec().layers.size(), 2u);
+  EXPECT_GT(session->spec().max_tokens, 0);
+  EXPECT_FLOAT_EQ(session->spec().scale, 1.0f / std::sqrt(8.0f));
+  // 2 KV heads * (8 + 8) floats = 128 bytes per token; 4096-byte blocks.
+  EXPECT_EQ(session->layout().tokens_per_block, 32);
+  EXPECT_EQ(session->idle_timeout(), absl::Seconds(30));
+}
+
+TEST_F(SessionManagerTest, RejectsSpecsThatDoNotFitABlock) {
+  SessionManager manager = MakeManager();
+  SessionSpec spec = SmallSpec();
+  spec.num_kv_heads = 4;
+  spec.num_q_heads = 4;
+  spec.head_dim = 256;  // 4 * 512 * 4 = 8 KiB per token > 4 KiB block
+  auto session = manager.Create(spec, absl::ZeroDuration());
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(session.status().message().find("--kv_block_bytes"),
+            absl::string_view::npos);
+}
+
+TEST_F(SessionManagerTest, RejectsBadTimeouts) {
+  SessionManager manager = MakeManager();
+  EXPECT_EQ(manager.Create(SmallSpec(), absl::Seconds(-1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(manager.Create(SmallSpec(), absl::Hours(1000)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(SessionManagerTest, GetDeleteAndNotFound) {
+  SessionManager manager = MakeManager();
+  auto session = *manager.Create(SmallSpec(), absl::ZeroDuration());
+  EXPECT_TRUE(manager.Get(session->id()).ok());
+  EXPECT_EQ(manager.Get("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(manager.Delete(session->id()).ok());
+  EXPECT_EQ(manager.Get(session->id()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager.Delete(session->id()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager.size(), 0);
+}
+
+TEST_F(SessionManagerTest, MaxSessionsIsResourceExhausted) {
+  SessionManager manager = MakeManager(2);
+  auto first = *manager.Create(SmallSpec(), absl::ZeroDuration());
+  ASSERT_TRUE(manager.Create(SmallSpec(), absl::ZeroDuration()).ok());
+  EXPECT_EQ(manager.Create(SmallSpec(), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(manager.Fork(first->id()).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(manager.created_total(), 2);
+}
+
+TEST_F(SessionManagerTest, IdleSessionsExpireAndUseResetsTheClock) {
+  SessionManager manager = MakeManager();
+  auto idle = *manager.Create(SmallSpec(), absl::Seconds(10));
+  auto busy = *manager.Create(SmallSpec(), absl::Seconds(10));
+  const std::string idle_id = idle->id();
+  idle.reset();
+  now_ += absl::Seconds(8);
+  ASSERT_TRUE(manager.Get(busy->id()).ok());  // touches `busy`
+  now_ += absl::Seconds(8);
+  EXPECT_EQ(manager.ExpireIdle(now_), 1);
+  EXPECT_EQ(manager.Get(idle_id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(manager.Get(busy->id()).ok());
+  EXPECT_EQ(manager.expired_total(), 1);
+}
+
+TEST_F(SessionManagerTest, GetOfAnExpiredSessionIsNotFound) {
+  SessionManager manager = MakeManager();
+  const std::string id =
+      (*manager.Create(SmallSpec(), absl::Seconds(5)))->id();
+  now_ += absl::Seconds(6);
+  EXPECT_EQ(manager.Get(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager.expired_total(), 1);
+  EXPECT_EQ(manager.size(), 0);
+}
+
+TEST_F(SessionManagerTest, BackgroundReaperExpiresSessions) {
+  SessionManagerOptions options;
+  options.reap_interval = absl::Milliseconds(5);
+  SessionManager manager(pool_.get(), options);
+  ASSERT_TRUE(manager.Create(SmallSpec(), absl::Milliseconds(1)).ok());
+  // Bounded wait for the reaper (a condition, not a timing assertion).
+  for (int i = 0; i < 2000 && manager.size() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(manager.size(), 0);
+  EXPECT_EQ(manager.expired_total(), 1);
+}
+
+TEST_F(SessionManagerTest, ForkCopiesSpecAndSharesBlocks) {
+  SessionManager manager = MakeManager();
+  auto parent = *manager.Create(SmallSpec(), absl::ZeroDuration());
+  auto child = manager.Fork(parent->id());
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_NE((*child)->id(), parent->id());
+  EXPECT_EQ((*child)->spec(), parent->spec());
+  EXPECT_EQ(manager.size(), 2);
+  EXPECT_EQ(manager.Fork("missing").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace attention

@@ -1,0 +1,91 @@
+#include "core/thread_pool.h"
+
+#include <atomic>
+#include <cstdint>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+
+namespace attention {
+namespace {
+
+TEST(ThreadPoolTest, ThreadCount) {
+  EXPECT_EQ(ThreadPool(1).num_threads(), 1);
+  EXPECT_EQ(ThreadPool(4).num_threads(), 4);
+  EXPECT_GE(ThreadPool(0).num_threads(), 1);
+}
+
+TEST(ThreadPoolTest, RunsEveryIndexExactlyOnce) {
+  for (int threads : {1, 2, 5}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 2, 7, 1000}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.ParallelFor(n, [&](int64_t i) { hits[i].fetch_add(1); });
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << i;
+    }
+  }
+}
+
+TEST(ThreadPoolTest, WorkersTakePart) {
+  ThreadPool pool(4);
+  absl::Mutex mu;
+  std::set<std::thread::id> ids;
+  std::atomic<int> started{0};
+  // Each index waits briefly for the others to start, so several threads
+  // must be running indices at once.
+  pool.ParallelFor(4, [&](int64_t) {
+    started.fetch_add(1);
+    {
+      absl::MutexLock lock(&mu);
+      ids.insert(std::this_thread::get_id());
+    }
+    for (int spin = 0; spin < 2000000 && started.load() < 2; ++spin) {
+      std::this_thread::yield();
+    }
+  });
+  EXPECT_GE(ids.size(), 2u);
+}
+
+TEST(ThreadPoolTest, ConcurrentCallersShareTheWorkers) {
+  ThreadPool pool(3);
+  constexpr int kCallers = 6;
+  constexpr int64_t kN = 500;
+  std::vector<std::vector<int>> results(kCallers, std::vector<int>(kN));
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      for (int round = 0; round < 20; ++round) {
+        pool.ParallelFor(kN, [&](int64_t i) { results[c][i] += 1; });
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  for (int c = 0; c < kCallers; ++c) {
+    for (int64_t i = 0; i < kN; ++i) EXPECT_EQ(results[c][i], 20);
+  }
+}
+
+TEST(ThreadPoolTest, NestedLoopsComplete) {
+  ThreadPool pool(2);
+  std::atomic<int64_t> total{0};
+  pool.ParallelFor(8, [&](int64_t i) {
+    pool.ParallelFor(16, [&](int64_t j) { total.fetch_add(i * 16 + j); });
+  });
+  const int64_t n = 8 * 16;
+  EXPECT_EQ(total.load(), n * (n - 1) / 2);
+}
+
+TEST(ThreadPoolTest, DestructionWithIdleWorkers) {
+  for (int i = 0; i < 20; ++i) {
+    ThreadPool pool(4);
+    std::atomic<int> count{0};
+    pool.ParallelFor(10, [&](int64_t) { count.fetch_add(1); });
+    EXPECT_EQ(count.load(), 10);
+  }
+}
+
+}  // namespace
+}  // namespace attention
