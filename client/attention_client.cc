@@ -87,13 +87,13 @@ absl::StatusOr<Request> SessionHandle::MakeRequest(
   Request request;
   request.set_session_id(id());
   request.set_layer(layer);
-  auto q_tensor = MakeTensor(
-      q, {*tokens, spec().num_q_heads(), spec().head_dim()},
-      options.input_dtype);
+  auto q_tensor =
+      MakeTensor(q, {*tokens, spec().num_q_heads(), spec().head_dim()},
+                 options.input_dtype);
   if (!q_tensor.ok()) return q_tensor.status();
-  auto k_tensor = MakeTensor(
-      k, {*tokens, spec().num_kv_heads(), spec().head_dim()},
-      options.input_dtype);
+  auto k_tensor =
+      MakeTensor(k, {*tokens, spec().num_kv_heads(), spec().head_dim()},
+                 options.input_dtype);
   if (!k_tensor.ok()) return k_tensor.status();
   auto v_tensor = MakeTensor(v, {*tokens, spec().num_kv_heads(), value_dim()},
                              options.input_dtype);
@@ -109,8 +109,7 @@ absl::StatusOr<Request> SessionHandle::MakeRequest(
 absl::StatusOr<v1::PrefillRequest> SessionHandle::MakePrefillRequest(
     int layer, absl::Span<const float> q, absl::Span<const float> k,
     absl::Span<const float> v, const StepOptions& options) const {
-  return MakeRequest<v1::PrefillRequest>(layer, q, k, v, options,
-                                         std::nullopt);
+  return MakeRequest<v1::PrefillRequest>(layer, q, k, v, options, std::nullopt);
 }
 
 absl::StatusOr<v1::DecodeRequest> SessionHandle::MakeDecodeRequest(
@@ -221,10 +220,9 @@ absl::Status AttentionClient::WaitForConnected(absl::Duration timeout) {
   if (channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::OkStatus();
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("could not connect to the server within ",
-                   absl::FormatDuration(timeout),
-                   "; is attention-server running at this address?"));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "could not connect to the server within ", absl::FormatDuration(timeout),
+      "; is attention-server running at this address?"));
 }
 
 void AttentionClient::PrepareContext(grpc::ClientContext* context) const {

@@ -131,8 +131,8 @@ int RunHealth() {
   }
   auto status = client->CheckHealth();
   if (!status.ok()) {
-    std::cerr << "attnctl health: health check RPC failed: "
-              << status.status() << std::endl;
+    std::cerr << "attnctl health: health check RPC failed: " << status.status()
+              << std::endl;
     return 3;
   }
   if (*status != client::ServingStatus::kServing) {
@@ -246,35 +246,30 @@ int RunPlan() {
   if (!resolved.ok()) return Fail(resolved.status(), "plan");
   const KvSizePlan plan = PlanKvSize(*resolved, context);
 
-  std::vector<std::string> windows;
-  for (const LayerSpec& layer : resolved->layers) {
-    windows.push_back(absl::StrCat(layer.window));
-  }
-  std::cout << "model:                    "
-            << (resolved->model.empty() ? "(custom)" : resolved->model)
-            << "\n"
-            << "layers:                   " << resolved->num_layers << " ("
-            << plan.full_layers << " full, " << plan.window_layers
-            << " sliding-window)\n"
-            << "heads:                    " << resolved->num_q_heads
-            << " query, " << resolved->num_kv_heads << " key/value\n"
-            << "head_dim / value_dim:     " << resolved->head_dim << " / "
-            << resolved->value_dim << "\n"
-            << "kv_dtype:                 " << DTypeName(resolved->kv_dtype)
-            << "\n"
-            << "KV per token per layer:   " << plan.bytes_per_token_per_layer
-            << " bytes (" << HumanBytes(plan.bytes_per_token_per_layer)
-            << "/token)\n"
-            << "KV per token:             " << plan.bytes_per_token_all_full
-            << " bytes (" << HumanBytes(plan.bytes_per_token_all_full)
-            << "/token, all layers)\n"
-            << "KV at " << context << " tokens: " << plan.context_bytes
-            << " bytes (" << HumanBytes(plan.context_bytes)
-            << "; window layers keep window + sink tokens)\n"
-            << "KV at " << context
-            << " tokens if every layer were full: "
-            << plan.context_bytes_all_full << " bytes ("
-            << HumanBytes(plan.context_bytes_all_full) << ")" << std::endl;
+  auto line = [](absl::string_view label, absl::string_view value) {
+    std::cout << absl::StrFormat("%-42s %s\n", label, value);
+  };
+  auto bytes = [](int64_t count, absl::string_view suffix) {
+    return absl::StrCat(count, " bytes (", HumanBytes(count), suffix, ")");
+  };
+  line("model:", resolved->model.empty() ? "(custom)" : resolved->model);
+  line("layers:",
+       absl::StrCat(resolved->num_layers, " (", plan.full_layers, " full, ",
+                    plan.window_layers, " sliding-window)"));
+  line("heads:", absl::StrCat(resolved->num_q_heads, " query, ",
+                              resolved->num_kv_heads, " key/value"));
+  line("head_dim / value_dim:",
+       absl::StrCat(resolved->head_dim, " / ", resolved->value_dim));
+  line("kv_dtype:", DTypeName(resolved->kv_dtype));
+  line("KV per token per layer:",
+       bytes(plan.bytes_per_token_per_layer, "/token"));
+  line("KV per token (all layers):",
+       bytes(plan.bytes_per_token_all_full, "/token"));
+  line(absl::StrCat("KV at ", context, " tokens:"),
+       bytes(plan.context_bytes, ""));
+  line(absl::StrCat("KV at ", context, " tokens, every layer full:"),
+       bytes(plan.context_bytes_all_full, ""));
+  std::cout << "(window layers keep only window + sink tokens)" << std::endl;
   return 0;
 }
 
@@ -321,7 +316,7 @@ int RunDemo() {
   if (!session.ok()) return Fail(session.status(), "CreateSession");
   std::cout << "session " << session->id() << ": 2 layers (full; window 6 + 2 "
             << "sinks), 4 query heads, 2 KV heads, head_dim 16, kv_dtype "
-            << v1::DType_Name(kv_dtype) << std::endl;
+            << DTypeName(static_cast<DType>(kv_dtype)) << std::endl;
 
   const int64_t heads = 4, kv_heads = 2, dim = 16;
   const int64_t total = prompt + steps;
@@ -340,9 +335,10 @@ int RunDemo() {
 
   // 1. Prefill the prompt on both layers.
   for (int layer = 0; layer < 2; ++layer) {
-    auto result = session->Prefill(layer, slice(q[layer], 0, prompt, heads * dim),
-                                   slice(k[layer], 0, prompt, kv_heads * dim),
-                                   slice(v[layer], 0, prompt, kv_heads * dim));
+    auto result =
+        session->Prefill(layer, slice(q[layer], 0, prompt, heads * dim),
+                         slice(k[layer], 0, prompt, kv_heads * dim),
+                         slice(v[layer], 0, prompt, kv_heads * dim));
     if (!result.ok()) return Fail(result.status(), "Prefill");
     auto output = client::TensorToFloats(result->output());
     if (!output.ok()) return Fail(output.status(), "Prefill output");
@@ -354,10 +350,10 @@ int RunDemo() {
   auto stream = client->OpenDecodeStream();
   for (int64_t t = prompt; t < total; ++t) {
     for (int layer = 0; layer < 2; ++layer) {
-      auto request = session->MakeDecodeRequest(
-          layer, slice(q[layer], t, 1, heads * dim),
-          slice(k[layer], t, 1, kv_heads * dim),
-          slice(v[layer], t, 1, kv_heads * dim));
+      auto request =
+          session->MakeDecodeRequest(layer, slice(q[layer], t, 1, heads * dim),
+                                     slice(k[layer], t, 1, kv_heads * dim),
+                                     slice(v[layer], t, 1, kv_heads * dim));
       if (!request.ok()) return Fail(request.status(), "Decode request");
       auto result = stream->Step(*request);
       if (!result.ok()) return Fail(result.status(), "Decode");
@@ -378,8 +374,10 @@ int RunDemo() {
   for (int layer = 0; layer < 2; ++layer) {
     v1::AttentionRequest request;
     auto q_tensor = client::MakeTensor(q[layer], {total, heads, dim});
-    auto k_tensor = client::MakeTensor(k[layer], {total, kv_heads, dim}, kv_dtype);
-    auto v_tensor = client::MakeTensor(v[layer], {total, kv_heads, dim}, kv_dtype);
+    auto k_tensor =
+        client::MakeTensor(k[layer], {total, kv_heads, dim}, kv_dtype);
+    auto v_tensor =
+        client::MakeTensor(v[layer], {total, kv_heads, dim}, kv_dtype);
     if (!q_tensor.ok() || !k_tensor.ok() || !v_tensor.ok()) {
       return Fail(absl::InternalError("could not build the tensors"), "demo");
     }

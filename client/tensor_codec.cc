@@ -55,14 +55,13 @@ absl::StatusOr<v1::Tensor> MakeTensor(absl::Span<const float> values,
     count *= dim;
   }
   if (count != static_cast<int64_t>(values.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shape [", absl::StrJoin(shape, ", "), "] needs ", count,
-        " values but ", values.size(), " were given"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] needs ", count,
+                     " values but ", values.size(), " were given"));
   }
   const auto* src = reinterpret_cast<const std::byte*>(values.data());
-  if (absl::Status status =
-          CheckRepresentable(DType::kFloat32, src, count, *core_dtype,
-                             "tensor values");
+  if (absl::Status status = CheckRepresentable(DType::kFloat32, src, count,
+                                               *core_dtype, "tensor values");
       !status.ok()) {
     return status;
   }
@@ -90,10 +89,10 @@ absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor) {
   }
   const int64_t expected_bytes = count * DTypeSize(*core_dtype);
   if (static_cast<int64_t>(tensor.data().size()) != expected_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor of shape [", absl::StrJoin(tensor.shape(), ", "), "] and ",
-        DTypeName(*core_dtype), " needs ", expected_bytes, " bytes but has ",
-        tensor.data().size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor of shape [", absl::StrJoin(tensor.shape(), ", "),
+                     "] and ", DTypeName(*core_dtype), " needs ",
+                     expected_bytes, " bytes but has ", tensor.data().size()));
   }
   std::vector<float> values(static_cast<size_t>(count));
   ConvertToFloat(*core_dtype,

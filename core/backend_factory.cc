@@ -35,12 +35,12 @@ absl::StatusOr<BackendChoice> CreateBackend(const BackendOptions& options) {
   }
   if (options.kind == "cuda") {
 #ifdef ATTN_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<AttentionBackend>> cuda = CreateCudaBackend();
+    absl::StatusOr<std::unique_ptr<AttentionBackend>> cuda =
+        CreateCudaBackend();
     if (!cuda.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("cuda backend requested but no CUDA device is usable: ",
-                       cuda.status().message(),
-                       "; use --backend=cpu or --backend=auto"));
+      return absl::UnavailableError(absl::StrCat(
+          "cuda backend requested but no CUDA device is usable: ",
+          cuda.status().message(), "; use --backend=cpu or --backend=auto"));
     }
     choice.backend = *std::move(cuda);
     choice.reason = "cuda requested";
@@ -54,7 +54,8 @@ absl::StatusOr<BackendChoice> CreateBackend(const BackendOptions& options) {
   }
   if (options.kind == "auto") {
 #ifdef ATTN_HAVE_CUDA
-    absl::StatusOr<std::unique_ptr<AttentionBackend>> cuda = CreateCudaBackend();
+    absl::StatusOr<std::unique_ptr<AttentionBackend>> cuda =
+        CreateCudaBackend();
     if (cuda.ok()) {
       choice.backend = *std::move(cuda);
       choice.reason = "auto: a CUDA device is usable; using cuda";

@@ -25,9 +25,9 @@ absl::Status CheckRange(absl::string_view field, int64_t value, int64_t lo,
 absl::Status ValidateLayer(const LayerSpec& layer, absl::string_view name,
                            int32_t num_q_heads) {
   if (layer.window < 0) {
-    return SpecError(absl::StrCat(name, ".window"),
-                     absl::StrCat("must be >= 0 (0 = full causal), got ",
-                                  layer.window));
+    return SpecError(
+        absl::StrCat(name, ".window"),
+        absl::StrCat("must be >= 0 (0 = full causal), got ", layer.window));
   }
   if (layer.num_sink_tokens < 0) {
     return SpecError(absl::StrCat(name, ".num_sink_tokens"),
@@ -49,9 +49,9 @@ absl::Status ValidateLayer(const LayerSpec& layer, absl::string_view name,
   }
   for (size_t h = 0; h < layer.sink_logits.size(); ++h) {
     if (!std::isfinite(layer.sink_logits[h])) {
-      return SpecError(absl::StrCat(name, ".sink_logits[", h, "]"),
-                       absl::StrCat("must be finite, got ",
-                                    layer.sink_logits[h]));
+      return SpecError(
+          absl::StrCat(name, ".sink_logits[", h, "]"),
+          absl::StrCat("must be finite, got ", layer.sink_logits[h]));
     }
   }
   return absl::OkStatus();
@@ -82,8 +82,7 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                      " must be a multiple of num_kv_heads = ",
                      spec.num_kv_heads, " (grouped-query attention)"));
   }
-  if (auto s =
-          CheckRange("head_dim", spec.head_dim, 1, limits.max_head_dim);
+  if (auto s = CheckRange("head_dim", spec.head_dim, 1, limits.max_head_dim);
       !s.ok()) {
     return s;
   }
@@ -105,10 +104,9 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                                     "); use float32, float16 or bfloat16"));
   }
   if (!std::isfinite(spec.scale) || spec.scale < 0.0f) {
-    return SpecError("scale",
-                     absl::StrCat("must be finite and >= 0 (0 = "
-                                  "1/sqrt(head_dim)), got ",
-                                  spec.scale));
+    return SpecError("scale", absl::StrCat("must be finite and >= 0 (0 = "
+                                           "1/sqrt(head_dim)), got ",
+                                           spec.scale));
   }
   if (spec.scale == 0.0f) {
     out.scale =
@@ -137,16 +135,16 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
   }
 
   if (spec.max_tokens < 0) {
-    return SpecError("max_tokens",
-                     absl::StrCat("must be >= 0 (0 = server default ",
-                                  limits.default_max_tokens, "), got ",
-                                  spec.max_tokens));
+    return SpecError(
+        "max_tokens",
+        absl::StrCat("must be >= 0 (0 = server default ",
+                     limits.default_max_tokens, "), got ", spec.max_tokens));
   }
   if (spec.max_tokens > limits.max_tokens_limit) {
-    return SpecError("max_tokens",
-                     absl::StrCat("= ", spec.max_tokens,
-                                  " exceeds this server's limit of ",
-                                  limits.max_tokens_limit, " tokens"));
+    return SpecError(
+        "max_tokens",
+        absl::StrCat("= ", spec.max_tokens, " exceeds this server's limit of ",
+                     limits.max_tokens_limit, " tokens"));
   }
   if (spec.max_tokens == 0) out.max_tokens = limits.default_max_tokens;
   return out;

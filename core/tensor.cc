@@ -44,10 +44,10 @@ absl::Status TensorView::Validate(absl::string_view what, int rank) const {
   }
   const int64_t expected = count * element_size;
   if (size_bytes != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " has ", size_bytes, " bytes of data but shape ",
-        ShapeString(shape), " of ", DTypeName(dtype), " needs ", expected,
-        " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", size_bytes, " bytes of data but shape ",
+                     ShapeString(shape), " of ", DTypeName(dtype), " needs ",
+                     expected, " bytes"));
   }
   if (data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(what, " has no data"));

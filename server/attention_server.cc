@@ -34,15 +34,14 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   }
   if (options.max_message_bytes <= 0 ||
       options.max_message_bytes > std::numeric_limits<int>::max()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_message_bytes ", options.max_message_bytes,
-                     " must be in [1, ", std::numeric_limits<int>::max(),
-                     "] (gRPC's limit)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes ", options.max_message_bytes, " must be in [1, ",
+        std::numeric_limits<int>::max(), "] (gRPC's limit)"));
   }
   if (options.max_session_tokens <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_session_tokens ", options.max_session_tokens,
-                     " must be positive"));
+    return absl::InvalidArgumentError(absl::StrCat("max_session_tokens ",
+                                                   options.max_session_tokens,
+                                                   " must be positive"));
   }
   if (options.session_idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
@@ -64,6 +63,9 @@ std::string ListenUri(const std::string& address, int port) {
   }
   return absl::StrCat(address, ":", port);
 }
+
+// The name clients check with grpc.health.v1 (besides "" = the server).
+constexpr char kServiceName[] = "attention.v1.AttentionService";
 
 }  // namespace
 
@@ -87,9 +89,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   // A weights tensor larger than a message could never be sent back.
   engine_options.max_weights_bytes = options.max_message_bytes;
   engine_options.sessions.default_idle_timeout = options.session_idle_timeout;
-  engine_options.sessions.max_idle_timeout =
-      std::max(engine_options.sessions.max_idle_timeout,
-               options.session_idle_timeout);
+  engine_options.sessions.max_idle_timeout = std::max(
+      engine_options.sessions.max_idle_timeout, options.session_idle_timeout);
   engine_options.sessions.limits.default_max_tokens =
       options.max_session_tokens;
   engine_options.sessions.limits.max_tokens_limit = options.max_session_tokens;
@@ -120,15 +121,12 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     if (server->server_ != nullptr) server->server_->Shutdown();
-    return absl::UnavailableError(absl::StrCat(
-        "could not listen on ", uri,
-        " (port in use or address not available); choose another "
-        "--port/--listen_address, or --port=0 for a free port"));
+    return absl::UnavailableError(
+        absl::StrCat("could not listen on ", uri,
+                     " (port in use or address not available); choose another "
+                     "--port/--listen_address, or --port=0 for a free port"));
   }
-  if (grpc::HealthCheckServiceInterface* health =
-          server->server_->GetHealthCheckService()) {
-    health->SetServingStatus(true);
-  }
+  server->SetServing(true);
   return server;
 }
 
@@ -149,15 +147,19 @@ std::string AttentionServer::backend_name() const {
   return std::string(engine_->backend().name());
 }
 
+void AttentionServer::SetServing(bool serving) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus(kServiceName, serving);
+  health->SetServingStatus(serving);
+}
+
 void AttentionServer::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   // Load balancers watching health stop routing here first.
-  if (grpc::HealthCheckServiceInterface* health =
-          server_->GetHealthCheckService()) {
-    health->SetServingStatus(false);
-  }
+  SetServing(false);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
 }
 

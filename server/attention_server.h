@@ -4,10 +4,10 @@
 #ifndef ATTENTION_SERVER_ATTENTION_SERVER_H_
 #define ATTENTION_SERVER_ATTENTION_SERVER_H_
 
+#include <grpcpp/server.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/server.h>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -46,6 +46,10 @@ class AttentionServer {
   std::string backend_name() const;
   const std::string& backend_reason() const { return backend_reason_; }
   AttentionEngine& engine() { return *engine_; }
+
+  // Sets the grpc.health.v1 status of the server ("") and of
+  // attention.v1.AttentionService (e.g. NOT_SERVING while draining).
+  void SetServing(bool serving);
 
   // Reports NOT_SERVING, stops accepting calls, lets in-flight calls finish
   // for up to options().shutdown_grace, then cancels the rest. Idempotent.

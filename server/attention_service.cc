@@ -107,9 +107,9 @@ grpc::Status AttentionServiceImpl::Decode(
     if (!output.ok()) {
       // Say which request of the stream failed: the client has already
       // seen `index` results and needs to know where the stream stopped.
-      return ToGrpcStatus(absl::Status(
-          output.status().code(),
-          absl::StrCat(what, ": ", output.status().message())));
+      return ToGrpcStatus(
+          absl::Status(output.status().code(),
+                       absl::StrCat(what, ": ", output.status().message())));
     }
     AttentionOutputToProto(*output, &result);
     if (!stream->Write(result)) {

@@ -111,8 +111,7 @@ int Run() {
   }
   std::cout << "attention-server: " << strsignal(signal_number)
             << ", draining (up to "
-            << absl::FormatDuration(options.shutdown_grace) << ")"
-            << std::endl;
+            << absl::FormatDuration(options.shutdown_grace) << ")" << std::endl;
   (*server)->Shutdown();
   server->reset();
   std::cout << "attention-server: stopped" << std::endl;

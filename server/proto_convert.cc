@@ -34,8 +34,8 @@ absl::StatusOr<AppendRequest> AppendFromProto(const Request& request,
   if (!k.ok()) return k.status();
   auto v = TensorViewFromProto(request.v(), FieldName(prefix, "v"));
   if (!v.ok()) return v.status();
-  auto output_dtype = OptionalDTypeFromProto(
-      request.output_dtype(), FieldName(prefix, "output_dtype"));
+  auto output_dtype = OptionalDTypeFromProto(request.output_dtype(),
+                                             FieldName(prefix, "output_dtype"));
   if (!output_dtype.ok()) return output_dtype.status();
   out.q = *std::move(q);
   out.k = *std::move(k);
@@ -98,10 +98,9 @@ absl::StatusOr<TensorView> TensorViewFromProto(const v1::Tensor& tensor,
   for (int i = 0; i < tensor.shape_size(); ++i) {
     const int64_t dim = tensor.shape(i);
     if (dim <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ".shape[", i, "] is ", dim, " in shape ",
-                       ShapeString(view.shape),
-                       "; every dimension must be positive"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ".shape[", i, "] is ", dim, " in shape ",
+          ShapeString(view.shape), "; every dimension must be positive"));
     }
     if (dim > kMaxTensorBytes / bytes) {
       return absl::InvalidArgumentError(

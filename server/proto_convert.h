@@ -12,9 +12,8 @@
 #ifndef ATTENTION_SERVER_PROTO_CONVERT_H_
 #define ATTENTION_SERVER_PROTO_CONVERT_H_
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "attention/v1/attention.pb.h"
 #include "core/attention_problem.h"
 #include "core/dtype.h"

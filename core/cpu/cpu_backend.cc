@@ -19,9 +19,9 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// At most this many query rows per work item; together with kMaxRowHeads it
-// bounds the per-thread scratch while letting one converted K/V tile serve
-// many rows.
+// At most this many query rows per work item; kMaxRowHeadsPerItem
+// (rows x query heads of a KV group) bounds the per-thread scratch while one
+// converted K/V tile serves many rows.
 constexpr int64_t kMaxRowsPerItem = 16;
 constexpr int64_t kMaxRowHeadsPerItem = 256;
 
@@ -35,13 +35,54 @@ inline float Dot(const float* a, const float* b, int n) {
   float lanes[kDotLanes] = {};
   int d = 0;
   for (; d + kDotLanes <= n; d += kDotLanes) {
+    // Fully unrolled so the lanes stay in registers.
+#pragma GCC unroll 16
     for (int l = 0; l < kDotLanes; ++l) lanes[l] += a[d + l] * b[d + l];
   }
   for (int l = 0; d + l < n; ++l) lanes[l] += a[d + l] * b[d + l];
+#pragma GCC unroll 4
   for (int width = kDotLanes / 2; width > 0; width /= 2) {
+#pragma GCC unroll 8
     for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
   }
   return lanes[0];
+}
+
+// Element-wise helpers, written as fixed 16-wide blocks plus a tail so that
+// -O2 vectorises them (its cost model rejects loops that need an epilogue).
+// Element-wise, so the result does not depend on vectorisation.
+
+// y[d] += a * x[d]
+inline void Axpy(float a, const float* __restrict x, float* __restrict y,
+                 int n) {
+  int d = 0;
+  for (; d + 16 <= n; d += 16) {
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l) y[d + l] += a * x[d + l];
+  }
+  for (; d < n; ++d) y[d] += a * x[d];
+}
+
+// y[d] = a * y[d] + x[d]
+inline void ScaleAdd(float a, const float* __restrict x, float* __restrict y,
+                     int n) {
+  int d = 0;
+  for (; d + 16 <= n; d += 16) {
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l) y[d + l] = a * y[d + l] + x[d + l];
+  }
+  for (; d < n; ++d) y[d] = a * y[d] + x[d];
+}
+
+// y[d] = y[d] * a + x[d] * b
+inline void Combine(float a, const float* __restrict x, float b,
+                    float* __restrict y, int n) {
+  int d = 0;
+  for (; d + 16 <= n; d += 16) {
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l) y[d + l] = y[d + l] * a + x[d + l] * b;
+  }
+  for (; d < n; ++d) y[d] = y[d] * a + x[d] * b;
 }
 
 class CpuArena final : public DeviceArena {
@@ -158,6 +199,18 @@ Intervals UnionRange(const MaskSpec& mask, int64_t length, int64_t first_p,
   return intervals;
 }
 
+// Calls fn(t0) for every tile [t0, t0 + kKeysPerTile) holding a key of
+// `keys`, in increasing order, each once.
+template <typename Fn>
+void ForEachTile(const Intervals& keys, Fn fn) {
+  int64_t next = 0;  // first tile start not visited yet
+  for (int i = 0; i < keys.count; ++i) {
+    int64_t t0 = std::max(next, keys.begin[i] / kKeysPerTile * kKeysPerTile);
+    for (; t0 < keys.end[i]; t0 += kKeysPerTile) fn(t0);
+    next = std::max(next, t0);
+  }
+}
+
 // Attention of one work item, following attention_problem.h exactly.
 class ItemKernel {
  public:
@@ -186,9 +239,9 @@ class ItemKernel {
   void LoadQueries();
   void LoadTile(int64_t t0, int64_t t1, const Intervals& keys,
                 bool with_values);
-  // Logits of row r, group head hh over [t0, t1) into `logits` (kNegInf
-  // where invisible). Returns false when no key is visible; an error status
-  // on overflow.
+  // Logits (bias included) of row r, group head hh over [t0, t1) into
+  // `logits`, kNegInf where invisible; *any_visible tells whether any key
+  // is. INVALID_ARGUMENT when a visible logit overflows.
   absl::Status TileLogits(int64_t r, int hh, int64_t t0, int64_t t1,
                           const RowRange& range, float* logits,
                           bool* any_visible);
@@ -250,10 +303,10 @@ absl::Status ItemKernel::TileLogits(int64_t r, int hh, int64_t t0, int64_t t1,
   float bias[kKeysPerTile];
   if (pr_.bias != nullptr) {
     const TensorView& b = *pr_.bias;
-    const int64_t base = b.rank() == 3 ? (head * num_rows_total_ + row) * kv_.length
-                                       : row * kv_.length;
-    ConvertToFloat(b.dtype, b.data + (base + t0) * DTypeSize(b.dtype), n,
-                   bias);
+    const int64_t base = b.rank() == 3
+                             ? (head * num_rows_total_ + row) * kv_.length
+                             : row * kv_.length;
+    ConvertToFloat(b.dtype, b.data + (base + t0) * DTypeSize(b.dtype), n, bias);
   }
   *any_visible = false;
   for (int64_t j = t0; j < t1; ++j) {
@@ -261,13 +314,12 @@ absl::Status ItemKernel::TileLogits(int64_t r, int hh, int64_t t0, int64_t t1,
     s = kNegInf;
     if (j > range.hi || (j < range.lo && j >= range.sinks)) continue;
     if (pr_.bias != nullptr && bias[j - t0] == kNegInf) continue;
-    s = Dot(q, scratch_.k.data() + (j - t0) * head_dim_, head_dim_) *
-        pr_.scale;
+    s = Dot(q, scratch_.k.data() + (j - t0) * head_dim_, head_dim_) * pr_.scale;
     if (!std::isfinite(s)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "Q @ K^T overflowed at problem ", problem_index_, ", query row ",
-          row, " (position ", Position(r), "), head ", head,
-          ", key position ", j, "; rescale the inputs"));
+          "Q @ K^T overflowed at problem ", problem_index_, ", query row ", row,
+          " (position ", Position(r), "), head ", head, ", key position ", j,
+          "; rescale the inputs"));
     }
     if (pr_.bias != nullptr) {
       s += bias[j - t0];
@@ -298,12 +350,10 @@ void ItemKernel::UpdateChunk(int64_t idx, int64_t t0, int64_t t1,
     if (logits[j] == kNegInf) continue;  // not visible to this row
     const float p = std::exp(logits[j] - m_new);
     p_sum += p;
-    const float* v = scratch_.v.data() + j * value_dim_;
-    for (int d = 0; d < value_dim_; ++d) pv[d] += p * v[d];
+    Axpy(p, scratch_.v.data() + j * value_dim_, pv, value_dim_);
   }
   scratch_.chunk_l[idx] = alpha * scratch_.chunk_l[idx] + p_sum;
-  float* acc = scratch_.chunk_acc.data() + idx * value_dim_;
-  for (int d = 0; d < value_dim_; ++d) acc[d] = alpha * acc[d] + pv[d];
+  ScaleAdd(alpha, pv, scratch_.chunk_acc.data() + idx * value_dim_, value_dim_);
   scratch_.chunk_m[idx] = m_new;
 }
 
@@ -324,10 +374,9 @@ void ItemKernel::MergeChunks() {
       const float ca = std::exp(a_m - m);
       const float cb = std::exp(b_m - m);
       scratch_.row_m[idx] = m;
-      scratch_.row_l[idx] = scratch_.row_l[idx] * ca + scratch_.chunk_l[idx] * cb;
-      for (int d = 0; d < value_dim_; ++d) {
-        a_acc[d] = a_acc[d] * ca + b_acc[d] * cb;
-      }
+      scratch_.row_l[idx] =
+          scratch_.row_l[idx] * ca + scratch_.chunk_l[idx] * cb;
+      Combine(ca, b_acc, cb, a_acc, value_dim_);
     }
   }
   // Start the next chunk empty.
@@ -372,16 +421,13 @@ void ItemKernel::WriteWeights(const Intervals& keys) {
   for (int64_t r = 0; r < rows_; ++r) {
     const int64_t row = item_.row_begin + r;
     for (int hh = 0; hh < group_; ++hh) {
-      float* w = pr_.weights +
-                 ((first_head_ + hh) * num_rows_total_ + row) * length;
+      float* w =
+          pr_.weights + ((first_head_ + hh) * num_rows_total_ + row) * length;
       std::fill(w, w + length, 0.0f);
     }
   }
-  if (keys.count == 0) return;
   float logits[kKeysPerTile];
-  const int64_t first_tile = keys.begin[0] / kKeysPerTile * kKeysPerTile;
-  for (int64_t t0 = first_tile; t0 < keys.end[keys.count - 1];
-       t0 += kKeysPerTile) {
+  ForEachTile(keys, [&](int64_t t0) {
     const int64_t t1 = std::min(t0 + kKeysPerTile, length);
     LoadTile(t0, t1, keys, /*with_values=*/false);
     for (int64_t r = 0; r < rows_; ++r) {
@@ -396,15 +442,15 @@ void ItemKernel::WriteWeights(const Intervals& keys) {
         TileLogits(r, hh, t0, t1, range, logits, &any_visible).IgnoreError();
         if (!any_visible) continue;
         const float m = scratch_.row_m[idx];
-        float* w = pr_.weights +
-                   ((first_head_ + hh) * num_rows_total_ + row) * length;
+        float* w =
+            pr_.weights + ((first_head_ + hh) * num_rows_total_ + row) * length;
         for (int64_t j = t0; j < t1; ++j) {
           if (logits[j - t0] == kNegInf) continue;
           w[j] = std::exp(logits[j - t0] - m) / l;
         }
       }
     }
-  }
+  });
 }
 
 absl::Status ItemKernel::Run() {
@@ -446,39 +492,35 @@ absl::Status ItemKernel::Run() {
   // row of this item can see are visited (causal and window skipping).
   float logits[kKeysPerTile];
   int64_t chunk = -1;
-  for (int i = 0; i < keys.count; ++i) {
-    const int64_t first_tile = keys.begin[i] / kKeysPerTile * kKeysPerTile;
-    for (int64_t t0 = first_tile; t0 < keys.end[i]; t0 += kKeysPerTile) {
-      // A tile straddling both intervals was already done with the first.
-      if (i > 0 && t0 < keys.end[i - 1]) continue;
-      const int64_t t1 = std::min(t0 + kKeysPerTile, length);
-      const int64_t tile_chunk = t0 / kKeysPerSplit;
-      if (tile_chunk != chunk) {
-        if (chunk >= 0) MergeChunks();
-        chunk = tile_chunk;
-      }
-      LoadTile(t0, t1, keys, /*with_values=*/true);
-      for (int64_t r = 0; r < rows_; ++r) {
-        const RowRange range = VisibleRange(pr_.mask, length, Position(r));
-        // Skip rows that see nothing in this tile.
-        if (range.hi < t0) continue;
-        if (range.lo >= t1 && range.sinks <= t0) continue;
-        for (int hh = 0; hh < group_; ++hh) {
-          bool any_visible;
-          if (absl::Status status =
-                  TileLogits(r, hh, t0, t1, range, logits, &any_visible);
-              !status.ok()) {
-            return status;
-          }
-          if (!any_visible) continue;
-          UpdateChunk(r * group_ + hh, t0, t1, logits);
-        }
+  absl::Status status;
+  ForEachTile(keys, [&](int64_t t0) {
+    if (!status.ok()) return;
+    const int64_t t1 = std::min(t0 + kKeysPerTile, length);
+    const int64_t tile_chunk = t0 / kKeysPerSplit;
+    if (tile_chunk != chunk) {
+      if (chunk >= 0) MergeChunks();
+      chunk = tile_chunk;
+    }
+    LoadTile(t0, t1, keys, /*with_values=*/true);
+    for (int64_t r = 0; r < rows_; ++r) {
+      const RowRange range = VisibleRange(pr_.mask, length, Position(r));
+      // Skip rows that see nothing in this tile.
+      if (range.hi < t0) continue;
+      if (range.lo >= t1 && range.sinks <= t0) continue;
+      for (int hh = 0; hh < group_; ++hh) {
+        bool any_visible;
+        status = TileLogits(r, hh, t0, t1, range, logits, &any_visible);
+        if (!status.ok()) return;
+        if (!any_visible) continue;
+        UpdateChunk(r * group_ + hh, t0, t1, logits);
       }
     }
-  }
+  });
+  if (!status.ok()) return status;
   if (chunk >= 0) MergeChunks();
 
-  if (absl::Status status = Finish(); !status.ok()) return status;
+  status = Finish();
+  if (!status.ok()) return status;
   if (pr_.weights != nullptr) WriteWeights(keys);
   return absl::OkStatus();
 }
@@ -530,10 +572,10 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
   for (int64_t block = first_block; block <= last_block; ++block) {
     if (block >= static_cast<int64_t>(write.blocks.size()) ||
         write.blocks[block] == nullptr) {
-      return absl::InternalError(absl::StrCat(
-          "KV block ", block, " for positions from ",
-          std::max(write.start, block * tokens_per_block),
-          " is missing; this is a bug in the block pool"));
+      return absl::InternalError(
+          absl::StrCat("KV block ", block, " for positions from ",
+                       std::max(write.start, block * tokens_per_block),
+                       " is missing; this is a bug in the block pool"));
     }
   }
   // Each task converts a run of tokens into their blocks.
@@ -547,17 +589,15 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
       const int64_t row = pos % tokens_per_block;
       for (int h = 0; h < num_kv_heads; ++h) {
         const int64_t slot = int64_t{h} * tokens_per_block + row;
-        ConvertDType(write.k.dtype,
-                     write.k.data + (t * num_kv_heads + h) * head_dim *
-                                        k_element,
-                     head_dim, layout.dtype,
-                     block + slot * head_dim * element);
-        ConvertDType(write.v.dtype,
-                     write.v.data + (t * num_kv_heads + h) * value_dim *
-                                        v_element,
-                     value_dim, layout.dtype,
-                     block + layout.value_offset_bytes() +
-                         slot * value_dim * element);
+        ConvertDType(
+            write.k.dtype,
+            write.k.data + (t * num_kv_heads + h) * head_dim * k_element,
+            head_dim, layout.dtype, block + slot * head_dim * element);
+        ConvertDType(
+            write.v.dtype,
+            write.v.data + (t * num_kv_heads + h) * value_dim * v_element,
+            value_dim, layout.dtype,
+            block + layout.value_offset_bytes() + slot * value_dim * element);
       }
     }
   });
@@ -567,8 +607,9 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
 absl::Status CpuBackend::CopyBlock(const std::byte* src, std::byte* dst,
                                    int64_t bytes) {
   if (bytes < 0 || (bytes > 0 && (src == nullptr || dst == nullptr))) {
-    return absl::InternalError(absl::StrCat(
-        "invalid block copy of ", bytes, " bytes; this is a bug in the caller"));
+    return absl::InternalError(
+        absl::StrCat("invalid block copy of ", bytes,
+                     " bytes; this is a bug in the caller"));
   }
   if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
   return absl::OkStatus();
@@ -581,8 +622,8 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
     const int64_t num_rows = problem.q.dim(0);
     const int num_kv_heads = problem.kv.num_kv_heads;
     const int64_t group = problem.q.dim(1) / num_kv_heads;
-    const int64_t rows_per_item = std::clamp<int64_t>(
-        kMaxRowHeadsPerItem / group, 1, kMaxRowsPerItem);
+    const int64_t rows_per_item =
+        std::clamp<int64_t>(kMaxRowHeadsPerItem / group, 1, kMaxRowsPerItem);
     for (int64_t r = 0; r < num_rows; r += rows_per_item) {
       for (int g = 0; g < num_kv_heads; ++g) {
         items.push_back(WorkItem{static_cast<int>(p), g, r,
@@ -603,9 +644,8 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
     if (!status.ok()) {
       errors[i] = std::move(status);
       int64_t current = first_failed.load(std::memory_order_relaxed);
-      while (i < current &&
-             !first_failed.compare_exchange_weak(current, i,
-                                                 std::memory_order_relaxed)) {
+      while (i < current && !first_failed.compare_exchange_weak(
+                                current, i, std::memory_order_relaxed)) {
       }
     }
   });

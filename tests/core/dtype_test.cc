@@ -96,6 +96,29 @@ TEST(DTypeTest, HalfRoundTripsEveryValue) {
   }
 }
 
+// Every half decodes to the value its fields describe.
+TEST(DTypeTest, HalfDecodesEveryValueExactly) {
+  for (uint32_t h = 0; h <= 0xffff; ++h) {
+    const int exponent = (h >> 10) & 0x1f;
+    const int mantissa = h & 0x3ff;
+    const double sign = (h & 0x8000) ? -1.0 : 1.0;
+    const float x = HalfToFloat(static_cast<uint16_t>(h));
+    if (exponent == 0x1f) {
+      if (mantissa == 0) {
+        EXPECT_EQ(x, sign * kInf) << h;
+      } else {
+        EXPECT_TRUE(std::isnan(x)) << h;
+      }
+      continue;
+    }
+    const double want = exponent == 0
+                            ? sign * std::ldexp(mantissa, -24)
+                            : sign * std::ldexp(1024 + mantissa, exponent - 25);
+    EXPECT_EQ(static_cast<double>(x), want) << h;
+    EXPECT_EQ(std::signbit(x), (h & 0x8000) != 0) << h;
+  }
+}
+
 // Between every two adjacent finite halves a < b: the midpoint rounds to the
 // one with an even mantissa, anything nearer to a side rounds to it.
 TEST(DTypeTest, HalfRoundsToNearestEvenEverywhere) {
@@ -104,8 +127,7 @@ TEST(DTypeTest, HalfRoundsToNearestEvenEverywhere) {
     const float lo = HalfToFloat(a);
     const float hi = HalfToFloat(b);
     const float mid = (lo + hi) / 2;  // exact: 12 significant bits
-    ASSERT_EQ(static_cast<double>(mid),
-              (static_cast<double>(lo) + hi) / 2);
+    ASSERT_EQ(static_cast<double>(mid), (static_cast<double>(lo) + hi) / 2);
     const uint16_t even = (a & 1) ? b : a;
     EXPECT_EQ(FloatToHalf(mid), even) << a;
     EXPECT_EQ(FloatToHalf(std::nextafter(mid, 0.0f)), a) << a;
@@ -124,8 +146,7 @@ TEST(DTypeTest, HalfMatchesCompilerFloat16) {
     uint16_t native_bits;
     std::memcpy(&native_bits, &native, 2);
     ASSERT_EQ(FloatToHalf(x), native_bits) << std::hexfloat << x;
-    ASSERT_EQ(Bits(HalfToFloat(native_bits)),
-              Bits(static_cast<float>(native)));
+    ASSERT_EQ(Bits(HalfToFloat(native_bits)), Bits(static_cast<float>(native)));
   }
 }
 #endif
@@ -150,8 +171,7 @@ TEST(DTypeTest, BFloat16RoundsToNearestEven) {
     const float lo = BFloat16ToFloat(lo_bits);
     const float hi = BFloat16ToFloat(hi_bits);
     const float mid = FromBits((static_cast<uint32_t>(a) << 16) | 0x8000u);
-    ASSERT_EQ(static_cast<double>(mid),
-              (static_cast<double>(lo) + hi) / 2);
+    ASSERT_EQ(static_cast<double>(mid), (static_cast<double>(lo) + hi) / 2);
     const uint16_t even = (a & 1) ? hi_bits : lo_bits;
     EXPECT_EQ(FloatToBFloat16(mid), even) << a;
     EXPECT_EQ(FloatToBFloat16(FromBits(Bits(mid) - 1)), lo_bits) << a;
@@ -159,12 +179,14 @@ TEST(DTypeTest, BFloat16RoundsToNearestEven) {
   }
   for (uint32_t h = 0; h <= 0xffff; ++h) {
     const float x = BFloat16ToFloat(static_cast<uint16_t>(h));
-    if (!std::isnan(x)) EXPECT_EQ(FloatToBFloat16(x), h);
+    if (!std::isnan(x)) {
+      EXPECT_EQ(FloatToBFloat16(x), h);
+    }
   }
 }
 
 TEST(DTypeTest, BulkConversionsMatchScalar) {
-  const std::vector<float> values = {0.0f,   -1.5f, 3.14159f, 1e-6f,
+  const std::vector<float> values = {0.0f,    -1.5f, 3.14159f, 1e-6f,
                                      65504.f, 1e-9f, -123.456f};
   const int64_t n = static_cast<int64_t>(values.size());
   for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
@@ -183,17 +205,16 @@ TEST(DTypeTest, BulkConversionsMatchScalar) {
       EXPECT_EQ(back[i], want);
     }
     // Any dtype to any dtype agrees with going through float.
-    for (DType target :
-         {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (DType target : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       std::vector<std::byte> out(n * 4 + 1);
       ConvertDType(dtype, bytes, n, target, out.data() + 1);
       std::vector<float> via_float(n);
       ConvertToFloat(target, out.data() + 1, n, via_float.data());
       std::vector<std::byte> expected(n * 4);
       ConvertFromFloat(back.data(), n, target, expected.data());
-      EXPECT_EQ(std::memcmp(out.data() + 1, expected.data(),
-                            n * DTypeSize(target)),
-                0)
+      EXPECT_EQ(
+          std::memcmp(out.data() + 1, expected.data(), n * DTypeSize(target)),
+          0)
           << DTypeName(dtype) << " -> " << DTypeName(target);
     }
   }
@@ -250,10 +271,11 @@ TEST(DTypeTest, CheckRepresentable) {
           .ok());
   // The largest float overflows bfloat16 when rounded.
   std::vector<float> max = {std::numeric_limits<float>::max()};
-  EXPECT_FALSE(CheckRepresentable(DType::kFloat32,
-                                  reinterpret_cast<const std::byte*>(max.data()),
-                                  1, DType::kBFloat16, "v")
-                   .ok());
+  EXPECT_FALSE(
+      CheckRepresentable(DType::kFloat32,
+                         reinterpret_cast<const std::byte*>(max.data()), 1,
+                         DType::kBFloat16, "v")
+          .ok());
   // bfloat16 -> float16 can overflow; float16 -> bfloat16 cannot.
   std::vector<std::byte> bf(2);
   const float big = 1e6f;

@@ -107,7 +107,8 @@ class EngineTest : public ::testing::Test {
   // The stateless answer for rows [begin, end) over keys [0, end).
   std::vector<float> Stateless(const Tokens& t, int layer, int64_t begin,
                                int64_t end) {
-    const LayerSpec& mask = TestSpec().layers[layer];
+    const SessionSpec spec = TestSpec();
+    const LayerSpec& mask = spec.layers[layer];
     StatelessRequest r;
     r.q = t.q.rows(begin, end);
     r.k = t.k.rows(0, end);

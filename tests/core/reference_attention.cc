@@ -7,15 +7,13 @@
 
 namespace attention::testing {
 
-bool ReferenceKeyVisible(const MaskSpec& mask, int64_t position,
-                         int64_t key) {
+bool ReferenceKeyVisible(const MaskSpec& mask, int64_t position, int64_t key) {
   if (mask.causal && key > position) return false;
   if (mask.window == 0) return true;
   return position - key < mask.window || key < mask.num_sink_tokens;
 }
 
-absl::StatusOr<ReferenceOutputs> ReferenceAttention(
-    const ReferenceInputs& in) {
+absl::StatusOr<ReferenceOutputs> ReferenceAttention(const ReferenceInputs& in) {
   const double kInf = std::numeric_limits<double>::infinity();
   const double kFloatMax = std::numeric_limits<float>::max();
   const int64_t T = in.num_queries;
@@ -74,10 +72,9 @@ absl::StatusOr<ReferenceOutputs> ReferenceAttention(
         continue;  // zeros, lse -inf
       }
       const double row_max =
-          has_sink ? std::max(token_max, double{in.sink_logits[h]})
-                   : token_max;
-      double denominator = has_sink ? std::exp(in.sink_logits[h] - row_max)
-                                    : 0.0;
+          has_sink ? std::max(token_max, double{in.sink_logits[h]}) : token_max;
+      double denominator =
+          has_sink ? std::exp(in.sink_logits[h] - row_max) : 0.0;
       for (int64_t j = 0; j < Tk; ++j) {
         if (scores[j] != -kInf) denominator += std::exp(scores[j] - row_max);
       }

@@ -58,7 +58,8 @@ TEST(SessionSpecTest, KeepsExplicitValues) {
   EXPECT_EQ(resolved->kv_dtype, DType::kBFloat16);
   EXPECT_EQ(resolved->model, "test");
   // Resolving is idempotent.
-  absl::StatusOr<SessionSpec> again = ResolveSessionSpec(*resolved, SpecLimits());
+  absl::StatusOr<SessionSpec> again =
+      ResolveSessionSpec(*resolved, SpecLimits());
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(*again, *resolved);
 }

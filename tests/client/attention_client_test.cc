@@ -1,0 +1,160 @@
+// The client library against a real in-process server: handles, streams,
+// error translation, timeouts and message limits.
+#include "client/attention_client.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/server/test_server.h"
+
+namespace attention::testing {
+namespace {
+
+class AttentionClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = StartTestServer();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  client::AttentionClient& client() { return *server_->client; }
+
+  std::unique_ptr<TestServer> server_;
+};
+
+TEST_F(AttentionClientTest, SessionHandleRoundTrip) {
+  v1::SessionSpec spec = MakeSpec(2, 4, 2, 8);
+  spec.set_model("test-model");
+  auto session = client().OpenSession(spec, absl::Seconds(30));
+  ATTN_ASSERT_OK(session);
+  // The handle carries the resolved spec.
+  EXPECT_EQ(session->spec().value_dim(), 8);
+  EXPECT_GT(session->spec().max_tokens(), 0);
+  EXPECT_EQ(session->spec().model(), "test-model");
+  EXPECT_EQ(session->value_dim(), 8);
+
+  const Tokens tokens = RandomTokens(session->spec(), 5, 3);
+  auto prefill = session->Prefill(1, tokens.q_rows(0, 4), tokens.k_rows(0, 4),
+                                  tokens.v_rows(0, 4));
+  ATTN_ASSERT_OK(prefill);
+  ASSERT_EQ(prefill->output().shape_size(), 3);
+  EXPECT_EQ(prefill->output().shape(0), 4);
+  EXPECT_EQ(prefill->output().shape(1), 4);
+  EXPECT_EQ(prefill->output().shape(2), 8);
+  auto step = session->DecodeStep(1, tokens.q_rows(4, 1), tokens.k_rows(4, 1),
+                                  tokens.v_rows(4, 1));
+  ATTN_ASSERT_OK(step);
+  EXPECT_EQ(step->position(), 4);
+
+  auto info = session->Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 0);
+  EXPECT_EQ(info->layer_lengths(1), 5);
+  auto fork = session->Fork();
+  ATTN_ASSERT_OK(fork);
+  EXPECT_NE(fork->id(), session->id());
+  auto truncated = fork->Truncate(2);
+  ATTN_ASSERT_OK(truncated);
+  EXPECT_EQ(truncated->layer_lengths(1), 2);
+  ATTN_ASSERT_OK(fork->Delete());
+  ATTN_EXPECT_CODE(fork->Info(), absl::StatusCode::kNotFound);
+  ATTN_ASSERT_OK(session->Delete());
+}
+
+TEST_F(AttentionClientTest, HelpersRejectInconsistentSizesLocally) {
+  auto session = client().OpenSession(MakeSpec(1, 4, 2, 8));
+  ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(session->spec(), 3, 3);
+  // q says 3 tokens, k says 2.
+  ATTN_EXPECT_CODE(
+      session->MakePrefillRequest(0, tokens.q, tokens.k_rows(0, 2), tokens.v),
+      absl::StatusCode::kInvalidArgument);
+  // A decode step is one token.
+  ATTN_EXPECT_CODE(session->MakeDecodeRequest(0, tokens.q, tokens.k, tokens.v),
+                   absl::StatusCode::kInvalidArgument);
+  ATTN_EXPECT_CODE(session->MakePrefillRequest(0, {}, {}, {}),
+                   absl::StatusCode::kInvalidArgument);
+  auto info = session->Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 0);
+}
+
+TEST_F(AttentionClientTest, DecodeStreamResultsComeInOrder) {
+  auto a = client().OpenSession(MakeSpec(1, 2, 1, 8));
+  auto b = client().OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(a);
+  ATTN_ASSERT_OK(b);
+  const Tokens tokens = RandomTokens(a->spec(), 6, 4);
+  auto stream = client().OpenDecodeStream();
+  // Pipeline: write every request first, then read the results.
+  for (int64_t t = 0; t < 3; ++t) {
+    ASSERT_TRUE(stream->Write(*a->MakeDecodeRequest(
+        0, tokens.q_rows(t, 1), tokens.k_rows(t, 1), tokens.v_rows(t, 1))));
+    ASSERT_TRUE(stream->Write(*b->MakeDecodeRequest(
+        0, tokens.q_rows(t, 1), tokens.k_rows(t, 1), tokens.v_rows(t, 1))));
+  }
+  stream->WritesDone();
+  for (int64_t t = 0; t < 3; ++t) {
+    for (int s = 0; s < 2; ++s) {
+      auto result = stream->Read();
+      ATTN_ASSERT_OK(result);
+      EXPECT_EQ(result->position(), t);
+    }
+  }
+  // After the last result the stream ends cleanly.
+  ATTN_EXPECT_CODE(stream->Read(), absl::StatusCode::kOutOfRange);
+  ATTN_EXPECT_OK(stream->Finish());
+  ATTN_EXPECT_OK(stream->Finish());  // idempotent
+}
+
+TEST_F(AttentionClientTest, HealthAndInfo) {
+  ATTN_ASSERT_OK(client().WaitForConnected(absl::Seconds(30)));
+  auto health = client().CheckHealth();
+  ATTN_ASSERT_OK(health);
+  EXPECT_EQ(*health, client::ServingStatus::kServing);
+  auto info = client().GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->backend(), "cpu");
+}
+
+TEST_F(AttentionClientTest, UnreachableServerIsUnavailableOrDeadline) {
+  // Port 1 on localhost: nothing listens there.
+  client::ClientOptions options;
+  options.call_timeout = absl::Seconds(5);
+  auto unreachable = client::AttentionClient::Connect("127.0.0.1:1", options);
+  ATTN_EXPECT_CODE(unreachable->WaitForConnected(absl::Milliseconds(200)),
+                   absl::StatusCode::kDeadlineExceeded);
+  auto info = unreachable->GetServerInfo();
+  ASSERT_FALSE(info.ok());
+  EXPECT_TRUE(info.status().code() == absl::StatusCode::kUnavailable ||
+              info.status().code() == absl::StatusCode::kDeadlineExceeded)
+      << info.status();
+}
+
+TEST_F(AttentionClientTest, ClientMessageLimitApplies) {
+  client::ClientOptions options;
+  options.max_send_message_bytes = 1024;
+  client::AttentionClient small(
+      client::CreateChannel(server_->server->local_target(), options), options);
+  auto session = small.OpenSession(MakeSpec(1, 4, 2, 16));
+  ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(session->spec(), 20, 5);  // > 1 KiB
+  ATTN_EXPECT_CODE(session->Prefill(0, tokens.q, tokens.k, tokens.v),
+                   absl::StatusCode::kResourceExhausted);
+  auto info = session->Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 0);
+}
+
+TEST_F(AttentionClientTest, ServerErrorsKeepCodeAndMessage) {
+  auto result = client().GetSession("not-a-session");
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(result.status().message().empty());
+}
+
+}  // namespace
+}  // namespace attention::testing

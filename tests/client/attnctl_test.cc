@@ -1,0 +1,145 @@
+// The attnctl CLI as a user runs it: plan (the seeds' frozen numbers), and
+// info / demo / health against a real server.
+#include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/server/test_server.h"
+
+namespace attention::testing {
+namespace {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+CommandResult RunAttnctl(const std::string& args) {
+  CommandResult result;
+  const std::string command = absl::StrCat(ATTNCTL_BINARY, " ", args, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer;
+  size_t read = 0;
+  while ((read = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) {
+    result.output.append(buffer.data(), read);
+  }
+  const int status = pclose(pipe);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+TEST(AttnctlPlanTest, GptOssHybridReproducesTheSeedCalculator) {
+  const CommandResult result = RunAttnctl("plan --preset=gpt-oss-120b");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("4836556800 bytes"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("9663676416 bytes"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("18 full, 18 sliding-window"), std::string::npos)
+      << result.output;
+}
+
+TEST(AttnctlPlanTest, DenseModelsPerTokenFigures) {
+  const CommandResult llama = RunAttnctl("plan --preset=llama-3.3-70b");
+  ASSERT_EQ(llama.exit_code, 0) << llama.output;
+  EXPECT_NE(llama.output.find("(320 KiB/token"), std::string::npos)
+      << llama.output;
+  EXPECT_NE(llama.output.find("(40 GiB"), std::string::npos) << llama.output;
+  const CommandResult qwen = RunAttnctl("plan --preset=qwen2.5-7b");
+  ASSERT_EQ(qwen.exit_code, 0) << qwen.output;
+  EXPECT_NE(qwen.output.find("(56 KiB/token"), std::string::npos)
+      << qwen.output;
+  EXPECT_NE(qwen.output.find("(7 GiB"), std::string::npos) << qwen.output;
+}
+
+TEST(AttnctlPlanTest, ExplicitFlagsDescribeTheSameSpecAsThePreset) {
+  const CommandResult preset = RunAttnctl("plan --preset=gpt-oss-120b");
+  const CommandResult flags = RunAttnctl(
+      "plan --num_layers=36 --num_q_heads=64 --num_kv_heads=8 --head_dim=64 "
+      "--kv_dtype=bf16 --window_pattern=128,0 --context=131072");
+  ASSERT_EQ(flags.exit_code, 0) << flags.output;
+  // Identical apart from the model line.
+  const auto body = [](const std::string& text) {
+    return text.substr(text.find('\n'));
+  };
+  EXPECT_EQ(body(flags.output), body(preset.output));
+}
+
+TEST(AttnctlPlanTest, BadPlansFail) {
+  EXPECT_EQ(RunAttnctl("plan --preset=no-such-model").exit_code, 1);
+  EXPECT_EQ(RunAttnctl("plan").exit_code, 1);
+  EXPECT_EQ(RunAttnctl("plan --num_layers=2 --num_kv_heads=1 --head_dim=8 "
+                       "--window_pattern=x")
+                .exit_code,
+            1);
+  EXPECT_EQ(RunAttnctl("frobnicate").exit_code, 1);
+}
+
+class AttnctlServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = StartTestServer();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    target_ = absl::StrCat("--target=", server_->server->local_target());
+  }
+
+  std::unique_ptr<TestServer> server_;
+  std::string target_;
+};
+
+TEST_F(AttnctlServerTest, InfoPrintsTheServer) {
+  const CommandResult result = RunAttnctl("info " + target_);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("backend:            cpu"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find(server::ServerVersion()), std::string::npos);
+}
+
+TEST_F(AttnctlServerTest, DemoIsBitwiseExactAndCleansUp) {
+  const CommandResult result = RunAttnctl("demo " + target_);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("max abs difference: 0\n"), std::string::npos)
+      << result.output;
+  auto info = server_->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->active_sessions(), 0);
+  EXPECT_EQ(info->kv_cache_used_bytes(), 0);
+}
+
+TEST_F(AttnctlServerTest, HealthExitCodes) {
+  EXPECT_EQ(RunAttnctl("health " + target_).exit_code, 0);
+  server_->server->SetServing(false);
+  EXPECT_EQ(RunAttnctl("health " + target_).exit_code, 4);
+  server_->server->SetServing(true);
+  EXPECT_EQ(RunAttnctl("health " + target_).exit_code, 0);
+  // Nothing listens on port 1.
+  EXPECT_EQ(RunAttnctl("health --target=127.0.0.1:1 --timeout=300ms").exit_code,
+            2);
+}
+
+TEST(AttnctlHealthTest, ServerWithoutHealthServiceIsRpcFailure) {
+  // A bare gRPC server: reachable, but grpc.health.v1 is unimplemented.
+  grpc::EnableDefaultHealthCheckService(false);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  std::unique_ptr<grpc::Server> bare = builder.BuildAndStart();
+  ASSERT_NE(bare, nullptr);
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(
+      RunAttnctl(absl::StrCat("health --target=127.0.0.1:", port)).exit_code,
+      3);
+  bare->Shutdown();
+}
+
+}  // namespace
+}  // namespace attention::testing

@@ -1,0 +1,184 @@
+// Runs the attention-server executable itself: start on an ephemeral port,
+// serve, stop on SIGTERM with exit code 0; bad flags and a busy port fail.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/attention_client.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace attention {
+namespace {
+
+// A child attention-server process.
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> flags) {
+    port_file_ = absl::StrCat(::testing::TempDir(), "/attention-server-port-",
+                              getpid(), "-", counter_++);
+    std::remove(port_file_.c_str());
+    std::vector<std::string> args = {ATTN_SERVER_BINARY,
+                                     "--port_file=" + port_file_};
+    args.insert(args.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, ATTN_SERVER_BINARY, nullptr, nullptr, argv.data(),
+                    environ) != 0) {
+      pid_ = -1;
+    }
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+    std::remove(port_file_.c_str());
+  }
+
+  bool started() const { return pid_ > 0; }
+
+  // The port from --port_file, or 0 if the server exited or took too long.
+  int WaitForPort() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      std::ifstream in(port_file_);
+      std::string text;
+      int port = 0;
+      if (in >> text && absl::SimpleAtoi(text, &port) && port > 0) return port;
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        status_ = status;
+        return 0;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return 0;
+  }
+
+  void Signal(int signal_number) { kill(pid_, signal_number); }
+
+  // The raw wait status once the process has exited.
+  int Wait() {
+    if (!exited_) {
+      while (waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+      }
+      exited_ = true;
+    }
+    return status_;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::string port_file_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int status_ = 0;
+};
+
+const std::vector<std::string> kSmallServer = {"--port=0",
+                                               "--backend=cpu",
+                                               "--threads=1",
+                                               "--kv_cache_bytes=16777216",
+                                               "--listen_address=127.0.0.1",
+                                               "--shutdown_grace=60s"};
+
+TEST(ServerBinaryTest, ServesAndExitsZeroOnSigterm) {
+  ServerProcess server(kSmallServer);
+  ASSERT_TRUE(server.started());
+  const int port = server.WaitForPort();
+  ASSERT_GT(port, 0) << "attention-server did not start";
+
+  auto client =
+      client::AttentionClient::Connect(absl::StrCat("127.0.0.1:", port));
+  auto info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->backend(), "cpu");
+  EXPECT_EQ(info->kv_cache_capacity_bytes(), 16777216);
+  EXPECT_EQ(info->max_message_bytes(), 64 << 20);
+  auto health = client->CheckHealth();
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(*health, client::ServingStatus::kServing);
+
+  // A Decode stream in flight when SIGTERM arrives is allowed to finish.
+  v1::SessionSpec spec;
+  spec.set_num_layers(1);
+  spec.set_num_q_heads(1);
+  spec.set_num_kv_heads(1);
+  spec.set_head_dim(4);
+  auto session = client->OpenSession(spec);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::vector<float> token = {0.1f, 0.2f, 0.3f, 0.4f};
+  auto stream = client->OpenDecodeStream();
+  ASSERT_TRUE(
+      stream->Step(*session->MakeDecodeRequest(0, token, token, token)).ok());
+  server.Signal(SIGTERM);
+  auto second =
+      stream->Step(*session->MakeDecodeRequest(0, token, token, token));
+  EXPECT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(stream->Finish().ok());
+
+  const int status = server.Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(ServerBinaryTest, SigintAlsoExitsZero) {
+  ServerProcess server(kSmallServer);
+  ASSERT_TRUE(server.started());
+  ASSERT_GT(server.WaitForPort(), 0);
+  server.Signal(SIGINT);
+  const int status = server.Wait();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST(ServerBinaryTest, BadFlagsFailToStart) {
+  for (const char* flag :
+       {"--backend=tpu", "--kv_cache_bytes=0", "--max_message_bytes=-1",
+        "--port=70000", "--session_idle_timeout=-1s"}) {
+    std::vector<std::string> flags = kSmallServer;
+    flags.push_back(flag);
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started());
+    EXPECT_EQ(server.WaitForPort(), 0) << flag;
+    const int status = server.Wait();
+    ASSERT_TRUE(WIFEXITED(status)) << flag;
+    EXPECT_NE(WEXITSTATUS(status), 0) << flag;
+  }
+}
+
+TEST(ServerBinaryTest, BusyPortFailsToStart) {
+  ServerProcess first(kSmallServer);
+  ASSERT_TRUE(first.started());
+  const int port = first.WaitForPort();
+  ASSERT_GT(port, 0);
+  std::vector<std::string> flags = kSmallServer;
+  flags[0] = absl::StrCat("--port=", port);
+  ServerProcess second(flags);
+  ASSERT_TRUE(second.started());
+  EXPECT_EQ(second.WaitForPort(), 0);
+  const int status = second.Wait();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  first.Signal(SIGTERM);
+  EXPECT_EQ(WEXITSTATUS(first.Wait()), 0);
+}
+
+}  // namespace
+}  // namespace attention
