@@ -33,16 +33,6 @@ absl::StatusOr<Tensor> ToOutputDType(Tensor result, DType dtype) {
   return converted;
 }
 
-// Per-step state of AppendBatch.
-struct StagedStep {
-  std::shared_ptr<Session> session;
-  const AppendRequest* request = nullptr;
-  QkvShape shape;
-  std::optional<LayerKvCache::PendingAppend> pending;
-  Tensor output;
-  std::optional<Tensor> lse;
-};
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
@@ -129,35 +119,135 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
   return session->Info();
 }
 
+// Per-step state of a batch of appends.
+struct AttentionEngine::BatchStep {
+  std::shared_ptr<Session> session;
+  const AppendRequest* request = nullptr;
+  QkvShape shape;
+  std::optional<LayerKvCache::PendingAppend> pending;
+  Tensor output;
+  std::optional<Tensor> lse;
+  absl::Status status;  // the step's own outcome (independent batches)
+};
+
 absl::StatusOr<AttentionOutput> AttentionEngine::Append(
     const AppendRequest& request) {
-  ATTN_ASSIGN_OR_RETURN(std::vector<AttentionOutput> outputs,
-                        AppendBatch(absl::MakeConstSpan(&request, 1)));
+  std::vector<absl::Status> statuses;
+  std::vector<AttentionOutput> outputs;
+  ATTN_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&request, 1),
+                                /*atomic=*/true, &statuses, &outputs));
   return std::move(outputs[0]);
 }
 
 absl::StatusOr<std::vector<AttentionOutput>> AttentionEngine::AppendBatch(
     absl::Span<const AppendRequest> requests) {
-  const size_t n = requests.size();
-  std::vector<StagedStep> steps(n);
+  std::vector<absl::Status> statuses;
+  std::vector<AttentionOutput> outputs;
+  ATTN_RETURN_IF_ERROR(
+      RunBatch(requests, /*atomic=*/true, &statuses, &outputs));
+  return outputs;
+}
 
-  // 1. Resolve sessions and reject duplicate (session, layer) pairs.
+std::vector<absl::StatusOr<AttentionOutput>> AttentionEngine::AppendEach(
+    absl::Span<const AppendRequest> requests) {
+  std::vector<absl::Status> statuses;
+  std::vector<AttentionOutput> outputs;
+  RunBatch(requests, /*atomic=*/false, &statuses, &outputs).IgnoreError();
+  std::vector<absl::StatusOr<AttentionOutput>> results;
+  results.reserve(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (statuses[i].ok()) {
+      results.emplace_back(std::move(outputs[i]));
+    } else {
+      results.emplace_back(statuses[i]);
+    }
+  }
+  return results;
+}
+
+absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
+  const AppendRequest& request = *step.request;
+  Session& session = *step.session;
+  const SessionSpec& spec = session.spec();
+  if (request.layer < 0 || request.layer >= spec.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", request.layer, " is out of range: session '",
+                     session.id(), "' has ", spec.num_layers, " layers"));
+  }
+  QkvShape expected;
+  expected.num_q_heads = spec.num_q_heads;
+  expected.num_kv_heads = spec.num_kv_heads;
+  expected.head_dim = spec.head_dim;
+  expected.value_dim = spec.value_dim;
+  ATTN_ASSIGN_OR_RETURN(step.shape,
+                        ValidateQkv(request.q, request.k, request.v, expected));
+  const int64_t tokens = step.shape.num_queries;
+  if (tokens != step.shape.num_keys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "q has ", tokens, " tokens but k and v have ", step.shape.num_keys,
+        "; every appended token needs a query, a key and a value"));
+  }
+  if (request.required_tokens.has_value() &&
+      tokens != *request.required_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a decode step takes exactly ", *request.required_tokens,
+        " token, got ", tokens, "; use Prefill for several tokens"));
+  }
+  ATTN_RETURN_IF_ERROR(CheckRepresentable(request.k.dtype, request.k.data,
+                                          request.k.num_elements(),
+                                          spec.kv_dtype, "k"));
+  ATTN_RETURN_IF_ERROR(CheckRepresentable(request.v.dtype, request.v.data,
+                                          request.v.num_elements(),
+                                          spec.kv_dtype, "v"));
+  const int64_t length = session.layer(request.layer).length();
+  if (length + tokens > spec.max_tokens) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "layer ", request.layer, " of session '", session.id(), "' holds ",
+        length, " tokens; appending ", tokens, " would pass its max_tokens of ",
+        spec.max_tokens,
+        "; truncate the session or create one with a larger max_tokens"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttentionEngine::RunBatch(
+    absl::Span<const AppendRequest> requests, bool atomic,
+    std::vector<absl::Status>* statuses,
+    std::vector<AttentionOutput>* outputs) {
+  const size_t n = requests.size();
+  std::vector<BatchStep> steps(n);
+  // Records a step's failure. An atomic batch fails as a whole (dropping
+  // `steps` releases every staged block); an independent one carries on.
+  auto fail = [&](size_t i, const absl::Status& status) -> absl::Status {
+    if (atomic) return AtStep(status, i, n);
+    steps[i].status = status;
+    steps[i].pending.reset();
+    return absl::OkStatus();
+  };
+  auto live = [&](size_t i) { return steps[i].status.ok(); };
+
+  // 1. Resolve sessions; a (session, layer) may be appended once per batch.
   absl::flat_hash_set<std::pair<std::string, int32_t>> seen;
   std::vector<Session*> to_lock;
   for (size_t i = 0; i < n; ++i) {
     const AppendRequest& request = requests[i];
+    steps[i].request = &request;
     absl::StatusOr<std::shared_ptr<Session>> session =
         sessions_.Get(request.session_id);
-    if (!session.ok()) return AtStep(session.status(), i, n);
+    if (!session.ok()) {
+      ATTN_RETURN_IF_ERROR(fail(i, session.status()));
+      continue;
+    }
     if (!seen.insert({request.session_id, request.layer}).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", i, ": session '", request.session_id, "' layer ",
-          request.layer,
+      const std::string what = absl::StrCat(
+          "session '", request.session_id, "' layer ", request.layer,
           " appears twice in one batch; send the second step in a later "
-          "batch"));
+          "batch");
+      ATTN_RETURN_IF_ERROR(fail(i, atomic ? absl::InvalidArgumentError(what)
+                                          : absl::AbortedError(what)));
+      continue;
     }
     steps[i].session = *std::move(session);
-    steps[i].request = &request;
     to_lock.push_back(steps[i].session.get());
   }
 
@@ -173,90 +263,48 @@ absl::StatusOr<std::vector<AttentionOutput>> AttentionEngine::AppendBatch(
     locks.push_back(std::make_unique<absl::MutexLock>(&session->mu()));
   }
 
-  // 3. Validate every step before changing anything.
+  // 3. Validate every step before changing anything, then stage its blocks.
   for (size_t i = 0; i < n; ++i) {
-    StagedStep& step = steps[i];
-    const AppendRequest& request = *step.request;
-    Session& session = *step.session;
-    const SessionSpec& spec = session.spec();
-    if (request.layer < 0 || request.layer >= spec.num_layers) {
-      return AtStep(absl::InvalidArgumentError(absl::StrCat(
-                        "layer ", request.layer, " is out of range: session '",
-                        session.id(), "' has ", spec.num_layers, " layers")),
-                    i, n);
-    }
-    QkvShape expected;
-    expected.num_q_heads = spec.num_q_heads;
-    expected.num_kv_heads = spec.num_kv_heads;
-    expected.head_dim = spec.head_dim;
-    expected.value_dim = spec.value_dim;
-    absl::StatusOr<QkvShape> shape =
-        ValidateQkv(request.q, request.k, request.v, expected);
-    if (!shape.ok()) return AtStep(shape.status(), i, n);
-    step.shape = *shape;
-    if (shape->num_queries != shape->num_keys) {
-      return AtStep(absl::InvalidArgumentError(absl::StrCat(
-                        "q has ", shape->num_queries, " tokens but k and v have ",
-                        shape->num_keys, "; every appended token needs a "
-                        "query, a key and a value")),
-                    i, n);
-    }
-    if (request.required_tokens.has_value() &&
-        shape->num_queries != *request.required_tokens) {
-      return AtStep(absl::InvalidArgumentError(absl::StrCat(
-                        "a decode step takes exactly ", *request.required_tokens,
-                        " token, got ", shape->num_queries,
-                        "; use Prefill for several tokens")),
-                    i, n);
-    }
-    for (const TensorView* t : {&request.k, &request.v}) {
-      absl::Status status = CheckRepresentable(
-          t->dtype, t->data, t->num_elements(), spec.kv_dtype,
-          t == &request.k ? "k" : "v");
-      if (!status.ok()) return AtStep(status, i, n);
-    }
-    const int64_t length = session.layer(request.layer).length();
-    if (length + shape->num_queries > spec.max_tokens) {
-      return AtStep(absl::OutOfRangeError(absl::StrCat(
-                        "layer ", request.layer, " of session '", session.id(),
-                        "' holds ", length, " tokens; appending ",
-                        shape->num_queries, " would pass its max_tokens of ",
-                        spec.max_tokens,
-                        "; truncate the session or create one with a larger "
-                        "max_tokens")),
-                    i, n);
+    if (!live(i)) continue;
+    if (absl::Status status = ValidateStep(steps[i]); !status.ok()) {
+      ATTN_RETURN_IF_ERROR(fail(i, status));
     }
   }
-
-  // 4. Stage blocks (all or nothing: dropping `steps` releases them).
   for (size_t i = 0; i < n; ++i) {
-    StagedStep& step = steps[i];
+    if (!live(i)) continue;
     absl::StatusOr<LayerKvCache::PendingAppend> pending =
-        step.session->layer(step.request->layer)
-            .PrepareAppend(step.shape.num_queries);
-    if (!pending.ok()) return AtStep(pending.status(), i, n);
-    step.pending.emplace(*std::move(pending));
+        steps[i].session->layer(steps[i].request->layer)
+            .PrepareAppend(steps[i].shape.num_queries);
+    if (!pending.ok()) {
+      ATTN_RETURN_IF_ERROR(fail(i, pending.status()));
+      continue;
+    }
+    steps[i].pending.emplace(*std::move(pending));
   }
 
-  // 5. Write the new keys/values and attend.
-  std::vector<AttentionProblem> problems(n);
+  // 4. Write the new keys/values and build one problem per live step.
+  std::vector<AttentionProblem> problems;
+  std::vector<size_t> problem_step;
   for (size_t i = 0; i < n; ++i) {
-    StagedStep& step = steps[i];
+    if (!live(i)) continue;
+    BatchStep& step = steps[i];
     const AppendRequest& request = *step.request;
     const SessionSpec& spec = step.session->spec();
     const LayerSpec& layer = spec.layers[request.layer];
     KvWrite write = step.pending->write_target();
     write.k = request.k;
     write.v = request.v;
-    ATTN_RETURN_IF_ERROR(AtStep(backend_->WriteKv(write), i, n));
-
+    if (absl::Status status = backend_->WriteKv(write); !status.ok()) {
+      ATTN_RETURN_IF_ERROR(fail(i, status));
+      continue;
+    }
     const int64_t tokens = step.shape.num_queries;
-    step.output = Tensor(DType::kFloat32,
-                         {tokens, spec.num_q_heads, spec.value_dim});
+    step.output =
+        Tensor(DType::kFloat32, {tokens, spec.num_q_heads, spec.value_dim});
     if (request.return_lse) {
       step.lse.emplace(DType::kFloat32, Shape{tokens, spec.num_q_heads});
     }
-    AttentionProblem& problem = problems[i];
+    AttentionProblem problem;
     problem.q = request.q;
     problem.kv = step.pending->view();
     problem.mask.causal = true;
@@ -268,27 +316,55 @@ absl::StatusOr<std::vector<AttentionOutput>> AttentionEngine::AppendBatch(
     problem.empty_row_policy = EmptyRowPolicy::kError;
     problem.output = step.output.float_data();
     problem.lse = step.lse.has_value() ? step.lse->float_data() : nullptr;
+    problems.push_back(problem);
+    problem_step.push_back(i);
   }
-  ATTN_RETURN_IF_ERROR(backend_->Attend(problems));
 
-  std::vector<AttentionOutput> outputs(n);
+  // 5. Attend. When an independent batch fails, run its problems one by one
+  // so that only the offending steps fail (results are batch-invariant).
+  if (absl::Status status = backend_->Attend(problems); !status.ok()) {
+    if (atomic || problems.size() == 1) {
+      ATTN_RETURN_IF_ERROR(fail(problem_step.empty() ? 0 : problem_step[0],
+                                status));
+    } else {
+      for (size_t p = 0; p < problems.size(); ++p) {
+        absl::Status alone =
+            backend_->Attend(absl::MakeConstSpan(&problems[p], 1));
+        if (!alone.ok()) fail(problem_step[p], alone).IgnoreError();
+      }
+    }
+  }
+
+  // 6. Convert to the requested dtypes; then nothing can fail any more.
+  outputs->resize(n);
   for (size_t i = 0; i < n; ++i) {
-    absl::StatusOr<Tensor> output =
-        ToOutputDType(std::move(steps[i].output), steps[i].request->output_dtype);
-    if (!output.ok()) return AtStep(output.status(), i, n);
-    outputs[i].output = *std::move(output);
-    outputs[i].position = steps[i].pending->start();
-    outputs[i].lse = std::move(steps[i].lse);
+    if (!live(i)) continue;
+    absl::StatusOr<Tensor> output = ToOutputDType(
+        std::move(steps[i].output), steps[i].request->output_dtype);
+    if (!output.ok()) {
+      ATTN_RETURN_IF_ERROR(fail(i, output.status()));
+      continue;
+    }
+    (*outputs)[i].output = *std::move(output);
+    (*outputs)[i].position = steps[i].pending->start();
+    (*outputs)[i].lse = std::move(steps[i].lse);
   }
 
-  // 6. Nothing can fail any more: publish every append.
+  // 7. Publish every surviving append.
   const absl::Time now = sessions_.Now();
-  for (StagedStep& step : steps) {
+  statuses->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    (*statuses)[i] = steps[i].status;
+    if (!live(i)) continue;
+    BatchStep& step = steps[i];
     step.session->layer(step.request->layer).Commit(*std::move(step.pending));
     step.pending.reset();
     step.session->Touch(now);
+    (step.request->required_tokens.has_value() ? decode_tokens_total_
+                                               : prefill_tokens_total_)
+        .fetch_add(step.shape.num_queries, std::memory_order_relaxed);
   }
-  return outputs;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
@@ -378,6 +454,10 @@ EngineStats AttentionEngine::stats() const {
   stats.active_sessions = sessions_.size();
   stats.sessions_created_total = sessions_.created_total();
   stats.sessions_expired_total = sessions_.expired_total();
+  stats.decode_tokens_total =
+      decode_tokens_total_.load(std::memory_order_relaxed);
+  stats.prefill_tokens_total =
+      prefill_tokens_total_.load(std::memory_order_relaxed);
   return stats;
 }
 

@@ -13,6 +13,7 @@
 #ifndef ATTENTION_CORE_ENGINE_H_
 #define ATTENTION_CORE_ENGINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -84,6 +85,10 @@ struct EngineStats {
   int64_t active_sessions = 0;
   int64_t sessions_created_total = 0;
   int64_t sessions_expired_total = 0;
+  // Tokens appended by committed calls: decode steps (requests with
+  // required_tokens set, i.e. DecodeStep/Decode/BatchDecode) and prefill.
+  int64_t decode_tokens_total = 0;
+  int64_t prefill_tokens_total = 0;
 };
 
 // Thread-safety: all methods are thread-safe. Calls on different sessions
@@ -118,10 +123,17 @@ class AttentionEngine {
   absl::StatusOr<AttentionOutput> Append(const AppendRequest& request);
 
   // Several appends validated together and applied all or nothing (the
-  // BatchDecode RPC and the serving path's gathered decode steps). A
-  // (session, layer) may appear at most once. Results are in request order
-  // and bitwise equal to running each request alone.
+  // BatchDecode RPC). A (session, layer) may appear at most once. Results
+  // are in request order and bitwise equal to running each request alone.
   absl::StatusOr<std::vector<AttentionOutput>> AppendBatch(
+      absl::Span<const AppendRequest> requests);
+
+  // Several independent appends run as one backend batch (continuous
+  // batching of concurrent decode steps): each request succeeds or fails on
+  // its own, exactly as Append would, and the results are bitwise those of
+  // Append. A (session, layer) appearing twice fails its later occurrences
+  // with ABORTED (retry them in a later batch).
+  std::vector<absl::StatusOr<AttentionOutput>> AppendEach(
       absl::Span<const AppendRequest> requests);
 
   // Stateless attention over the request's own keys and values.
@@ -136,10 +148,20 @@ class AttentionEngine {
   AttentionEngine(std::unique_ptr<AttentionBackend> backend,
                   std::unique_ptr<BlockPool> pool, EngineOptions options);
 
+  struct BatchStep;
+  // Runs `requests` as one batch. Atomic: the first error fails every step
+  // and is returned. Otherwise each step gets its own status in `statuses`.
+  absl::Status RunBatch(absl::Span<const AppendRequest> requests, bool atomic,
+                        std::vector<absl::Status>* statuses,
+                        std::vector<AttentionOutput>* outputs);
+  absl::Status ValidateStep(BatchStep& step);
+
   const std::unique_ptr<AttentionBackend> backend_;
   const std::unique_ptr<BlockPool> pool_;
   const EngineOptions options_;
   SessionManager sessions_;
+  std::atomic<int64_t> decode_tokens_total_{0};
+  std::atomic<int64_t> prefill_tokens_total_{0};
 };
 
 }  // namespace attention

@@ -223,6 +223,41 @@ TEST_F(EngineTest, BatchEqualsSeparateStepsAndThreadCountDoesNotMatter) {
   }
 }
 
+TEST_F(EngineTest, AppendEachIsolatesFailuresAndMatchesAppend) {
+  const std::string a = NewSession();
+  const std::string b = NewSession();
+  const std::string c = NewSession();
+  Tokens ta(20, rng_), tb(20, rng_), tc(20, rng_);
+  for (const auto& [id, t] : {std::pair{a, &ta}, {b, &tb}, {c, &tc}}) {
+    Append(id, 0, *t, 0, 10);
+  }
+  const SessionInfo c_before = Info(c);
+  // c's step overflows; b appears twice; a and b's first step are fine.
+  Tokens huge = tc;
+  std::vector<float> big(huge.q.values.size(), 3e19f);
+  std::memcpy(huge.q.bytes.data(), big.data(), big.size() * 4);
+  std::memcpy(huge.k.bytes.data(), big.data(),
+              std::min(big.size(), huge.k.values.size()) * 4);
+  std::vector<AppendRequest> requests = {
+      Request(a, 0, ta, 10, 11), Request(c, 0, huge, 10, 11),
+      Request(b, 0, tb, 10, 11), Request(b, 0, tb, 11, 12),
+      Request("missing", 0, ta, 10, 11)};
+  std::vector<absl::StatusOr<AttentionOutput>> results =
+      engine_->AppendEach(requests);
+  ASSERT_EQ(results.size(), requests.size());
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(results[2].ok()) << results[2].status();
+  EXPECT_EQ(results[3].status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(results[4].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ToFloats(results[0]->output), Slice(Stateless(ta, 0, 0, 11), 10, 11));
+  EXPECT_EQ(ToFloats(results[2]->output), Slice(Stateless(tb, 0, 0, 11), 10, 11));
+  EXPECT_EQ(Info(a).layer_lengths[0], 11);
+  EXPECT_EQ(Info(b).layer_lengths[0], 11);
+  EXPECT_EQ(Info(c).layer_lengths, c_before.layer_lengths);
+  EXPECT_EQ(Info(c).kv_cache_bytes, c_before.kv_cache_bytes);
+}
+
 TEST_F(EngineTest, ReducedPrecisionKvUsesTheStoredValues) {
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     SessionSpec spec = TestSpec();
@@ -596,6 +631,13 @@ TEST_F(EngineTest, ListAndStats) {
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(engine_->stats().active_sessions, 2);
   EXPECT_EQ(engine_->stats().sessions_created_total, 2);
+  Tokens t(8, rng_);
+  Append(a, 0, t, 0, 5);
+  AppendRequest step = Request(a, 0, t, 5, 6);
+  step.required_tokens = 1;
+  ASSERT_TRUE(engine_->Append(step).ok());
+  EXPECT_EQ(engine_->stats().prefill_tokens_total, 5);
+  EXPECT_EQ(engine_->stats().decode_tokens_total, 1);
   EXPECT_EQ(all[0].layer_lengths.size(), static_cast<size_t>(kLayers));
 }
 
