@@ -42,7 +42,8 @@ std::string JsonEscape(const std::string& s) {
 
 std::string ToJson(const BenchReport& report, const BenchOptions& options) {
   std::vector<std::string> fields;
-  fields.push_back(absl::StrCat("\"quick\": ", options.quick ? "true" : "false"));
+  fields.push_back(
+      absl::StrCat("\"quick\": ", options.quick ? "true" : "false"));
   for (const auto& [key, value] : report.facts()) {
     fields.push_back(
         absl::StrCat("\"", JsonEscape(key), "\": \"", JsonEscape(value), "\""));
@@ -58,8 +59,8 @@ std::string ToJson(const BenchReport& report, const BenchOptions& options) {
         JsonEscape(row.section), JsonEscape(row.what), row.value,
         JsonEscape(row.unit)));
   }
-  fields.push_back(
-      absl::StrCat("\"rows\": [\n    ", absl::StrJoin(rows, ",\n    "), "\n  ]"));
+  fields.push_back(absl::StrCat("\"rows\": [\n    ",
+                                absl::StrJoin(rows, ",\n    "), "\n  ]"));
   return absl::StrCat("{\n  ", absl::StrJoin(fields, ",\n  "), "\n}\n");
 }
 

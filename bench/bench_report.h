@@ -28,8 +28,8 @@ class BenchReport {
   // One line of the printed table: section, what, value, unit.
   void AddRow(std::string section, std::string what, double value,
               std::string unit) {
-    rows_.push_back({std::move(section), std::move(what), value,
-                     std::move(unit)});
+    rows_.push_back(
+        {std::move(section), std::move(what), value, std::move(unit)});
   }
 
   struct Row {

@@ -16,14 +16,14 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
   }
   const int64_t num_blocks = capacity_bytes / block_bytes;
   if (num_blocks < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV cache capacity ", capacity_bytes,
-                     " bytes holds no block of ", block_bytes,
-                     " bytes; raise --kv_cache_bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache capacity ", capacity_bytes, " bytes holds no block of ",
+        block_bytes, " bytes; raise --kv_cache_bytes"));
   }
   if (num_blocks > int64_t{INT32_MAX}) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache of ", num_blocks, " blocks is too many; raise the block size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache of ", num_blocks,
+                     " blocks is too many; raise the block size"));
   }
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<DeviceArena> arena,
                         backend->AllocateArena(num_blocks * block_bytes));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -33,6 +35,36 @@ absl::StatusOr<Tensor> ToOutputDType(Tensor result, DType dtype) {
   return converted;
 }
 
+// True when the request's float32 output can be computed directly in its
+// output destination.
+bool WritesOutputInPlace(const AppendRequest& request) {
+  return !request.output_destination.empty() &&
+         request.output_dtype == DType::kFloat32 &&
+         reinterpret_cast<uintptr_t>(request.output_destination.data()) %
+                 alignof(float) ==
+             0;
+}
+
+// Moves a step's float32 `scratch` result into the request's output
+// destination (nothing to do when it was computed there in place).
+// INVALID_ARGUMENT when a value does not fit the output dtype.
+absl::Status ToOutputDestination(const Tensor& scratch,
+                                 const AppendRequest& request) {
+  if (WritesOutputInPlace(request)) return absl::OkStatus();
+  std::byte* destination = request.output_destination.data();
+  if (request.output_dtype == DType::kFloat32) {
+    std::memcpy(destination, scratch.data(),
+                static_cast<size_t>(scratch.size_bytes()));
+    return absl::OkStatus();
+  }
+  ATTN_RETURN_IF_ERROR(CheckRepresentable(
+      DType::kFloat32, scratch.data(), scratch.num_elements(),
+      request.output_dtype, "attention output"));
+  ConvertFromFloat(scratch.float_data(), scratch.num_elements(),
+                   request.output_dtype, destination);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
@@ -43,10 +75,9 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
   if (options.max_weights_bytes < 0) {
     return absl::InvalidArgumentError("max_weights_bytes must be >= 0");
   }
-  ATTN_ASSIGN_OR_RETURN(
-      std::unique_ptr<BlockPool> pool,
-      BlockPool::Create(backend.get(), options.kv_cache_bytes,
-                        options.kv_block_bytes));
+  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
+                        BlockPool::Create(backend.get(), options.kv_cache_bytes,
+                                          options.kv_block_bytes));
   return std::unique_ptr<AttentionEngine>(new AttentionEngine(
       std::move(backend), std::move(pool), std::move(options)));
 }
@@ -193,6 +224,18 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
         "a decode step takes exactly ", *request.required_tokens,
         " token, got ", tokens, "; use Prefill for several tokens"));
   }
+  if (!request.output_destination.empty()) {
+    const int64_t expected_bytes = tokens * spec.num_q_heads * spec.value_dim *
+                                   DTypeSize(request.output_dtype);
+    if (static_cast<int64_t>(request.output_destination.size()) !=
+        expected_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the output destination holds ", request.output_destination.size(),
+          " bytes but the output [", tokens, ", ", spec.num_q_heads, ", ",
+          spec.value_dim, "] of ", DTypeName(request.output_dtype), " takes ",
+          expected_bytes, "; size it from the session spec"));
+    }
+  }
   ATTN_RETURN_IF_ERROR(CheckRepresentable(request.k.dtype, request.k.data,
                                           request.k.num_elements(),
                                           spec.kv_dtype, "k"));
@@ -210,10 +253,10 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
   return absl::OkStatus();
 }
 
-absl::Status AttentionEngine::RunBatch(
-    absl::Span<const AppendRequest> requests, bool atomic,
-    std::vector<absl::Status>* statuses,
-    std::vector<AttentionOutput>* outputs) {
+absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
+                                       bool atomic,
+                                       std::vector<absl::Status>* statuses,
+                                       std::vector<AttentionOutput>* outputs) {
   const size_t n = requests.size();
   std::vector<BatchStep> steps(n);
   // Records a step's failure. An atomic batch fails as a whole (dropping
@@ -253,9 +296,8 @@ absl::Status AttentionEngine::RunBatch(
 
   // 2. Lock each session once, in id order so concurrent batches never
   // deadlock.
-  std::sort(to_lock.begin(), to_lock.end(), [](Session* a, Session* b) {
-    return a->id() < b->id();
-  });
+  std::sort(to_lock.begin(), to_lock.end(),
+            [](Session* a, Session* b) { return a->id() < b->id(); });
   to_lock.erase(std::unique(to_lock.begin(), to_lock.end()), to_lock.end());
   std::vector<std::unique_ptr<absl::MutexLock>> locks;
   locks.reserve(to_lock.size());
@@ -273,7 +315,8 @@ absl::Status AttentionEngine::RunBatch(
   for (size_t i = 0; i < n; ++i) {
     if (!live(i)) continue;
     absl::StatusOr<LayerKvCache::PendingAppend> pending =
-        steps[i].session->layer(steps[i].request->layer)
+        steps[i]
+            .session->layer(steps[i].request->layer)
             .PrepareAppend(steps[i].shape.num_queries);
     if (!pending.ok()) {
       ATTN_RETURN_IF_ERROR(fail(i, pending.status()));
@@ -299,8 +342,16 @@ absl::Status AttentionEngine::RunBatch(
       continue;
     }
     const int64_t tokens = step.shape.num_queries;
-    step.output =
-        Tensor(DType::kFloat32, {tokens, spec.num_q_heads, spec.value_dim});
+    // A float32 output goes straight into the caller's destination when it
+    // can be written as floats; otherwise into a float32 scratch first.
+    float* output = nullptr;
+    if (WritesOutputInPlace(request)) {
+      output = reinterpret_cast<float*>(request.output_destination.data());
+    } else {
+      step.output =
+          Tensor(DType::kFloat32, {tokens, spec.num_q_heads, spec.value_dim});
+      output = step.output.float_data();
+    }
     if (request.return_lse) {
       step.lse.emplace(DType::kFloat32, Shape{tokens, spec.num_q_heads});
     }
@@ -314,7 +365,7 @@ absl::Status AttentionEngine::RunBatch(
     problem.sink_logits = layer.sink_logits;
     problem.scale = spec.scale;
     problem.empty_row_policy = EmptyRowPolicy::kError;
-    problem.output = step.output.float_data();
+    problem.output = output;
     problem.lse = step.lse.has_value() ? step.lse->float_data() : nullptr;
     problems.push_back(problem);
     problem_step.push_back(i);
@@ -324,8 +375,8 @@ absl::Status AttentionEngine::RunBatch(
   // so that only the offending steps fail (results are batch-invariant).
   if (absl::Status status = backend_->Attend(problems); !status.ok()) {
     if (atomic || problems.size() == 1) {
-      ATTN_RETURN_IF_ERROR(fail(problem_step.empty() ? 0 : problem_step[0],
-                                status));
+      ATTN_RETURN_IF_ERROR(
+          fail(problem_step.empty() ? 0 : problem_step[0], status));
     } else {
       for (size_t p = 0; p < problems.size(); ++p) {
         absl::Status alone =
@@ -339,13 +390,23 @@ absl::Status AttentionEngine::RunBatch(
   outputs->resize(n);
   for (size_t i = 0; i < n; ++i) {
     if (!live(i)) continue;
-    absl::StatusOr<Tensor> output = ToOutputDType(
-        std::move(steps[i].output), steps[i].request->output_dtype);
-    if (!output.ok()) {
-      ATTN_RETURN_IF_ERROR(fail(i, output.status()));
-      continue;
+    const AppendRequest& request = *steps[i].request;
+    if (!request.output_destination.empty()) {
+      if (absl::Status status = ToOutputDestination(steps[i].output, request);
+          !status.ok()) {
+        ATTN_RETURN_IF_ERROR(fail(i, status));
+        continue;
+      }
+      (*outputs)[i].output = Tensor(request.output_dtype, Shape{0});
+    } else {
+      absl::StatusOr<Tensor> output =
+          ToOutputDType(std::move(steps[i].output), request.output_dtype);
+      if (!output.ok()) {
+        ATTN_RETURN_IF_ERROR(fail(i, output.status()));
+        continue;
+      }
+      (*outputs)[i].output = *std::move(output);
     }
-    (*outputs)[i].output = *std::move(output);
     (*outputs)[i].position = steps[i].pending->start();
     (*outputs)[i].lse = std::move(steps[i].lse);
   }
@@ -369,9 +430,8 @@ absl::Status AttentionEngine::RunBatch(
 
 absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
     const StatelessRequest& request) {
-  ATTN_ASSIGN_OR_RETURN(QkvShape shape,
-                        ValidateQkv(request.q, request.k, request.v,
-                                    std::nullopt));
+  ATTN_ASSIGN_OR_RETURN(QkvShape shape, ValidateQkv(request.q, request.k,
+                                                    request.v, std::nullopt));
   const MaskSpec& mask = request.mask;
   if (mask.window < 0 || mask.num_sink_tokens < 0 || mask.query_start < 0) {
     return absl::InvalidArgumentError(
@@ -388,11 +448,13 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
   ATTN_RETURN_IF_ERROR(
       ValidateSinkLogits(request.sink_logits, shape.num_q_heads));
   float scale = request.scale;
-  if (scale == 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  if (scale == 0.0f)
+    scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   if (!std::isfinite(scale) || scale < 0.0f) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scale must be finite and positive (0 = 1/sqrt(head_dim)), "
-                     "got ", request.scale));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scale must be finite and positive (0 = 1/sqrt(head_dim)), "
+        "got ",
+        request.scale));
   }
   // The kernels read the bias as float32.
   Tensor bias_f32;
@@ -413,10 +475,10 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
     const int64_t weight_bytes =
         int64_t{shape.num_q_heads} * shape.num_queries * shape.num_keys * 4;
     if (weight_bytes > options_.max_weights_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the requested weights would take ", weight_bytes,
-          " bytes, over the limit of ", options_.max_weights_bytes,
-          "; send fewer queries or keys, or drop return_weights"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the requested weights would take ", weight_bytes,
+                       " bytes, over the limit of ", options_.max_weights_bytes,
+                       "; send fewer queries or keys, or drop return_weights"));
     }
     result.weights.emplace(
         DType::kFloat32,

@@ -56,6 +56,18 @@ struct AppendRequest {
   bool return_lse = false;
   // When set, T must equal it (DecodeStep uses 1).
   std::optional<int64_t> required_tokens;
+  // Optional caller-owned destination of the output, so that the output is
+  // written once, straight where the caller sends it (the server passes the
+  // RPC response's bytes) instead of into a Tensor it would then copy. When
+  // non-empty it must hold exactly T * H * value_dim elements of
+  // output_dtype (INVALID_ARGUMENT otherwise); the output, laid out as
+  // AttentionOutput::output would be, is written there and
+  // AttentionOutput::output is an empty tensor (shape [0], no bytes). A
+  // float32 output is computed in place when the buffer is 4-byte aligned;
+  // other dtypes are converted into it from a float32 scratch. The caller
+  // keeps it alive and untouched during the call; on error its contents are
+  // unspecified (the session is still unchanged).
+  absl::Span<std::byte> output_destination;
 };
 
 // Stateless attention (attention.v1.AttentionRequest).
@@ -74,7 +86,9 @@ struct StatelessRequest {
 };
 
 struct AttentionOutput {
-  Tensor output;  // [T, H, value_dim] in the requested dtype
+  // [T, H, value_dim] in the requested dtype; empty (shape [0]) when the
+  // request gave an output_destination.
+  Tensor output;
   int64_t position = 0;
   std::optional<Tensor> weights;  // [H, T_q, T_k] float32
   std::optional<Tensor> lse;      // [T, H] float32

@@ -101,8 +101,8 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
   const bool copy_tail = partial_tail && pool_->RefCount(table_[tail]) > 1;
   const int64_t new_blocks =
       CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size());
-  if (absl::Status status =
-          pool_->Allocate(new_blocks + (copy_tail ? 1 : 0), &pending.allocated_);
+  if (absl::Status status = pool_->Allocate(new_blocks + (copy_tail ? 1 : 0),
+                                            &pending.allocated_);
       !status.ok()) {
     return status;
   }

@@ -50,10 +50,10 @@ absl::StatusOr<QkvShape> ValidateQkv(const TensorView& q, const TensorView& k,
     return Mismatch("v", "[T_k, num_kv_heads, value_dim]", want_v, v.shape);
   }
   if (shape.num_q_heads % shape.num_kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the number of query heads (", shape.num_q_heads,
-        ") must be a multiple of the number of KV heads (", shape.num_kv_heads,
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the number of query heads (", shape.num_q_heads,
+                     ") must be a multiple of the number of KV heads (",
+                     shape.num_kv_heads, ")"));
   }
   ATTN_RETURN_IF_ERROR(CheckFinite(q.dtype, q.data, q.num_elements(), "q"));
   ATTN_RETURN_IF_ERROR(CheckFinite(k.dtype, k.data, k.num_elements(), "k"));
@@ -63,13 +63,12 @@ absl::StatusOr<QkvShape> ValidateQkv(const TensorView& q, const TensorView& k,
 
 absl::Status ValidateBias(const TensorView& bias, const QkvShape& shape) {
   const Shape per_row = {shape.num_queries, shape.num_keys};
-  const Shape per_head = {shape.num_q_heads, shape.num_queries,
-                          shape.num_keys};
+  const Shape per_head = {shape.num_q_heads, shape.num_queries, shape.num_keys};
   if (bias.shape != per_row && bias.shape != per_head) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bias must have shape [T_q, T_k] = ", ShapeString(per_row),
-        " or [H, T_q, T_k] = ", ShapeString(per_head), ", got ",
-        ShapeString(bias.shape)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bias must have shape [T_q, T_k] = ", ShapeString(per_row),
+                     " or [H, T_q, T_k] = ", ShapeString(per_head), ", got ",
+                     ShapeString(bias.shape)));
   }
   ATTN_RETURN_IF_ERROR(bias.Validate("bias", bias.rank()));
   // -inf forbids a key; NaN and +inf have no meaning as a bias.
@@ -77,8 +76,8 @@ absl::Status ValidateBias(const TensorView& bias, const QkvShape& shape) {
   const int64_t element_bytes = DTypeSize(bias.dtype);
   for (int64_t start = 0; start < bias.num_elements();
        start += static_cast<int64_t>(row.size())) {
-    const int64_t count = std::min<int64_t>(
-        static_cast<int64_t>(row.size()), bias.num_elements() - start);
+    const int64_t count = std::min<int64_t>(static_cast<int64_t>(row.size()),
+                                            bias.num_elements() - start);
     ConvertToFloat(bias.dtype, bias.data + start * element_bytes, count,
                    row.data());
     for (int64_t i = 0; i < count; ++i) {

@@ -42,7 +42,8 @@ std::string SessionManager::NewSessionId() {
   std::string bytes(16, '\0');
   for (int i = 0; i < 16; i += 4) {
     const uint32_t word = entropy();
-    for (int j = 0; j < 4; ++j) bytes[i + j] = static_cast<char>(word >> (8 * j));
+    for (int j = 0; j < 4; ++j)
+      bytes[i + j] = static_cast<char>(word >> (8 * j));
   }
   return absl::BytesToHexString(bytes);
 }
@@ -89,9 +90,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
 absl::Status SessionManager::Insert(std::shared_ptr<Session> session) {
   absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds its maximum of ", options_.max_sessions,
-        " sessions; delete sessions you no longer need"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the server holds its maximum of ", options_.max_sessions,
+                     " sessions; delete sessions you no longer need"));
   }
   ++created_total_;
   sessions_.emplace(session->id(), std::move(session));

@@ -7,7 +7,14 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev python3-numpy
+  # Tests of deploy/: promtool + a real Prometheus, the image build.
+  prometheus buildah debootstrap iproute2 python3
 )
+# The Kubernetes manifest test validates with npm packages; Debian's nodejs
+# and npm are used only where no Node.js is installed already.
+if ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for package in "${PACKAGES[@]}"; do

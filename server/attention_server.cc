@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/backend_factory.h"
+#include "server/log.h"
 
 #ifndef ATTN_SERVER_VERSION
 #define ATTN_SERVER_VERSION "0.0.0"
@@ -22,6 +23,15 @@
 
 namespace attention::server {
 namespace {
+
+DecodeBatcherOptions BatcherOptions(const ServerOptions& options) {
+  DecodeBatcherOptions batcher;
+  batcher.batch_wait = options.batch_wait;
+  batcher.max_batch_size = options.max_batch_size;
+  batcher.max_queued_steps = options.max_queued_decode_steps;
+  batcher.on_batch = options.on_decode_batch;
+  return batcher;
+}
 
 absl::Status ValidateOptions(const ServerOptions& options) {
   if (options.port < 0 || options.port > 65535) {
@@ -53,7 +63,7 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "threads ", options.threads, " must be >= 0 (0 = one per core)"));
   }
-  return absl::OkStatus();
+  return DecodeBatcher::ValidateOptions(BatcherOptions(options));
 }
 
 // "host:port", bracketing a bare IPv6 address.
@@ -73,6 +83,12 @@ const char* ServerVersion() { return ATTN_SERVER_VERSION; }
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     const ServerOptions& options) {
+  return Start(options, {});
+}
+
+absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
+    const ServerOptions& options,
+    absl::Span<grpc::Service* const> extra_services) {
   if (absl::Status status = ValidateOptions(options); !status.ok()) {
     return status;
   }
@@ -101,8 +117,37 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
 
   std::unique_ptr<AttentionServer> server(new AttentionServer(
       options, *std::move(engine), std::move(choice->reason)));
+  AttentionEngine* const engine_ptr = server->engine_.get();
+
+  ServerMetricsOptions metrics_options;
+  if (options.metrics_port >= 0) {
+    metrics_options.listen_address =
+        ListenUri(options.listen_address, options.metrics_port);
+  } else {
+    metrics_options.listen_address.clear();
+  }
+  metrics_options.version = ServerVersion();
+  metrics_options.backend = std::string(engine_ptr->backend().name());
+  metrics_options.device = engine_ptr->backend().device();
+  auto metrics = ServerMetrics::Create(metrics_options);
+  if (!metrics.ok()) return metrics.status();
+  server->metrics_ = *std::move(metrics);
+  server->metrics_->SetStateProvider([engine_ptr] {
+    return MetricsStateFromEngineStats(engine_ptr->stats());
+  });
+
+  DecodeBatcherOptions batcher_options = BatcherOptions(options);
+  ServerMetrics* const metrics_ptr = server->metrics_.get();
+  batcher_options.on_batch = [metrics_ptr,
+                              user = options.on_decode_batch](int64_t size) {
+    metrics_ptr->ObserveDecodeBatch(size);
+    if (user) user(size);
+  };
+  server->decode_batcher_ =
+      std::make_unique<DecodeBatcher>(engine_ptr, batcher_options);
   server->service_ = std::make_unique<AttentionServiceImpl>(
-      server->engine_.get(), ServerVersion(), options.max_message_bytes);
+      engine_ptr, server->decode_batcher_.get(), ServerVersion(),
+      options.max_message_bytes, metrics_ptr);
 
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
@@ -118,6 +163,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   // port silently; a port in use must be an error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(server->service_.get());
+  for (grpc::Service* service : extra_services) {
+    builder.RegisterService(service);
+  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     if (server->server_ != nullptr) server->server_->Shutdown();
@@ -158,9 +206,26 @@ void AttentionServer::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
-  // Load balancers watching health stop routing here first.
+  // Load balancers watching health stop routing here first; sessions living
+  // here keep being served while their calls and streams finish.
+  const absl::Time deadline = absl::Now() + options_.drain_timeout;
   SetServing(false);
-  server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
+  service_->StartDraining();
+  Log(LogLevel::kInfo, "drain_started",
+      {{"in_flight", service_->in_flight()},
+       {"drain_timeout", absl::FormatDuration(options_.drain_timeout)},
+       {"sessions", engine_->stats().active_sessions}});
+  while (service_->in_flight() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const int64_t left = service_->in_flight();
+  server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
+  Log(left > 0 ? LogLevel::kWarning : LogLevel::kInfo, "drain_finished",
+      {{"cancelled_calls", left}});
+}
+
+int AttentionServer::metrics_port() const {
+  return options_.metrics_port >= 0 ? metrics_->port() : -1;
 }
 
 void AttentionServer::Wait() {

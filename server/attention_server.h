@@ -4,6 +4,7 @@
 #ifndef ATTENTION_SERVER_ATTENTION_SERVER_H_
 #define ATTENTION_SERVER_ATTENTION_SERVER_H_
 
+#include <grpcpp/impl/service_type.h>
 #include <grpcpp/server.h>
 
 #include <memory>
@@ -11,8 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "core/engine.h"
 #include "server/attention_service.h"
+#include "server/decode_batcher.h"
+#include "server/metrics.h"
 #include "server/server_options.h"
 
 namespace attention::server {
@@ -30,6 +34,12 @@ class AttentionServer {
   // be allocated.
   static absl::StatusOr<std::unique_ptr<AttentionServer>> Start(
       const ServerOptions& options);
+  // As above, also registering `extra_services` on the same gRPC server
+  // (same port, channel settings and message limits; e.g. attn-bench's echo
+  // service). They are not owned and must outlive the AttentionServer.
+  static absl::StatusOr<std::unique_ptr<AttentionServer>> Start(
+      const ServerOptions& options,
+      absl::Span<grpc::Service* const> extra_services);
 
   // Shuts down (see Shutdown) if that has not happened yet.
   ~AttentionServer();
@@ -51,9 +61,16 @@ class AttentionServer {
   // attention.v1.AttentionService (e.g. NOT_SERVING while draining).
   void SetServing(bool serving);
 
-  // Reports NOT_SERVING, stops accepting calls, lets in-flight calls finish
-  // for up to options().shutdown_grace, then cancels the rest. Idempotent.
+  // Drains, then stops: reports NOT_SERVING, refuses new sessions with
+  // UNAVAILABLE, waits until no call or Decode stream is in flight or
+  // options().drain_timeout has passed, then stops the gRPC server
+  // (cancelling what is left). Idempotent; blocks until done.
   void Shutdown();
+
+  // The bound metrics port, or -1 without a metrics endpoint.
+  int metrics_port() const;
+  // The Prometheus metrics (always recorded, served when metrics_port >= 0).
+  ServerMetrics& metrics() { return *metrics_; }
 
   // Blocks until the server has shut down.
   void Wait();
@@ -67,6 +84,9 @@ class AttentionServer {
   const std::string backend_reason_;
   // Declared in destruction order: the gRPC server goes first.
   std::unique_ptr<AttentionEngine> engine_;
+  // After the engine (destroyed first): it reads the engine at scrape time.
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<DecodeBatcher> decode_batcher_;
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -3,28 +3,51 @@
 //
 // Each handler converts the request (proto_convert.h), makes one engine
 // call, and converts the result and status back (status_convert.h); the
-// semantics and status codes are the engine's (core/engine.h).
+// semantics and status codes are the engine's (core/engine.h). Decode steps
+// (DecodeStep, Decode, BatchDecode) go through a DecodeBatcher, which runs
+// concurrent steps as one engine batch; it adds one code: UNAVAILABLE when
+// its queue is full (nothing applied; retry).
+//
+// Tensor bytes are copied as little as the protobuf API allows: inputs are
+// views into the request's bytes (the engine converts them straight into the
+// KV blocks), and a decode step's output is written once by the engine,
+// straight into the response's pre-sized bytes (AppendRequest's
+// output_destination).
 //
 // Thread-safety: handlers run concurrently on gRPC's threads; the engine is
 // thread-safe.
 #ifndef ATTENTION_SERVER_ATTENTION_SERVICE_H_
 #define ATTENTION_SERVER_ATTENTION_SERVICE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/engine.h"
+#include "server/decode_batcher.h"
+#include "server/metrics.h"
+#include "server/request_scope.h"
 
 namespace attention::server {
 
 class AttentionServiceImpl final : public v1::AttentionService::Service {
  public:
-  // `engine` must outlive the service. `version` and `max_message_bytes`
-  // are reported by GetServerInfo.
-  AttentionServiceImpl(AttentionEngine* engine, std::string version,
-                       int64_t max_message_bytes);
+  // `engine` and `batcher` (which must run on `engine`) must outlive the
+  // service. `version` and `max_message_bytes` are reported by
+  // GetServerInfo.
+  // `metrics` may be null (no metrics); otherwise it must outlive the
+  // service too.
+  AttentionServiceImpl(AttentionEngine* engine, DecodeBatcher* batcher,
+                       std::string version, int64_t max_message_bytes,
+                       ServerMetrics* metrics = nullptr);
+
+  // From now on CreateSession and ForkSession fail with UNAVAILABLE; calls
+  // on existing sessions still run (graceful drain).
+  void StartDraining();
+  // Calls and open streams currently inside a handler.
+  int64_t in_flight() const { return in_flight_.count(); }
 
   grpc::Status CreateSession(grpc::ServerContext* context,
                              const v1::CreateSessionRequest* request,
@@ -50,13 +73,17 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
   grpc::Status DecodeStep(grpc::ServerContext* context,
                           const v1::DecodeRequest* request,
                           v1::AttentionResult* response) override;
-  // One engine Append per request, answered in order. The first failing
-  // request ends the stream with its status; earlier steps stay applied.
+  // One step per request, answered in order: the stream reads its next
+  // request only once the previous step's result is written. Each step is
+  // batched with concurrent steps of other callers (DecodeBatcher). The
+  // first failing request ends the stream with its status; earlier steps
+  // stay applied.
   grpc::Status Decode(
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::AttentionResult, v1::DecodeRequest>* stream)
       override;
-  // All steps go to one engine AppendBatch: all or nothing.
+  // All steps run as one atomic group through the DecodeBatcher (one engine
+  // AppendBatch, ordered with other callers' steps): all or nothing.
   grpc::Status BatchDecode(grpc::ServerContext* context,
                            const v1::BatchDecodeRequest* request,
                            v1::BatchDecodeResponse* response) override;
@@ -69,8 +96,12 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
 
  private:
   AttentionEngine* const engine_;
+  DecodeBatcher* const batcher_;
   const std::string version_;
   const int64_t max_message_bytes_;
+  ServerMetrics* const metrics_;
+  InFlightCounter in_flight_;
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace attention::server

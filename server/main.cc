@@ -1,7 +1,8 @@
 // attention-server: serves attention.v1.AttentionService over gRPC.
 //
-// Stops on SIGTERM or SIGINT: stops accepting calls, lets in-flight calls
-// finish (up to --shutdown_grace), exits 0.
+// Stops on SIGTERM or SIGINT: reports NOT_SERVING, refuses new sessions,
+// lets in-flight calls and open Decode streams finish (up to
+// --drain_timeout), exits 0.
 #include <pthread.h>
 #include <signal.h>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/attention_server.h"
+#include "server/log.h"
 #include "server/server_options.h"
 
 ABSL_FLAG(std::string, listen_address, "0.0.0.0",
@@ -27,8 +29,11 @@ ABSL_FLAG(int, port, 50051,
 ABSL_FLAG(std::string, port_file, "",
           "When set, the bound port is written to this file once serving.");
 ABSL_FLAG(int, metrics_port, 9464,
-          "Prometheus metrics port (accepted; metrics are served in a later "
-          "release).");
+          "Port of the Prometheus endpoint /metrics (0 = a free port, -1 = "
+          "none).");
+ABSL_FLAG(std::string, log_level, "info",
+          "Least severe log events written to stderr: debug (every request), "
+          "info, warning or error.");
 ABSL_FLAG(std::string, backend, "auto",
           "Attention backend: auto (cuda when a GPU is usable), cpu or cuda.");
 ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30,
@@ -42,8 +47,19 @@ ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Minutes(10),
 ABSL_FLAG(int64_t, max_session_tokens, 131072,
           "Default and largest SessionSpec.max_tokens (tokens per layer).");
 ABSL_FLAG(int, threads, 0, "Backend worker threads; 0 = one per core.");
-ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(10),
-          "On SIGTERM/SIGINT, how long in-flight calls may take to finish.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
+          "On SIGTERM/SIGINT, how long in-flight calls and open Decode "
+          "streams may take to finish (keep it below the orchestrator's "
+          "grace period, 30s in Kubernetes).");
+ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(200),
+          "Continuous batching: longest time the first decode step of a "
+          "batch waits for concurrent steps (e.g. 200us; 0 = no waiting, "
+          "queued steps are still batched).");
+ABSL_FLAG(int, max_batch_size, 256,
+          "Most decode steps run as one engine batch.");
+ABSL_FLAG(int64_t, max_queued_decode_steps, 4096,
+          "Most decode steps waiting for a batch; beyond it new steps fail "
+          "with UNAVAILABLE (overloaded, retry).");
 
 namespace attention::server {
 namespace {
@@ -60,7 +76,11 @@ ServerOptions OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   options.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
-  options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
+  options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  options.max_queued_decode_steps =
+      absl::GetFlag(FLAGS_max_queued_decode_steps);
   return options;
 }
 
@@ -85,6 +105,13 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  auto log_level = ParseLogLevel(absl::GetFlag(FLAGS_log_level));
+  if (!log_level.ok()) {
+    std::cerr << "attention-server: --log_level: " << log_level.status()
+              << std::endl;
+    return 1;
+  }
+  SetLogLevel(*log_level);
   const ServerOptions options = OptionsFromFlags();
   auto server = AttentionServer::Start(options);
   if (!server.ok()) {
@@ -99,6 +126,14 @@ int Run() {
             << (*server)->backend_reason() << ")"
             << " device=\"" << (*server)->engine().backend().device() << "\""
             << std::endl;
+  Log(LogLevel::kInfo, "server_started",
+      {{"version", ServerVersion()},
+       {"port", (*server)->port()},
+       {"metrics_port", (*server)->metrics_port()},
+       {"backend", (*server)->backend_name()},
+       {"backend_reason", (*server)->backend_reason()},
+       {"device", (*server)->engine().backend().device()},
+       {"kv_cache_bytes", options.kv_cache_bytes}});
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
     std::cerr << "attention-server: cannot write --port_file " << port_file
@@ -111,7 +146,8 @@ int Run() {
   }
   std::cout << "attention-server: " << strsignal(signal_number)
             << ", draining (up to "
-            << absl::FormatDuration(options.shutdown_grace) << ")" << std::endl;
+            << absl::FormatDuration(options.drain_timeout) << ")" << std::endl;
+  Log(LogLevel::kInfo, "signal", {{"signal", strsignal(signal_number)}});
   (*server)->Shutdown();
   server->reset();
   std::cout << "attention-server: stopped" << std::endl;

@@ -238,7 +238,9 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
 
     MetricFamily batch =
         Family("attention_decode_batch_size",
-               "Decode steps per BatchDecode call.", MetricType::Histogram);
+               "Decode steps run as one engine batch (a BatchDecode call, or "
+               "concurrent steps gathered by the server).",
+               MetricType::Histogram);
     ClientMetric batch_metric;
     batch_metric.histogram = decode_batch_.Collect(1.0);
     batch.metric.push_back(std::move(batch_metric));

@@ -27,7 +27,7 @@
 // scrapes.
 //
 // Usage (attention-server):
-//   ASSIGN_OR_RETURN(auto metrics, ServerMetrics::Create(
+//   ATTN_ASSIGN_OR_RETURN(auto metrics, ServerMetrics::Create(
 //       {.listen_address = "0.0.0.0:9464", .version = ..., .backend = "cpu",
 //        .device = ...}));
 //   metrics->SetStateProvider([engine] {
@@ -167,7 +167,9 @@ class ServerMetrics {
   // counts are ignored.
   void AddTokens(TokenPhase phase, int64_t count);
 
-  // Steps in one BatchDecode call (or one gathered decode batch).
+  // Steps run as one engine batch: a BatchDecode call, or concurrent decode
+  // steps the server gathered into one AppendBatch. Record each engine
+  // batch once (not both the call and the gathered batch it joined).
   void ObserveDecodeBatch(int64_t size);
 
   // Open Decode streams (attention_streams_active). Calls must pair up.

@@ -4,6 +4,7 @@
 #define ATTENTION_SERVER_SERVER_OPTIONS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -15,8 +16,11 @@ struct ServerOptions {
   // AttentionServer::port()).
   std::string listen_address = "0.0.0.0";
   int port = 50051;
-  // Prometheus metrics port; accepted now, served in a later release.
-  int metrics_port = 9464;
+  // Prometheus metrics endpoint (/metrics) port on listen_address; 0 picks
+  // a free port (AttentionServer::metrics_port()), -1 serves no endpoint
+  // (metrics are still recorded). The attention-server flag defaults to
+  // 9464; embedded servers (tests) default to none.
+  int metrics_port = -1;
   // Attention backend: "auto" (CUDA when a GPU is usable), "cpu" or "cuda".
   std::string backend = "auto";
   // Backend worker threads; 0 = one per hardware thread.
@@ -35,8 +39,22 @@ struct ServerOptions {
   // How often expired sessions are reaped (their ids stop resolving as soon
   // as they expire, whatever this is).
   absl::Duration session_reap_interval = absl::Seconds(1);
-  // How long Shutdown lets in-flight calls finish before cancelling them.
-  absl::Duration shutdown_grace = absl::Seconds(10);
+  // Graceful drain on Shutdown (SIGTERM): health turns NOT_SERVING and new
+  // sessions are refused at once; in-flight calls and open Decode streams
+  // get up to this long to finish (inside Kubernetes' default 30 s grace)
+  // before the rest are cancelled.
+  absl::Duration drain_timeout = absl::Seconds(25);
+  // Continuous batching of decode steps (server/decode_batcher.h): how long
+  // the first step of a batch waits for concurrent steps (0 = no waiting,
+  // whatever is queued is still batched), the most steps per engine batch,
+  // and the most steps queued before new ones fail with UNAVAILABLE.
+  absl::Duration batch_wait = absl::Microseconds(200);
+  int max_batch_size = 256;
+  int64_t max_queued_decode_steps = 4096;
+  // Not a flag: called once per engine batch of decode steps with its size
+  // (e.g. to export a batch-size histogram); see
+  // DecodeBatcherOptions::on_batch for the rules it must follow.
+  std::function<void(int64_t batch_size)> on_decode_batch;
 };
 
 }  // namespace attention::server

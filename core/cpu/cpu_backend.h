@@ -1,6 +1,15 @@
-// CpuBackend: the portable CPU implementation of AttentionBackend. KV blocks
-// live in ordinary (64-byte aligned) host memory; attention runs on a fixed
-// ThreadPool following the canonical reduction order of attention_problem.h.
+// CpuBackend: the CPU implementation of AttentionBackend. KV blocks live in
+// ordinary (64-byte aligned) host memory; attention runs on a fixed
+// ThreadPool following the canonical reduction order of attention_problem.h,
+// with SIMD kernels chosen at run time (see cpu_features.h). Every kernel
+// path gives bitwise the same results, so the choice only changes speed.
+//
+// Work split: a problem is cut into units of (query rows, KV head); all
+// query heads of a KV head share each converted K/V tile. When there are
+// too few units to occupy the threads (a lone long decode), a unit's key
+// chunks (kKeysPerSplit positions each) are spread over several threads and
+// their states merged afterwards in increasing chunk order — the canonical
+// order defines every chunk state from empty, so this gives the same bits.
 #ifndef ATTENTION_CORE_CPU_CPU_BACKEND_H_
 #define ATTENTION_CORE_CPU_CPU_BACKEND_H_
 
@@ -13,29 +22,46 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/backend.h"
+#include "core/cpu/cpu_features.h"
 #include "core/thread_pool.h"
 
 namespace attention {
+namespace cpu {
+struct KernelTable;
+}  // namespace cpu
 
 // Thread-safety: every method may be called concurrently (see
 // AttentionBackend); concurrent Attend calls share the worker threads.
 class CpuBackend final : public AttentionBackend {
  public:
   // Runs attention on `num_threads` threads (the calling thread included);
-  // <= 0 means one per hardware thread.
+  // <= 0 means one per hardware thread. Uses DefaultCpuIsa(): the fastest
+  // kernels the processor supports, or ATTN_CPU_ISA (a bad value is
+  // reported on stderr and ignored).
   explicit CpuBackend(int num_threads);
+
+  // As above with an explicit instruction set. FAILED_PRECONDITION when
+  // this processor or build cannot run `isa`.
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(int num_threads,
+                                                            CpuIsa isa);
+
   ~CpuBackend() override;
 
   CpuBackend(const CpuBackend&) = delete;
   CpuBackend& operator=(const CpuBackend&) = delete;
 
   absl::string_view name() const override { return "cpu"; }
-  // CPU model name and thread count, e.g. "AMD EPYC 9654 (16 threads)".
+  // CPU model name, kernel ISA and thread count, e.g.
+  // "Intel(R) Xeon(R) Platinum 8480+ (avx512, 16 threads)".
   std::string device() const override { return device_; }
   int num_threads() const { return pool_.num_threads(); }
+  CpuIsa isa() const { return isa_; }
 
-  // Host memory aligned to 64 bytes. Pages are not touched, so a large
-  // arena costs physical memory only as blocks are written.
+  // Host memory aligned to 64 bytes; arenas of 2 MiB and more are aligned
+  // to 2 MiB and advised as transparent huge pages (fewer TLB misses when a
+  // decode walks a long context). Pages are not touched, so a large arena
+  // costs physical memory only as blocks are written (in huge-page units
+  // where the kernel grants them).
   // INVALID_ARGUMENT for a negative size, RESOURCE_EXHAUSTED when the
   // allocation fails.
   absl::StatusOr<std::unique_ptr<DeviceArena>> AllocateArena(
@@ -49,8 +75,16 @@ class CpuBackend final : public AttentionBackend {
 
   absl::Status Attend(absl::Span<const AttentionProblem> problems) override;
 
+  // The thread pool attention runs on (benchmarks reuse it so that they
+  // measure on the same threads).
+  ThreadPool& thread_pool() { return pool_; }
+
  private:
+  CpuBackend(int num_threads, CpuIsa isa);
+
   ThreadPool pool_;
+  CpuIsa isa_;
+  const cpu::KernelTable* kernels_;
   std::string device_;
 };
 

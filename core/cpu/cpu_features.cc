@@ -70,8 +70,7 @@ CpuIsa DefaultCpuIsa(std::string* warning) {
   if (warning != nullptr) warning->clear();
   const CpuIsa best = BestCpuIsa();
   const char* env = std::getenv("ATTN_CPU_ISA");
-  if (env == nullptr || *env == '\0' ||
-      absl::AsciiStrToLower(env) == "auto") {
+  if (env == nullptr || *env == '\0' || absl::AsciiStrToLower(env) == "auto") {
     return best;
   }
   absl::StatusOr<CpuIsa> requested = ParseCpuIsa(env);

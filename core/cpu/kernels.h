@@ -21,7 +21,8 @@
 //     acc[d] = fma(a.acc[d], ca, b.acc[d] * cb); an empty a takes b's state.
 //
 // Header hygiene: the ISA translation units are compiled with -mavx2 /
-// -mavx512f. They include only this header and kernels_impl.h (which places
+// -mavx512f. Besides <immintrin.h> (always-inline intrinsics) and integer
+// types they include only this header and kernels_impl.h (which places
 // everything in a per-ISA namespace), never a header with inline functions
 // shared with portable code, so the linker can never pick an AVX copy of a
 // shared inline function for the portable path.
@@ -48,7 +49,8 @@ enum class TileError : int {
 };
 
 // One tile of keys [t0, t0 + n) seen by `rows` query rows times `group`
-// query heads of one KV head. Row-head rh = r * group + h.
+// query heads of one KV head. Row-head rh = r * group + h. All row-heads
+// share each K/V row load (converted to float in registers).
 struct TileJob {
   int n = 0;                 // keys in the tile, 1..kTileKeys
   int head_dim_padded = 0;   // multiple of kLanes
@@ -58,10 +60,13 @@ struct TileJob {
   float scale = 1.0f;
   // [rows * group][head_dim_padded] queries, zero padded.
   const float* q = nullptr;
-  // n key rows and n value rows (head_dim_padded / value_dim_padded floats
-  // each, zero padded); keys the item does not load point at zeros.
-  const float* const* k = nullptr;
-  const float* const* v = nullptr;
+  // n key rows and n value rows of head_dim_padded / value_dim_padded
+  // elements of key_type / value_type; keys the caller does not load point
+  // at zeros (all-zero bytes are +0 in every type).
+  ElementType key_type = ElementType::kFloat32;
+  ElementType value_type = ElementType::kFloat32;
+  const std::byte* const* k = nullptr;
+  const std::byte* const* v = nullptr;
   // [rows]: bit j set when key t0 + j is visible to the row (mask only).
   const uint32_t* visible = nullptr;
   // nullptr, or [rows * group] pointers to n float32 bias values each.
@@ -70,6 +75,18 @@ struct TileJob {
   float* m = nullptr;
   float* l = nullptr;
   float* acc = nullptr;
+  // Kernel scratch: [rows * group][kTileKeys] floats, [rows * group]
+  // floats and [rows * group] ints.
+  float* work = nullptr;
+  float* alpha = nullptr;
+  int* active = nullptr;
+  // Optional: rows of the next tile (prefetch_n of them, nullptr entries
+  // skipped) to pull into the cache while this one is computed.
+  int prefetch_n = 0;
+  int prefetch_key_bytes = 0;
+  int prefetch_value_bytes = 0;
+  const std::byte* const* prefetch_k = nullptr;
+  const std::byte* const* prefetch_v = nullptr;
   // Set on error: the row-head and key index (0..n-1) that failed.
   int error_row_head = -1;
   int error_key = -1;

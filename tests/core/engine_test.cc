@@ -70,8 +70,8 @@ class EngineTest : public ::testing::Test {
     options.kv_cache_bytes = kv_bytes;
     options.kv_block_bytes = 4096;
     options.sessions.reap_interval = absl::ZeroDuration();
-    auto engine = AttentionEngine::Create(
-        std::make_unique<CpuBackend>(threads), options);
+    auto engine =
+        AttentionEngine::Create(std::make_unique<CpuBackend>(threads), options);
     EXPECT_TRUE(engine.ok()) << engine.status();
     return *std::move(engine);
   }
@@ -153,7 +153,8 @@ TEST_F(EngineTest, EveryPathGivesBitwiseTheSameOutput) {
     // Chunked prefill with uneven chunks.
     const std::string chunked = NewSession();
     std::vector<float> pieces;
-    for (int64_t begin = 0, step = 1; begin < kTokens; step = step * 3 % 97 + 1) {
+    for (int64_t begin = 0, step = 1; begin < kTokens;
+         step = step * 3 % 97 + 1) {
       const int64_t end = std::min(kTokens, begin + step);
       std::vector<float> out = Append(chunked, layer, t, begin, end);
       pieces.insert(pieces.end(), out.begin(), out.end());
@@ -194,17 +195,17 @@ TEST_F(EngineTest, BatchEqualsSeparateStepsAndThreadCountDoesNotMatter) {
     single_ids.push_back(info->session_id);
     for (int layer = 0; layer < kLayers; ++layer) {
       Append(batched_ids[s], layer, tokens[s], 0, lengths[s]);
-      ASSERT_TRUE(single
-                      ->Append(Request(single_ids[s], layer, tokens[s], 0,
-                                       lengths[s]))
-                      .ok());
+      ASSERT_TRUE(
+          single
+              ->Append(Request(single_ids[s], layer, tokens[s], 0, lengths[s]))
+              .ok());
     }
   }
   std::vector<AppendRequest> batch;
   for (int s = 0; s < 4; ++s) {
     for (int layer = 0; layer < kLayers; ++layer) {
-      batch.push_back(
-          Request(batched_ids[s], layer, tokens[s], lengths[s], lengths[s] + 1));
+      batch.push_back(Request(batched_ids[s], layer, tokens[s], lengths[s],
+                              lengths[s] + 1));
     }
   }
   auto results = engine_->AppendBatch(batch);
@@ -250,8 +251,10 @@ TEST_F(EngineTest, AppendEachIsolatesFailuresAndMatchesAppend) {
   ASSERT_TRUE(results[2].ok()) << results[2].status();
   EXPECT_EQ(results[3].status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(results[4].status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(ToFloats(results[0]->output), Slice(Stateless(ta, 0, 0, 11), 10, 11));
-  EXPECT_EQ(ToFloats(results[2]->output), Slice(Stateless(tb, 0, 0, 11), 10, 11));
+  EXPECT_EQ(ToFloats(results[0]->output),
+            Slice(Stateless(ta, 0, 0, 11), 10, 11));
+  EXPECT_EQ(ToFloats(results[2]->output),
+            Slice(Stateless(tb, 0, 0, 11), 10, 11));
   EXPECT_EQ(Info(a).layer_lengths[0], 11);
   EXPECT_EQ(Info(b).layer_lengths[0], 11);
   EXPECT_EQ(Info(c).layer_lengths, c_before.layer_lengths);
@@ -311,9 +314,11 @@ TEST_F(EngineTest, ForkIsCopyOnWrite) {
   // The fork sees t's first 60 tokens and then its own.
   Tokens mixed = t;
   std::memcpy(mixed.q.bytes.data() + 60 * kQHeads * kDim * 4,
-              other.q.bytes.data() + 60 * kQHeads * kDim * 4, kQHeads * kDim * 4);
+              other.q.bytes.data() + 60 * kQHeads * kDim * 4,
+              kQHeads * kDim * 4);
   std::memcpy(mixed.k.bytes.data() + 60 * kKvHeads * kDim * 4,
-              other.k.bytes.data() + 60 * kKvHeads * kDim * 4, kKvHeads * kDim * 4);
+              other.k.bytes.data() + 60 * kKvHeads * kDim * 4,
+              kKvHeads * kDim * 4);
   std::memcpy(mixed.v.bytes.data() + 60 * kKvHeads * kValueDim * 4,
               other.v.bytes.data() + 60 * kKvHeads * kValueDim * 4,
               kKvHeads * kValueDim * 4);
@@ -330,7 +335,8 @@ TEST_F(EngineTest, TruncateThenReappendReproduces) {
   for (int layer = 0; layer < kLayers; ++layer) Append(id, layer, t, 0, 80);
   const int64_t bytes_at_80 = Info(id).kv_cache_bytes;
   // Speculative tokens that get rejected.
-  for (int layer = 0; layer < kLayers; ++layer) Append(id, layer, draft, 80, 88);
+  for (int layer = 0; layer < kLayers; ++layer)
+    Append(id, layer, draft, 80, 88);
   auto info = engine_->TruncateSession(id, 80);
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->layer_lengths, (std::vector<int64_t>{80, 80, 80}));
@@ -385,8 +391,8 @@ TEST_F(EngineTest, HybridSessionUsesTheCalculatorsMemory) {
   options.kv_cache_bytes = int64_t{256} << 20;
   options.kv_block_bytes = 64 << 10;  // 32 tokens of 2048 bytes
   options.sessions.reap_interval = absl::ZeroDuration();
-  auto engine = *AttentionEngine::Create(std::make_unique<CpuBackend>(2),
-                                         options);
+  auto engine =
+      *AttentionEngine::Create(std::make_unique<CpuBackend>(2), options);
   auto info = *engine->CreateSession(spec, absl::ZeroDuration());
   constexpr int64_t kContext = 1024;
   HostTensor q = RandomTensor({kContext, 8, 64}, rng_, DType::kFloat16);
@@ -639,6 +645,97 @@ TEST_F(EngineTest, ListAndStats) {
   EXPECT_EQ(engine_->stats().prefill_tokens_total, 5);
   EXPECT_EQ(engine_->stats().decode_tokens_total, 1);
   EXPECT_EQ(all[0].layer_lengths.size(), static_cast<size_t>(kLayers));
+}
+
+TEST_F(EngineTest, OutputDestinationReceivesTheOutputBitwise) {
+  // Every output dtype, an aligned and a misaligned float32 buffer, through
+  // Append, AppendBatch and AppendEach: the destination holds exactly the
+  // bytes the owned output would, and output is left empty.
+  const std::string with_destination = NewSession();
+  const std::string plain = NewSession();
+  Tokens t(40, rng_);
+  for (const std::string& id : {with_destination, plain}) {
+    for (int layer = 0; layer < kLayers; ++layer) Append(id, layer, t, 0, 30);
+  }
+  struct Case {
+    DType dtype;
+    size_t offset;  // bytes into the buffer; 1 = not float-aligned
+  };
+  int64_t position = 30;
+  for (const Case& c : {Case{DType::kFloat32, 0}, Case{DType::kFloat32, 1},
+                        Case{DType::kFloat16, 0}, Case{DType::kBFloat16, 1}}) {
+    SCOPED_TRACE(DTypeName(c.dtype));
+    const size_t bytes = kQHeads * kValueDim * DTypeSize(c.dtype);
+    std::vector<std::vector<std::byte>> buffers(
+        kLayers, std::vector<std::byte>(bytes + c.offset));
+    std::vector<AppendRequest> requests, plain_requests;
+    for (int layer = 0; layer < kLayers; ++layer) {
+      AppendRequest r =
+          Request(with_destination, layer, t, position, position + 1);
+      r.required_tokens = 1;
+      r.output_dtype = c.dtype;
+      r.output_destination =
+          absl::MakeSpan(buffers[layer].data() + c.offset, bytes);
+      requests.push_back(r);
+      AppendRequest p = Request(plain, layer, t, position, position + 1);
+      p.required_tokens = 1;
+      p.output_dtype = c.dtype;
+      plain_requests.push_back(p);
+    }
+    std::vector<AttentionOutput> expected;
+    for (const AppendRequest& p : plain_requests) {
+      auto out = engine_->Append(p);
+      ASSERT_TRUE(out.ok()) << out.status();
+      expected.push_back(*std::move(out));
+    }
+    auto check = [&](int layer, const AttentionOutput& out) {
+      EXPECT_EQ(out.output.size_bytes(), 0);
+      EXPECT_EQ(out.position, expected[layer].position);
+      ASSERT_TRUE(out.lse.has_value());
+      EXPECT_EQ(ToFloats(*out.lse), ToFloats(*expected[layer].lse));
+      const std::byte* want = expected[layer].output.data();
+      EXPECT_EQ(
+          std::vector<std::byte>(requests[layer].output_destination.begin(),
+                                 requests[layer].output_destination.end()),
+          std::vector<std::byte>(want, want + bytes));
+    };
+    // Layer 0 alone, the other layers through AppendEach, then all again
+    // (on the next position) through AppendBatch against fresh plain steps.
+    auto alone = engine_->Append(requests[0]);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    check(0, *alone);
+    auto each = engine_->AppendEach(absl::MakeConstSpan(requests).subspan(1));
+    for (int layer = 1; layer < kLayers; ++layer) {
+      ASSERT_TRUE(each[layer - 1].ok()) << each[layer - 1].status();
+      check(layer, *each[layer - 1]);
+    }
+    ++position;
+    expected.clear();
+    for (int layer = 0; layer < kLayers; ++layer) {
+      requests[layer].q = t.q.rows(position, position + 1);
+      requests[layer].k = t.k.rows(position, position + 1);
+      requests[layer].v = t.v.rows(position, position + 1);
+      plain_requests[layer].q = requests[layer].q;
+      plain_requests[layer].k = requests[layer].k;
+      plain_requests[layer].v = requests[layer].v;
+      auto out = engine_->Append(plain_requests[layer]);
+      ASSERT_TRUE(out.ok()) << out.status();
+      expected.push_back(*std::move(out));
+    }
+    auto batch = engine_->AppendBatch(requests);
+    ASSERT_TRUE(batch.ok()) << batch.status();
+    for (int layer = 0; layer < kLayers; ++layer) check(layer, (*batch)[layer]);
+    ++position;
+  }
+
+  // A destination of the wrong size is INVALID_ARGUMENT and changes nothing.
+  const SessionInfo before = Info(with_destination);
+  std::vector<std::byte> small(kQHeads * kValueDim * 4 - 4);
+  AppendRequest wrong = Request(with_destination, 0, t, position, position + 1);
+  wrong.output_destination = absl::MakeSpan(small);
+  EXPECT_EQ(engine_->Append(wrong).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Info(with_destination).layer_lengths, before.layer_lengths);
 }
 
 }  // namespace

@@ -65,7 +65,8 @@ TEST_F(LayerKvCacheTest, AppendStoresKeysAtTheirPositions) {
   EXPECT_EQ(cache.referenced_blocks(), 3);
   for (int h = 0; h < kHeads; ++h) {
     for (int d = 0; d < kDim; ++d) {
-      EXPECT_EQ(KeyAt(cache, 1, h, d), first.values[(1 * kHeads + h) * kDim + d]);
+      EXPECT_EQ(KeyAt(cache, 1, h, d),
+                first.values[(1 * kHeads + h) * kDim + d]);
       EXPECT_EQ(KeyAt(cache, 7, h, d),
                 second.values[(4 * kHeads + h) * kDim + d]);
     }

@@ -123,8 +123,7 @@ TEST_F(SessionManagerTest, IdleSessionsExpireAndUseResetsTheClock) {
 
 TEST_F(SessionManagerTest, GetOfAnExpiredSessionIsNotFound) {
   SessionManager manager = MakeManager();
-  const std::string id =
-      (*manager.Create(SmallSpec(), absl::Seconds(5)))->id();
+  const std::string id = (*manager.Create(SmallSpec(), absl::Seconds(5)))->id();
   now_ += absl::Seconds(6);
   EXPECT_EQ(manager.Get(id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(manager.expired_total(), 1);

@@ -31,8 +31,7 @@ struct HostTensor {
   // Rows [begin, end) of the outermost dimension, as a view.
   TensorView rows(int64_t begin, int64_t end) const {
     TensorView v = view();
-    const int64_t row_bytes =
-        static_cast<int64_t>(bytes.size()) / shape[0];
+    const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / shape[0];
     v.shape[0] = end - begin;
     v.data = bytes.data() + begin * row_bytes;
     v.size_bytes = (end - begin) * row_bytes;

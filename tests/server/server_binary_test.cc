@@ -96,7 +96,8 @@ const std::vector<std::string> kSmallServer = {"--port=0",
                                                "--threads=1",
                                                "--kv_cache_bytes=16777216",
                                                "--listen_address=127.0.0.1",
-                                               "--shutdown_grace=60s"};
+                                               "--drain_timeout=60s",
+                                               "--metrics_port=0"};
 
 TEST(ServerBinaryTest, ServesAndExitsZeroOnSigterm) {
   ServerProcess server(kSmallServer);

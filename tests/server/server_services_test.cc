@@ -21,7 +21,7 @@ class ServerServicesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     server::ServerOptions options = TestServerOptions();
-    options.shutdown_grace = absl::Seconds(60);
+    options.drain_timeout = absl::Seconds(60);
     auto server = StartTestServer(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);

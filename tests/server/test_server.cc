@@ -21,7 +21,7 @@ server::ServerOptions TestServerOptions() {
   options.kv_cache_bytes = int64_t{64} << 20;
   options.kv_block_bytes = 4096;
   options.session_reap_interval = absl::Milliseconds(50);
-  options.shutdown_grace = absl::Seconds(2);
+  options.drain_timeout = absl::Seconds(2);
   return options;
 }
 

@@ -1,0 +1,740 @@
+// The serving section of attn-bench: the real attention server, started
+// in-process (same AttentionServer and options as attention-server, CPU
+// backend, ephemeral port), driven through the C++ client library.
+//
+//   rpc_overhead_ratio  DecodeStep p50 latency / p50 of a bare echo RPC
+//                       carrying the same bytes (request = the step's q, k, v;
+//                       response = its output), registered on the same server
+//                       (bench_echo.proto) and called over the same channel.
+//                       Decode step: H = 32, H_kv = 8, head_dim = 128, fp16
+//                       q/k/v/output and KV, context 1024. The engine's own
+//                       time for the same step is measured alongside, so the
+//                       serving path's overhead can be told from attention.
+//   batching_speedup    tokens/s of 64 concurrent Decode streams (one session
+//                       each, context 2048, same shapes) / tokens/s of the
+//                       same steps sent one DecodeStep at a time.
+//   echo_stream64_*     messages/s of 64 concurrent echo streams on the
+//                       synchronous and the callback gRPC API: does the sync
+//                       API (which the attention service uses) limit
+//                       throughput at this concurrency?
+//
+// The two sides of every ratio are measured alternately in the same run, so
+// noise from other processes hits both. Contexts are built through the
+// engine directly (not measured); sessions are forks of a few prefilled
+// base contexts (copy-on-write: each decodes into its own blocks) so that
+// set-up stays short.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_callback.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "attention/v1/attention.pb.h"
+#include "bench/bench_echo.grpc.pb.h"
+#include "bench/bench_report.h"
+#include "client/attention_client.h"
+#include "core/dtype.h"
+#include "core/engine.h"
+#include "core/session_spec.h"
+#include "core/status_macros.h"
+#include "core/tensor.h"
+#include "server/attention_server.h"
+#include "server/server_options.h"
+
+namespace attention::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kQHeads = 32;
+constexpr int kKvHeads = 8;
+constexpr int kHeadDim = 128;
+constexpr int64_t kRpcContext = 1024;
+constexpr int64_t kShortContext = 16;
+constexpr int64_t kBatchContext = 2048;
+constexpr int kStreams = 64;
+constexpr char kSection[] = "serving";
+
+double MicrosBetween(Clock::time_point begin, Clock::time_point end) {
+  return std::chrono::duration<double, std::micro>(end - begin).count();
+}
+
+struct Percentiles {
+  double p50 = 0, p99 = 0;
+};
+Percentiles Summarize(std::vector<double> samples) {
+  Percentiles out;
+  if (samples.empty()) return out;
+  std::sort(samples.begin(), samples.end());
+  const size_t n = samples.size();
+  out.p50 = samples[n / 2];
+  out.p99 = samples[std::min(n - 1, n * 99 / 100)];
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// The echo services (bench_echo.proto).
+
+// Answers with `response_bytes` bytes taken from the payload (zero-padded):
+// like a decode step, the response bytes are written once.
+void FillEcho(const echo::EchoRequest& request, echo::EchoResponse* response) {
+  const size_t wanted = static_cast<size_t>(
+      std::clamp<int64_t>(request.response_bytes(), 0, int64_t{64} << 20));
+  std::string* out = response->mutable_payload();
+  out->assign(request.payload(), 0, std::min(wanted, request.payload().size()));
+  out->resize(wanted);
+}
+
+class SyncEchoService final : public echo::Echo::Service {
+ public:
+  grpc::Status Echo(grpc::ServerContext* context,
+                    const echo::EchoRequest* request,
+                    echo::EchoResponse* response) override {
+    FillEcho(*request, response);
+    return grpc::Status::OK;
+  }
+  grpc::Status EchoStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<echo::EchoResponse, echo::EchoRequest>* stream)
+      override {
+    echo::EchoRequest request;
+    echo::EchoResponse response;
+    while (stream->Read(&request)) {
+      FillEcho(request, &response);
+      if (!stream->Write(response)) break;
+    }
+    return grpc::Status::OK;
+  }
+};
+
+// One echo stream on the callback API: read, answer, read again.
+class EchoReactor final
+    : public grpc::ServerBidiReactor<echo::EchoRequest, echo::EchoResponse> {
+ public:
+  EchoReactor() { StartRead(&request_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    FillEcho(request_, &response_);
+    StartWrite(&response_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      return;
+    }
+    StartRead(&request_);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  echo::EchoRequest request_;
+  echo::EchoResponse response_;
+};
+
+class CallbackEchoService final : public echo::CallbackEcho::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
+                                 const echo::EchoRequest* request,
+                                 echo::EchoResponse* response) override {
+    FillEcho(*request, response);
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+  grpc::ServerBidiReactor<echo::EchoRequest, echo::EchoResponse>* EchoStream(
+      grpc::CallbackServerContext* context) override {
+    return new EchoReactor();
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Sessions and requests.
+
+SessionSpec BenchSpec() {
+  SessionSpec spec;
+  spec.num_layers = 1;
+  spec.num_q_heads = kQHeads;
+  spec.num_kv_heads = kKvHeads;
+  spec.head_dim = kHeadDim;
+  spec.kv_dtype = DType::kFloat16;
+  spec.model = "attn-bench";
+  return spec;
+}
+
+// `count` uniform values in [-1, 1) as float16 bytes.
+std::string RandomHalfBytes(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(count));
+  for (float& value : values) value = uniform(rng);
+  std::string bytes(static_cast<size_t>(count * 2), '\0');
+  ConvertFromFloat(values.data(), count, DType::kFloat16,
+                   reinterpret_cast<std::byte*>(bytes.data()));
+  return bytes;
+}
+
+TensorView HalfView(const std::string& bytes, Shape shape) {
+  TensorView view;
+  view.dtype = DType::kFloat16;
+  view.shape = std::move(shape);
+  view.data = reinterpret_cast<const std::byte*>(bytes.data());
+  view.size_bytes = static_cast<int64_t>(bytes.size());
+  return view;
+}
+
+// A session holding `tokens` tokens of random history.
+absl::StatusOr<std::string> PrefilledSession(AttentionEngine& engine,
+                                             int64_t tokens, uint32_t seed) {
+  ATTN_ASSIGN_OR_RETURN(SessionInfo info,
+                        engine.CreateSession(BenchSpec(), absl::Hours(1)));
+  const std::string q = RandomHalfBytes(tokens * kQHeads * kHeadDim, seed);
+  const std::string k = RandomHalfBytes(tokens * kKvHeads * kHeadDim, seed + 1);
+  const std::string v = RandomHalfBytes(tokens * kKvHeads * kHeadDim, seed + 2);
+  AppendRequest request;
+  request.session_id = info.session_id;
+  request.q = HalfView(q, {tokens, kQHeads, kHeadDim});
+  request.k = HalfView(k, {tokens, kKvHeads, kHeadDim});
+  request.v = HalfView(v, {tokens, kKvHeads, kHeadDim});
+  ATTN_RETURN_IF_ERROR(engine.Append(request).status());
+  return info.session_id;
+}
+
+void SetHalfTensor(const std::string& bytes,
+                   std::initializer_list<int64_t> shape, v1::Tensor* tensor) {
+  tensor->set_dtype(v1::DTYPE_FLOAT16);
+  for (int64_t dim : shape) tensor->add_shape(dim);
+  tensor->set_data(bytes);
+}
+
+// One decode step (fp16 in, fp16 out) for `session`.
+v1::DecodeRequest MakeDecodeRequest(const std::string& session, uint32_t seed) {
+  v1::DecodeRequest request;
+  request.set_session_id(session);
+  request.set_layer(0);
+  SetHalfTensor(RandomHalfBytes(kQHeads * kHeadDim, seed),
+                {1, kQHeads, kHeadDim}, request.mutable_q());
+  SetHalfTensor(RandomHalfBytes(kKvHeads * kHeadDim, seed + 1),
+                {1, kKvHeads, kHeadDim}, request.mutable_k());
+  SetHalfTensor(RandomHalfBytes(kKvHeads * kHeadDim, seed + 2),
+                {1, kKvHeads, kHeadDim}, request.mutable_v());
+  request.set_output_dtype(v1::DTYPE_FLOAT16);
+  return request;
+}
+
+// The same step as an engine request viewing `request`'s bytes.
+AppendRequest EngineRequest(const v1::DecodeRequest& request) {
+  AppendRequest append;
+  append.session_id = request.session_id();
+  append.q = HalfView(request.q().data(), {1, kQHeads, kHeadDim});
+  append.k = HalfView(request.k().data(), {1, kKvHeads, kHeadDim});
+  append.v = HalfView(request.v().data(), {1, kKvHeads, kHeadDim});
+  append.output_dtype = DType::kFloat16;
+  append.required_tokens = 1;
+  return append;
+}
+
+// An echo request carrying a decode step's bytes both ways.
+echo::EchoRequest MakeEchoRequest(const v1::DecodeRequest& step) {
+  echo::EchoRequest request;
+  request.set_payload(
+      absl::StrCat(step.q().data(), step.k().data(), step.v().data()));
+  request.set_response_bytes(int64_t{kQHeads} * kHeadDim * 2);
+  return request;
+}
+
+// ---------------------------------------------------------------------------
+// The measurements.
+
+struct Harness {
+  server::AttentionServer* server;
+  client::AttentionClient* client;
+  echo::Echo::Stub* echo;
+  echo::CallbackEcho::Stub* callback_echo;
+  const BenchOptions* options;
+  BenchReport* report;
+};
+
+absl::Status UnaryEcho(echo::Echo::Stub* stub,
+                       const echo::EchoRequest& request) {
+  grpc::ClientContext context;
+  echo::EchoResponse response;
+  return client::FromGrpcStatus(stub->Echo(&context, request, &response));
+}
+absl::Status UnaryEcho(echo::CallbackEcho::Stub* stub,
+                       const echo::EchoRequest& request) {
+  grpc::ClientContext context;
+  echo::EchoResponse response;
+  return client::FromGrpcStatus(stub->Echo(&context, request, &response));
+}
+
+// (a) DecodeStep vs echo of the same bytes, one call at a time, at
+// `context` tokens. The headline figures use kRpcContext; `suffix` names
+// the others' figures.
+absl::Status MeasureRpcOverhead(const Harness& h,
+                                const std::string& base_session,
+                                int64_t context, const std::string& suffix) {
+  AttentionEngine& engine = h.server->engine();
+  ATTN_ASSIGN_OR_RETURN(SessionInfo fork, engine.ForkSession(base_session));
+  ATTN_RETURN_IF_ERROR(
+      engine.TruncateSession(fork.session_id, context).status());
+  const v1::DecodeRequest step = MakeDecodeRequest(fork.session_id, 77);
+  const AppendRequest engine_step = EngineRequest(step);
+  const echo::EchoRequest echo_request = MakeEchoRequest(step);
+
+  const int samples = h.options->quick ? 800 : 3000;
+  const int warmup = 30;
+  std::vector<double> decode_us, echo_us, callback_echo_us, engine_us;
+  for (int i = -warmup; i < samples; ++i) {
+    // The context grows by two tokens per iteration; keep it near 1024.
+    if ((i + warmup) % 50 == 0) {
+      ATTN_RETURN_IF_ERROR(
+          engine.TruncateSession(fork.session_id, context).status());
+    }
+    // Rotate the order so that no side always runs right after another.
+    for (int j = 0; j < 4; ++j) {
+      const int what = (i + j) % 4;
+      const Clock::time_point begin = Clock::now();
+      absl::Status status;
+      if (what == 0) {
+        status = h.client->DecodeStep(step).status();
+      } else if (what == 1) {
+        status = UnaryEcho(h.echo, echo_request);
+      } else if (what == 2) {
+        status = UnaryEcho(h.callback_echo, echo_request);
+      } else {
+        status = engine.Append(engine_step).status();
+      }
+      const double elapsed = MicrosBetween(begin, Clock::now());
+      ATTN_RETURN_IF_ERROR(status);
+      if (i < 0) continue;
+      (what == 0   ? decode_us
+       : what == 1 ? echo_us
+       : what == 2 ? callback_echo_us
+                   : engine_us)
+          .push_back(elapsed);
+    }
+  }
+  ATTN_RETURN_IF_ERROR(engine.DeleteSession(fork.session_id));
+
+  const Percentiles decode = Summarize(decode_us);
+  const Percentiles echo = Summarize(echo_us);
+  const Percentiles callback_echo = Summarize(callback_echo_us);
+  const Percentiles engine_only = Summarize(engine_us);
+  BenchReport& r = *h.report;
+  const std::string ctx = absl::StrCat("ctx ", context);
+  r.AddRow(kSection,
+           absl::StrCat("DecodeStep p50 (H=32 Hkv=8 d=128 fp16, ", ctx, ", ",
+                        echo_request.payload().size(), " B in / ",
+                        echo_request.response_bytes(), " B out)"),
+           decode.p50, "us");
+  r.AddRow(kSection, absl::StrCat("DecodeStep p99, ", ctx), decode.p99, "us");
+  r.AddRow(kSection, "echo RPC, same bytes, p50 (sync API)", echo.p50, "us");
+  r.AddRow(kSection, "echo RPC, same bytes, p99 (sync API)", echo.p99, "us");
+  r.AddRow(kSection, "echo RPC, same bytes, p50 (callback API)",
+           callback_echo.p50, "us");
+  r.AddRow(kSection,
+           absl::StrCat("engine Append alone (same step, no RPC) p50, ", ctx),
+           engine_only.p50, "us");
+  r.AddRow(
+      kSection,
+      absl::StrCat("rpc_overhead_ratio (DecodeStep p50 / echo p50), ", ctx),
+      decode.p50 / echo.p50, "x");
+  r.AddRow(kSection, "  excluding attention ((DecodeStep - engine) / echo)",
+           (decode.p50 - engine_only.p50) / echo.p50, "x");
+  r.AddFigure(absl::StrCat("rpc_overhead_ratio", suffix),
+              decode.p50 / echo.p50);
+  r.AddFigure(absl::StrCat("rpc_overhead_ratio_excluding_attention", suffix),
+              (decode.p50 - engine_only.p50) / echo.p50);
+  r.AddFigure(absl::StrCat("decodestep_p50_us", suffix), decode.p50);
+  r.AddFigure(absl::StrCat("decodestep_p99_us", suffix), decode.p99);
+  r.AddFigure(absl::StrCat("echo_p50_us", suffix), echo.p50);
+  r.AddFigure(absl::StrCat("echo_p99_us", suffix), echo.p99);
+  r.AddFigure(absl::StrCat("echo_callback_p50_us", suffix), callback_echo.p50);
+  r.AddFigure(absl::StrCat("decodestep_engine_p50_us", suffix),
+              engine_only.p50);
+  return absl::OkStatus();
+}
+
+// Counts the server's engine batches (ServerOptions::on_decode_batch).
+struct BatchCounter {
+  std::atomic<int64_t> batches{0};
+  std::atomic<int64_t> steps{0};
+};
+
+struct RoundResult {
+  double wall_us = 0;
+  std::vector<double> step_us;
+};
+
+// 64 threads, each with its own Decode stream and session, `steps` steps
+// each; all start together.
+absl::StatusOr<RoundResult> BatchedRound(
+    std::vector<std::unique_ptr<client::DecodeStream>>& streams,
+    const std::vector<v1::DecodeRequest>& requests, int steps) {
+  const size_t n = streams.size();
+  absl::Notification start;
+  Clock::time_point start_time;
+  std::vector<Clock::time_point> end_times(n);
+  std::vector<std::vector<double>> latencies(n);
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      latencies[i].reserve(steps);
+      start.WaitForNotification();
+      for (int s = 0; s < steps; ++s) {
+        const Clock::time_point begin = Clock::now();
+        auto result = streams[i]->Step(requests[i]);
+        latencies[i].push_back(MicrosBetween(begin, Clock::now()));
+        if (!result.ok()) {
+          statuses[i] = result.status();
+          break;
+        }
+      }
+      end_times[i] = Clock::now();
+    });
+  }
+  start_time = Clock::now();
+  start.Notify();
+  for (std::thread& thread : threads) thread.join();
+  RoundResult round;
+  Clock::time_point last = start_time;
+  for (size_t i = 0; i < n; ++i) {
+    ATTN_RETURN_IF_ERROR(statuses[i]);
+    last = std::max(last, end_times[i]);
+    round.step_us.insert(round.step_us.end(), latencies[i].begin(),
+                         latencies[i].end());
+  }
+  round.wall_us = MicrosBetween(start_time, last);
+  return round;
+}
+
+// The same steps, one DecodeStep at a time (step s of every session, then
+// step s + 1).
+absl::StatusOr<RoundResult> SequentialRound(
+    client::AttentionClient& client,
+    const std::vector<v1::DecodeRequest>& requests, int steps) {
+  RoundResult round;
+  round.step_us.reserve(requests.size() * steps);
+  const Clock::time_point start = Clock::now();
+  for (int s = 0; s < steps; ++s) {
+    for (const v1::DecodeRequest& request : requests) {
+      const Clock::time_point begin = Clock::now();
+      ATTN_RETURN_IF_ERROR(client.DecodeStep(request).status());
+      round.step_us.push_back(MicrosBetween(begin, Clock::now()));
+    }
+  }
+  round.wall_us = MicrosBetween(start, Clock::now());
+  return round;
+}
+
+// The same steps straight into the engine, without RPC: one Append at a
+// time, or (batched) one AppendEach of every session's step per step.
+absl::StatusOr<RoundResult> EngineRound(AttentionEngine& engine,
+                                        const std::vector<AppendRequest>& steps,
+                                        int count, bool batched) {
+  RoundResult round;
+  const Clock::time_point start = Clock::now();
+  for (int s = 0; s < count; ++s) {
+    if (batched) {
+      for (const auto& result : engine.AppendEach(steps)) {
+        ATTN_RETURN_IF_ERROR(result.status());
+      }
+      continue;
+    }
+    for (const AppendRequest& step : steps) {
+      ATTN_RETURN_IF_ERROR(engine.Append(step).status());
+    }
+  }
+  round.wall_us = MicrosBetween(start, Clock::now());
+  return round;
+}
+
+// (b) 64 concurrent Decode streams vs the same steps one at a time. The
+// engine's own rates for the same steps (no RPC) bound what the service
+// could reach.
+
+absl::Status MeasureBatching(const Harness& h,
+                             const std::vector<std::string>& bases,
+                             const BatchCounter& counter) {
+  AttentionEngine& engine = h.server->engine();
+  std::vector<std::string> sessions;
+  std::vector<v1::DecodeRequest> requests;
+  for (int i = 0; i < kStreams; ++i) {
+    ATTN_ASSIGN_OR_RETURN(SessionInfo fork,
+                          engine.ForkSession(bases[i % bases.size()]));
+    sessions.push_back(fork.session_id);
+    requests.push_back(MakeDecodeRequest(fork.session_id, 1000 + 3 * i));
+  }
+  std::vector<std::unique_ptr<client::DecodeStream>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(h.client->OpenDecodeStream());
+  }
+
+  std::vector<AppendRequest> engine_steps;
+  for (const v1::DecodeRequest& request : requests) {
+    engine_steps.push_back(EngineRequest(request));
+  }
+
+  const int steps = h.options->quick ? 8 : 16;
+  const int rounds = h.options->quick ? 4 : 6;
+  // Warm-up: every stream and session once each way.
+  ATTN_RETURN_IF_ERROR(BatchedRound(streams, requests, 1).status());
+  ATTN_RETURN_IF_ERROR(SequentialRound(*h.client, requests, 1).status());
+
+  double batched_wall = 0, sequential_wall = 0;
+  double engine_sequential_wall = 0, engine_batched_wall = 0;
+  std::vector<double> batched_us, sequential_us;
+  int64_t batches = 0, batched_steps = 0;
+  for (int round = 0; round < rounds; ++round) {
+    // Rotate which side goes first.
+    for (int side = 0; side < 4; ++side) {
+      const int what = (side + round) % 4;
+      if (what == 2 || what == 3) {
+        ATTN_ASSIGN_OR_RETURN(
+            RoundResult result,
+            EngineRound(engine, engine_steps, steps, /*batched=*/what == 3));
+        (what == 3 ? engine_batched_wall : engine_sequential_wall) +=
+            result.wall_us;
+      } else if (what == 0) {
+        const int64_t batches_before = counter.batches.load();
+        const int64_t steps_before = counter.steps.load();
+        ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                              BatchedRound(streams, requests, steps));
+        batches += counter.batches.load() - batches_before;
+        batched_steps += counter.steps.load() - steps_before;
+        batched_wall += result.wall_us;
+        batched_us.insert(batched_us.end(), result.step_us.begin(),
+                          result.step_us.end());
+      } else {
+        ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                              SequentialRound(*h.client, requests, steps));
+        sequential_wall += result.wall_us;
+        sequential_us.insert(sequential_us.end(), result.step_us.begin(),
+                             result.step_us.end());
+      }
+    }
+  }
+  for (auto& stream : streams) ATTN_RETURN_IF_ERROR(stream->Finish());
+  for (const std::string& id : sessions) {
+    ATTN_RETURN_IF_ERROR(engine.DeleteSession(id));
+  }
+
+  const double tokens = double{kStreams} * steps * rounds;
+  const double batched_rate = tokens / (batched_wall * 1e-6);
+  const double sequential_rate = tokens / (sequential_wall * 1e-6);
+  const double engine_sequential_rate =
+      tokens / (engine_sequential_wall * 1e-6);
+  const double engine_batched_rate = tokens / (engine_batched_wall * 1e-6);
+  const Percentiles batched = Summarize(batched_us);
+  const Percentiles sequential = Summarize(sequential_us);
+  const double mean_batch =
+      batches > 0 ? static_cast<double>(batched_steps) / batches : 0.0;
+  BenchReport& r = *h.report;
+  r.AddRow(kSection,
+           absl::StrCat("64 Decode streams, ctx ", kBatchContext, ": tokens/s"),
+           batched_rate, "tok/s");
+  r.AddRow(kSection, "same steps one DecodeStep at a time: tokens/s",
+           sequential_rate, "tok/s");
+  r.AddRow(kSection, "batching_speedup", batched_rate / sequential_rate, "x");
+  r.AddRow(kSection, "64 streams: step latency p50", batched.p50, "us");
+  r.AddRow(kSection, "64 streams: step latency p99", batched.p99, "us");
+  r.AddRow(kSection, "64 streams: mean engine batch", mean_batch, "steps");
+  r.AddRow(kSection, "one at a time: step latency p50", sequential.p50, "us");
+  r.AddRow(kSection, "one at a time: step latency p99", sequential.p99, "us");
+  r.AddRow(kSection, "engine alone (no RPC), one Append at a time: tokens/s",
+           engine_sequential_rate, "tok/s");
+  r.AddRow(kSection, "engine alone (no RPC), AppendEach of 64: tokens/s",
+           engine_batched_rate, "tok/s");
+  r.AddRow(kSection, "bound on batching_speedup (engine batched / sequential)",
+           engine_batched_rate / sequential_rate, "x");
+  r.AddFigure("engine_sequential_tokens_per_s", engine_sequential_rate);
+  r.AddFigure("engine_batched_tokens_per_s", engine_batched_rate);
+  r.AddFigure("batching_speedup_engine_bound",
+              engine_batched_rate / sequential_rate);
+  r.AddFigure("batching_speedup", batched_rate / sequential_rate);
+  r.AddFigure("batched_tokens_per_s", batched_rate);
+  r.AddFigure("sequential_tokens_per_s", sequential_rate);
+  r.AddFigure("batched_step_p50_us", batched.p50);
+  r.AddFigure("batched_step_p99_us", batched.p99);
+  r.AddFigure("sequential_step_p50_us", sequential.p50);
+  r.AddFigure("sequential_step_p99_us", sequential.p99);
+  r.AddFigure("batched_mean_batch_size", mean_batch);
+  return absl::OkStatus();
+}
+
+// 64 echo streams on one API, `messages` round trips each; messages/s.
+template <typename Stub>
+absl::StatusOr<double> EchoStreamRound(Stub* stub,
+                                       const echo::EchoRequest& request,
+                                       int messages) {
+  absl::Notification start;
+  Clock::time_point start_time;
+  std::vector<Clock::time_point> end_times(kStreams);
+  std::vector<absl::Status> statuses(kStreams);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kStreams; ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext context;
+      auto stream = stub->EchoStream(&context);
+      echo::EchoResponse response;
+      ready.fetch_add(1);
+      start.WaitForNotification();
+      for (int m = 0; m < messages; ++m) {
+        if (!stream->Write(request) || !stream->Read(&response)) {
+          statuses[i] = absl::UnavailableError("echo stream broke");
+          break;
+        }
+      }
+      end_times[i] = Clock::now();
+      stream->WritesDone();
+      grpc::Status status = stream->Finish();
+      if (statuses[i].ok()) statuses[i] = client::FromGrpcStatus(status);
+    });
+  }
+  while (ready.load() < kStreams) std::this_thread::yield();
+  start_time = Clock::now();
+  start.Notify();
+  for (std::thread& thread : threads) thread.join();
+  Clock::time_point last = start_time;
+  for (int i = 0; i < kStreams; ++i) {
+    ATTN_RETURN_IF_ERROR(statuses[i]);
+    last = std::max(last, end_times[i]);
+  }
+  return double{kStreams} * messages / (MicrosBetween(start_time, last) * 1e-6);
+}
+
+// (c) Sync vs callback API at 64 concurrent streams.
+absl::Status MeasureApis(const Harness& h, const std::string& session) {
+  const echo::EchoRequest request =
+      MakeEchoRequest(MakeDecodeRequest(session, 5));
+  const int messages = h.options->quick ? 40 : 200;
+  const int rounds = h.options->quick ? 3 : 5;
+  ATTN_RETURN_IF_ERROR(EchoStreamRound(h.echo, request, 4).status());
+  ATTN_RETURN_IF_ERROR(EchoStreamRound(h.callback_echo, request, 4).status());
+  double sync_sum = 0, callback_sum = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (int side = 0; side < 2; ++side) {
+      if ((side + round) % 2 == 0) {
+        ATTN_ASSIGN_OR_RETURN(double rate,
+                              EchoStreamRound(h.echo, request, messages));
+        sync_sum += rate;
+      } else {
+        ATTN_ASSIGN_OR_RETURN(
+            double rate, EchoStreamRound(h.callback_echo, request, messages));
+        callback_sum += rate;
+      }
+    }
+  }
+  const double sync_rate = sync_sum / rounds;
+  const double callback_rate = callback_sum / rounds;
+  BenchReport& r = *h.report;
+  r.AddRow(kSection, "64 echo streams, sync API: messages/s", sync_rate,
+           "msg/s");
+  r.AddRow(kSection, "64 echo streams, callback API: messages/s", callback_rate,
+           "msg/s");
+  r.AddFigure("echo_stream64_sync_msgs_per_s", sync_rate);
+  r.AddFigure("echo_stream64_callback_msgs_per_s", callback_rate);
+  r.AddFigure("callback_vs_sync_stream_ratio", callback_rate / sync_rate);
+  return absl::OkStatus();
+}
+
+absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
+  const Clock::time_point section_start = Clock::now();
+  BatchCounter counter;
+  SyncEchoService sync_echo;
+  CallbackEchoService callback_echo;
+
+  server::ServerOptions server_options;
+  server_options.listen_address = "127.0.0.1";
+  server_options.port = 0;
+  server_options.backend = "cpu";
+  server_options.threads = options.threads;
+  server_options.kv_cache_bytes = int64_t{2} << 30;
+  server_options.drain_timeout = absl::Seconds(1);
+  server_options.on_decode_batch = [&counter](int64_t size) {
+    counter.batches.fetch_add(1, std::memory_order_relaxed);
+    counter.steps.fetch_add(size, std::memory_order_relaxed);
+  };
+  const std::vector<grpc::Service*> extra = {&sync_echo, &callback_echo};
+  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<server::AttentionServer> server,
+                        server::AttentionServer::Start(server_options, extra));
+  // The client's defaults match the server's message limits.
+  std::unique_ptr<client::AttentionClient> client =
+      client::AttentionClient::Connect(server->local_target());
+  ATTN_RETURN_IF_ERROR(client->WaitForConnected(absl::Seconds(10)));
+  std::unique_ptr<echo::Echo::Stub> echo_stub =
+      echo::Echo::NewStub(client->channel());
+  std::unique_ptr<echo::CallbackEcho::Stub> callback_stub =
+      echo::CallbackEcho::NewStub(client->channel());
+  const Harness harness{server.get(),        client.get(), echo_stub.get(),
+                        callback_stub.get(), &options,     report};
+
+  // Base contexts (prefilled through the engine; not measured). The full
+  // run gives every stream a context of its own.
+  const int num_bases = options.quick ? 2 : kStreams;
+  std::vector<std::string> bases;
+  const Clock::time_point setup_start = Clock::now();
+  for (int b = 0; b < num_bases; ++b) {
+    ATTN_ASSIGN_OR_RETURN(
+        std::string id,
+        PrefilledSession(server->engine(), kBatchContext, 10 * b + 1));
+    bases.push_back(id);
+  }
+  const double setup_s = MicrosBetween(setup_start, Clock::now()) * 1e-6;
+  report->AddFact(
+      "serving_contexts",
+      absl::StrCat(kStreams, " sessions forked from ", num_bases, " prefilled ",
+                   kBatchContext, "-token contexts"));
+  report->AddFact("serving_backend", server->engine().backend().device());
+
+  ATTN_RETURN_IF_ERROR(
+      MeasureRpcOverhead(harness, bases[0], kRpcContext, /*suffix=*/""));
+  // The same at a short context, where attention costs next to nothing:
+  // what remains is the serving path itself.
+  ATTN_RETURN_IF_ERROR(MeasureRpcOverhead(harness, bases[0], kShortContext,
+                                          absl::StrCat("_ctx", kShortContext)));
+  ATTN_RETURN_IF_ERROR(MeasureBatching(harness, bases, counter));
+  ATTN_RETURN_IF_ERROR(MeasureApis(harness, bases[0]));
+
+  report->AddRow(kSection, "set-up: prefilling the base contexts", setup_s,
+                 "s");
+  report->AddRow(kSection, "serving section wall time",
+                 MicrosBetween(section_start, Clock::now()) * 1e-6, "s");
+  client.reset();
+  server->Shutdown();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RunServingBench(const BenchOptions& options, BenchReport* report) {
+  std::fprintf(stderr, "attn-bench: serving section...\n");
+  if (absl::Status status = RunServing(options, report); !status.ok()) {
+    std::fprintf(stderr, "attn-bench: serving section failed: %s\n",
+                 status.ToString().c_str());
+    report->AddFact("serving_error", status.ToString());
+  }
+}
+
+}  // namespace attention::bench

@@ -1,0 +1,550 @@
+#include "core/cpu/attention_unit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/dtype.h"
+
+namespace attention::cpu {
+namespace {
+
+static_assert(kTileKeys == kKeysPerTile,
+              "the kernels work on kKeysPerTile keys at a time");
+static_assert(kKeysPerTile <= 32, "row visibility is a 32-bit mask");
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// At most this many query rows per unit; kMaxRowHeadsPerUnit (rows x query
+// heads of a KV group) bounds the per-thread scratch while each K/V row
+// load serves many row-heads.
+constexpr int64_t kMaxRowsPerUnit = 16;
+constexpr int64_t kMaxRowHeadsPerUnit = 256;
+
+int64_t PadToLanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+ElementType ToElementType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return ElementType::kFloat16;
+    case DType::kBFloat16:
+      return ElementType::kBFloat16;
+    case DType::kFloat32:
+      break;
+  }
+  return ElementType::kFloat32;
+}
+
+// A growable 64-byte aligned float buffer; contents are not kept on growth.
+class FloatBuffer {
+ public:
+  FloatBuffer() = default;
+  FloatBuffer(const FloatBuffer&) = delete;
+  FloatBuffer& operator=(const FloatBuffer&) = delete;
+  ~FloatBuffer() { std::free(data_); }
+
+  float* Get(int64_t size) {
+    if (size > capacity_) {
+      std::free(data_);
+      capacity_ = std::max<int64_t>(size, capacity_ * 2);
+      const size_t bytes = (static_cast<size_t>(capacity_) * 4 + 63) / 64 * 64;
+      data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (data_ == nullptr) std::abort();  // out of memory, as operator new
+    }
+    return data_;
+  }
+  // Like Get, but the buffer holds zeros (callers never write to it).
+  const float* Zeros(int64_t size) {
+    if (size > capacity_) {
+      float* data = Get(size);
+      std::memset(data, 0, sizeof(float) * capacity_);
+    }
+    return data_;
+  }
+
+ private:
+  float* data_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+// Per-thread buffers, grown on demand and reused across units and calls.
+}  // namespace
+
+struct Scratch {
+  FloatBuffer q;  // [row_heads][head_dim_padded]
+  // Rows converted to padded floats when head_dim / value_dim is not a
+  // multiple of kLanes (other rows are read in place).
+  FloatBuffer keys;         // [kKeysPerTile][head_dim_padded]
+  FloatBuffer values;       // [kKeysPerTile][value_dim_padded]
+  FloatBuffer zeros;        // a zero row for keys a unit does not load
+  FloatBuffer row_state;    // (m, l, acc) of every row-head
+  FloatBuffer chunk_state;  // (m, l, acc) of the current chunk
+  FloatBuffer bias;         // [row_heads][kKeysPerTile] converted bias
+  FloatBuffer work;         // kernel scratch: [row_heads][kKeysPerTile + 1]
+  const std::byte* key_rows[kKeysPerTile];
+  const std::byte* value_rows[kKeysPerTile];
+  const std::byte* next_key_rows[kKeysPerTile];  // prefetched
+  const std::byte* next_value_rows[kKeysPerTile];
+  std::vector<uint32_t> visible;        // [rows]
+  std::vector<const float*> bias_rows;  // [row_heads]
+  std::vector<int> active;              // [row_heads] kernel scratch
+};
+
+namespace {
+
+Scratch& ThreadScratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// The keys a query at absolute position p may see:
+//   j <= hi && (j >= lo || j < sinks).
+struct RowRange {
+  int64_t lo;     // first window position (0 without a window)
+  int64_t hi;     // last visible position (may be < 0: none)
+  int64_t sinks;  // positions [0, sinks) are always visible (<= hi + 1)
+};
+
+RowRange VisibleRange(const MaskSpec& mask, int64_t length, int64_t p) {
+  RowRange range;
+  range.hi = mask.causal ? std::min(p, length - 1) : length - 1;
+  if (mask.window > 0) {
+    range.lo = std::max<int64_t>(0, p - mask.window + 1);
+    range.sinks = std::min<int64_t>(mask.num_sink_tokens, range.hi + 1);
+  } else {
+    range.lo = 0;
+    range.sinks = 0;
+  }
+  return range;
+}
+
+// Calls fn(t0) for every tile [t0, t0 + kKeysPerTile) inside [lo, hi)
+// holding a key of `keys`, in increasing order, each once.
+// REQUIRES: lo is a multiple of kKeysPerTile.
+template <typename Fn>
+void ForEachTile(const Intervals& keys, int64_t lo, int64_t hi, Fn fn) {
+  int64_t next = lo;  // first tile start not visited yet
+  for (int i = 0; i < keys.count; ++i) {
+    const int64_t b = std::max(keys.begin[i], lo);
+    const int64_t e = std::min(keys.end[i], hi);
+    if (b >= e) continue;
+    int64_t t0 = std::max(next, b / kKeysPerTile * kKeysPerTile);
+    for (; t0 < e; t0 += kKeysPerTile) fn(t0);
+    next = std::max(next, t0);
+  }
+}
+
+// Bits [a - t0, b - t0] of a tile starting at t0 (positions a..b).
+uint32_t BitSpan(int64_t a, int64_t b, int64_t t0) {
+  if (a > b) return 0;
+  const int lo = static_cast<int>(a - t0);
+  const int hi = static_cast<int>(b - t0);
+  const uint32_t upto = hi >= 31 ? 0xffffffffu : (uint32_t{1} << (hi + 1)) - 1;
+  return upto & ~((uint32_t{1} << lo) - 1);
+}
+
+}  // namespace
+
+// Keys visible to at least one row of [first_p, last_p]: the sink prefix of
+// the last row and the window of the first row up to the last row's limit.
+Intervals UnionRange(const MaskSpec& mask, int64_t length, int64_t first_p,
+                     int64_t last_p) {
+  const RowRange first = VisibleRange(mask, length, first_p);
+  const RowRange last = VisibleRange(mask, length, last_p);
+  Intervals intervals;
+  intervals.Add(0, last.sinks);
+  intervals.Add(first.lo, last.hi + 1);
+  return intervals;
+}
+
+// Appends the chunks holding a key of `keys`, increasing, to `chunks`.
+void AppendChunks(const Intervals& keys, std::vector<int64_t>* chunks) {
+  const size_t start = chunks->size();
+  for (int i = 0; i < keys.count; ++i) {
+    const int64_t first = keys.begin[i] / kKeysPerSplit;
+    const int64_t last = (keys.end[i] - 1) / kKeysPerSplit;
+    for (int64_t c = first; c <= last; ++c) {
+      if (chunks->size() > start && chunks->back() >= c) continue;
+      chunks->push_back(c);
+    }
+  }
+}
+
+ProblemInfo DescribeProblem(const AttentionProblem& problem) {
+  ProblemInfo info;
+  info.rows = problem.q.dim(0);
+  info.heads = static_cast<int>(problem.q.dim(1));
+  info.head_dim = static_cast<int>(problem.q.dim(2));
+  info.kv_heads = problem.kv.num_kv_heads;
+  info.group = info.heads / info.kv_heads;
+  info.value_dim = problem.kv.value_dim;
+  info.head_dim_padded = static_cast<int>(PadToLanes(info.head_dim));
+  info.value_dim_padded = static_cast<int>(PadToLanes(info.value_dim));
+  info.length = problem.kv.length;
+  info.kv_type = ToElementType(problem.kv.dtype);
+  info.direct_keys = info.head_dim == info.head_dim_padded;
+  info.direct_values = info.value_dim == info.value_dim_padded;
+  info.rows_per_unit =
+      std::clamp<int64_t>(kMaxRowHeadsPerUnit / info.group, 1, kMaxRowsPerUnit);
+  return info;
+}
+
+UnitRunner::UnitRunner(const KernelTable& kernels,
+                       const AttentionProblem& problem, const ProblemInfo& info,
+                       const Unit& unit)
+    : kernels_(kernels),
+      pr_(problem),
+      info_(info),
+      unit_(unit),
+      rows_(unit.row_end - unit.row_begin),
+      row_heads_(rows_ * info.group),
+      first_head_(unit.kv_head * info.group),
+      state_floats_(StateFloats(row_heads_, info.value_dim_padded)),
+      scratch_(ThreadScratch()) {}
+
+void UnitRunner::LoadQueries() {
+  const TensorView& q = pr_.q;
+  const int64_t element = DTypeSize(q.dtype);
+  const int hd = info_.head_dim;
+  const int hdp = info_.head_dim_padded;
+  float* out = scratch_.q.Get(row_heads_ * hdp);
+  for (int64_t r = 0; r < rows_; ++r) {
+    for (int h = 0; h < info_.group; ++h) {
+      const int64_t offset =
+          ((unit_.row_begin + r) * info_.heads + first_head_ + h) * hd;
+      float* row = out + (r * info_.group + h) * hdp;
+      ConvertToFloat(q.dtype, q.data + offset * element, hd, row);
+      std::fill(row + hd, row + hdp, 0.0f);
+    }
+  }
+  q_ = out;
+}
+
+// Row states start from the learned sink (m = sink, l = 1) or empty.
+void UnitRunner::InitRowState(float* state) {
+  float* m = state;
+  float* l = state + row_heads_;
+  for (int64_t r = 0; r < rows_; ++r) {
+    for (int h = 0; h < info_.group; ++h) {
+      const int64_t rh = r * info_.group + h;
+      if (pr_.sink_logits.empty()) {
+        m[rh] = kNegInf;
+        l[rh] = 0.0f;
+      } else {
+        m[rh] = pr_.sink_logits[first_head_ + h];
+        l[rh] = 1.0f;
+      }
+    }
+  }
+  std::fill(state + 2 * row_heads_, state + state_floats_, 0.0f);
+}
+
+void UnitRunner::MergeInto(float* row_state, const float* chunk_state) {
+  const int vdp = info_.value_dim_padded;
+  for (int64_t rh = 0; rh < row_heads_; ++rh) {
+    const float chunk_m = chunk_state[rh];
+    if (chunk_m == kNegInf) continue;  // empty chunk: nothing to merge
+    kernels_.merge_state(row_state + rh, row_state + row_heads_ + rh,
+                         row_state + 2 * row_heads_ + rh * vdp, chunk_m,
+                         chunk_state[row_heads_ + rh],
+                         chunk_state + 2 * row_heads_ + rh * vdp, vdp);
+  }
+}
+
+void UnitRunner::FindRows(int64_t t0, int64_t t1, bool values,
+                          const std::byte** rows) const {
+  const KvView& kv = pr_.kv;
+  std::fill(rows, rows + (t1 - t0), nullptr);
+  const int64_t element = DTypeSize(kv.dtype);
+  const int64_t token_stride =
+      (values ? kv.v_token_stride : kv.k_token_stride) * element;
+  const int64_t head_offset =
+      unit_.kv_head * (values ? kv.v_head_stride : kv.k_head_stride) * element;
+  const absl::Span<const std::byte* const> blocks =
+      values ? kv.v_blocks : kv.k_blocks;
+  for (int i = 0; i < unit_.keys.count; ++i) {
+    const int64_t b = std::max(unit_.keys.begin[i], t0);
+    const int64_t e = std::min(unit_.keys.end[i], t1);
+    if (b >= e) continue;
+    // Walk the blocks incrementally (one division per run, not per key).
+    int64_t block = b / kv.tokens_per_block;
+    int64_t row = b % kv.tokens_per_block;
+    const std::byte* p = blocks[block] + head_offset + row * token_stride;
+    for (int64_t pos = b; pos < e; ++pos) {
+      rows[pos - t0] = p;
+      p += token_stride;
+      if (++row == kv.tokens_per_block && pos + 1 < e) {
+        row = 0;
+        p = blocks[++block] + head_offset;
+      }
+    }
+  }
+}
+
+ElementType UnitRunner::LoadRows(int64_t t0, int64_t t1, bool values,
+                                 const std::byte** rows) {
+  const int n = static_cast<int>(t1 - t0);
+  if (t0 == found_t0_ && t1 == found_t1_) {
+    // Found already, to prefetch them during the previous tile.
+    std::copy_n(values ? scratch_.next_value_rows : scratch_.next_key_rows, n,
+                rows);
+  } else {
+    FindRows(t0, t1, values, rows);
+  }
+  const bool direct = values ? info_.direct_values : info_.direct_keys;
+  const int dim = values ? info_.value_dim : info_.head_dim;
+  const int stride = values ? info_.value_dim_padded : info_.head_dim_padded;
+  if (direct) {
+    // Zero bytes are +0 in every element type.
+    const std::byte* zeros =
+        reinterpret_cast<const std::byte*>(scratch_.zeros.Zeros(stride));
+    for (int j = 0; j < n; ++j) {
+      if (rows[j] == nullptr) rows[j] = zeros;
+    }
+    return info_.kv_type;
+  }
+  float* buffer = (values ? scratch_.values : scratch_.keys)
+                      .Get(int64_t{kKeysPerTile} * stride);
+  kernels_.convert_rows(info_.kv_type, rows, n, dim, stride, buffer);
+  for (int j = 0; j < n; ++j) {
+    rows[j] = reinterpret_cast<const std::byte*>(buffer + int64_t{j} * stride);
+  }
+  return ElementType::kFloat32;
+}
+
+bool UnitRunner::PrepareTile(int64_t t0, int64_t t1, bool with_values,
+                             TileJob* job) {
+  const int n = static_cast<int>(t1 - t0);
+  uint32_t* visible = scratch_.visible.data();
+  bool any = false;
+  for (int64_t r = 0; r < rows_; ++r) {
+    const RowRange range = VisibleRange(pr_.mask, info_.length, Position(r));
+    const uint32_t window =
+        BitSpan(std::max(range.lo, t0), std::min(range.hi, t1 - 1), t0);
+    const uint32_t sinks =
+        BitSpan(t0, std::min({range.sinks - 1, range.hi, t1 - 1}), t0);
+    visible[r] = window | sinks;
+    any |= visible[r] != 0;
+  }
+  if (!any) return false;
+
+  job->n = n;
+  job->head_dim_padded = info_.head_dim_padded;
+  job->value_dim_padded = info_.value_dim_padded;
+  job->rows = static_cast<int>(rows_);
+  job->group = info_.group;
+  job->scale = pr_.scale;
+  job->q = q_;
+  job->visible = visible;
+  job->key_type = LoadRows(t0, t1, /*values=*/false, scratch_.key_rows);
+  job->k = scratch_.key_rows;
+  if (with_values) {
+    job->value_type = LoadRows(t0, t1, /*values=*/true, scratch_.value_rows);
+    job->v = scratch_.value_rows;
+  }
+  float* work = scratch_.work.Get(row_heads_ * (kKeysPerTile + 1));
+  job->work = work;
+  job->alpha = work + row_heads_ * kKeysPerTile;
+  job->active = scratch_.active.data();
+  job->bias = nullptr;
+  if (pr_.bias != nullptr) {
+    const TensorView& b = *pr_.bias;
+    const int64_t element = DTypeSize(b.dtype);
+    float* converted = scratch_.bias.Get(row_heads_ * kKeysPerTile);
+    for (int64_t r = 0; r < rows_; ++r) {
+      const int64_t row = unit_.row_begin + r;
+      for (int h = 0; h < info_.group; ++h) {
+        const int64_t rh = r * info_.group + h;
+        const int64_t base =
+            (b.rank() == 3 ? ((first_head_ + h) * info_.rows + row) : row) *
+                info_.length +
+            t0;
+        if (b.dtype == DType::kFloat32) {
+          scratch_.bias_rows[rh] =
+              reinterpret_cast<const float*>(b.data) + base;
+        } else {
+          float* out = converted + rh * kKeysPerTile;
+          ConvertToFloat(b.dtype, b.data + base * element, n, out);
+          scratch_.bias_rows[rh] = out;
+        }
+      }
+    }
+    job->bias = scratch_.bias_rows.data();
+  }
+  return true;
+}
+
+absl::Status UnitRunner::TileFailure(TileError error, const TileJob& job,
+                                     int64_t t0) {
+  const int64_t r = job.error_row_head / info_.group;
+  const int head = first_head_ + job.error_row_head % info_.group;
+  const int64_t row = unit_.row_begin + r;
+  const int64_t key = t0 + job.error_key;
+  const std::string where = absl::StrCat(
+      " at problem ", unit_.problem, ", query row ", row, " (position ",
+      Position(r), "), head ", head, ", key position ", key);
+  if (error == TileError::kBiasOverflow) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adding the bias overflowed", where, "; reduce the bias magnitude"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Q @ K^T overflowed", where, "; rescale the inputs"));
+}
+
+absl::Status UnitRunner::RunChunk(int64_t chunk, float* state) {
+  std::fill(state, state + row_heads_, kNegInf);
+  std::fill(state + row_heads_, state + state_floats_, 0.0f);
+  TileJob job;
+  job.m = state;
+  job.l = state + row_heads_;
+  job.acc = state + 2 * row_heads_;
+  const int64_t lo = chunk * kKeysPerSplit;
+  const int64_t hi = std::min(lo + kKeysPerSplit, info_.length);
+  absl::Status status;
+  // Tiles are aligned to absolute positions; only tiles holding a key some
+  // row of this unit can see are visited (causal and window skipping).
+  ForEachTile(unit_.keys, lo, hi, [&](int64_t t0) {
+    if (!status.ok()) return;
+    const int64_t t1 = std::min(t0 + kKeysPerTile, info_.length);
+    if (!PrepareTile(t0, t1, /*with_values=*/true, &job)) return;
+    // The kernel prefetches the next tile's rows while it works on this
+    // one: paged blocks are short runs the hardware prefetcher handles
+    // badly, and prefetching a whole tile at once stalls on fill buffers.
+    static const int dist = getenv("PFD") ? atoi(getenv("PFD")) : 1;
+    const int64_t pa = std::min(t0 + dist * kKeysPerTile, info_.length);
+    const int64_t t2 = std::min(pa + kKeysPerTile, info_.length);
+    job.prefetch_n = static_cast<int>(t2 - pa);
+    if (job.prefetch_n > 0) {
+      FindRows(pa, t2, /*values=*/false, scratch_.next_key_rows);
+      FindRows(pa, t2, /*values=*/true, scratch_.next_value_rows);
+      found_t0_ = pa;
+      found_t1_ = t2;
+    }
+    job.prefetch_k = scratch_.next_key_rows;
+    job.prefetch_v = scratch_.next_value_rows;
+    job.prefetch_key_bytes = info_.head_dim * DTypeSize(pr_.kv.dtype);
+    job.prefetch_value_bytes = info_.value_dim * DTypeSize(pr_.kv.dtype);
+    const TileError error = kernels_.update_tile(&job);
+    if (error != TileError::kNone) status = TileFailure(error, job, t0);
+  });
+  return status;
+}
+
+absl::Status UnitRunner::Finish(const float* state) {
+  const float* m = state;
+  const float* l = state + row_heads_;
+  const float* acc = state + 2 * row_heads_;
+  const int vd = info_.value_dim;
+  for (int64_t r = 0; r < rows_; ++r) {
+    const int64_t row = unit_.row_begin + r;
+    for (int h = 0; h < info_.group; ++h) {
+      const int64_t rh = r * info_.group + h;
+      const int head = first_head_ + h;
+      float* out = pr_.output + (row * info_.heads + head) * vd;
+      float lse;
+      if (l[rh] == 0.0f) {
+        if (pr_.empty_row_policy == EmptyRowPolicy::kError) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "problem ", unit_.problem, ": query row ", row, " (position ",
+              Position(r), "), head ", head,
+              " sees no key and has no sink logit, so its softmax is "
+              "undefined; fix the mask/bias or use empty_row_policy ZERO to "
+              "get zeros for padding rows"));
+        }
+        std::fill(out, out + vd, 0.0f);
+        lse = kNegInf;
+      } else {
+        const float* a = acc + rh * info_.value_dim_padded;
+        for (int d = 0; d < vd; ++d) out[d] = a[d] / l[rh];
+        lse = m[rh] + std::log(l[rh]);
+      }
+      if (pr_.lse != nullptr) pr_.lse[row * info_.heads + head] = lse;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void UnitRunner::WriteWeights(const float* state) {
+  const float* m = state;
+  const float* l = state + row_heads_;
+  const int64_t length = info_.length;
+  for (int64_t r = 0; r < rows_; ++r) {
+    const int64_t row = unit_.row_begin + r;
+    for (int h = 0; h < info_.group; ++h) {
+      float* w = pr_.weights + ((first_head_ + h) * info_.rows + row) * length;
+      std::fill(w, w + length, 0.0f);
+    }
+  }
+  float logits[kKeysPerTile];
+  TileJob job;
+  ForEachTile(unit_.keys, 0, length, [&](int64_t t0) {
+    const int64_t t1 = std::min(t0 + kKeysPerTile, length);
+    if (!PrepareTile(t0, t1, /*with_values=*/false, &job)) return;
+    for (int64_t r = 0; r < rows_; ++r) {
+      if (job.visible[r] == 0) continue;
+      const int64_t row = unit_.row_begin + r;
+      for (int h = 0; h < info_.group; ++h) {
+        const int64_t rh = r * info_.group + h;
+        if (l[rh] == 0.0f) continue;  // empty row: zero weights
+        // Logits were checked in the first pass; this cannot fail.
+        if (kernels_.tile_logits(&job, static_cast<int>(rh), logits) !=
+            TileError::kNone) {
+          continue;
+        }
+        float* w =
+            pr_.weights + ((first_head_ + h) * info_.rows + row) * length;
+        kernels_.tile_weights(logits, job.n, m[rh], l[rh], w + t0);
+      }
+    }
+  });
+}
+
+absl::Status UnitRunner::RunDirect(const int64_t* chunks, int64_t count) {
+  scratch_.visible.resize(std::max<size_t>(scratch_.visible.size(), rows_));
+  scratch_.bias_rows.resize(
+      std::max<size_t>(scratch_.bias_rows.size(), row_heads_));
+  scratch_.active.resize(std::max<size_t>(scratch_.active.size(), row_heads_));
+  LoadQueries();
+  float* row_state = scratch_.row_state.Get(state_floats_);
+  float* chunk_state = scratch_.chunk_state.Get(state_floats_);
+  InitRowState(row_state);
+  for (int64_t i = 0; i < count; ++i) {
+    absl::Status status = RunChunk(chunks[i], chunk_state);
+    if (!status.ok()) return status;
+    MergeInto(row_state, chunk_state);
+  }
+  absl::Status status = Finish(row_state);
+  if (!status.ok()) return status;
+  if (pr_.weights != nullptr) WriteWeights(row_state);
+  return absl::OkStatus();
+}
+
+absl::Status UnitRunner::ComputeChunkStates(const int64_t* chunks,
+                                            int64_t count, float* states) {
+  scratch_.visible.resize(std::max<size_t>(scratch_.visible.size(), rows_));
+  scratch_.bias_rows.resize(
+      std::max<size_t>(scratch_.bias_rows.size(), row_heads_));
+  scratch_.active.resize(std::max<size_t>(scratch_.active.size(), row_heads_));
+  LoadQueries();
+  for (int64_t i = 0; i < count; ++i) {
+    absl::Status status = RunChunk(chunks[i], states + i * state_floats_);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UnitRunner::MergeAndFinish(int64_t count, const float* states) {
+  float* row_state = scratch_.row_state.Get(state_floats_);
+  InitRowState(row_state);
+  for (int64_t i = 0; i < count; ++i) {
+    MergeInto(row_state, states + i * state_floats_);
+  }
+  return Finish(row_state);
+}
+
+}  // namespace attention::cpu

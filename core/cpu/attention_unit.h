@@ -1,0 +1,156 @@
+// One unit of CPU attention work: query rows x the query heads of one KV
+// head, over some of its key chunks, following the canonical reduction
+// order of attention_problem.h. CpuBackend::Attend cuts problems into units
+// and runs them (or pieces of them) on its threads; the kernels of the
+// chosen ISA do the arithmetic (kernels.h).
+#ifndef ATTENTION_CORE_CPU_ATTENTION_UNIT_H_
+#define ATTENTION_CORE_CPU_ATTENTION_UNIT_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/attention_problem.h"
+#include "core/cpu/kernels.h"
+
+namespace attention::cpu {
+
+// Half-open key intervals, increasing and disjoint.
+struct Intervals {
+  int count = 0;
+  int64_t begin[2];
+  int64_t end[2];
+
+  void Add(int64_t b, int64_t e) {
+    if (b >= e) return;
+    if (count > 0 && b <= end[count - 1]) {
+      end[count - 1] = std::max(end[count - 1], e);
+      return;
+    }
+    begin[count] = b;
+    end[count] = e;
+    ++count;
+  }
+};
+
+// Keys visible to at least one row of [first_p, last_p]: the sink prefix of
+// the last row and the window of the first row up to the last row's limit.
+Intervals UnionRange(const MaskSpec& mask, int64_t length, int64_t first_p,
+                     int64_t last_p);
+
+// Appends the chunks holding a key of `keys`, increasing, to `chunks`.
+void AppendChunks(const Intervals& keys, std::vector<int64_t>* chunks);
+
+// Shape facts of one problem, computed once per Attend call.
+struct ProblemInfo {
+  int64_t rows = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int group = 0;
+  int head_dim = 0;
+  int value_dim = 0;
+  int head_dim_padded = 0;
+  int value_dim_padded = 0;
+  int64_t length = 0;
+  ElementType kv_type = ElementType::kFloat32;
+  // Rows whose length is a multiple of kLanes are read in place (and
+  // converted in registers); others are first converted to padded floats.
+  bool direct_keys = false;
+  bool direct_values = false;
+  int64_t rows_per_unit = 1;
+};
+
+// Shape facts of `problem`. REQUIRES: a validated problem.
+ProblemInfo DescribeProblem(const AttentionProblem& problem);
+
+// Query rows [row_begin, row_end) of one problem and every query head that
+// reads KV head `kv_head`. Units write disjoint parts of the outputs.
+struct Unit {
+  int problem = 0;
+  int kv_head = 0;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  Intervals keys;  // keys some row of the unit sees
+  // Its chunks (increasing) are chunk_list[chunks_begin, chunks_end).
+  int64_t chunks_begin = 0;
+  int64_t chunks_end = 0;
+  // Split units run as several items that store per-chunk states at
+  // `partial` (floats) in the call's partial buffer; a merge step then
+  // produces the outputs. Other units run as one item.
+  bool split = false;
+  int64_t partial = 0;
+  int64_t items_begin = 0;
+  int64_t items_end = 0;
+};
+
+// A chunk or row state of R row-heads: m [R], l [R], acc [R][value_dim_p].
+inline int64_t StateFloats(int64_t row_heads, int value_dim_padded) {
+  return row_heads * (2 + value_dim_padded);
+}
+
+// Per-thread buffers, reused across units and calls (attention_unit.cc).
+struct Scratch;
+
+// Runs one unit (or a piece of one) on the calling thread, following
+// attention_problem.h exactly.
+class UnitRunner {
+ public:
+  // Uses the calling thread's scratch buffers: construct and run on the
+  // same thread. All references must outlive the runner.
+  UnitRunner(const KernelTable& kernels, const AttentionProblem& problem,
+             const ProblemInfo& info, const Unit& unit);
+
+  // The whole unit: chunk states merged into the row states in order, then
+  // the outputs.
+  absl::Status RunDirect(const int64_t* chunks, int64_t count);
+  // A piece of a split unit: the states of `count` chunks, each
+  // StateFloats() apart at `states`.
+  absl::Status ComputeChunkStates(const int64_t* chunks, int64_t count,
+                                  float* states);
+  // The merge step of a split unit over all its `count` chunk states.
+  absl::Status MergeAndFinish(int64_t count, const float* states);
+
+ private:
+  int64_t Position(int64_t r) const {
+    return pr_.mask.query_start + unit_.row_begin + r;
+  }
+  void LoadQueries();
+  void InitRowState(float* state);
+  void MergeInto(float* row_state, const float* chunk_state);
+  absl::Status RunChunk(int64_t chunk, float* state);
+  // Fills `job` for tile [t0, t1); false when no row of the unit sees a
+  // key of it.
+  bool PrepareTile(int64_t t0, int64_t t1, bool with_values, TileJob* job);
+  // Addresses of the unit's keys (or values) at positions [t0, t1) into
+  // rows[0, t1 - t0); nullptr for positions no row of the unit sees.
+  void FindRows(int64_t t0, int64_t t1, bool values,
+                const std::byte** rows) const;
+  // Row pointers for the kernels: FindRows with zeros for missing rows,
+  // or rows converted to padded floats; returns their element type.
+  ElementType LoadRows(int64_t t0, int64_t t1, bool values,
+                       const std::byte** rows);
+  absl::Status TileFailure(TileError error, const TileJob& job, int64_t t0);
+  absl::Status Finish(const float* state);
+  void WriteWeights(const float* state);
+
+  const KernelTable& kernels_;
+  const AttentionProblem& pr_;
+  const ProblemInfo& info_;
+  const Unit& unit_;
+  const int64_t rows_;
+  const int64_t row_heads_;
+  const int first_head_;
+  const int64_t state_floats_;
+  Scratch& scratch_;
+  const float* q_ = nullptr;
+  // The tile whose rows are in scratch_.next_*_rows (found for prefetching
+  // while the tile before it was computed).
+  int64_t found_t0_ = -1;
+  int64_t found_t1_ = -1;
+};
+
+}  // namespace attention::cpu
+
+#endif  // ATTENTION_CORE_CPU_ATTENTION_UNIT_H_

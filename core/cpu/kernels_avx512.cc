@@ -1,0 +1,126 @@
+// The AVX-512 kernels: one 16-lane vector is one zmm register. Built with
+// -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mf16c; only called
+// after CpuIsaSupported(kAvx512). bfloat16 rows are widened exactly by a
+// shift; the AVX512-BF16 dot-product instructions are deliberately not used
+// because they round pairs of products differently from the canonical
+// lane-wise FMA order (and flush denormals), which would break bitwise
+// equality with the other paths.
+// GCC 12 reports its own `__Y = __Y` idiom inside the AVX-512 intrinsic
+// headers as uninitialized (GCC bug 105593); silence it for those headers
+// only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#include <cstdint>
+
+#include "core/cpu/kernels.h"
+
+#define ATTN_KERNEL_NAMESPACE avx512_kernels
+#define ATTN_KERNEL_NAME "avx512"
+
+namespace attention::cpu::avx512_kernels {
+
+struct V {
+  __m512 x;
+};
+struct M {
+  __mmask16 k;
+};
+
+// Row-heads sharing each key / value load, and value blocks accumulated
+// together in the P.V loop (4 x 4 zmm accumulators).
+constexpr int kDotHeads = 4;
+constexpr int kDotKeys = 4;
+constexpr int kPvHeads = 4;
+constexpr int kPvBlocks = 4;
+
+inline V Zero() { return V{_mm512_setzero_ps()}; }
+inline V Splat(V, float c) { return V{_mm512_set1_ps(c)}; }
+inline V Load(const float* p) { return V{_mm512_loadu_ps(p)}; }
+inline V LoadN(const float* p, int n) {
+  const __mmask16 k = static_cast<__mmask16>((1u << n) - 1u);
+  return V{_mm512_maskz_loadu_ps(k, p)};
+}
+inline void Store(float* p, V a) { _mm512_storeu_ps(p, a.x); }
+inline V LoadHalf(const uint16_t* p) {
+  return V{
+      _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+inline V LoadBf16(const uint16_t* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return V{_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
+}
+inline V Add(V a, V b) { return V{_mm512_add_ps(a.x, b.x)}; }
+inline V Sub(V a, V b) { return V{_mm512_sub_ps(a.x, b.x)}; }
+inline V Mul(V a, V b) { return V{_mm512_mul_ps(a.x, b.x)}; }
+inline V Div(V a, V b) { return V{_mm512_div_ps(a.x, b.x)}; }
+inline V Max(V a, V b) { return V{_mm512_max_ps(a.x, b.x)}; }
+inline V Fma(V a, V b, V c) { return V{_mm512_fmadd_ps(a.x, b.x, c.x)}; }
+inline V Pow2(V n) {
+  const __m512i e =
+      _mm512_add_epi32(_mm512_cvttps_epi32(n.x), _mm512_set1_epi32(127));
+  return V{_mm512_castsi512_ps(_mm512_slli_epi32(e, 23))};
+}
+inline V ZeroWhereLess(V x, V lo, V y) {
+  const __mmask16 less = _mm512_cmp_ps_mask(x.x, lo.x, _CMP_LT_OQ);
+  return V{_mm512_maskz_mov_ps(static_cast<__mmask16>(~less), y.x)};
+}
+inline M Ne(V a, V b) { return M{_mm512_cmp_ps_mask(a.x, b.x, _CMP_NEQ_UQ)}; }
+inline M NonFinite(V a) {
+  return M{_mm512_cmp_ps_mask(_mm512_abs_ps(a.x),
+                              _mm512_set1_ps(__builtin_inff()), _CMP_NLT_UQ)};
+}
+inline M FromBits(uint32_t bits) { return M{static_cast<__mmask16>(bits)}; }
+inline uint32_t Bits(M m) { return static_cast<uint32_t>(m.k); }
+inline M And(M a, M b) { return M{static_cast<__mmask16>(a.k & b.k)}; }
+inline V Select(M m, V a, V b) {
+  return V{_mm512_mask_blend_ps(m.k, b.x, a.x)};
+}
+inline float ReduceMax(V a) { return _mm512_reduce_max_ps(a.x); }
+
+// Sixteen canonical lane sums at once: each stage adds lane l and lane
+// l + width of the same input, exactly the pairing of the scalar tree.
+inline V SumTree16(const V* acc) {
+  // Width 8: [a.lo8 + a.hi8 | b.lo8 + b.hi8] for input pairs.
+  __m512 s8[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512 a = acc[2 * i].x, b = acc[2 * i + 1].x;
+    s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // Width 4: each 128-bit quarter holds one input's 4 partial lanes.
+  __m512 s4[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m512 a = s8[2 * i], b = s8[2 * i + 1];
+    s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  // Width 2 and 1 inside each quarter.
+  __m512 s2[2];
+  for (int i = 0; i < 2; ++i) {
+    const __m512 a = s4[2 * i], b = s4[2 * i + 1];
+    s2[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  const __m512 s1 =
+      _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                    _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  // Lane 4 q + t of s1 holds input 4 t + q; put input i in lane i.
+  const __m512i order =
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return V{_mm512_permutexvar_ps(order, s1)};
+}
+
+}  // namespace attention::cpu::avx512_kernels
+
+#include "core/cpu/kernels_impl.h"
+
+namespace attention::cpu {
+
+const KernelTable* Avx512Kernels() { return &avx512_kernels::kKernelTable; }
+
+}  // namespace attention::cpu

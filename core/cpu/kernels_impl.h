@@ -1,0 +1,573 @@
+// The attention kernels, written once over a 16-lane vector type and
+// instantiated by kernels_scalar.cc, kernels_avx2.cc and kernels_avx512.cc.
+// Every operation the canonical numerics of kernels.h name is done the same
+// way in every instantiation (same pairing, fused multiply-adds where the
+// scalar code has them, the same exp), which is what makes the ISA paths
+// bitwise equal.
+//
+// Usage: a kernels_<isa>.cc file defines ATTN_KERNEL_NAMESPACE and
+// ATTN_KERNEL_NAME, declares inside namespace
+// attention::cpu::ATTN_KERNEL_NAMESPACE the types V (16 floats) and M (16
+// lane flags), the register-blocking constants kDotHeads, kPvHeads (row-heads
+// sharing one key / value load, 1..4), kDotKeys (keys sharing one query
+// load) and kPvBlocks (value blocks per P.V pass), and the operations listed
+// below, then
+// includes this file (once, never from a header). Everything here lands in
+// that per-ISA namespace, so no inline function is shared between
+// translation units built with different instruction-set flags.
+//
+// Operations the ISA file provides (lane-wise unless stated):
+//   V Zero(); V Splat(V, float c) (c in every lane; the V argument only
+//   selects the overload); V Load(const float*); V LoadN(const float*, int n)
+//   (first n lanes, zeros after); void Store(float*, V);
+//   V LoadHalf(const uint16_t*); V LoadBf16(const uint16_t*) (16 values);
+//   V Add, Sub, Mul, Div, Max (no NaN inputs); V Fma(a, b, c) = a * b + c
+//   rounded once; V Pow2(V n) (2^n for integer n in [-126, 127]);
+//   V ZeroWhereLess(V x, V lo, V y) (x < lo ? 0 : y);
+//   M Ne(V, V); M NonFinite(V); M FromBits(uint32_t); uint32_t Bits(M);
+//   M And(M, M); V Select(M, V a, V b) (m ? a : b);
+//   float ReduceMax(V) (any order: the kernels never feed it -0 or NaN);
+//   V SumTree16(const V acc[16]): lane i = canonical lane sum of acc[i].
+//
+// No include guard on purpose: this file must be included exactly once per
+// translation unit, after the ISA definitions.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/cpu/kernels.h"
+
+#if !defined(ATTN_KERNEL_NAMESPACE) || !defined(ATTN_KERNEL_NAME)
+#error "define ATTN_KERNEL_NAMESPACE and ATTN_KERNEL_NAME first"
+#endif
+
+namespace attention::cpu::ATTN_KERNEL_NAMESPACE {
+
+constexpr float kNegInfinity = -__builtin_inff();
+
+// ---- Scalar overloads of the operations the shared templates use --------
+
+inline float Splat(float, float c) { return c; }
+inline float Add(float a, float b) { return a + b; }
+inline float Sub(float a, float b) { return a - b; }
+inline float Mul(float a, float b) { return a * b; }
+// __builtin_fmaf, not std::fma: an inline std:: function would be shared
+// between translation units built with different flags.
+inline float Fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+// std::max order: the first argument wins ties.
+inline float Max(float a, float b) { return a < b ? b : a; }
+inline float ZeroWhereLess(float x, float lo, float y) {
+  return x < lo ? 0.0f : y;
+}
+inline float Pow2(float n) {
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127)
+                        << 23;
+  float result;
+  __builtin_memcpy(&result, &bits, sizeof(result));
+  return result;
+}
+
+// ---- Canonical exp -------------------------------------------------------
+
+// e^x for x <= 0 (or -inf): Cody-Waite reduction x = n ln2 + r with
+// |r| <= ln2 / 2, Cephes' degree-6 polynomial for e^r, scaled by 2^n.
+// Results below FLT_MIN (x < ln(FLT_MIN)) are flushed to 0, so the kernels
+// never see denormal probabilities. Within ~2 ulp of the true value.
+template <class T>
+inline T ExpNonPositive(T x) {
+  const T lowest = Splat(x, -87.33654475f);  // ~ln(FLT_MIN)
+  const T clamped = Max(x, lowest);          // keeps -inf out of the math
+  // Adding 1.5 * 2^23 rounds x * log2(e) to the nearest integer.
+  const T round = Splat(x, 12582912.0f);
+  const T n = Sub(Fma(clamped, Splat(x, 1.44269504088896341f), round), round);
+  // ln2 = 0.693359375 - 2.12194440e-4 (the first part exact in n * it).
+  T r = Fma(n, Splat(x, -0.693359375f), clamped);
+  r = Fma(n, Splat(x, 2.12194440e-4f), r);
+  T p = Splat(x, 1.9875691500e-4f);
+  p = Fma(p, r, Splat(x, 1.3981999507e-3f));
+  p = Fma(p, r, Splat(x, 8.3334519073e-3f));
+  p = Fma(p, r, Splat(x, 4.1665795894e-2f));
+  p = Fma(p, r, Splat(x, 1.6666665459e-1f));
+  p = Fma(p, r, Splat(x, 5.0000001201e-1f));
+  T y = Add(Fma(p, Mul(r, r), r), Splat(x, 1.0f));
+  y = Mul(y, Pow2(n));
+  return ZeroWhereLess(x, lowest, y);
+}
+
+float ScalarExp(float x) { return ExpNonPositive(x); }
+
+// ---- Conversions ---------------------------------------------------------
+
+inline float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24, exact in float.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    __builtin_memcpy(&bits, &magnitude, sizeof(bits));
+    bits |= sign;
+  } else if (exponent == 31) {
+    bits = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  }
+  float result;
+  __builtin_memcpy(&result, &bits, sizeof(result));
+  return result;
+}
+
+inline float BFloat16BitsToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float result;
+  __builtin_memcpy(&result, &bits, sizeof(result));
+  return result;
+}
+
+void ConvertRows(ElementType type, const std::byte* const* src, int n, int dim,
+                 int stride, float* dst) {
+  for (int j = 0; j < n; ++j) {
+    float* out = dst + static_cast<int64_t>(j) * stride;
+    const std::byte* in = src[j];
+    int d = 0;
+    if (in == nullptr) {
+      __builtin_memset(out, 0, sizeof(float) * stride);
+      continue;
+    }
+    switch (type) {
+      case ElementType::kFloat32: {
+        const float* f = reinterpret_cast<const float*>(in);
+        for (; d + kLanes <= dim; d += kLanes) Store(out + d, Load(f + d));
+        __builtin_memcpy(out + d, f + d, sizeof(float) * (dim - d));
+        break;
+      }
+      case ElementType::kFloat16: {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(in);
+        for (; d + kLanes <= dim; d += kLanes) {
+          Store(out + d, LoadHalf(h + d));
+        }
+        for (int e = d; e < dim; ++e) {
+          uint16_t bits;
+          __builtin_memcpy(&bits, h + e, sizeof(bits));
+          out[e] = HalfBitsToFloat(bits);
+        }
+        break;
+      }
+      case ElementType::kBFloat16: {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(in);
+        for (; d + kLanes <= dim; d += kLanes) {
+          Store(out + d, LoadBf16(h + d));
+        }
+        for (int e = d; e < dim; ++e) {
+          uint16_t bits;
+          __builtin_memcpy(&bits, h + e, sizeof(bits));
+          out[e] = BFloat16BitsToFloat(bits);
+        }
+        break;
+      }
+    }
+    __builtin_memset(out + dim, 0, sizeof(float) * (stride - dim));
+  }
+}
+
+// ---- Tile kernels --------------------------------------------------------
+
+template <ElementType kType>
+inline V LoadRow(const std::byte* row, int block) {
+  if constexpr (kType == ElementType::kFloat32) {
+    return Load(reinterpret_cast<const float*>(row) + block * kLanes);
+  } else if constexpr (kType == ElementType::kFloat16) {
+    return LoadHalf(reinterpret_cast<const uint16_t*>(row) + block * kLanes);
+  } else {
+    return LoadBf16(reinterpret_cast<const uint16_t*>(row) + block * kLanes);
+  }
+}
+
+// Lane accumulators of kKeys keys [j0, j0 + kKeys) for kHeads row-heads:
+// acc[i][jj0 + t] for key j0 + t. Every loaded and converted key block
+// serves all kHeads row-heads, and every query block all kKeys keys; the
+// kKeys x kHeads independent FMA chains keep both FMA ports busy. (Each
+// lane still accumulates its elements in increasing order: canonical.)
+template <ElementType kType, int kHeads, int kKeys, int kBlocks>
+inline void DotLanes(const TileJob& job, const float* const* q, int j0,
+                     V (*acc)[kLanes], int jj0) {
+  const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
+  const std::byte* key[kKeys];
+  for (int t = 0; t < kKeys; ++t) key[t] = job.k[j0 + t];
+  V a[kKeys][kHeads];
+  for (int t = 0; t < kKeys; ++t) {
+    for (int i = 0; i < kHeads; ++i) a[t][i] = Zero();
+  }
+  for (int b = 0; b < blocks; ++b) {
+    V kb[kKeys];
+    for (int t = 0; t < kKeys; ++t) kb[t] = LoadRow<kType>(key[t], b);
+    for (int i = 0; i < kHeads; ++i) {
+      const V qb = Load(q[i] + b * kLanes);
+      for (int t = 0; t < kKeys; ++t) a[t][i] = Fma(qb, kb[t], a[t][i]);
+    }
+  }
+  for (int t = 0; t < kKeys; ++t) {
+    for (int i = 0; i < kHeads; ++i) acc[i][jj0 + t] = a[t][i];
+  }
+}
+
+// Issues the prefetches for row j of the next tile (see TileJob).
+inline void PrefetchNextRow(const TileJob& job, int j) {
+  if (j >= job.prefetch_n) return;
+  if (const std::byte* next = job.prefetch_k[j]) {
+    for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
+      __builtin_prefetch(next + o);
+    }
+  }
+  if (const std::byte* next = job.prefetch_v[j]) {
+    for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
+      __builtin_prefetch(next + o);
+    }
+  }
+}
+
+// out[i][j] = canonical dot(q of row-head rhs[i], k[j]) for j < n; entries
+// [n, 32) of a half that holds keys are 0. kBlocks = head_dim_padded /
+// kLanes when known at compile time, else 0. With `prefetch`, also spreads
+// the next tile's prefetches over the work.
+template <ElementType kType, int kHeads, int kBlocks>
+inline void JointDots(const TileJob& job, const int* rhs, float* out,
+                      bool prefetch) {
+  const float* q[kHeads];
+  for (int i = 0; i < kHeads; ++i) {
+    q[i] = job.q + static_cast<int64_t>(rhs[i]) * job.head_dim_padded;
+  }
+  for (int half = 0; half * kLanes < job.n; ++half) {
+    const int j0 = half * kLanes;
+    const int keys = job.n - j0 < kLanes ? job.n - j0 : kLanes;
+    V acc[kHeads][kLanes];
+    int jj = 0;
+    for (; jj + kDotKeys <= keys; jj += kDotKeys) {
+      DotLanes<kType, kHeads, kDotKeys, kBlocks>(job, q, j0 + jj, acc, jj);
+      if (prefetch) {
+        for (int t = 0; t < kDotKeys; ++t) PrefetchNextRow(job, j0 + jj + t);
+      }
+    }
+    for (; jj < keys; ++jj) {
+      DotLanes<kType, kHeads, 1, kBlocks>(job, q, j0 + jj, acc, jj);
+      if (prefetch) PrefetchNextRow(job, j0 + jj);
+    }
+    for (; jj < kLanes; ++jj) {
+      for (int i = 0; i < kHeads; ++i) acc[i][jj] = Zero();
+    }
+    for (int i = 0; i < kHeads; ++i) {
+      Store(out + static_cast<int64_t>(rhs[i]) * kTileKeys + j0,
+            SumTree16(acc[i]));
+    }
+  }
+}
+
+template <ElementType kType, int kBlocks>
+inline void DotsFor(const TileJob& job, const int* rhs, int count) {
+  int i = 0;
+  for (; i + kDotHeads <= count; i += kDotHeads) {
+    JointDots<kType, kDotHeads, kBlocks>(job, rhs + i, job.work, i == 0);
+  }
+  switch (count - i) {
+    case 1:
+      JointDots<kType, 1, kBlocks>(job, rhs + i, job.work, i == 0);
+      break;
+    case 2:
+      if constexpr (kDotHeads > 2) {
+        JointDots<kType, 2, kBlocks>(job, rhs + i, job.work, i == 0);
+      }
+      break;
+    case 3:
+      if constexpr (kDotHeads > 3) {
+        JointDots<kType, 3, kBlocks>(job, rhs + i, job.work, i == 0);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+// Dots of row-heads rhs[0, count) into job.work ([rh][kTileKeys]).
+inline void Dots(const TileJob& job, const int* rhs, int count) {
+  const int blocks = job.head_dim_padded / kLanes;
+  switch (job.key_type) {
+    case ElementType::kFloat32:
+      if (blocks == 4)
+        return DotsFor<ElementType::kFloat32, 4>(job, rhs, count);
+      if (blocks == 8)
+        return DotsFor<ElementType::kFloat32, 8>(job, rhs, count);
+      return DotsFor<ElementType::kFloat32, 0>(job, rhs, count);
+    case ElementType::kFloat16:
+      if (blocks == 4)
+        return DotsFor<ElementType::kFloat16, 4>(job, rhs, count);
+      if (blocks == 8)
+        return DotsFor<ElementType::kFloat16, 8>(job, rhs, count);
+      return DotsFor<ElementType::kFloat16, 0>(job, rhs, count);
+    case ElementType::kBFloat16:
+      if (blocks == 4) {
+        return DotsFor<ElementType::kBFloat16, 4>(job, rhs, count);
+      }
+      if (blocks == 8) {
+        return DotsFor<ElementType::kBFloat16, 8>(job, rhs, count);
+      }
+      return DotsFor<ElementType::kBFloat16, 0>(job, rhs, count);
+  }
+}
+
+// Scaled, biased and masked logits of row-head `rh` from its dots; -inf
+// where invisible, for all 32 entries (`logits` may be `dots`). Checks that
+// every visible logit is finite (before and after the bias, as the seeds
+// do).
+inline TileError MaskedLogits(const TileJob& job, int rh, uint32_t visible,
+                              const float* dots, float* logits,
+                              int* error_key) {
+  const V scale = Splat(V{}, job.scale);
+  const V zero = Zero();
+  const V minus_inf = Splat(V{}, kNegInfinity);
+  const float* bias = job.bias != nullptr ? job.bias[rh] : nullptr;
+  int half = 0;
+  for (; half * kLanes < job.n; ++half) {
+    const int offset = half * kLanes;
+    M vis = FromBits((visible >> offset) & 0xffffu);
+    // + 0 turns -0 into +0 (see kernels.h).
+    V s = Add(Mul(Load(dots + offset), scale), zero);
+    uint32_t bad_logit;
+    uint32_t bad_bias = 0;
+    if (bias != nullptr) {
+      const int count = job.n - offset < kLanes ? job.n - offset : kLanes;
+      const V b = LoadN(bias + offset, count);
+      vis = And(vis, Ne(b, minus_inf));
+      bad_logit = Bits(And(vis, NonFinite(s)));
+      s = Add(s, b);
+      bad_bias = Bits(And(vis, NonFinite(s)));
+    } else {
+      bad_logit = Bits(And(vis, NonFinite(s)));
+    }
+    if ((bad_logit | bad_bias) != 0) {
+      const int lane = __builtin_ctz(bad_logit | bad_bias);
+      *error_key = offset + lane;
+      return (bad_logit >> lane) & 1u ? TileError::kLogitOverflow
+                                      : TileError::kBiasOverflow;
+    }
+    Store(logits + offset, Select(vis, s, minus_inf));
+  }
+  for (; half * kLanes < kTileKeys; ++half) {
+    Store(logits + half * kLanes, minus_inf);
+  }
+  return TileError::kNone;
+}
+
+// Softmax part of the online update of row-head rh from its masked logits:
+// m and alpha; the probabilities replace the logits (l is updated by
+// AddProbabilities). False when the row-head sees no key of the tile (its
+// state then stays as it is).
+inline bool UpdateMaximum(const TileJob& job, int rh, float* logits) {
+  const V l0 = Load(logits);
+  const V l1 = Load(logits + kLanes);
+  const float tile_max = Max(ReduceMax(l0), ReduceMax(l1));
+  if (tile_max == kNegInfinity) return false;
+  const float m_old = job.m[rh];
+  const float m_new = Max(m_old, tile_max);
+  const float alpha =
+      m_old == kNegInfinity ? 0.0f : ExpNonPositive(Sub(m_old, m_new));
+  const V m_splat = Splat(V{}, m_new);
+  Store(logits, ExpNonPositive(Sub(l0, m_splat)));
+  Store(logits + kLanes, ExpNonPositive(Sub(l1, m_splat)));
+  job.m[rh] = m_new;
+  job.alpha[rh] = alpha;
+  return true;
+}
+
+// l = fma(alpha, l, sum_j p_j) for row-heads rhs[0, count), each sum in key
+// order one add at a time (invisible keys add +0: exact). Eight row-heads
+// at once, so that their dependency chains overlap.
+inline void AddProbabilities(const TileJob& job, const int* rhs, int count) {
+  constexpr int kChains = 8;
+  for (int i0 = 0; i0 < count; i0 += kChains) {
+    const int chains = count - i0 < kChains ? count - i0 : kChains;
+    const float* p[kChains];
+    for (int i = 0; i < kChains; ++i) {
+      // Spare chains repeat the first row-head and are discarded.
+      p[i] = job.work +
+             static_cast<int64_t>(rhs[i0 + (i < chains ? i : 0)]) * kTileKeys;
+    }
+    float sums[kChains] = {};
+    for (int j = 0; j < job.n; ++j) {
+      for (int i = 0; i < kChains; ++i) sums[i] += p[i][j];
+    }
+    for (int i = 0; i < chains; ++i) {
+      const int rh = rhs[i0 + i];
+      job.l[rh] = Fma(job.alpha[rh], job.l[rh], sums[i]);
+    }
+  }
+}
+
+// acc[rh][d0, d0 + kBlocks * kLanes) = fma(alpha, acc, sum_j p_j v_j) for
+// the kHeads row-heads rhs[]: each value block is loaded and converted once
+// for all of them. p_j v_j for an invisible key is +-0 added to a sum that
+// is never -0, so it changes nothing.
+template <ElementType kType, int kHeads, int kBlocks>
+inline void JointValues(const TileJob& job, const int* rhs, int d0) {
+  const float* p[kHeads];
+  for (int i = 0; i < kHeads; ++i) {
+    p[i] = job.work + static_cast<int64_t>(rhs[i]) * kTileKeys;
+  }
+  V pv[kHeads][kBlocks];
+  for (int i = 0; i < kHeads; ++i) {
+    for (int b = 0; b < kBlocks; ++b) pv[i][b] = Zero();
+  }
+  const int first_block = d0 / kLanes;
+  for (int j = 0; j < job.n; ++j) {
+    const std::byte* row = job.v[j];
+    V vb[kBlocks];
+    for (int b = 0; b < kBlocks; ++b)
+      vb[b] = LoadRow<kType>(row, first_block + b);
+    for (int i = 0; i < kHeads; ++i) {
+      const V pj = Splat(V{}, p[i][j]);
+      for (int b = 0; b < kBlocks; ++b) pv[i][b] = Fma(pj, vb[b], pv[i][b]);
+    }
+  }
+  for (int i = 0; i < kHeads; ++i) {
+    float* acc =
+        job.acc + static_cast<int64_t>(rhs[i]) * job.value_dim_padded + d0;
+    const V alpha = Splat(V{}, job.alpha[rhs[i]]);
+    for (int b = 0; b < kBlocks; ++b) {
+      Store(acc + b * kLanes, Fma(alpha, Load(acc + b * kLanes), pv[i][b]));
+    }
+  }
+}
+
+template <ElementType kType, int kHeads>
+inline void ValuesForHeads(const TileJob& job, const int* rhs) {
+  const int dims = job.value_dim_padded;
+  int d0 = 0;
+  for (; d0 + kPvBlocks * kLanes <= dims; d0 += kPvBlocks * kLanes) {
+    JointValues<kType, kHeads, kPvBlocks>(job, rhs, d0);
+  }
+  for (; d0 < dims; d0 += kLanes) JointValues<kType, kHeads, 1>(job, rhs, d0);
+}
+
+template <ElementType kType>
+inline void ValuesFor(const TileJob& job, const int* rhs, int count) {
+  int i = 0;
+  for (; i + kPvHeads <= count; i += kPvHeads) {
+    ValuesForHeads<kType, kPvHeads>(job, rhs + i);
+  }
+  switch (count - i) {
+    case 1:
+      ValuesForHeads<kType, 1>(job, rhs + i);
+      break;
+    case 2:
+      if constexpr (kPvHeads > 2) ValuesForHeads<kType, 2>(job, rhs + i);
+      break;
+    case 3:
+      if constexpr (kPvHeads > 3) ValuesForHeads<kType, 3>(job, rhs + i);
+      break;
+    default:
+      break;
+  }
+}
+
+inline void Values(const TileJob& job, const int* rhs, int count) {
+  switch (job.value_type) {
+    case ElementType::kFloat32:
+      return ValuesFor<ElementType::kFloat32>(job, rhs, count);
+    case ElementType::kFloat16:
+      return ValuesFor<ElementType::kFloat16>(job, rhs, count);
+    case ElementType::kBFloat16:
+      return ValuesFor<ElementType::kBFloat16>(job, rhs, count);
+  }
+}
+
+TileError UpdateTile(TileJob* job) {
+  // Row-heads of rows that see a key of the tile, in order.
+  int* rhs = job->active;
+  int count = 0;
+  for (int r = 0; r < job->rows; ++r) {
+    if (job->visible[r] == 0) continue;
+    for (int h = 0; h < job->group; ++h) rhs[count++] = r * job->group + h;
+  }
+  Dots(*job, rhs, count);
+  // Statistics in row-head order, so the first error is the first in the
+  // canonical processing order; keep the row-heads that see a key.
+  int active = 0;
+  for (int i = 0; i < count; ++i) {
+    const int rh = rhs[i];
+    // The logits replace the dots in place.
+    float* logits = job->work + static_cast<int64_t>(rh) * kTileKeys;
+    int key = -1;
+    const TileError error = MaskedLogits(
+        *job, rh, job->visible[rh / job->group], logits, logits, &key);
+    if (error != TileError::kNone) {
+      job->error_row_head = rh;
+      job->error_key = key;
+      return error;
+    }
+    if (UpdateMaximum(*job, rh, logits)) rhs[active++] = rh;
+  }
+  AddProbabilities(*job, rhs, active);
+  Values(*job, rhs, active);
+  return TileError::kNone;
+}
+
+TileError TileLogits(TileJob* job, int rh, float* logits) {
+  alignas(64) float all[kTileKeys];
+  Dots(*job, &rh, 1);
+  int key = -1;
+  const TileError error =
+      MaskedLogits(*job, rh, job->visible[rh / job->group],
+                   job->work + static_cast<int64_t>(rh) * kTileKeys, all, &key);
+  if (error != TileError::kNone) {
+    job->error_row_head = rh;
+    job->error_key = key;
+    return error;
+  }
+  __builtin_memcpy(logits, all, sizeof(float) * job->n);
+  return TileError::kNone;
+}
+
+void TileWeights(const float* logits, int n, float m, float l, float* weights) {
+  alignas(64) float in[kTileKeys];
+  alignas(64) float out[kTileKeys];
+  __builtin_memcpy(in, logits, sizeof(float) * n);
+  for (int j = n; j < kTileKeys; ++j) in[j] = kNegInfinity;
+  const V m_splat = Splat(V{}, m);
+  const V l_splat = Splat(V{}, l);
+  for (int half = 0; half < kTileKeys / kLanes; ++half) {
+    const V e = ExpNonPositive(Sub(Load(in + half * kLanes), m_splat));
+    Store(out + half * kLanes, Div(e, l_splat));
+  }
+  for (int j = 0; j < n; ++j) {
+    if (in[j] != kNegInfinity) weights[j] = out[j];
+  }
+}
+
+void MergeState(float* a_m, float* a_l, float* a_acc, float b_m, float b_l,
+                const float* b_acc, int value_dim_padded) {
+  if (*a_m == kNegInfinity) {
+    // Empty row state: the merge is a copy.
+    *a_m = b_m;
+    *a_l = b_l;
+    __builtin_memcpy(a_acc, b_acc, sizeof(float) * value_dim_padded);
+    return;
+  }
+  const float m = Max(*a_m, b_m);
+  const float ca = ExpNonPositive(Sub(*a_m, m));
+  const float cb = ExpNonPositive(Sub(b_m, m));
+  *a_l = Fma(*a_l, ca, Mul(b_l, cb));
+  const V ca_splat = Splat(V{}, ca);
+  const V cb_splat = Splat(V{}, cb);
+  for (int d = 0; d < value_dim_padded; d += kLanes) {
+    Store(a_acc + d,
+          Fma(Load(a_acc + d), ca_splat, Mul(Load(b_acc + d), cb_splat)));
+  }
+  *a_m = m;
+}
+
+constexpr KernelTable kKernelTable = {
+    ATTN_KERNEL_NAME, &ConvertRows, &UpdateTile, &TileLogits,
+    &TileWeights,     &MergeState,  &ScalarExp,
+};
+
+}  // namespace attention::cpu::ATTN_KERNEL_NAMESPACE

@@ -1,0 +1,649 @@
+#include "core/cuda/attend_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda/cuda_status.h"
+#include "core/dtype.h"
+
+namespace attention {
+namespace cuda {
+namespace {
+
+static_assert(kKeysPerTile == kTileKeys, "tile size must match the CPU's");
+static_assert(kKeysPerSplit == int64_t{kTileKeys} * kChunkTiles,
+              "split size must match the CPU's");
+static_assert(static_cast<int32_t>(DType::kFloat32) == kF32 &&
+                  static_cast<int32_t>(DType::kFloat16) == kF16 &&
+                  static_cast<int32_t>(DType::kBFloat16) == kBF16,
+              "dtype codes must match");
+
+constexpr int64_t kAlign = 256;
+// Split-mode chunk states of one call are capped; past it, blocks walk
+// their chunks themselves (same results, less parallelism).
+constexpr int64_t kMaxSplitStateBytes = int64_t{256} << 20;
+// Error keys hold 20 bits of problem index and 24 of token.
+constexpr int64_t kMaxProblems = int64_t{1} << 20;
+constexpr int64_t kMaxQueries = int64_t{1} << 24;
+
+int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+// Bump allocation of 256-byte aligned ranges.
+class Bump {
+ public:
+  explicit Bump(int64_t start) : end_(start) {}
+  int64_t Add(int64_t bytes) {
+    const int64_t offset = AlignUp(end_);
+    end_ = offset + bytes;
+    return offset;
+  }
+  int64_t end() const { return end_; }
+
+ private:
+  int64_t end_;
+};
+
+int32_t Code(DType dtype) { return static_cast<int32_t>(dtype); }
+
+// Bytes a kernel may touch in logical block `b` of `kv` for keys (values
+// when `values`).
+int64_t BlockExtentBytes(const KvView& kv, int64_t b, bool values) {
+  const int64_t first = b * kv.tokens_per_block;
+  const int64_t rows = std::min(kv.tokens_per_block, kv.length - first);
+  if (rows <= 0) return 0;
+  const int64_t token_stride = values ? kv.v_token_stride : kv.k_token_stride;
+  const int64_t head_stride = values ? kv.v_head_stride : kv.k_head_stride;
+  const int64_t dim = values ? kv.value_dim : kv.head_dim;
+  const int64_t elements = (rows - 1) * token_stride +
+                           int64_t{kv.num_kv_heads - 1} * head_stride + dim;
+  return elements * DTypeSize(kv.dtype);
+}
+
+// Chunks (kKeysPerSplit keys) holding the tiles of `tiles`, increasing.
+std::vector<int32_t> ChunksOf(const TileRanges& tiles) {
+  std::vector<int32_t> chunks;
+  auto add = [&chunks](int64_t begin, int64_t end) {
+    if (begin >= end) return;
+    for (int64_t c = begin / kChunkTiles; c <= (end - 1) / kChunkTiles; ++c) {
+      if (chunks.empty() || chunks.back() < c) {
+        chunks.push_back(static_cast<int32_t>(c));
+      }
+    }
+  };
+  add(tiles.begin0, tiles.end0);
+  add(tiles.begin1, tiles.end1);
+  return chunks;
+}
+
+// The mask and geometry fields KeyTiles reads.
+ProblemParams Geometry(const AttentionProblem& problem, int32_t group_size) {
+  ProblemParams p;
+  p.group_size = group_size;
+  p.length = problem.kv.length;
+  p.causal = problem.mask.causal ? 1 : 0;
+  p.window = problem.mask.window;
+  p.num_sink_tokens = problem.mask.num_sink_tokens;
+  p.query_start = problem.mask.query_start;
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<AttendPlan> AttendPlan::Create(
+    absl::Span<const AttentionProblem> problems,
+    const DeviceMemoryTest& is_device_memory, int num_sms) {
+  AttendPlan plan;
+  const int64_t n = static_cast<int64_t>(problems.size());
+  if (n > kMaxProblems) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA backend takes at most ", kMaxProblems,
+                     " problems per call, got ", n, "; split the batch"));
+  }
+  plan.planned_.resize(problems.size());
+
+  // 1. Classify each problem.
+  for (int64_t i = 0; i < n; ++i) {
+    const AttentionProblem& problem = problems[i];
+    Planned& pl = plan.planned_[i];
+    pl.problem = &problem;
+    const KvView& kv = problem.kv;
+    const int64_t num_queries = problem.q.dim(0);
+    const int64_t num_heads = problem.q.dim(1);
+    const int64_t head_dim = problem.q.dim(2);
+    pl.group_size = static_cast<int32_t>(num_heads / kv.num_kv_heads);
+    if (kv.value_dim > kSimtMaxValueDim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "problem ", i, ": value_dim ", kv.value_dim,
+          " exceeds the CUDA backend's limit of ", kSimtMaxValueDim,
+          "; use a smaller value_dim or the cpu backend"));
+    }
+    if (num_queries >= kMaxQueries ||
+        num_queries * pl.group_size > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "problem ", i, ": ", num_queries, " queries with ", num_heads,
+          " heads are too many for one CUDA call; send fewer query tokens"));
+    }
+    pl.num_blocks =
+        kv.length <= 0
+            ? 0
+            : std::min<int64_t>(
+                  static_cast<int64_t>(kv.k_blocks.size()),
+                  (kv.length + kv.tokens_per_block - 1) / kv.tokens_per_block);
+
+    // Where do the keys and values live? Fast path: every block pointer
+    // lies between the lowest and the highest, so when both ends (plus a
+    // whole block) fall in one arena, all of them are device memory.
+    bool any_device = false;
+    bool any_host = false;
+    bool aligned = true;
+    uintptr_t lowest = std::numeric_limits<uintptr_t>::max();
+    uintptr_t highest = 0;
+    uintptr_t low_bits = 0;
+    for (int64_t b = 0; b < pl.num_blocks; ++b) {
+      for (const std::byte* block : {kv.k_blocks[b], kv.v_blocks[b]}) {
+        if (block == nullptr) continue;
+        const auto address = reinterpret_cast<uintptr_t>(block);
+        lowest = std::min(lowest, address);
+        highest = std::max(highest, address);
+        low_bits |= address;
+      }
+    }
+    const int64_t block_extent =
+        std::max(BlockExtentBytes(kv, 0, false), BlockExtentBytes(kv, 0, true));
+    const bool fast_device =
+        highest >= lowest &&
+        is_device_memory(reinterpret_cast<const void*>(lowest),
+                         static_cast<int64_t>(highest - lowest) + block_extent);
+    if (fast_device) {
+      any_device = true;
+      aligned = low_bits % 16 == 0;
+    }
+    for (int64_t b = 0; !fast_device && b < pl.num_blocks; ++b) {
+      for (int values = 0; values < 2; ++values) {
+        const std::byte* block = values ? kv.v_blocks[b] : kv.k_blocks[b];
+        if (block == nullptr) continue;
+        const int64_t bytes = BlockExtentBytes(kv, b, values != 0);
+        if (bytes <= 0) continue;
+        if (is_device_memory(block, bytes)) {
+          any_device = true;
+        } else {
+          any_host = true;
+        }
+        if (reinterpret_cast<uintptr_t>(block) % 16 != 0) aligned = false;
+      }
+    }
+    if (any_device && any_host) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "problem ", i,
+          ": its KV blocks mix GPU memory and host memory; a problem's keys "
+          "must all come from the KV pool or all from the request"));
+    }
+    pl.kv_on_device = !any_host;
+
+    const bool half = kv.dtype != DType::kFloat32;
+    const bool mma =
+        half && head_dim % 8 == 0 && kv.value_dim % 8 == 0 &&
+        head_dim <= kMmaMaxDim && kv.value_dim <= kMmaMaxDim &&
+        kv.length < std::numeric_limits<int32_t>::max() &&
+        problem.mask.query_start + num_queries <
+            std::numeric_limits<int32_t>::max() &&
+        kv.tokens_per_block < std::numeric_limits<int32_t>::max() &&
+        kv.k_token_stride % 8 == 0 && kv.k_head_stride % 8 == 0 &&
+        kv.v_token_stride % 8 == 0 && kv.v_head_stride % 8 == 0 &&
+        (aligned || !pl.kv_on_device);
+    pl.mma = mma;
+    pl.split_q = mma && problem.q.dtype != kv.dtype;
+    pl.q_stride = mma ? static_cast<int32_t>((head_dim + 15) / 16 * 16) : 0;
+    if (mma) {
+      if (kv.dtype == DType::kFloat16) {
+        pl.variant =
+            pl.split_q ? KernelVariant::kMmaF16SplitQ : KernelVariant::kMmaF16;
+      } else {
+        pl.variant = pl.split_q ? KernelVariant::kMmaBF16SplitQ
+                                : KernelVariant::kMmaBF16;
+      }
+    } else {
+      pl.variant = kv.dtype == DType::kFloat32   ? KernelVariant::kSimtF32
+                   : kv.dtype == DType::kFloat16 ? KernelVariant::kSimtF16
+                                                 : KernelVariant::kSimtBF16;
+    }
+  }
+
+  // 2. Work items, grouped into launches by (variant, block shape).
+  std::map<std::pair<int, int>, int> launch_of;
+  std::vector<std::vector<int64_t>> launch_weights;
+  int64_t state_floats = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const AttentionProblem& problem = problems[i];
+    const Planned& pl = plan.planned_[i];
+    const ProblemParams geometry = Geometry(problem, pl.group_size);
+    const int64_t rows_per_head = problem.q.dim(0) * pl.group_size;
+    const int value_dim = problem.kv.value_dim;
+    int warps = 1;
+    int block_rows;
+    int shape;
+    if (pl.mma) {
+      warps = rows_per_head <= 16 ? 1 : (rows_per_head <= 32 ? 2 : 4);
+      block_rows = kMmaWarpRows * warps;
+      shape = warps;
+    } else {
+      shape = SimtRowsPerBlock(value_dim);
+      block_rows = static_cast<int>(std::min<int64_t>(shape, rows_per_head));
+    }
+    const std::pair<int, int> key(static_cast<int>(pl.variant), shape);
+    auto [it, inserted] =
+        launch_of.emplace(key, static_cast<int>(plan.launches_.size()));
+    if (inserted) {
+      plan.launches_.emplace_back();
+      launch_weights.emplace_back();
+      AttentionLaunch& launch = plan.launches_.back().launch;
+      launch.variant = pl.variant;
+      launch.warps = warps;
+      launch.simt_rows = pl.mma ? 1 : shape;
+    }
+    Launch& launch = plan.launches_[it->second];
+    std::vector<int64_t>& weights = launch_weights[it->second];
+    launch.launch.max_value_dim =
+        std::max(launch.launch.max_value_dim, value_dim);
+
+    const int64_t num_row_blocks =
+        (rows_per_head + block_rows - 1) / block_rows;
+    const int num_kv_heads = problem.kv.num_kv_heads;
+    // Few blocks: give each chunk its own block (flash-decoding split-KV).
+    const bool split = num_row_blocks * num_kv_heads < num_sms;
+    for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+      for (int64_t b = 0; b < num_row_blocks; ++b) {
+        WorkItem item;
+        item.problem = static_cast<int32_t>(i);
+        item.kv_head = kv_head;
+        item.row_begin = static_cast<int32_t>(b * block_rows);
+        item.row_count = static_cast<int32_t>(
+            std::min<int64_t>(block_rows, rows_per_head - b * block_rows));
+        const TileRanges tiles =
+            KeyTiles(geometry, item.row_begin, item.row_count);
+        const std::vector<int32_t> chunks = ChunksOf(tiles);
+        const int64_t slot_floats = int64_t{item.row_count} * (value_dim + 2);
+        const int64_t chunk_count = static_cast<int64_t>(chunks.size());
+        if (split && chunk_count >= 2 &&
+            (state_floats + chunk_count * slot_floats) * 4 <=
+                kMaxSplitStateBytes) {
+          MergeItem merge;
+          merge.problem = item.problem;
+          merge.kv_head = kv_head;
+          merge.row_begin = item.row_begin;
+          merge.row_count = item.row_count;
+          merge.num_slots = static_cast<int32_t>(chunk_count);
+          merge.first_state_offset = state_floats;
+          plan.merge_items_.push_back(merge);
+          for (int32_t chunk : chunks) {
+            WorkItem split_item = item;
+            split_item.chunk = chunk;
+            split_item.state_offset = state_floats;
+            state_floats += slot_floats;
+            launch.items.push_back(split_item);
+            weights.push_back(tiles
+                                  .Clip(int64_t{chunk} * kChunkTiles,
+                                        int64_t{chunk + 1} * kChunkTiles)
+                                  .size());
+          }
+        } else {
+          item.chunk = -1;
+          launch.items.push_back(item);
+          weights.push_back(tiles.size());
+          launch.launch.full_mode = true;
+        }
+      }
+    }
+  }
+  // Longest blocks first, so the grid's tail is short work (split items
+  // are all about one chunk long and keep their order).
+  for (size_t l = 0; l < plan.launches_.size(); ++l) {
+    std::vector<WorkItem>& items = plan.launches_[l].items;
+    if (items.size() >
+        static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+      return absl::InvalidArgumentError(
+          "too many attention blocks for one CUDA launch; split the batch");
+    }
+    if (!plan.launches_[l].launch.full_mode) continue;
+    const std::vector<int64_t>& weights = launch_weights[l];
+    std::vector<size_t> order(items.size());
+    for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return weights[a] > weights[b];
+    });
+    std::vector<WorkItem> sorted;
+    sorted.reserve(items.size());
+    for (size_t k : order) sorted.push_back(items[k]);
+    items = std::move(sorted);
+  }
+
+  // 3. Memory layout: upload part.
+  Bump upload(0);
+  plan.params_offset_ = upload.Add(n * int64_t{sizeof(ProblemParams)});
+  plan.q_row_prefix_.assign(1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    plan.q_row_prefix_.push_back(plan.q_row_prefix_.back() +
+                                 problems[i].q.dim(0) * problems[i].q.dim(1));
+  }
+  plan.q_prefix_offset_ = upload.Add((n + 1) * int64_t{sizeof(int64_t)});
+  for (Launch& launch : plan.launches_) {
+    launch.launch.num_items = static_cast<int>(launch.items.size());
+    launch.items_offset = upload.Add(
+        static_cast<int64_t>(launch.items.size() * sizeof(WorkItem)));
+  }
+  plan.merge_offset_ = upload.Add(
+      static_cast<int64_t>(plan.merge_items_.size() * sizeof(MergeItem)));
+  plan.weight_row_prefix_.assign(1, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (problems[i].weights == nullptr) continue;
+    plan.weight_ids_.push_back(static_cast<int32_t>(i));
+    plan.weight_row_prefix_.push_back(plan.weight_row_prefix_.back() +
+                                      problems[i].q.dim(0) *
+                                          problems[i].q.dim(1));
+  }
+  plan.weight_ids_offset_ = upload.Add(
+      static_cast<int64_t>(plan.weight_ids_.size() * sizeof(int32_t)));
+  plan.weight_prefix_offset_ = upload.Add(
+      static_cast<int64_t>(plan.weight_row_prefix_.size() * sizeof(int64_t)));
+  for (int64_t i = 0; i < n; ++i) {
+    const AttentionProblem& problem = problems[i];
+    Planned& pl = plan.planned_[i];
+    pl.q_raw =
+        upload.Add(problem.q.num_elements() * DTypeSize(problem.q.dtype));
+    pl.k_table = upload.Add(pl.num_blocks * 8);
+    pl.v_table = upload.Add(pl.num_blocks * 8);
+    if (!problem.sink_logits.empty()) {
+      pl.sinks =
+          upload.Add(static_cast<int64_t>(problem.sink_logits.size()) * 4);
+    }
+    if (problem.bias != nullptr) {
+      pl.bias = upload.Add(problem.bias->num_elements() * 4);
+    }
+    if (!pl.kv_on_device) {
+      pl.k_copies.resize(pl.num_blocks);
+      pl.v_copies.resize(pl.num_blocks);
+      for (int64_t b = 0; b < pl.num_blocks; ++b) {
+        for (int values = 0; values < 2; ++values) {
+          const std::byte* block =
+              values ? problem.kv.v_blocks[b] : problem.kv.k_blocks[b];
+          const int64_t bytes = BlockExtentBytes(problem.kv, b, values != 0);
+          if (block == nullptr || bytes <= 0) continue;
+          HostCopy& copy = values ? pl.v_copies[b] : pl.k_copies[b];
+          copy.source = block;
+          copy.bytes = bytes;
+          copy.offset = upload.Add(bytes);
+        }
+      }
+    }
+  }
+  plan.upload_bytes_ = upload.end();
+
+  // Work part (device only).
+  Bump work(AlignUp(plan.upload_bytes_));
+  for (int64_t i = 0; i < n; ++i) {
+    const AttentionProblem& problem = problems[i];
+    Planned& pl = plan.planned_[i];
+    const int64_t rows = problem.q.dim(0) * problem.q.dim(1);
+    const bool weights = problem.weights != nullptr;
+    if (!pl.mma || weights) pl.q_f32 = work.Add(rows * problem.q.dim(2) * 4);
+    if (pl.mma) {
+      pl.q_hi = work.Add(rows * pl.q_stride * 2);
+      if (pl.split_q) pl.q_lo = work.Add(rows * pl.q_stride * 2);
+      pl.q_scale = work.Add(rows * 4);
+    }
+    if (weights) {
+      pl.row_max = work.Add(rows * 4);
+      pl.row_sum = work.Add(rows * 4);
+    }
+  }
+  plan.states_offset_ = work.Add(state_floats * 4);
+
+  // Download part.
+  Bump download(AlignUp(work.end()));
+  plan.download_offset_ = AlignUp(work.end());
+  for (int64_t i = 0; i < n; ++i) {
+    const AttentionProblem& problem = problems[i];
+    Planned& pl = plan.planned_[i];
+    const int64_t rows = problem.q.dim(0) * problem.q.dim(1);
+    pl.output = download.Add(rows * problem.kv.value_dim * 4);
+    if (problem.lse != nullptr) pl.lse = download.Add(rows * 4);
+    if (problem.weights != nullptr) {
+      pl.weights = download.Add(rows * problem.kv.length * 4);
+    }
+  }
+  plan.errors_offset_ = download.Add(sizeof(ErrorRecord));
+  plan.download_bytes_ = download.end() - plan.download_offset_;
+  plan.pinned_download_ = AlignUp(plan.upload_bytes_);
+  return plan;
+}
+
+std::vector<std::pair<AttentionLaunch, std::vector<WorkItem>>>
+AttendPlan::launches() const {
+  std::vector<std::pair<AttentionLaunch, std::vector<WorkItem>>> out;
+  for (const Launch& launch : launches_) {
+    out.emplace_back(launch.launch, launch.items);
+  }
+  return out;
+}
+
+ProblemParams AttendPlan::Params(int i, std::byte* device_base) const {
+  const Planned& pl = planned_[i];
+  const AttentionProblem& problem = *pl.problem;
+  const KvView& kv = problem.kv;
+  auto at = [device_base](int64_t offset) -> std::byte* {
+    return offset < 0 ? nullptr : device_base + offset;
+  };
+  ProblemParams p;
+  p.q_raw = at(pl.q_raw);
+  p.q_dtype = Code(problem.q.dtype);
+  p.q_f32 = reinterpret_cast<float*>(at(pl.q_f32));
+  p.q_hi = reinterpret_cast<uint16_t*>(at(pl.q_hi));
+  p.q_lo = reinterpret_cast<uint16_t*>(at(pl.q_lo));
+  p.q_scale = reinterpret_cast<float*>(at(pl.q_scale));
+  p.q_stride = pl.q_stride;
+  p.split_q = pl.split_q ? 1 : 0;
+  p.use_mma = pl.mma ? 1 : 0;
+  p.k_blocks = reinterpret_cast<const char* const*>(at(pl.k_table));
+  p.v_blocks = reinterpret_cast<const char* const*>(at(pl.v_table));
+  p.length = kv.length;
+  p.tokens_per_block = kv.tokens_per_block;
+  p.k_token_stride = kv.k_token_stride;
+  p.k_head_stride = kv.k_head_stride;
+  p.v_token_stride = kv.v_token_stride;
+  p.v_head_stride = kv.v_head_stride;
+  p.kv_dtype = Code(kv.dtype);
+  p.num_q_heads = static_cast<int32_t>(problem.q.dim(1));
+  p.num_kv_heads = kv.num_kv_heads;
+  p.group_size = pl.group_size;
+  p.head_dim = static_cast<int32_t>(problem.q.dim(2));
+  p.value_dim = kv.value_dim;
+  p.num_queries = problem.q.dim(0);
+  p.causal = problem.mask.causal ? 1 : 0;
+  p.window = problem.mask.window;
+  p.num_sink_tokens = problem.mask.num_sink_tokens;
+  p.query_start = problem.mask.query_start;
+  p.sink_logits = reinterpret_cast<const float*>(at(pl.sinks));
+  p.scale = problem.scale;
+  p.bias = reinterpret_cast<const float*>(at(pl.bias));
+  p.bias_per_head =
+      problem.bias != nullptr && problem.bias->rank() == 3 ? 1 : 0;
+  p.empty_rows_zero = problem.empty_row_policy == EmptyRowPolicy::kZero ? 1 : 0;
+  p.output = reinterpret_cast<float*>(at(pl.output));
+  p.lse = reinterpret_cast<float*>(at(pl.lse));
+  p.row_max = reinterpret_cast<float*>(at(pl.row_max));
+  p.row_sum = reinterpret_cast<float*>(at(pl.row_sum));
+  p.weights = reinterpret_cast<float*>(at(pl.weights));
+  p.problem_index = i;
+  return p;
+}
+
+void AttendPlan::FillUpload(std::byte* pinned, std::byte* device_base) const {
+  const int n = static_cast<int>(planned_.size());
+  for (int i = 0; i < n; ++i) {
+    const ProblemParams params = Params(i, device_base);
+    std::memcpy(pinned + params_offset_ + i * sizeof(ProblemParams), &params,
+                sizeof(params));
+  }
+  std::memcpy(pinned + q_prefix_offset_, q_row_prefix_.data(),
+              q_row_prefix_.size() * sizeof(int64_t));
+  for (const Launch& launch : launches_) {
+    std::memcpy(pinned + launch.items_offset, launch.items.data(),
+                launch.items.size() * sizeof(WorkItem));
+  }
+  std::memcpy(pinned + merge_offset_, merge_items_.data(),
+              merge_items_.size() * sizeof(MergeItem));
+  std::memcpy(pinned + weight_ids_offset_, weight_ids_.data(),
+              weight_ids_.size() * sizeof(int32_t));
+  std::memcpy(pinned + weight_prefix_offset_, weight_row_prefix_.data(),
+              weight_row_prefix_.size() * sizeof(int64_t));
+  for (const Planned& pl : planned_) {
+    const AttentionProblem& problem = *pl.problem;
+    std::memcpy(pinned + pl.q_raw, problem.q.data,
+                static_cast<size_t>(problem.q.num_elements() *
+                                    DTypeSize(problem.q.dtype)));
+    uint64_t* k_table = reinterpret_cast<uint64_t*>(pinned + pl.k_table);
+    uint64_t* v_table = reinterpret_cast<uint64_t*>(pinned + pl.v_table);
+    static_assert(sizeof(const std::byte*) == sizeof(uint64_t));
+    if (pl.kv_on_device) {
+      std::memcpy(k_table, problem.kv.k_blocks.data(),
+                  static_cast<size_t>(pl.num_blocks) * sizeof(uint64_t));
+      std::memcpy(v_table, problem.kv.v_blocks.data(),
+                  static_cast<size_t>(pl.num_blocks) * sizeof(uint64_t));
+    }
+    for (int64_t b = 0; !pl.kv_on_device && b < pl.num_blocks; ++b) {
+      const HostCopy& k = pl.k_copies[b];
+      const HostCopy& v = pl.v_copies[b];
+      k_table[b] =
+          k.bytes > 0 ? reinterpret_cast<uint64_t>(device_base + k.offset) : 0;
+      v_table[b] =
+          v.bytes > 0 ? reinterpret_cast<uint64_t>(device_base + v.offset) : 0;
+      if (k.bytes > 0) {
+        std::memcpy(pinned + k.offset, k.source, static_cast<size_t>(k.bytes));
+      }
+      if (v.bytes > 0) {
+        std::memcpy(pinned + v.offset, v.source, static_cast<size_t>(v.bytes));
+      }
+    }
+    if (pl.sinks >= 0) {
+      std::memcpy(pinned + pl.sinks, problem.sink_logits.data(),
+                  problem.sink_logits.size() * sizeof(float));
+    }
+    if (pl.bias >= 0) {
+      ConvertToFloat(problem.bias->dtype, problem.bias->data,
+                     problem.bias->num_elements(),
+                     reinterpret_cast<float*>(pinned + pl.bias));
+    }
+  }
+}
+
+absl::Status AttendPlan::Enqueue(std::byte* pinned, std::byte* device_base,
+                                 cudaStream_t stream, cudaEvent_t kernels_start,
+                                 cudaEvent_t kernels_stop) const {
+  ATTN_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(device_base, pinned, static_cast<size_t>(upload_bytes_),
+                      cudaMemcpyHostToDevice, stream),
+      "copying attention inputs to the GPU");
+  ATTN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device_base + errors_offset_, 0xff,
+                                            sizeof(ErrorRecord), stream),
+                            "clearing the GPU error record");
+  if (kernels_start != nullptr) {
+    ATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(kernels_start, stream),
+                              "recording a CUDA event");
+  }
+  const auto* problems =
+      reinterpret_cast<const ProblemParams*>(device_base + params_offset_);
+  auto* states = reinterpret_cast<float*>(device_base + states_offset_);
+  auto* errors = reinterpret_cast<ErrorRecord*>(device_base + errors_offset_);
+  ATTN_CUDA_RETURN_IF_ERROR(
+      LaunchPrepareQueries(
+          problems,
+          reinterpret_cast<const int64_t*>(device_base + q_prefix_offset_),
+          static_cast<int>(planned_.size()), q_row_prefix_.back(), stream),
+      "launching the query preparation kernel");
+  for (const Launch& launch : launches_) {
+    AttentionLaunch l = launch.launch;
+    l.items =
+        reinterpret_cast<const WorkItem*>(device_base + launch.items_offset);
+    ATTN_CUDA_RETURN_IF_ERROR(
+        LaunchAttention(l, problems, states, errors, stream),
+        "launching the attention kernel");
+  }
+  ATTN_CUDA_RETURN_IF_ERROR(
+      LaunchMergeChunks(
+          reinterpret_cast<const MergeItem*>(device_base + merge_offset_),
+          static_cast<int>(merge_items_.size()), problems, states, errors,
+          stream),
+      "launching the split-KV merge kernel");
+  ATTN_CUDA_RETURN_IF_ERROR(
+      LaunchWeights(
+          problems,
+          reinterpret_cast<const int32_t*>(device_base + weight_ids_offset_),
+          reinterpret_cast<const int64_t*>(device_base + weight_prefix_offset_),
+          static_cast<int>(weight_ids_.size()), weight_row_prefix_.back(),
+          stream),
+      "launching the attention weights kernel");
+  if (kernels_stop != nullptr) {
+    ATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(kernels_stop, stream),
+                              "recording a CUDA event");
+  }
+  ATTN_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(pinned + pinned_download_, device_base + download_offset_,
+                      static_cast<size_t>(download_bytes_),
+                      cudaMemcpyDeviceToHost, stream),
+      "copying attention results from the GPU");
+  return absl::OkStatus();
+}
+
+absl::Status AttendPlan::Collect(const std::byte* pinned) const {
+  auto host = [&](int64_t offset) {
+    return pinned + pinned_download_ + (offset - download_offset_);
+  };
+  ErrorRecord record;
+  std::memcpy(&record, host(errors_offset_), sizeof(record));
+  for (int kind = 0; kind < 2; ++kind) {
+    const unsigned long long key =
+        kind == 0 ? record.overflow : record.empty_row;
+    if (key == kNoError) continue;
+    const int64_t index = static_cast<int64_t>(key >> 40);
+    const int64_t token = static_cast<int64_t>((key >> 16) & 0xffffff);
+    const int64_t head = static_cast<int64_t>(key & 0xffff);
+    const AttentionProblem* problem =
+        index < static_cast<int64_t>(planned_.size()) ? planned_[index].problem
+                                                      : nullptr;
+    const int64_t position =
+        problem != nullptr ? problem->mask.query_start + token : token;
+    if (kind == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "problem ", index, ": the logit of query row ", token, " (position ",
+          position, "), head ", head, " overflows float32 (q.k * scale",
+          problem != nullptr && problem->bias != nullptr ? " + bias" : "",
+          " is not finite); rescale q or k"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "problem ", index, ": query row ", token, " (position ", position,
+        "), head ", head,
+        " sees no key and there is no sink logit; change the mask (causal, "
+        "window, query_start, bias) or use the ZERO empty-row policy"));
+  }
+  for (const Planned& pl : planned_) {
+    const AttentionProblem& problem = *pl.problem;
+    const int64_t rows = problem.q.dim(0) * problem.q.dim(1);
+    std::memcpy(problem.output, host(pl.output),
+                static_cast<size_t>(rows * problem.kv.value_dim * 4));
+    if (problem.lse != nullptr) {
+      std::memcpy(problem.lse, host(pl.lse), static_cast<size_t>(rows * 4));
+    }
+    if (problem.weights != nullptr) {
+      std::memcpy(problem.weights, host(pl.weights),
+                  static_cast<size_t>(rows * problem.kv.length * 4));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace attention

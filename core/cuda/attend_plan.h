@@ -1,0 +1,133 @@
+// AttendPlan: how one CudaBackend::Attend call runs on the GPU.
+//
+// Create() classifies each problem (tensor-core or SIMT kernel, KV already in
+// GPU memory or to be uploaded), cuts it into work items (blocks of rows of
+// one KV head; full mode or one item per split chunk plus a merge), and lays
+// out a single device scratch buffer:
+//   [upload: descriptors, block tables, raw q, bias, sinks, host KV]
+//   [work:   prepared q, split chunk states, row max/sum]
+//   [download: output, lse, weights, error record]
+// whose upload and download parts are mirrored in one pinned host buffer
+// ([upload][download]). One H2D copy, the kernels and one D2H copy then run
+// on the caller's stream.
+//
+// The choices depend only on each problem, except split-vs-full mode, which
+// never changes a result (see attention_kernels.cu).
+#ifndef ATTENTION_CORE_CUDA_ATTEND_PLAN_H_
+#define ATTENTION_CORE_CUDA_ATTEND_PLAN_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/attention_problem.h"
+#include "core/cuda/attention_kernels.h"
+#include "core/cuda/kernel_params.h"
+
+namespace attention {
+namespace cuda {
+
+class AttendPlan {
+ public:
+  // True when [ptr, ptr + bytes) is GPU memory the kernels may read.
+  using DeviceMemoryTest = std::function<bool(const void* ptr, int64_t bytes)>;
+
+  // INVALID_ARGUMENT for a problem this backend cannot serve (value_dim over
+  // kSimtMaxValueDim, a mix of host and device KV blocks, too many rows).
+  // The problems must outlive the plan.
+  static absl::StatusOr<AttendPlan> Create(
+      absl::Span<const AttentionProblem> problems,
+      const DeviceMemoryTest& is_device_memory, int num_sms);
+
+  int64_t device_bytes() const { return download_offset_ + download_bytes_; }
+  int64_t pinned_bytes() const { return pinned_download_ + download_bytes_; }
+
+  // Writes the upload image into `pinned`, with every pointer it holds
+  // aimed at the scratch buffer at `device_base`.
+  void FillUpload(std::byte* pinned, std::byte* device_base) const;
+
+  // Enqueues the upload, the kernels (between the two events when they are
+  // not null) and the download on `stream`.
+  absl::Status Enqueue(std::byte* pinned, std::byte* device_base,
+                       cudaStream_t stream, cudaEvent_t kernels_start,
+                       cudaEvent_t kernels_stop) const;
+
+  // The work decomposition, for tests: every launch's variant and items, and
+  // the split-mode merges.
+  std::vector<std::pair<AttentionLaunch, std::vector<WorkItem>>> launches()
+      const;
+  const std::vector<MergeItem>& merge_items() const { return merge_items_; }
+
+  // After the stream has finished: INVALID_ARGUMENT for an overflowing
+  // logit or (policy kError) an empty row, naming the problem, row and
+  // head; otherwise copies the results to the problems' outputs.
+  absl::Status Collect(const std::byte* pinned) const;
+
+ private:
+  // A block of host KV memory copied to the scratch buffer.
+  struct HostCopy {
+    const std::byte* source = nullptr;
+    int64_t bytes = 0;
+    int64_t offset = 0;  // in the scratch buffer (upload part)
+  };
+
+  struct Planned {
+    const AttentionProblem* problem = nullptr;
+    KernelVariant variant = KernelVariant::kSimtF32;
+    bool mma = false;
+    bool split_q = false;
+    bool kv_on_device = false;
+    int32_t group_size = 1;
+    int32_t q_stride = 0;
+    int64_t num_blocks = 0;
+    // Scratch offsets (-1 = absent).
+    int64_t q_raw = -1, k_table = -1, v_table = -1, sinks = -1, bias = -1;
+    int64_t q_f32 = -1, q_hi = -1, q_lo = -1, q_scale = -1;
+    int64_t row_max = -1, row_sum = -1;
+    int64_t output = -1, lse = -1, weights = -1;
+    std::vector<HostCopy> k_copies;  // per logical block (bytes 0 = none)
+    std::vector<HostCopy> v_copies;
+  };
+
+  struct Launch {
+    AttentionLaunch launch;
+    std::vector<WorkItem> items;
+    int64_t items_offset = 0;
+  };
+
+  AttendPlan() = default;
+
+  // Fills the problem descriptor of planned[i] for a scratch base.
+  ProblemParams Params(int i, std::byte* device_base) const;
+
+  std::vector<Planned> planned_;
+  std::vector<Launch> launches_;
+  std::vector<MergeItem> merge_items_;
+  std::vector<int64_t> q_row_prefix_;
+  std::vector<int32_t> weight_ids_;
+  std::vector<int64_t> weight_row_prefix_;
+
+  int64_t params_offset_ = 0;
+  int64_t q_prefix_offset_ = 0;
+  int64_t merge_offset_ = 0;
+  int64_t weight_ids_offset_ = 0;
+  int64_t weight_prefix_offset_ = 0;
+  int64_t upload_bytes_ = 0;
+  int64_t states_offset_ = 0;
+  int64_t errors_offset_ = 0;
+  int64_t download_offset_ = 0;  // start of the download part (scratch)
+  int64_t download_bytes_ = 0;
+  int64_t pinned_download_ = 0;  // start of the download part (pinned)
+};
+
+}  // namespace cuda
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_CUDA_ATTEND_PLAN_H_

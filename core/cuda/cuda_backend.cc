@@ -1,0 +1,330 @@
+#include "core/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/cuda/attend_plan.h"
+#include "core/cuda/attention_kernels.h"
+#include "core/cuda/cuda_status.h"
+#include "core/cuda/kv_write_kernels.h"
+#include "core/cuda/stream_pool.h"
+#include "core/dtype.h"
+#include "core/status_macros.h"
+
+namespace attention {
+namespace {
+
+using cuda::CudaStatus;
+
+constexpr int64_t kAlign = 256;
+int64_t AlignUp(int64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+absl::Status Unavailable(absl::string_view reason, cudaError_t error) {
+  (void)cudaGetLastError();
+  return absl::UnavailableError(absl::StrCat(
+      reason, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
+}
+
+}  // namespace
+
+class CudaBackend::Arena final : public DeviceArena {
+ public:
+  Arena(CudaBackend* owner, std::byte* data, int64_t size)
+      : owner_(owner), data_(data), size_(size) {}
+  ~Arena() override {
+    owner_->ForgetArena(data_);
+    (void)cudaSetDevice(owner_->device_ordinal_);
+    (void)cudaFree(data_);
+  }
+  std::byte* data() override { return data_; }
+  int64_t size_bytes() const override { return size_; }
+
+ private:
+  CudaBackend* const owner_;
+  std::byte* const data_;
+  const int64_t size_;
+};
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const CudaBackendOptions& options) {
+  int count = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+    return Unavailable("no CUDA device: cudaGetDeviceCount failed", e);
+  }
+  if (count == 0) {
+    return absl::UnavailableError("no CUDA device: the driver reports none");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::UnavailableError(absl::StrCat(
+        "CUDA device ", options.device, " does not exist (", count, " found)"));
+  }
+  if (const cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
+    return Unavailable(
+        absl::StrCat("cannot select CUDA device ", options.device), e);
+  }
+  cudaDeviceProp prop;
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, options.device);
+      e != cudaSuccess) {
+    return Unavailable("cannot query the CUDA device", e);
+  }
+  if (prop.major < 8) {
+    return absl::UnavailableError(
+        absl::StrCat("CUDA device ", options.device, " (", prop.name,
+                     ") has compute capability ", prop.major, ".", prop.minor,
+                     "; the CUDA backend needs 8.0 (Ampere) or newer"));
+  }
+  if (const cudaError_t e = cudaFree(nullptr); e != cudaSuccess) {
+    return Unavailable(absl::StrCat("cannot initialise CUDA on ", prop.name),
+                       e);
+  }
+  if (const cudaError_t e = cuda::ConfigureAttentionKernels();
+      e != cudaSuccess) {
+    return Unavailable(absl::StrCat("this build has no usable kernels for ",
+                                    prop.name, " (sm_", prop.major, prop.minor,
+                                    "); rebuild with that architecture in "
+                                    "CMAKE_CUDA_ARCHITECTURES"),
+                       e);
+  }
+  std::string description = absl::StrFormat(
+      "%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
+      prop.multiProcessorCount,
+      static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  return std::unique_ptr<CudaBackend>(
+      new CudaBackend(options.device, std::move(description),
+                      prop.multiProcessorCount, options.max_streams));
+}
+
+CudaBackend::CudaBackend(int device, std::string description, int num_sms,
+                         int max_streams)
+    : device_ordinal_(device),
+      device_(std::move(description)),
+      num_sms_(num_sms),
+      streams_(std::make_unique<cuda::StreamPool>(device, max_streams)) {}
+
+CudaBackend::~CudaBackend() = default;
+
+absl::StatusOr<std::unique_ptr<DeviceArena>> CudaBackend::AllocateArena(
+    int64_t bytes) {
+  if (bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV arena size must be positive, got ", bytes));
+  }
+  ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
+                            "selecting the GPU");
+  void* ptr = nullptr;
+  if (const cudaError_t e = cudaMalloc(&ptr, static_cast<size_t>(bytes));
+      e != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    (void)cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate a ", bytes, "-byte KV cache on ", device_,
+                     ": ", cudaGetErrorString(e), " (", free_bytes, " of ",
+                     total_bytes, " bytes free); lower --kv_cache_bytes"));
+  }
+  // Zeroed once, so never-written block rows hold finite values. The wait
+  // orders the memset (legacy stream) before work on the non-blocking
+  // streams of later calls.
+  cudaError_t e = cudaMemset(ptr, 0, static_cast<size_t>(bytes));
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    (void)cudaFree(ptr);
+    return CudaStatus(e, "zeroing the KV cache");
+  }
+  auto* base = static_cast<std::byte*>(ptr);
+  {
+    absl::MutexLock lock(&arenas_mu_);
+    arenas_.emplace_back(base, bytes);
+  }
+  return std::unique_ptr<DeviceArena>(new Arena(this, base, bytes));
+}
+
+absl::StatusOr<int64_t> CudaBackend::FreeMemoryBytes() const {
+  ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
+                            "selecting the GPU");
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  ATTN_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes),
+                            "querying free GPU memory");
+  return static_cast<int64_t>(free_bytes);
+}
+
+void CudaBackend::ForgetArena(const std::byte* base) {
+  absl::MutexLock lock(&arenas_mu_);
+  for (size_t i = 0; i < arenas_.size(); ++i) {
+    if (arenas_[i].first == base) {
+      arenas_.erase(arenas_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+  }
+}
+
+bool CudaBackend::IsArenaMemory(const void* ptr, int64_t bytes) const {
+  const auto* p = static_cast<const std::byte*>(ptr);
+  absl::MutexLock lock(&arenas_mu_);
+  for (const auto& [base, size] : arenas_) {
+    if (p >= base && bytes >= 0 && bytes <= size && p - base <= size - bytes) {
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::Status CudaBackend::WriteKv(const KvWrite& write) {
+  const KvBlockLayout& layout = write.layout;
+  const int64_t num_tokens = write.k.dim(0);
+  if (num_tokens <= 0) return absl::OkStatus();
+  const int64_t tokens_per_block = layout.tokens_per_block;
+  const int64_t first_block = write.start / tokens_per_block;
+  const int64_t last_block = (write.start + num_tokens - 1) / tokens_per_block;
+  if (last_block >= static_cast<int64_t>(write.blocks.size())) {
+    return absl::InternalError(
+        absl::StrCat("WriteKv: positions up to ", write.start + num_tokens - 1,
+                     " need block ", last_block, " but the layer has ",
+                     write.blocks.size(), " blocks"));
+  }
+  for (int64_t b = first_block; b <= last_block; ++b) {
+    if (write.blocks[b] == nullptr ||
+        !IsArenaMemory(write.blocks[b], layout.used_bytes())) {
+      return absl::InternalError(
+          absl::StrCat("WriteKv: block ", b,
+                       " is missing or not in this backend's GPU KV pool"));
+    }
+  }
+  const int64_t num_blocks = last_block - first_block + 1;
+  const int64_t k_bytes = write.k.num_elements() * DTypeSize(write.k.dtype);
+  const int64_t v_bytes = write.v.num_elements() * DTypeSize(write.v.dtype);
+  const int64_t v_offset = AlignUp(k_bytes);
+  const int64_t table_offset = AlignUp(v_offset + v_bytes);
+  const int64_t total = table_offset + num_blocks * 8;
+
+  ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
+                            "selecting the GPU");
+  ATTN_ASSIGN_OR_RETURN(cuda::StreamPool::Lease ctx, streams_->Acquire());
+  ATTN_RETURN_IF_ERROR(ctx->pinned.Reserve(total));
+  ATTN_RETURN_IF_ERROR(ctx->scratch.Reserve(total));
+  std::byte* pinned = ctx->pinned.data();
+  std::byte* device = ctx->scratch.data();
+  std::memcpy(pinned, write.k.data, static_cast<size_t>(k_bytes));
+  std::memcpy(pinned + v_offset, write.v.data, static_cast<size_t>(v_bytes));
+  std::memcpy(pinned + table_offset, write.blocks.data() + first_block,
+              static_cast<size_t>(num_blocks) * sizeof(std::byte*));
+
+  cuda::KvWriteParams params;
+  params.k = device;
+  params.v = device + v_offset;
+  params.k_dtype = static_cast<int32_t>(write.k.dtype);
+  params.v_dtype = static_cast<int32_t>(write.v.dtype);
+  params.kv_dtype = static_cast<int32_t>(layout.dtype);
+  params.num_kv_heads = layout.num_kv_heads;
+  params.head_dim = layout.head_dim;
+  params.value_dim = layout.value_dim;
+  params.start = write.start;
+  params.num_tokens = num_tokens;
+  params.tokens_per_block = tokens_per_block;
+  params.value_offset_bytes = layout.value_offset_bytes();
+  params.blocks = reinterpret_cast<char* const*>(device + table_offset);
+  params.first_block = first_block;
+
+  absl::Status status =
+      CudaStatus(cudaMemcpyAsync(device, pinned, static_cast<size_t>(total),
+                                 cudaMemcpyHostToDevice, ctx->stream),
+                 "copying new keys and values to the GPU");
+  if (status.ok()) {
+    status = CudaStatus(cuda::LaunchWriteKv(params, ctx->stream),
+                        "launching the KV write kernel");
+  }
+  // Always drain the stream before the buffers go back to the pool.
+  const absl::Status sync =
+      CudaStatus(cudaStreamSynchronize(ctx->stream), "writing the KV cache");
+  return status.ok() ? sync : status;
+}
+
+absl::Status CudaBackend::CopyBlock(const std::byte* src, std::byte* dst,
+                                    int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CopyBlock: byte count must be >= 0, got ", bytes));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  if (!IsArenaMemory(src, bytes) || !IsArenaMemory(dst, bytes)) {
+    return absl::InvalidArgumentError(
+        "CopyBlock: source and destination must be KV blocks in this "
+        "backend's GPU memory");
+  }
+  ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
+                            "selecting the GPU");
+  ATTN_ASSIGN_OR_RETURN(cuda::StreamPool::Lease ctx, streams_->Acquire());
+  const absl::Status status =
+      CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                                 cudaMemcpyDeviceToDevice, ctx->stream),
+                 "copying a KV block");
+  const absl::Status sync =
+      CudaStatus(cudaStreamSynchronize(ctx->stream), "copying a KV block");
+  return status.ok() ? sync : status;
+}
+
+absl::Status CudaBackend::Attend(absl::Span<const AttentionProblem> problems) {
+  return AttendImpl(problems, nullptr);
+}
+
+absl::StatusOr<float> CudaBackend::AttendTimed(
+    absl::Span<const AttentionProblem> problems) {
+  float ms = 0.0f;
+  ATTN_RETURN_IF_ERROR(AttendImpl(problems, &ms));
+  return ms;
+}
+
+absl::Status CudaBackend::AttendImpl(
+    absl::Span<const AttentionProblem> problems, float* kernel_ms) {
+  if (kernel_ms != nullptr) *kernel_ms = 0.0f;
+  if (problems.empty()) return absl::OkStatus();
+  // A snapshot of the arenas: a long batch checks every block pointer, so
+  // the check must not take a lock each time.
+  std::vector<std::pair<const std::byte*, int64_t>> arenas;
+  {
+    absl::MutexLock lock(&arenas_mu_);
+    arenas = arenas_;
+  }
+  const auto in_arena = [&arenas](const void* ptr, int64_t bytes) {
+    const auto* p = static_cast<const std::byte*>(ptr);
+    for (const auto& [base, size] : arenas) {
+      if (p >= base && bytes >= 0 && bytes <= size &&
+          p - base <= size - bytes) {
+        return true;
+      }
+    }
+    return false;
+  };
+  ATTN_ASSIGN_OR_RETURN(cuda::AttendPlan plan,
+                        cuda::AttendPlan::Create(problems, in_arena, num_sms_));
+  ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
+                            "selecting the GPU");
+  ATTN_ASSIGN_OR_RETURN(cuda::StreamPool::Lease ctx, streams_->Acquire());
+  ATTN_RETURN_IF_ERROR(ctx->pinned.Reserve(plan.pinned_bytes()));
+  ATTN_RETURN_IF_ERROR(ctx->scratch.Reserve(plan.device_bytes()));
+  plan.FillUpload(ctx->pinned.data(), ctx->scratch.data());
+  const absl::Status enqueued =
+      plan.Enqueue(ctx->pinned.data(), ctx->scratch.data(), ctx->stream,
+                   kernel_ms != nullptr ? ctx->kernels_start : nullptr,
+                   kernel_ms != nullptr ? ctx->kernels_stop : nullptr);
+  // Always drain the stream before the buffers go back to the pool.
+  const absl::Status finished = CudaStatus(cudaStreamSynchronize(ctx->stream),
+                                           "running attention on the GPU");
+  ATTN_RETURN_IF_ERROR(enqueued);
+  ATTN_RETURN_IF_ERROR(finished);
+  if (kernel_ms != nullptr) {
+    ATTN_CUDA_RETURN_IF_ERROR(
+        cudaEventElapsedTime(kernel_ms, ctx->kernels_start, ctx->kernels_stop),
+        "reading the kernel timer");
+  }
+  return plan.Collect(ctx->pinned.data());
+}
+
+}  // namespace attention

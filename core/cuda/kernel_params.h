@@ -1,0 +1,210 @@
+// Plain structs shared by the CUDA backend's host code and its kernels: the
+// per-problem descriptor, the work items of one attention launch, and the
+// error record the kernels fill. Everything here is trivially copyable and
+// uploaded verbatim, so every pointer in it is a DEVICE address.
+#ifndef ATTENTION_CORE_CUDA_KERNEL_PARAMS_H_
+#define ATTENTION_CORE_CUDA_KERNEL_PARAMS_H_
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define ATTN_HOST_DEVICE __host__ __device__
+#else
+#define ATTN_HOST_DEVICE
+#endif
+
+namespace attention {
+namespace cuda {
+
+// Element types, numerically equal to attention::DType.
+inline constexpr int32_t kF32 = 1;
+inline constexpr int32_t kF16 = 2;
+inline constexpr int32_t kBF16 = 3;
+
+// Keys per online-softmax tile and per split chunk (attention_problem.h's
+// kKeysPerTile / kKeysPerSplit; static_asserts in the backend tie them).
+inline constexpr int kTileKeys = 32;
+inline constexpr int kChunkTiles = 16;
+
+// Tensor-core path limits: head_dim and value_dim up to kMmaMaxDim, both
+// multiples of 8 (16-byte rows), 16-bit KV.
+inline constexpr int kMmaMaxDim = 128;
+// Rows (query token x query head of one GQA group) per warp on the
+// tensor-core path: one m16 MMA tile.
+inline constexpr int kMmaWarpRows = 16;
+
+// Most rows one SIMT (fp32 / large-dim) block serves.
+inline constexpr int kSimtMaxRows = 16;
+
+// One attention problem as the kernels see it. Row r of KV head g of a
+// problem is query token r / group_size and query head
+// g * group_size + r % group_size ("token-major" rows).
+struct ProblemParams {
+  // Queries, prepared on the device from the raw upload.
+  const void* q_raw = nullptr;  // [T][H][head_dim] in q_dtype
+  int32_t q_dtype = kF32;
+  float* q_f32 = nullptr;    // [T][H][head_dim] (SIMT path, weights)
+  uint16_t* q_hi = nullptr;  // [T][H][q_stride] KV dtype (MMA path)
+  uint16_t* q_lo = nullptr;  // residual q - q_hi, when split_q
+  float* q_scale = nullptr;  // [T][H] logit multiplier (MMA path)
+  int32_t q_stride = 0;      // head_dim rounded up to 16
+  int32_t split_q = 0;       // q is not exact in the KV dtype
+  int32_t use_mma = 0;
+
+  // Keys and values: one device pointer per logical block (null = dropped).
+  const char* const* k_blocks = nullptr;
+  const char* const* v_blocks = nullptr;
+  int64_t length = 0;
+  int64_t tokens_per_block = 0;
+  int64_t k_token_stride = 0;  // elements
+  int64_t k_head_stride = 0;
+  int64_t v_token_stride = 0;
+  int64_t v_head_stride = 0;
+  int32_t kv_dtype = kF32;
+
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t group_size = 0;
+  int32_t head_dim = 0;
+  int32_t value_dim = 0;
+  int64_t num_queries = 0;
+
+  // Mask (attention_problem.h MaskSpec).
+  int32_t causal = 1;
+  int32_t window = 0;
+  int32_t num_sink_tokens = 0;
+  int64_t query_start = 0;
+
+  const float* sink_logits = nullptr;  // [H] or null
+  float scale = 1.0f;
+  const float* bias = nullptr;  // [T][T_k] or [H][T][T_k], or null
+  int32_t bias_per_head = 0;
+  int32_t empty_rows_zero = 0;
+
+  // Device outputs.
+  float* output = nullptr;    // [T][H][value_dim]
+  float* lse = nullptr;       // [T][H] or null
+  float* row_max = nullptr;   // [T][H] or null (needed by weights)
+  float* row_sum = nullptr;   // [T][H] or null
+  float* weights = nullptr;   // [H][T][T_k] or null
+  int32_t problem_index = 0;  // index in the caller's span, for errors
+};
+
+// A block of rows of one (problem, KV head). chunk < 0: the block walks every
+// chunk and merges them itself (full mode); chunk >= 0: it computes that one
+// chunk's state into `states + state_offset` for MergeChunksKernel (split
+// mode). A state is m[row_count], l[row_count], acc[row_count][value_dim].
+struct WorkItem {
+  int32_t problem = 0;
+  int32_t kv_head = 0;
+  int32_t row_begin = 0;
+  int32_t row_count = 0;
+  int32_t chunk = -1;
+  int32_t reserved = 0;
+  int64_t state_offset = 0;  // floats
+};
+
+// Merges `num_slots` consecutive chunk states (increasing chunk order) of
+// one row block, starting from the sink state, and writes the outputs.
+struct MergeItem {
+  int32_t problem = 0;
+  int32_t kv_head = 0;
+  int32_t row_begin = 0;
+  int32_t row_count = 0;
+  int32_t num_slots = 0;
+  int32_t reserved = 0;
+  int64_t first_state_offset = 0;  // floats; slots are contiguous
+};
+
+// Errors found on the device, as the smallest key
+// (problem << 40 | token << 16 | head) of each kind; kNoError when none.
+inline constexpr unsigned long long kNoError = ~0ull;
+struct ErrorRecord {
+  unsigned long long overflow = kNoError;   // a visible logit not finite
+  unsigned long long empty_row = kNoError;  // no visible key, no sink
+};
+
+ATTN_HOST_DEVICE inline constexpr unsigned long long ErrorKey(int64_t problem,
+                                                              int64_t token,
+                                                              int64_t head) {
+  return (static_cast<unsigned long long>(problem) << 40) |
+         ((static_cast<unsigned long long>(token) & 0xffffffull) << 16) |
+         (static_cast<unsigned long long>(head) & 0xffffull);
+}
+
+// The key tiles a block of rows may see, in increasing order: at most two
+// disjoint ranges of tile indices, [begin0, end0) then [begin1, end1)
+// (StreamingLLM sink tokens, then the window). Tiles outside them are fully
+// masked for every row of the block, so skipping them changes no row's
+// state.
+struct TileRanges {
+  int64_t begin0 = 0, end0 = 0;
+  int64_t begin1 = 0, end1 = 0;
+
+  ATTN_HOST_DEVICE int64_t size() const {
+    return (end0 - begin0) + (end1 - begin1);
+  }
+  // The i-th tile, 0 <= i < size().
+  ATTN_HOST_DEVICE int64_t tile(int64_t i) const {
+    const int64_t n0 = end0 - begin0;
+    return i < n0 ? begin0 + i : begin1 + (i - n0);
+  }
+  // Restricted to tiles [lo, hi) (one chunk).
+  ATTN_HOST_DEVICE TileRanges Clip(int64_t lo, int64_t hi) const {
+    TileRanges r;
+    r.begin0 = begin0 > lo ? begin0 : lo;
+    r.end0 = end0 < hi ? end0 : hi;
+    if (r.end0 < r.begin0) r.end0 = r.begin0;
+    r.begin1 = begin1 > lo ? begin1 : lo;
+    r.end1 = end1 < hi ? end1 : hi;
+    if (r.end1 < r.begin1) r.end1 = r.begin1;
+    return r;
+  }
+};
+
+// Tiles holding a key visible to at least one of rows
+// [row_begin, row_begin + row_count) of a problem.
+ATTN_HOST_DEVICE inline TileRanges KeyTiles(const ProblemParams& p,
+                                            int64_t row_begin,
+                                            int64_t row_count) {
+  const int64_t first_token = row_begin / p.group_size;
+  const int64_t last_token = (row_begin + row_count - 1) / p.group_size;
+  const int64_t first_pos = p.query_start + first_token;
+  const int64_t last_pos = p.query_start + last_token;
+  int64_t hi = p.length;
+  if (p.causal && last_pos + 1 < hi) hi = last_pos + 1;
+  TileRanges r;
+  if (hi <= 0) return r;
+  // Keys [0, sink_end) and [window_begin, hi).
+  int64_t sink_end = 0;
+  int64_t window_begin = 0;
+  if (p.window > 0) {
+    window_begin = first_pos - p.window + 1;
+    if (window_begin < 0) window_begin = 0;
+    sink_end = p.num_sink_tokens < hi ? p.num_sink_tokens : hi;
+  }
+  const int64_t sink_tiles = (sink_end + kTileKeys - 1) / kTileKeys;
+  if (window_begin >= hi) {  // only sink tokens are visible
+    r.end0 = sink_tiles;
+    return r;
+  }
+  const int64_t window_first = window_begin / kTileKeys;
+  const int64_t window_end = (hi + kTileKeys - 1) / kTileKeys;
+  if (sink_tiles == 0) {
+    r.begin0 = window_first;
+    r.end0 = window_end;
+  } else if (sink_tiles >= window_first) {
+    r.begin0 = 0;
+    r.end0 = window_end > sink_tiles ? window_end : sink_tiles;
+  } else {
+    r.end0 = sink_tiles;
+    r.begin1 = window_first;
+    r.end1 = window_end;
+  }
+  return r;
+}
+
+}  // namespace cuda
+}  // namespace attention
+
+#endif  // ATTENTION_CORE_CUDA_KERNEL_PARAMS_H_

@@ -1,0 +1,265 @@
+// Every kernel ISA of the CPU backend against the double-precision
+// reference, and bitwise against the portable scalar kernels; decode split
+// over threads against single-threaded decode and prefill rows.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/cpu/cpu_backend.h"
+#include "core/cpu/cpu_features.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/cpu/attention_case.h"
+
+namespace attention {
+namespace {
+
+using ::attention::testing::Case;
+using ::attention::testing::CheckAgainstReference;
+using ::attention::testing::Config;
+using ::attention::testing::ExpectBitwiseEqual;
+using ::attention::testing::PagedKv;
+using ::attention::testing::WritePaged;
+using ::testing::HasSubstr;
+
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512};
+
+std::string ConfigName(const Config& c) {
+  return absl::StrCat(DTypeName(c.kv_dtype), " H=", c.num_heads,
+                      " H_kv=", c.num_kv_heads, " d=", c.head_dim, "/",
+                      c.value_dim, " window=", c.mask.window,
+                      " sinks=", c.mask.num_sink_tokens,
+                      " learned_sinks=", c.sink_logits.size());
+}
+
+// fp32/fp16/bf16 KV, GQA groups 1/4/8, head_dim 64/128/80 and odd sizes,
+// windows with sink tokens and learned sinks; each over several chunks.
+std::vector<Config> IsaConfigs() {
+  std::vector<Config> configs;
+  const struct {
+    int heads, kv_heads, head_dim, value_dim;
+  } shapes[] = {
+      {8, 8, 64, 64}, {8, 2, 128, 128}, {8, 1, 80, 80}, {4, 2, 24, 40}};
+  int i = 0;
+  for (DType kv_dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (const auto& shape : shapes) {
+      Config c;
+      c.kv_dtype = kv_dtype;
+      c.q_dtype = i % 2 == 0 ? DType::kFloat32 : DType::kFloat16;
+      c.num_heads = shape.heads;
+      c.num_kv_heads = shape.kv_heads;
+      c.head_dim = shape.head_dim;
+      c.value_dim = shape.value_dim;
+      c.num_queries = 21;
+      c.mask.query_start = 1100;  // 3 chunks of keys
+      if (i % 3 == 1) {
+        c.mask.window = 300;
+        c.mask.num_sink_tokens = 4;
+      }
+      if (i % 3 == 2) {
+        c.sink_logits.assign(shape.heads, 0.0f);
+        for (int h = 0; h < shape.heads; ++h) c.sink_logits[h] = 0.5f * h - 1;
+      }
+      c.want_weights = i % 4 == 0;
+      c.seed = 100 + i;
+      configs.push_back(c);
+      ++i;
+    }
+  }
+  return configs;
+}
+
+class CpuBackendIsaTest : public ::testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override {
+    if (!CpuIsaSupported(GetParam())) {
+      GTEST_SKIP() << "this processor or build cannot run the "
+                   << CpuIsaName(GetParam()) << " kernels";
+    }
+    backend_ = Make(3);
+    scalar_ = *CpuBackend::Create(3, CpuIsa::kScalar);
+  }
+
+  std::unique_ptr<CpuBackend> Make(int threads) {
+    absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
+        CpuBackend::Create(threads, GetParam());
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    return *std::move(backend);
+  }
+
+  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<CpuBackend> scalar_;
+};
+
+TEST_P(CpuBackendIsaTest, DeviceNamesTheIsa) {
+  EXPECT_EQ(backend_->isa(), GetParam());
+  EXPECT_THAT(
+      backend_->device(),
+      HasSubstr(absl::StrCat("(", CpuIsaName(GetParam()), ", 3 threads)")));
+}
+
+TEST_P(CpuBackendIsaTest, MatchesTheReference) {
+  for (const Config& config : IsaConfigs()) {
+    SCOPED_TRACE(ConfigName(config));
+    Case c(config);
+    CheckAgainstReference(*backend_, c);
+  }
+}
+
+TEST_P(CpuBackendIsaTest, IsBitwiseTheScalarKernels) {
+  for (const Config& config : IsaConfigs()) {
+    SCOPED_TRACE(ConfigName(config));
+    Case c(config);
+    const AttentionProblem problem = c.Problem();
+    ASSERT_TRUE(scalar_->Attend({&problem, 1}).ok());
+    const std::vector<float> output = c.output, lse = c.lse,
+                             weights = c.weights;
+    c.ResetOutputs();
+    ASSERT_TRUE(backend_->Attend({&problem, 1}).ok());
+    ExpectBitwiseEqual(c.output, output, "output");
+    ExpectBitwiseEqual(c.lse, lse, "lse");
+    ExpectBitwiseEqual(c.weights, weights, "weights");
+  }
+}
+
+TEST_P(CpuBackendIsaTest, SplitDecodeIsBitwiseSingleThreadAndPrefill) {
+  // A lone decode problem with 2 KV heads on 8 threads has fewer units
+  // than threads, so its 5 chunks run as separate pieces merged afterwards;
+  // one thread runs each unit whole. Both must equal the row of a 16-row
+  // prefill over the same keys, for every kind of layer.
+  std::unique_ptr<CpuBackend> one_thread = Make(1);
+  std::unique_ptr<CpuBackend> eight_threads = Make(8);
+  for (int variant = 0; variant < 3; ++variant) {
+    Config config;
+    config.num_heads = 8;
+    config.num_kv_heads = 2;
+    config.head_dim = 64;
+    config.value_dim = 64;
+    config.kv_dtype = variant == 1 ? DType::kFloat32 : DType::kFloat16;
+    config.num_queries = 16;
+    config.mask.query_start = 2100 - 16;  // keys [0, 2100): 5 chunks
+    if (variant == 1) {
+      config.mask.window = 1000;
+      config.mask.num_sink_tokens = 3;
+    }
+    if (variant == 2) config.sink_logits = {1, 0, -1, 2, 0.5, 0, 0, 3};
+    config.seed = 7 + variant;
+    SCOPED_TRACE(ConfigName(config));
+    Case c(config);
+    const AttentionProblem prefill = c.Problem();
+    ASSERT_TRUE(one_thread->Attend({&prefill, 1}).ok());
+    const std::vector<float> prefill_output = c.output;
+    const std::vector<float> prefill_lse = c.lse;
+
+    // The last row as a decode step over paged blocks of 7 tokens.
+    const PagedKv paged = WritePaged(*backend_, c, 7, 300);
+    const int64_t row = 15;
+    const int64_t row_floats = config.num_heads * config.value_dim;
+    TensorView q = c.q.view();
+    const int64_t q_row_bytes =
+        config.num_heads * config.head_dim * DTypeSize(config.q_dtype);
+    q.shape[0] = 1;
+    q.data += row * q_row_bytes;
+    q.size_bytes = q_row_bytes;
+    for (CpuBackend* backend : {one_thread.get(), eight_threads.get()}) {
+      std::vector<float> output(row_floats, 12345.0f);
+      std::vector<float> lse(config.num_heads, 12345.0f);
+      AttentionProblem decode = prefill;
+      decode.q = q;
+      decode.kv = paged.view(2100);
+      decode.mask.query_start = 2100 - 1;
+      decode.output = output.data();
+      decode.lse = lse.data();
+      ASSERT_TRUE(backend->Attend({&decode, 1}).ok());
+      ExpectBitwiseEqual(
+          output,
+          std::vector<float>(prefill_output.begin() + row * row_floats,
+                             prefill_output.begin() + (row + 1) * row_floats),
+          absl::StrCat(backend->num_threads(), "-thread decode output")
+              .c_str());
+      ExpectBitwiseEqual(
+          lse,
+          std::vector<float>(
+              prefill_lse.begin() + row * config.num_heads,
+              prefill_lse.begin() + (row + 1) * config.num_heads),
+          "decode lse");
+    }
+  }
+}
+
+TEST_P(CpuBackendIsaTest, SplitPrefillChunksAreBitwiseUnsplit) {
+  // Two rows over a long causal history with learned sinks: split on 8
+  // threads (2 units), whole on one thread.
+  Config config;
+  config.num_queries = 2;
+  config.num_heads = 4;
+  config.num_kv_heads = 1;
+  config.head_dim = 32;
+  config.value_dim = 16;
+  config.mask.query_start = 3000;
+  config.sink_logits = {0.1f, 0.2f, 0.3f, 0.4f};
+  Case c(config);
+  const AttentionProblem problem = c.Problem();
+  ASSERT_TRUE(Make(1)->Attend({&problem, 1}).ok());
+  const std::vector<float> output = c.output, lse = c.lse;
+  c.ResetOutputs();
+  ASSERT_TRUE(Make(8)->Attend({&problem, 1}).ok());
+  ExpectBitwiseEqual(c.output, output, "output");
+  ExpectBitwiseEqual(c.lse, lse, "lse");
+}
+
+TEST_P(CpuBackendIsaTest, SplitUnitsReportTheFirstError) {
+  // The empty row of a split unit (found while merging) and an overflow in
+  // a later problem: the earlier problem's error wins on any thread count.
+  Config empty;
+  empty.num_queries = 1;
+  empty.num_keys = 2000;
+  empty.mask.causal = false;
+  empty.bias_rank = 2;
+  empty.masked_bias_fraction = 1.0;
+  Config overflow;
+  overflow.num_queries = 1;
+  overflow.num_keys = 40;
+  overflow.mask.causal = false;
+  Case a(empty), b(overflow);
+  const float big = std::sqrt(0.75f * std::numeric_limits<float>::max());
+  b.q = testing::Store(DType::kFloat32, b.q.shape,
+                       std::vector<float>(b.q.values.size(), big));
+  b.k = testing::Store(DType::kFloat32, b.k.shape,
+                       std::vector<float>(b.k.values.size(), big));
+  for (int threads : {1, 8}) {
+    const std::vector<AttentionProblem> batch = {a.Problem(), b.Problem()};
+    const absl::Status status = Make(threads)->Attend(batch);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("problem 0: query row 0 "));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, CpuBackendIsaTest,
+                         ::testing::Values(CpuIsa::kScalar, CpuIsa::kAvx2,
+                                           CpuIsa::kAvx512),
+                         [](const ::testing::TestParamInfo<CpuIsa>& info) {
+                           return std::string(CpuIsaName(info.param));
+                         });
+
+TEST(CpuBackendCreateTest, UnsupportedIsaIsFailedPrecondition) {
+  for (CpuIsa isa : kAllIsas) {
+    if (CpuIsaSupported(isa)) {
+      EXPECT_TRUE(CpuBackend::Create(1, isa).ok()) << CpuIsaName(isa);
+      continue;
+    }
+    const absl::Status status = CpuBackend::Create(1, isa).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status.message(), HasSubstr(CpuIsaName(isa)));
+    return;
+  }
+  GTEST_SKIP() << "this machine supports every kernel ISA";
+}
+
+}  // namespace
+}  // namespace attention

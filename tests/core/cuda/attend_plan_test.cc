@@ -1,0 +1,248 @@
+// Host-side tests of the CUDA backend's planning (no GPU needed): the key
+// tiles a block of rows walks, and how AttendPlan cuts problems into work
+// items. They run on every machine that builds the CUDA backend.
+#include "core/cuda/attend_plan.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "core/cuda/kernel_params.h"
+#include "core/kv_view.h"
+#include "gtest/gtest.h"
+
+namespace attention {
+namespace cuda {
+namespace {
+
+// attention_problem.h's visibility rule, written out independently.
+bool Visible(const ProblemParams& p, int64_t query_pos, int64_t key) {
+  if (key >= p.length) return false;
+  if (p.causal && key > query_pos) return false;
+  if (p.window > 0 && query_pos - key >= p.window && key >= p.num_sink_tokens) {
+    return false;
+  }
+  return true;
+}
+
+TEST(KeyTilesTest, CoversEveryVisibleKeyInIncreasingOrder) {
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 3000; ++trial) {
+    ProblemParams p;
+    p.group_size = 1 << (rng() % 4);
+    p.length = 1 + rng() % 400;
+    const int64_t tokens = 1 + rng() % 40;
+    p.causal = rng() % 4 != 0;
+    p.query_start = p.causal ? rng() % 400 : 0;
+    p.window = p.causal && rng() % 2 ? 1 + rng() % 70 : 0;
+    p.num_sink_tokens = p.window > 0 && rng() % 2 ? rng() % 6 : 0;
+    const int64_t rows = tokens * p.group_size;
+    const int64_t begin = rng() % rows;
+    const int64_t count = 1 + rng() % (rows - begin);
+    const TileRanges ranges = KeyTiles(p, begin, count);
+    std::set<int64_t> tiles;
+    int64_t previous = -1;
+    for (int64_t i = 0; i < ranges.size(); ++i) {
+      const int64_t tile = ranges.tile(i);
+      ASSERT_GT(tile, previous) << "trial " << trial;
+      ASSERT_LT(tile * kTileKeys, p.length) << "trial " << trial;
+      previous = tile;
+      tiles.insert(tile);
+    }
+    for (int64_t row = begin; row < begin + count; ++row) {
+      const int64_t query_pos = p.query_start + row / p.group_size;
+      for (int64_t key = 0; key < p.length; ++key) {
+        if (Visible(p, query_pos, key)) {
+          ASSERT_EQ(tiles.count(key / kTileKeys), 1u)
+              << "trial " << trial << ": row " << row << " key " << key;
+        }
+      }
+    }
+  }
+}
+
+TEST(KeyTilesTest, ClipKeepsOneChunk) {
+  ProblemParams p;
+  p.group_size = 1;
+  p.length = 5000;
+  p.query_start = 4000;
+  p.window = 1000;
+  p.num_sink_tokens = 4;
+  const TileRanges ranges = KeyTiles(p, 0, 1);
+  // Keys [0, 4) and [3001, 4001): tile 0, then tiles 93..125.
+  EXPECT_EQ(ranges.tile(0), 0);
+  EXPECT_EQ(ranges.tile(1), 3001 / kTileKeys);
+  const TileRanges chunk = ranges.Clip(6 * kChunkTiles, 7 * kChunkTiles);
+  ASSERT_EQ(chunk.size(), kChunkTiles);
+  EXPECT_EQ(chunk.tile(0), 6 * kChunkTiles);
+  EXPECT_EQ(ranges.Clip(kChunkTiles, 5 * kChunkTiles).size(), 0);
+}
+
+// Problems over fake "device" memory: AttendPlan::Create never touches the
+// bytes, it only classifies pointers.
+class AttendPlanTest : public ::testing::Test {
+ protected:
+  AttendPlanTest() : fake_pool_(size_t{64} << 20) {}
+
+  bool IsDevice(const void* ptr, int64_t bytes) const {
+    const auto* p = static_cast<const std::byte*>(ptr);
+    return p >= fake_pool_.data() && bytes >= 0 &&
+           p + bytes <= fake_pool_.data() + fake_pool_.size();
+  }
+
+  // A paged problem: T queries at the end of `length` keys.
+  void AddPaged(DType dtype, int heads, int kv_heads, int dim, int64_t tokens,
+                int64_t length, int32_t window = 0) {
+    KvBlockLayout layout;
+    layout.dtype = dtype;
+    layout.num_kv_heads = kv_heads;
+    layout.head_dim = dim;
+    layout.value_dim = dim;
+    layout.tokens_per_block = 16;
+    const int64_t blocks = (length + 15) / 16;
+    auto& k = k_tables_.emplace_back();
+    auto& v = v_tables_.emplace_back();
+    for (int64_t b = 0; b < blocks; ++b) {
+      const std::byte* base =
+          fake_pool_.data() + (b * layout.used_bytes()) % (size_t{32} << 20);
+      k.push_back(base);
+      v.push_back(base + layout.value_offset_bytes());
+    }
+    AttentionProblem problem;
+    problem.q.dtype = DType::kFloat32;
+    problem.q.shape = {tokens, heads, dim};
+    problem.q.data = fake_pool_.data();
+    problem.kv = PagedKvView(layout, length, k, v);
+    problem.mask.causal = true;
+    problem.mask.window = window;
+    problem.mask.query_start = length - tokens;
+    problems_.push_back(problem);
+  }
+
+  absl::StatusOr<AttendPlan> Plan(int num_sms) {
+    return AttendPlan::Create(
+        problems_,
+        [this](const void* ptr, int64_t bytes) { return IsDevice(ptr, bytes); },
+        num_sms);
+  }
+
+  std::vector<std::byte> fake_pool_;
+  std::vector<std::vector<const std::byte*>> k_tables_;
+  std::vector<std::vector<const std::byte*>> v_tables_;
+  std::vector<AttentionProblem> problems_;
+};
+
+TEST_F(AttendPlanTest, EveryRowIsServedOnceAndSplitChunksAreComplete) {
+  k_tables_.reserve(16);
+  v_tables_.reserve(16);
+  AddPaged(DType::kBFloat16, 32, 8, 128, 1, 9000);     // decode: split
+  AddPaged(DType::kBFloat16, 32, 8, 128, 3000, 3000);  // prefill: full
+  AddPaged(DType::kFloat32, 8, 2, 64, 1, 1500, 300);   // SIMT, window
+  AddPaged(DType::kFloat16, 16, 2, 72, 70, 2000);      // MMA, 4 warps
+  AddPaged(DType::kBFloat16, 4, 4, 20, 5, 700);        // SIMT: dims
+  absl::StatusOr<AttendPlan> plan = Plan(/*num_sms=*/132);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+
+  // (problem, kv_head, row) -> times served.
+  std::map<std::tuple<int, int, int>, int> served;
+  // Split items by row block, in launch order.
+  std::map<std::tuple<int, int, int>, std::vector<WorkItem>> split;
+  std::map<int, KernelVariant> variant_of;
+  for (const auto& [launch, items] : plan->launches()) {
+    EXPECT_EQ(launch.num_items, static_cast<int>(items.size()));
+    for (const WorkItem& item : items) {
+      variant_of[item.problem] = launch.variant;
+      if (IsMmaVariant(launch.variant)) {
+        EXPECT_LE(item.row_count, kMmaWarpRows * launch.warps);
+      } else {
+        EXPECT_LE(item.row_count, launch.simt_rows);
+      }
+      if (item.chunk < 0) {
+        EXPECT_TRUE(launch.full_mode);
+        for (int r = 0; r < item.row_count; ++r) {
+          ++served[{item.problem, item.kv_head, item.row_begin + r}];
+        }
+      } else {
+        split[{item.problem, item.kv_head, item.row_begin}].push_back(item);
+      }
+    }
+  }
+  for (const MergeItem& merge : plan->merge_items()) {
+    for (int r = 0; r < merge.row_count; ++r) {
+      ++served[{merge.problem, merge.kv_head, merge.row_begin + r}];
+    }
+    std::vector<WorkItem> items =
+        split[{merge.problem, merge.kv_head, merge.row_begin}];
+    std::sort(items.begin(), items.end(),
+              [](const WorkItem& a, const WorkItem& b) {
+                return a.state_offset < b.state_offset;
+              });
+    ASSERT_EQ(static_cast<int>(items.size()), merge.num_slots);
+    const AttentionProblem& problem = problems_[merge.problem];
+    ProblemParams geometry;
+    geometry.group_size =
+        static_cast<int32_t>(problem.q.dim(1) / problem.kv.num_kv_heads);
+    geometry.length = problem.kv.length;
+    geometry.causal = 1;
+    geometry.window = problem.mask.window;
+    geometry.query_start = problem.mask.query_start;
+    const TileRanges tiles =
+        KeyTiles(geometry, merge.row_begin, merge.row_count);
+    std::set<int64_t> chunks;
+    for (int64_t i = 0; i < tiles.size(); ++i) {
+      chunks.insert(tiles.tile(i) / kChunkTiles);
+    }
+    ASSERT_EQ(chunks.size(), items.size());
+    auto chunk = chunks.begin();
+    const int64_t slot = int64_t{merge.row_count} * (problem.kv.value_dim + 2);
+    for (size_t s = 0; s < items.size(); ++s, ++chunk) {
+      EXPECT_EQ(items[s].chunk, *chunk);  // increasing chunk order
+      EXPECT_EQ(items[s].row_count, merge.row_count);
+      EXPECT_EQ(items[s].state_offset,
+                merge.first_state_offset + static_cast<int64_t>(s) * slot);
+    }
+  }
+  for (size_t i = 0; i < problems_.size(); ++i) {
+    const AttentionProblem& problem = problems_[i];
+    const int group =
+        static_cast<int>(problem.q.dim(1) / problem.kv.num_kv_heads);
+    for (int h = 0; h < problem.kv.num_kv_heads; ++h) {
+      for (int64_t r = 0; r < problem.q.dim(0) * group; ++r) {
+        EXPECT_EQ((served[{static_cast<int>(i), h, static_cast<int>(r)}]), 1)
+            << "problem " << i << " kv head " << h << " row " << r;
+      }
+    }
+  }
+  EXPECT_EQ(variant_of[0], KernelVariant::kMmaBF16SplitQ);
+  EXPECT_EQ(variant_of[2], KernelVariant::kSimtF32);
+  EXPECT_EQ(variant_of[3], KernelVariant::kMmaF16SplitQ);
+  EXPECT_EQ(variant_of[4], KernelVariant::kSimtBF16);
+  // The decode is split (one block per chunk), the big prefill is not.
+  EXPECT_FALSE(split.empty());
+  for (const auto& [key, items] : split) EXPECT_NE(std::get<0>(key), 1);
+  EXPECT_GT(plan->device_bytes(), 0);
+  EXPECT_GT(plan->pinned_bytes(), 0);
+}
+
+TEST_F(AttendPlanTest, RejectsProblemsTheGpuCannotServe) {
+  AddPaged(DType::kFloat32, 2, 1, 16, 1, 40);
+  problems_.back().kv.value_dim = kSimtMaxValueDim + 1;
+  absl::StatusOr<AttendPlan> plan = Plan(132);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+
+  problems_.clear();
+  AddPaged(DType::kFloat32, 2, 1, 16, 1, 40);
+  std::vector<std::byte> host(4096);
+  k_tables_.back()[1] = host.data();  // one block outside GPU memory
+  problems_.back().kv.k_blocks = k_tables_.back();
+  plan = Plan(132);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace attention

@@ -1,0 +1,567 @@
+// DecodeBatcher tests: concurrent steps share engine batches, steps of one
+// (session, layer) keep their order and never share a batch, failures stay
+// independent, atomic groups stay all-or-nothing, a full queue answers
+// UNAVAILABLE, and every result is bitwise what AttentionEngine::Append
+// gives. Nothing here is timed: batches are made deterministic by holding
+// the first batch (in the on_batch observer) until the other steps queue.
+#include "server/decode_batcher.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/cpu/cpu_backend.h"
+#include "core/engine.h"
+#include "gtest/gtest.h"
+
+namespace attention::server {
+namespace {
+
+constexpr int kLayers = 2;
+constexpr int kQHeads = 4;
+constexpr int kKvHeads = 2;
+constexpr int kDim = 16;
+
+SessionSpec TestSpec() {
+  SessionSpec spec;
+  spec.num_layers = kLayers;
+  spec.num_q_heads = kQHeads;
+  spec.num_kv_heads = kKvHeads;
+  spec.head_dim = kDim;
+  spec.max_tokens = 1024;
+  return spec;
+}
+
+std::unique_ptr<AttentionEngine> MakeEngine() {
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{16} << 20;
+  options.kv_block_bytes = 4096;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto engine =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(2), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+// T tokens of q, k and v (float32) with owned bytes.
+struct Tokens {
+  std::vector<float> q, k, v;
+  int64_t count = 0;
+
+  Tokens(int64_t tokens, uint32_t seed) : count(tokens) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal;
+    q.resize(tokens * kQHeads * kDim);
+    k.resize(tokens * kKvHeads * kDim);
+    v.resize(tokens * kKvHeads * kDim);
+    for (auto* values : {&q, &k, &v}) {
+      for (float& x : *values) x = normal(rng);
+    }
+  }
+};
+
+TensorView View(const std::vector<float>& values, int64_t tokens, int heads) {
+  return FloatView(values, {tokens, heads, kDim});
+}
+
+AppendRequest Request(const std::string& session, int layer,
+                      const Tokens& tokens) {
+  AppendRequest request;
+  request.session_id = session;
+  request.layer = layer;
+  request.q = View(tokens.q, tokens.count, kQHeads);
+  request.k = View(tokens.k, tokens.count, kKvHeads);
+  request.v = View(tokens.v, tokens.count, kKvHeads);
+  request.return_lse = true;
+  return request;
+}
+
+AppendRequest DecodeRequest(const std::string& session, int layer,
+                            const Tokens& tokens) {
+  AppendRequest request = Request(session, layer, tokens);
+  request.required_tokens = 1;
+  return request;
+}
+
+std::vector<std::byte> Bytes(const Tensor& tensor) {
+  return {tensor.data(), tensor.data() + tensor.size_bytes()};
+}
+
+// Records batch sizes; optionally holds the first batch until Release().
+class BatchRecorder {
+ public:
+  explicit BatchRecorder(bool hold_first) : held_(hold_first) {}
+
+  void OnBatch(int64_t size) {
+    absl::MutexLock lock(&mu_);
+    sizes_.push_back(size);
+    if (sizes_.size() == 1) {
+      entered_ = true;
+      mu_.Await(absl::Condition(
+          +[](bool* held) { return !*held; }, &held_));
+    }
+  }
+  // Blocks until the first batch is being held.
+  void WaitUntilHolding() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&entered_));
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+  }
+  std::vector<int64_t> sizes() {
+    absl::MutexLock lock(&mu_);
+    return sizes_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_);
+  bool entered_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int64_t> sizes_ ABSL_GUARDED_BY(mu_);
+};
+
+// Polls until `steps` steps wait in the queue (no timing is asserted).
+void WaitForQueued(const DecodeBatcher& batcher, int64_t steps) {
+  while (batcher.queued_steps() < steps) absl::SleepFor(absl::Microseconds(50));
+}
+
+class DecodeBatcherTest : public ::testing::Test {
+ protected:
+  // An engine run through a batcher, and a reference engine run with plain
+  // Append calls; sessions are created in both, with the same history.
+  void SetUp() override {
+    engine_ = MakeEngine();
+    reference_ = MakeEngine();
+    ASSERT_NE(engine_, nullptr);
+    ASSERT_NE(reference_, nullptr);
+  }
+
+  void MakeBatcher(DecodeBatcherOptions options, bool hold_first = true) {
+    recorder_ = std::make_unique<BatchRecorder>(hold_first);
+    options.on_batch = [recorder = recorder_.get()](int64_t size) {
+      recorder->OnBatch(size);
+    };
+    batcher_ = std::make_unique<DecodeBatcher>(engine_.get(), options);
+  }
+
+  // Creates session `index` in both engines with `history` prefilled tokens
+  // on every layer.
+  void AddSession(int history) {
+    const int index = static_cast<int>(ids_.size());
+    auto id = engine_->CreateSession(TestSpec(), absl::ZeroDuration());
+    auto ref_id = reference_->CreateSession(TestSpec(), absl::ZeroDuration());
+    ASSERT_TRUE(id.ok() && ref_id.ok());
+    ids_.push_back(id->session_id);
+    reference_ids_.push_back(ref_id->session_id);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      Tokens prompt(history, 1000 + index * 10 + layer);
+      ASSERT_TRUE(engine_->Append(Request(ids_.back(), layer, prompt)).ok());
+      ASSERT_TRUE(
+          reference_->Append(Request(reference_ids_.back(), layer, prompt))
+              .ok());
+    }
+  }
+
+  // The reference engine's answer to the same step of session `index`.
+  absl::StatusOr<AttentionOutput> ReferenceStep(int index, int layer,
+                                                const Tokens& tokens) {
+    return reference_->Append(
+        DecodeRequest(reference_ids_[index], layer, tokens));
+  }
+
+  // Starts the thread whose step becomes the first (held) batch, and waits
+  // until it is held.
+  void StartHeldFirstBatch(int session) {
+    first_tokens_ = std::make_unique<Tokens>(1, 7);
+    first_thread_ = std::thread([this, session] {
+      first_result_ =
+          batcher_->Append(DecodeRequest(ids_[session], 0, *first_tokens_));
+    });
+    recorder_->WaitUntilHolding();
+  }
+  void FinishFirstBatch(int session) {
+    first_thread_.join();
+    ASSERT_TRUE(first_result_.ok()) << first_result_.status();
+    auto expected = ReferenceStep(session, 0, *first_tokens_);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(Bytes(first_result_->output), Bytes(expected->output));
+  }
+
+  std::unique_ptr<AttentionEngine> engine_;
+  std::unique_ptr<AttentionEngine> reference_;
+  std::unique_ptr<BatchRecorder> recorder_;
+  std::unique_ptr<DecodeBatcher> batcher_;
+  std::vector<std::string> ids_;
+  std::vector<std::string> reference_ids_;
+
+  std::unique_ptr<Tokens> first_tokens_;
+  std::thread first_thread_;
+  absl::StatusOr<AttentionOutput> first_result_;
+};
+
+TEST(DecodeBatcherOptionsTest, RejectsBadOptions) {
+  DecodeBatcherOptions options;
+  EXPECT_TRUE(DecodeBatcher::ValidateOptions(options).ok());
+  options.batch_wait = absl::ZeroDuration();
+  EXPECT_TRUE(DecodeBatcher::ValidateOptions(options).ok());
+  options.batch_wait = -absl::Microseconds(1);
+  EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
+            absl::StatusCode::kInvalidArgument);
+  options = DecodeBatcherOptions();
+  options.max_batch_size = 0;
+  EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
+            absl::StatusCode::kInvalidArgument);
+  options = DecodeBatcherOptions();
+  options.max_queued_steps = 0;
+  EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DecodeBatcherTest, ConcurrentStepsShareOneBatchAndMatchAppend) {
+  // batch_wait 0: no waiting, yet whatever queued behind the running batch
+  // runs as one batch.
+  for (absl::Duration wait : {absl::ZeroDuration(), absl::Hours(1)}) {
+    SCOPED_TRACE(absl::FormatDuration(wait));
+    DecodeBatcherOptions options;
+    options.batch_wait = wait;
+    MakeBatcher(options);
+    ids_.clear();
+    reference_ids_.clear();
+    constexpr int kSessions = 9;
+    for (int s = 0; s < kSessions; ++s) AddSession(3 + 17 * s);
+
+    StartHeldFirstBatch(0);
+    // Sessions 1..8, both layers: 16 steps with distinct (session, layer).
+    std::vector<std::unique_ptr<Tokens>> tokens;
+    std::vector<absl::StatusOr<AttentionOutput>> results(2 * (kSessions - 1));
+    std::vector<std::thread> threads;
+    for (int s = 1; s < kSessions; ++s) {
+      for (int layer = 0; layer < kLayers; ++layer) {
+        const size_t i = tokens.size();
+        tokens.push_back(std::make_unique<Tokens>(1, 50 + i));
+        threads.emplace_back([&, s, layer, i] {
+          results[i] =
+              batcher_->Append(DecodeRequest(ids_[s], layer, *tokens[i]));
+        });
+      }
+    }
+    WaitForQueued(*batcher_, static_cast<int64_t>(tokens.size()));
+    recorder_->Release();
+    for (std::thread& thread : threads) thread.join();
+    FinishFirstBatch(0);
+
+    EXPECT_EQ(recorder_->sizes(),
+              (std::vector<int64_t>{1, static_cast<int64_t>(tokens.size())}));
+    size_t i = 0;
+    for (int s = 1; s < kSessions; ++s) {
+      for (int layer = 0; layer < kLayers; ++layer, ++i) {
+        ASSERT_TRUE(results[i].ok()) << results[i].status();
+        auto expected = ReferenceStep(s, layer, *tokens[i]);
+        ASSERT_TRUE(expected.ok()) << expected.status();
+        EXPECT_EQ(Bytes(results[i]->output), Bytes(expected->output));
+        EXPECT_EQ(Bytes(*results[i]->lse), Bytes(*expected->lse));
+        EXPECT_EQ(results[i]->position, expected->position);
+      }
+    }
+    EXPECT_EQ(batcher_->queued_steps(), 0);
+  }
+}
+
+TEST_F(DecodeBatcherTest, SameSessionLayerKeepsArrivalOrderInSeparateBatches) {
+  DecodeBatcherOptions options;
+  MakeBatcher(options);
+  AddSession(10);  // 0: the held first batch
+  AddSession(20);  // 1: three steps on layer 0, one on layer 1
+  AddSession(30);  // 2: one step
+  StartHeldFirstBatch(0);
+
+  // Arrival order (each thread submits once the previous one queued):
+  //   1/L0 #a, 2/L0, 1/L0 #b, 1/L1, 1/L0 #c
+  struct Step {
+    int session, layer;
+  };
+  const std::vector<Step> order = {{1, 0}, {2, 0}, {1, 0}, {1, 1}, {1, 0}};
+  std::vector<std::unique_ptr<Tokens>> tokens;
+  std::vector<absl::StatusOr<AttentionOutput>> results(order.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < order.size(); ++i) {
+    tokens.push_back(std::make_unique<Tokens>(1, 300 + i));
+    threads.emplace_back([&, i] {
+      results[i] = batcher_->Append(
+          DecodeRequest(ids_[order[i].session], order[i].layer, *tokens[i]));
+    });
+    WaitForQueued(*batcher_, static_cast<int64_t>(i + 1));
+  }
+  recorder_->Release();
+  for (std::thread& thread : threads) thread.join();
+  FinishFirstBatch(0);
+
+  // {1/L0 #a, 2/L0, 1/L1}, then #b, then #c: a (session, layer) never twice
+  // in a batch, and never overtaken.
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 3, 1, 1}));
+  for (size_t i = 0; i < order.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    // The reference applies the steps in arrival order.
+    auto expected = ReferenceStep(order[i].session, order[i].layer, *tokens[i]);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(results[i]->position, expected->position) << i;
+    EXPECT_EQ(Bytes(results[i]->output), Bytes(expected->output)) << i;
+  }
+  EXPECT_EQ(results[0]->position, 20);
+  EXPECT_EQ(results[2]->position, 21);
+  EXPECT_EQ(results[4]->position, 22);
+}
+
+TEST_F(DecodeBatcherTest, FailuresInABatchAreIndependent) {
+  MakeBatcher(DecodeBatcherOptions());
+  AddSession(5);
+  AddSession(6);
+  AddSession(7);
+  AddSession(8);
+  StartHeldFirstBatch(0);
+  const auto lengths_before = engine_->GetSession(ids_[2])->layer_lengths;
+
+  Tokens good(1, 11), overflow(1, 12), two_tokens(2, 13), good3(1, 14);
+  std::fill(overflow.q.begin(), overflow.q.end(), 3e19f);
+  std::fill(overflow.k.begin(), overflow.k.end(), 3e19f);
+  std::vector<AppendRequest> requests = {
+      DecodeRequest(ids_[1], 0, good),
+      DecodeRequest(ids_[2], 0, overflow),  // logits overflow
+      DecodeRequest("no-such-session", 0, good),
+      DecodeRequest(ids_[2], 1, two_tokens),  // a decode step is 1 token
+      DecodeRequest(ids_[3], 1, good3),
+  };
+  std::vector<absl::StatusOr<AttentionOutput>> results(requests.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = batcher_->Append(requests[i]); });
+  }
+  WaitForQueued(*batcher_, static_cast<int64_t>(requests.size()));
+  recorder_->Release();
+  for (std::thread& thread : threads) thread.join();
+  FinishFirstBatch(0);
+
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 5}));
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results[2].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(results[3].status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(results[4].ok()) << results[4].status();
+  // The failures are what a lone Append reports, and change nothing.
+  EXPECT_EQ(ReferenceStep(2, 0, overflow).status().code(),
+            results[1].status().code());
+  EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths, lengths_before);
+  auto expected1 = ReferenceStep(1, 0, good);
+  auto expected3 = ReferenceStep(3, 1, good3);
+  ASSERT_TRUE(expected1.ok() && expected3.ok());
+  EXPECT_EQ(Bytes(results[0]->output), Bytes(expected1->output));
+  EXPECT_EQ(Bytes(results[4]->output), Bytes(expected3->output));
+}
+
+TEST_F(DecodeBatcherTest, AtomicGroupsAreAllOrNothingAndKeepTheirPlace) {
+  MakeBatcher(DecodeBatcherOptions());
+  AddSession(5);  // 0: held first batch
+  AddSession(6);  // 1
+  AddSession(7);  // 2
+  StartHeldFirstBatch(0);
+
+  // Queue: 1/L0 step, group {1/L0, 2/L0}, bad group {2/L1, 1/L1 (2 tokens)},
+  // then 1/L0 step. Independent steps may not overtake the groups on the
+  // same (session, layer).
+  Tokens before(1, 21), g1(1, 22), g2(1, 23), bad_ok(1, 24), bad(2, 25),
+      after(1, 26);
+  const std::vector<AppendRequest> group = {DecodeRequest(ids_[1], 0, g1),
+                                            DecodeRequest(ids_[2], 0, g2)};
+  const std::vector<AppendRequest> bad_group = {
+      DecodeRequest(ids_[2], 1, bad_ok), DecodeRequest(ids_[1], 1, bad)};
+  absl::StatusOr<AttentionOutput> before_result, after_result;
+  absl::StatusOr<std::vector<AttentionOutput>> group_result, bad_result;
+  std::vector<std::thread> threads;
+  threads.emplace_back([&] {
+    before_result = batcher_->Append(DecodeRequest(ids_[1], 0, before));
+  });
+  WaitForQueued(*batcher_, 1);
+  threads.emplace_back([&] { group_result = batcher_->AppendAtomic(group); });
+  WaitForQueued(*batcher_, 3);
+  threads.emplace_back([&] { bad_result = batcher_->AppendAtomic(bad_group); });
+  WaitForQueued(*batcher_, 5);
+  threads.emplace_back([&] {
+    after_result = batcher_->Append(DecodeRequest(ids_[1], 0, after));
+  });
+  WaitForQueued(*batcher_, 6);
+  const auto lengths_before = engine_->GetSession(ids_[2])->layer_lengths;
+  recorder_->Release();
+  for (std::thread& thread : threads) thread.join();
+  FinishFirstBatch(0);
+
+  // held, {before}, group, bad group, {after}.
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 1, 2, 2, 1}));
+  ASSERT_TRUE(before_result.ok()) << before_result.status();
+  ASSERT_TRUE(group_result.ok()) << group_result.status();
+  ASSERT_TRUE(after_result.ok()) << after_result.status();
+  EXPECT_EQ(bad_result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(before_result->position, 6);
+  EXPECT_EQ((*group_result)[0].position, 7);
+  EXPECT_EQ(after_result->position, 8);
+  // The bad group changed nothing, not even its valid step on session 2.
+  EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths[1], lengths_before[1]);
+  EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths[0], 8);
+
+  // Bitwise equal to the reference applying the same steps in order.
+  auto ref_before = ReferenceStep(1, 0, before);
+  auto ref_group = reference_->AppendBatch(
+      std::vector<AppendRequest>{DecodeRequest(reference_ids_[1], 0, g1),
+                                 DecodeRequest(reference_ids_[2], 0, g2)});
+  auto ref_after = ReferenceStep(1, 0, after);
+  ASSERT_TRUE(ref_before.ok() && ref_group.ok() && ref_after.ok());
+  EXPECT_EQ(Bytes(before_result->output), Bytes(ref_before->output));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Bytes((*group_result)[i].output), Bytes((*ref_group)[i].output));
+  }
+  EXPECT_EQ(Bytes(after_result->output), Bytes(ref_after->output));
+}
+
+TEST_F(DecodeBatcherTest, MaxBatchSizeSplitsTheQueue) {
+  DecodeBatcherOptions options;
+  options.max_batch_size = 4;
+  MakeBatcher(options);
+  constexpr int kSessions = 11;
+  for (int s = 0; s < kSessions; ++s) AddSession(4);
+  StartHeldFirstBatch(0);
+  std::vector<std::unique_ptr<Tokens>> tokens;
+  std::vector<absl::StatusOr<AttentionOutput>> results(kSessions - 1);
+  std::vector<std::thread> threads;
+  for (int s = 1; s < kSessions; ++s) {
+    tokens.push_back(std::make_unique<Tokens>(1, 400 + s));
+    threads.emplace_back([&, s] {
+      results[s - 1] =
+          batcher_->Append(DecodeRequest(ids_[s], 0, *tokens[s - 1]));
+    });
+  }
+  WaitForQueued(*batcher_, kSessions - 1);
+  recorder_->Release();
+  for (std::thread& thread : threads) thread.join();
+  FinishFirstBatch(0);
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 4, 4, 2}));
+  for (int s = 1; s < kSessions; ++s) {
+    ASSERT_TRUE(results[s - 1].ok()) << results[s - 1].status();
+    auto expected = ReferenceStep(s, 0, *tokens[s - 1]);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(Bytes(results[s - 1]->output), Bytes(expected->output));
+  }
+}
+
+TEST_F(DecodeBatcherTest, FullQueueIsUnavailableAndAppliesNothing) {
+  DecodeBatcherOptions options;
+  options.max_queued_steps = 2;
+  MakeBatcher(options);
+  for (int s = 0; s < 4; ++s) AddSession(4);
+  StartHeldFirstBatch(0);
+  Tokens t1(1, 31), t2(1, 32), t3(1, 33);
+  absl::StatusOr<AttentionOutput> r1, r2;
+  std::thread a([&] { r1 = batcher_->Append(DecodeRequest(ids_[1], 0, t1)); });
+  std::thread b([&] { r2 = batcher_->Append(DecodeRequest(ids_[2], 0, t2)); });
+  WaitForQueued(*batcher_, 2);
+  // A third step does not fit: refused at once, session 3 unchanged.
+  auto refused = batcher_->Append(DecodeRequest(ids_[3], 0, t3));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(refused.status().message().empty());
+  const std::vector<AppendRequest> group = {DecodeRequest(ids_[3], 1, t3)};
+  EXPECT_EQ(batcher_->AppendAtomic(group).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(engine_->GetSession(ids_[3])->layer_lengths,
+            (std::vector<int64_t>{4, 4}));
+  recorder_->Release();
+  a.join();
+  b.join();
+  FinishFirstBatch(0);
+  EXPECT_TRUE(r1.ok()) << r1.status();
+  EXPECT_TRUE(r2.ok()) << r2.status();
+
+  // An empty queue accepts even a group larger than the limit.
+  Tokens g(1, 34);
+  const std::vector<AppendRequest> big = {DecodeRequest(ids_[1], 1, g),
+                                          DecodeRequest(ids_[2], 1, g),
+                                          DecodeRequest(ids_[3], 1, g)};
+  auto accepted = batcher_->AppendAtomic(big);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(accepted->size(), 3u);
+}
+
+TEST_F(DecodeBatcherTest, ManyThreadsManyStepsMatchAppendBitwise) {
+  // No held batch: whatever batching happens, every session's results are
+  // the reference's, in its order.
+  MakeBatcher(DecodeBatcherOptions(), /*hold_first=*/false);
+  constexpr int kSessions = 6;
+  constexpr int kSteps = 12;
+  for (int s = 0; s < kSessions; ++s) AddSession(1 + 5 * s);
+  std::vector<std::vector<std::unique_ptr<Tokens>>> tokens(kSessions);
+  std::vector<std::vector<absl::StatusOr<AttentionOutput>>> results(kSessions);
+  for (int s = 0; s < kSessions; ++s) {
+    for (int i = 0; i < kSteps; ++i) {
+      tokens[s].push_back(std::make_unique<Tokens>(1, 1000 * s + i));
+    }
+    results[s].resize(kSteps);
+  }
+  std::vector<std::thread> threads;
+  for (int s = 0; s < kSessions; ++s) {
+    // One thread per (session, layer), each step after the previous one, as
+    // a Decode stream does; the two layers of a session run concurrently.
+    for (int layer = 0; layer < kLayers; ++layer) {
+      threads.emplace_back([&, s, layer] {
+        for (int i = layer; i < kSteps; i += kLayers) {
+          results[s][i] =
+              batcher_->Append(DecodeRequest(ids_[s], layer, *tokens[s][i]));
+        }
+      });
+    }
+  }
+  for (std::thread& thread : threads) thread.join();
+  int64_t steps = 0;
+  for (int64_t size : recorder_->sizes()) steps += size;
+  EXPECT_EQ(steps, kSessions * kSteps);
+  for (int s = 0; s < kSessions; ++s) {
+    for (int i = 0; i < kSteps; ++i) {
+      ASSERT_TRUE(results[s][i].ok()) << results[s][i].status();
+      auto expected = ReferenceStep(s, i % kLayers, *tokens[s][i]);
+      ASSERT_TRUE(expected.ok());
+      EXPECT_EQ(Bytes(results[s][i]->output), Bytes(expected->output));
+      EXPECT_EQ(results[s][i]->position, expected->position);
+    }
+  }
+}
+
+TEST_F(DecodeBatcherTest, OutputDestinationIsFilledInPlace) {
+  MakeBatcher(DecodeBatcherOptions(), /*hold_first=*/false);
+  AddSession(9);
+  Tokens step(1, 77);
+  for (DType dtype : {DType::kFloat32, DType::kFloat16}) {
+    AppendRequest request = DecodeRequest(ids_[0], 0, step);
+    request.output_dtype = dtype;
+    std::vector<std::byte> destination(kQHeads * kDim * DTypeSize(dtype));
+    request.output_destination = absl::MakeSpan(destination);
+    auto result = batcher_->Append(request);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->output.size_bytes(), 0);
+    AppendRequest reference = DecodeRequest(reference_ids_[0], 0, step);
+    reference.output_dtype = dtype;
+    auto expected = reference_->Append(reference);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(destination, Bytes(expected->output));
+  }
+}
+
+}  // namespace
+}  // namespace attention::server
