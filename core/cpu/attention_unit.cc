@@ -415,14 +415,12 @@ absl::Status UnitRunner::RunChunk(int64_t chunk, float* state) {
     // The kernel prefetches the next tile's rows while it works on this
     // one: paged blocks are short runs the hardware prefetcher handles
     // badly, and prefetching a whole tile at once stalls on fill buffers.
-    static const int dist = getenv("PFD") ? atoi(getenv("PFD")) : 1;
-    const int64_t pa = std::min(t0 + dist * kKeysPerTile, info_.length);
-    const int64_t t2 = std::min(pa + kKeysPerTile, info_.length);
-    job.prefetch_n = static_cast<int>(t2 - pa);
+    const int64_t t2 = std::min(t1 + kKeysPerTile, info_.length);
+    job.prefetch_n = static_cast<int>(t2 - t1);
     if (job.prefetch_n > 0) {
-      FindRows(pa, t2, /*values=*/false, scratch_.next_key_rows);
-      FindRows(pa, t2, /*values=*/true, scratch_.next_value_rows);
-      found_t0_ = pa;
+      FindRows(t1, t2, /*values=*/false, scratch_.next_key_rows);
+      FindRows(t1, t2, /*values=*/true, scratch_.next_value_rows);
+      found_t0_ = t1;
       found_t1_ = t2;
     }
     job.prefetch_k = scratch_.next_key_rows;

@@ -19,10 +19,10 @@ struct M {
   __m256 lo, hi;  // all-ones lanes where set
 };
 
-// Row-heads sharing each key / value load, and value blocks accumulated
-// together in the P.V loop (2 x 2 vectors = 8 ymm accumulators).
+// Register blocking: kDotHeads row-heads share each key load (4 x 2 ymm
+// accumulators); kPvHeads row-heads x kPvBlocks value blocks in the P.V
+// loop (2 x 2 x 2 = 8 ymm accumulators).
 constexpr int kDotHeads = 4;
-constexpr int kDotKeys = 1;
 constexpr int kPvHeads = 2;
 constexpr int kPvBlocks = 2;
 

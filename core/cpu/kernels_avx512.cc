@@ -30,10 +30,9 @@ struct M {
   __mmask16 k;
 };
 
-// Row-heads sharing each key / value load, and value blocks accumulated
-// together in the P.V loop (4 x 4 zmm accumulators).
+// Register blocking: kDotHeads row-heads share each key load; kPvHeads
+// row-heads x kPvBlocks value blocks in the P.V loop (16 zmm accumulators).
 constexpr int kDotHeads = 4;
-constexpr int kDotKeys = 4;
 constexpr int kPvHeads = 4;
 constexpr int kPvBlocks = 4;
 

@@ -9,9 +9,8 @@
 // ATTN_KERNEL_NAME, declares inside namespace
 // attention::cpu::ATTN_KERNEL_NAMESPACE the types V (16 floats) and M (16
 // lane flags), the register-blocking constants kDotHeads, kPvHeads (row-heads
-// sharing one key / value load, 1..4), kDotKeys (keys sharing one query
-// load) and kPvBlocks (value blocks per P.V pass), and the operations listed
-// below, then
+// sharing one key / value load, 1..4) and kPvBlocks (value blocks per P.V
+// pass), and the operations listed below, then
 // includes this file (once, never from a header). Everything here lands in
 // that per-ISA namespace, so no inline function is shared between
 // translation units built with different instruction-set flags.
@@ -184,80 +183,53 @@ inline V LoadRow(const std::byte* row, int block) {
   }
 }
 
-// Lane accumulators of kKeys keys [j0, j0 + kKeys) for kHeads row-heads:
-// acc[i][jj0 + t] for key j0 + t. Every loaded and converted key block
-// serves all kHeads row-heads, and every query block all kKeys keys; the
-// kKeys x kHeads independent FMA chains keep both FMA ports busy. (Each
-// lane still accumulates its elements in increasing order: canonical.)
-template <ElementType kType, int kHeads, int kKeys, int kBlocks>
-inline void DotLanes(const TileJob& job, const float* const* q, int j0,
-                     V (*acc)[kLanes], int jj0) {
-  const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
-  const std::byte* key[kKeys];
-  for (int t = 0; t < kKeys; ++t) key[t] = job.k[j0 + t];
-  V a[kKeys][kHeads];
-  for (int t = 0; t < kKeys; ++t) {
-    for (int i = 0; i < kHeads; ++i) a[t][i] = Zero();
-  }
-  for (int b = 0; b < blocks; ++b) {
-    V kb[kKeys];
-    for (int t = 0; t < kKeys; ++t) kb[t] = LoadRow<kType>(key[t], b);
-    for (int i = 0; i < kHeads; ++i) {
-      const V qb = Load(q[i] + b * kLanes);
-      for (int t = 0; t < kKeys; ++t) a[t][i] = Fma(qb, kb[t], a[t][i]);
-    }
-  }
-  for (int t = 0; t < kKeys; ++t) {
-    for (int i = 0; i < kHeads; ++i) acc[i][jj0 + t] = a[t][i];
-  }
-}
-
-// Issues the prefetches for row j of the next tile (see TileJob).
-inline void PrefetchNextRow(const TileJob& job, int j) {
-  if (j >= job.prefetch_n) return;
-  if (const std::byte* next = job.prefetch_k[j]) {
-    for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
-      __builtin_prefetch(next + o);
-    }
-  }
-  if (const std::byte* next = job.prefetch_v[j]) {
-    for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
-      __builtin_prefetch(next + o);
-    }
-  }
-}
-
 // out[i][j] = canonical dot(q of row-head rhs[i], k[j]) for j < n; entries
-// [n, 32) of a half that holds keys are 0. kBlocks = head_dim_padded /
-// kLanes when known at compile time, else 0. With `prefetch`, also spreads
-// the next tile's prefetches over the work.
+// [n, 32) of a half that holds keys are 0. Each key block is loaded and
+// converted once for all kHeads row-heads. kBlocks = head_dim_padded /
+// kLanes when known at compile time, else 0.
 template <ElementType kType, int kHeads, int kBlocks>
 inline void JointDots(const TileJob& job, const int* rhs, float* out,
                       bool prefetch) {
+  const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
   const float* q[kHeads];
   for (int i = 0; i < kHeads; ++i) {
     q[i] = job.q + static_cast<int64_t>(rhs[i]) * job.head_dim_padded;
   }
   for (int half = 0; half * kLanes < job.n; ++half) {
-    const int j0 = half * kLanes;
-    const int keys = job.n - j0 < kLanes ? job.n - j0 : kLanes;
     V acc[kHeads][kLanes];
-    int jj = 0;
-    for (; jj + kDotKeys <= keys; jj += kDotKeys) {
-      DotLanes<kType, kHeads, kDotKeys, kBlocks>(job, q, j0 + jj, acc, jj);
-      if (prefetch) {
-        for (int t = 0; t < kDotKeys; ++t) PrefetchNextRow(job, j0 + jj + t);
+    for (int jj = 0; jj < kLanes; ++jj) {
+      const int j = half * kLanes + jj;
+      V a[kHeads];
+      for (int i = 0; i < kHeads; ++i) a[i] = Zero();
+      if (j < job.n) {
+        const std::byte* key = job.k[j];
+        for (int b = 0; b < blocks; ++b) {
+          const V kb = LoadRow<kType>(key, b);
+          for (int i = 0; i < kHeads; ++i) {
+            a[i] = Fma(Load(q[i] + b * kLanes), kb, a[i]);
+          }
+        }
+      }
+      for (int i = 0; i < kHeads; ++i) acc[i][jj] = a[i];
+      if (prefetch && j < job.prefetch_n) {
+        // Spread the next tile's prefetches over this tile's work. Keep
+        // this code inline here: moved into a helper function that only
+        // prefetches, GCC's IPA pure-const analysis deems the helper free
+        // of side effects and deletes the calls.
+        if (const std::byte* next = job.prefetch_k[j]) {
+          for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
+            __builtin_prefetch(next + o);
+          }
+        }
+        if (const std::byte* next = job.prefetch_v[j]) {
+          for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
+            __builtin_prefetch(next + o);
+          }
+        }
       }
     }
-    for (; jj < keys; ++jj) {
-      DotLanes<kType, kHeads, 1, kBlocks>(job, q, j0 + jj, acc, jj);
-      if (prefetch) PrefetchNextRow(job, j0 + jj);
-    }
-    for (; jj < kLanes; ++jj) {
-      for (int i = 0; i < kHeads; ++i) acc[i][jj] = Zero();
-    }
     for (int i = 0; i < kHeads; ++i) {
-      Store(out + static_cast<int64_t>(rhs[i]) * kTileKeys + j0,
+      Store(out + static_cast<int64_t>(rhs[i]) * kTileKeys + half * kLanes,
             SumTree16(acc[i]));
     }
   }

@@ -18,10 +18,8 @@ struct M {
   uint32_t bits;
 };
 
-// Row-heads sharing each key / value load, and value blocks accumulated
-// together in the P.V loop.
+// Register blocking (no registers here, but the same loop structure).
 constexpr int kDotHeads = 4;
-constexpr int kDotKeys = 1;
 constexpr int kPvHeads = 4;
 constexpr int kPvBlocks = 2;
 
