@@ -179,9 +179,10 @@ grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
   const grpc::Status status = [&]() -> grpc::Status {
     auto append = AppendRequestFromProto(*request);
     if (!append.ok()) return ToGrpcStatus(append.status());
+    PrepareOutput(*append, response, max_message_bytes_);
     auto output = engine_->Append(*append);
     if (!output.ok()) return ToGrpcStatus(output.status());
-    AttentionOutputToProto(*output, response);
+    FinishResult(*append, *output, response);
     return grpc::Status::OK;
   }();
   if (status.ok() && metrics_ != nullptr) {

@@ -10,8 +10,8 @@
 //
 // Tensor bytes are copied as little as the protobuf API allows: inputs are
 // views into the request's bytes (the engine converts them straight into the
-// KV blocks), and a decode step's output is written once by the engine,
-// straight into the response's pre-sized bytes (AppendRequest's
+// KV blocks), and a Prefill's or decode step's output is written once by the
+// engine, straight into the response's pre-sized bytes (AppendRequest's
 // output_destination).
 //
 // Thread-safety: handlers run concurrently on gRPC's threads; the engine is
