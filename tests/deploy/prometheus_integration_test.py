@@ -278,8 +278,11 @@ scrape_configs:
 
     # Wait until a scrape after the last demo has been ingested.
     wait_for("the final counters", lambda: requests("DeleteSession") == n, 30)
-    # One more scrape so that the gauges too are past the last deletion.
-    time.sleep(2)
+    # A scrape past the last deletion: the gauges are back to zero (bounded
+    # wait; under load a scrape may come late).
+    wait_for("a scrape after the last deletion", lambda: prometheus.value(
+        f"attention_sessions_active{sel} + attention_kv_cache_used_bytes{sel}"
+        f" + attention_streams_active{sel}") == 0, 30)
 
     # --- assertions --------------------------------------------------------
     peak_used = prometheus.value(f"max_over_time(attention_kv_cache_used_bytes{sel}[5m])")
