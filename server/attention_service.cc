@@ -59,6 +59,21 @@ void FinishResult(const AppendRequest& request, const AttentionOutput& output,
   }
 }
 
+// One Prefill or DecodeStep: converts `request`, runs it with `run` (the
+// engine, or the batcher for decode steps) and answers with the output
+// written once, straight into `response`.
+template <typename Request, typename Run>
+grpc::Status AppendAndRespond(const Request& request, int64_t max_message_bytes,
+                              v1::AttentionResult* response, Run run) {
+  auto append = AppendRequestFromProto(request);
+  if (!append.ok()) return ToGrpcStatus(append.status());
+  PrepareOutput(*append, response, max_message_bytes);
+  absl::StatusOr<AttentionOutput> output = run(*append);
+  if (!output.ok()) return ToGrpcStatus(output.status());
+  FinishResult(*append, *output, response);
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
@@ -176,15 +191,9 @@ grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
                                            v1::AttentionResult* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kPrefill,
                      request->session_id());
-  const grpc::Status status = [&]() -> grpc::Status {
-    auto append = AppendRequestFromProto(*request);
-    if (!append.ok()) return ToGrpcStatus(append.status());
-    PrepareOutput(*append, response, max_message_bytes_);
-    auto output = engine_->Append(*append);
-    if (!output.ok()) return ToGrpcStatus(output.status());
-    FinishResult(*append, *output, response);
-    return grpc::Status::OK;
-  }();
+  const grpc::Status status = AppendAndRespond(
+      *request, max_message_bytes_, response,
+      [&](const AppendRequest& append) { return engine_->Append(append); });
   if (status.ok() && metrics_ != nullptr) {
     metrics_->AddTokens(TokenPhase::kPrefill, request->q().shape_size() > 0
                                                   ? request->q().shape(0)
@@ -198,15 +207,9 @@ grpc::Status AttentionServiceImpl::DecodeStep(grpc::ServerContext* context,
                                               v1::AttentionResult* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kDecodeStep,
                      request->session_id());
-  const grpc::Status status = [&]() -> grpc::Status {
-    auto append = AppendRequestFromProto(*request);
-    if (!append.ok()) return ToGrpcStatus(append.status());
-    PrepareOutput(*append, response, max_message_bytes_);
-    auto output = batcher_->Append(*append);
-    if (!output.ok()) return ToGrpcStatus(output.status());
-    FinishResult(*append, *output, response);
-    return grpc::Status::OK;
-  }();
+  const grpc::Status status = AppendAndRespond(
+      *request, max_message_bytes_, response,
+      [&](const AppendRequest& append) { return batcher_->Append(append); });
   if (status.ok() && metrics_ != nullptr) {
     metrics_->AddTokens(TokenPhase::kDecode, 1);
   }
