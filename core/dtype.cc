@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/dtype_kernels.h"
 
 namespace attention {
 namespace {
@@ -151,19 +152,11 @@ void ConvertToFloat(DType dtype, const std::byte* src, int64_t count,
     case DType::kFloat32:
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
       return;
-    case DType::kFloat16: {
-      // Blocks of 16 with a tail: a shape -O2 vectorises.
-      int64_t i = 0;
-      for (; i + 16 <= count; i += 16) {
-#pragma GCC unroll 16
-        for (int l = 0; l < 16; ++l) {
-          dst[i + l] = HalfToFloat(LoadU16(src + 2 * (i + l)));
-        }
-      }
-      for (; i < count; ++i) dst[i] = HalfToFloat(LoadU16(src + 2 * i));
+    case DType::kFloat16:
+      dtype_internal::ActiveKernels().half_to_float(src, count, dst);
       return;
-    }
     case DType::kBFloat16: {
+      // Blocks of 16 with a tail: a shape the compiler vectorises.
       int64_t i = 0;
       for (; i + 16 <= count; i += 16) {
 #pragma GCC unroll 16
@@ -184,9 +177,7 @@ void ConvertFromFloat(const float* src, int64_t count, DType dtype,
       std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
       return;
     case DType::kFloat16:
-      for (int64_t i = 0; i < count; ++i) {
-        StoreU16(FloatToHalf(src[i]), dst + 2 * i);
-      }
+      dtype_internal::ActiveKernels().float_to_half(src, count, dst);
       return;
     case DType::kBFloat16:
       for (int64_t i = 0; i < count; ++i) {
@@ -202,15 +193,7 @@ void ConvertDType(DType src_dtype, const std::byte* src, int64_t count,
     std::memcpy(dst, src, static_cast<size_t>(count * DTypeSize(src_dtype)));
     return;
   }
-  if (src_dtype == DType::kFloat32) {
-    // Unaligned float source: convert element by element.
-    for (int64_t i = 0; i < count; ++i) {
-      const float value = LoadElement(src_dtype, src, i);
-      ConvertFromFloat(&value, 1, dst_dtype, dst + i * DTypeSize(dst_dtype));
-    }
-    return;
-  }
-  // Half types go through float in small batches (exact widening).
+  // Through an aligned float buffer in small batches (widening is exact).
   constexpr int64_t kBatch = 256;
   float buffer[kBatch];
   for (int64_t begin = 0; begin < count; begin += kBatch) {
@@ -222,33 +205,14 @@ void ConvertDType(DType src_dtype, const std::byte* src, int64_t count,
 
 absl::Status CheckFinite(DType dtype, const std::byte* src, int64_t count,
                          absl::string_view what) {
-  for (int64_t i = 0; i < count; ++i) {
-    bool finite;
-    switch (dtype) {
-      case DType::kFloat32: {
-        uint32_t bits;
-        std::memcpy(&bits, src + 4 * i, sizeof(bits));
-        finite = (bits & 0x7f800000u) != 0x7f800000u;
-        break;
-      }
-      case DType::kFloat16:
-        finite = (LoadU16(src + 2 * i) & 0x7c00u) != 0x7c00u;
-        break;
-      case DType::kBFloat16:
-        finite = (LoadU16(src + 2 * i) & 0x7f80u) != 0x7f80u;
-        break;
-      default:
-        finite = true;
-    }
-    if (!finite) {
-      const float value = LoadElement(dtype, src, i);
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " must be finite, but element ", i, " (flat index) is ",
-          std::isnan(value) ? "NaN" : (value > 0 ? "+inf" : "-inf"),
-          "; send only finite values"));
-    }
-  }
-  return absl::OkStatus();
+  const int64_t bad =
+      dtype_internal::ActiveKernels().first_non_finite(dtype, src, count);
+  if (bad < 0) return absl::OkStatus();
+  const float value = LoadElement(dtype, src, bad);
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " must be finite, but element ", bad, " (flat index) is ",
+      std::isnan(value) ? "NaN" : (value > 0 ? "+inf" : "-inf"),
+      "; send only finite values"));
 }
 
 absl::Status CheckRepresentable(DType dtype, const std::byte* src,
@@ -260,21 +224,27 @@ absl::Status CheckRepresentable(DType dtype, const std::byte* src,
       (dtype == DType::kFloat16 && target == DType::kBFloat16)) {
     return absl::OkStatus();
   }
-  for (int64_t i = 0; i < count; ++i) {
-    const float value = LoadElement(dtype, src, i);
-    if (!std::isfinite(value)) continue;
-    const float rounded = target == DType::kFloat16
-                              ? HalfToFloat(FloatToHalf(value))
-                              : BFloat16ToFloat(FloatToBFloat16(value));
-    if (!std::isfinite(rounded)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " element ", i, " (flat index) = ", value,
-                       " overflows ", DTypeName(target),
-                       " (largest finite magnitude ", MaxMagnitudeText(target),
-                       "); rescale the values or use a wider ", "dtype"));
+  const dtype_internal::DTypeKernels& kernels = dtype_internal::ActiveKernels();
+  int64_t bad = -1;
+  if (dtype == DType::kFloat32) {
+    bad = kernels.first_overflow(src, count, target);
+  } else {
+    // bfloat16 -> float16: widen in small batches, then check the floats.
+    constexpr int64_t kBatch = 256;
+    float buffer[kBatch];
+    for (int64_t begin = 0; begin < count && bad < 0; begin += kBatch) {
+      const int64_t n = count - begin < kBatch ? count - begin : kBatch;
+      ConvertToFloat(dtype, src + begin * DTypeSize(dtype), n, buffer);
+      const int64_t in_batch = kernels.first_overflow(
+          reinterpret_cast<const std::byte*>(buffer), n, target);
+      if (in_batch >= 0) bad = begin + in_batch;
     }
   }
-  return absl::OkStatus();
+  if (bad < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " element ", bad, " (flat index) = ", LoadElement(dtype, src, bad),
+      " overflows ", DTypeName(target), " (largest finite magnitude ",
+      MaxMagnitudeText(target), "); rescale the values or use a wider dtype"));
 }
 
 }  // namespace attention
