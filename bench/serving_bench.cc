@@ -303,11 +303,10 @@ absl::Status MeasureRpcOverhead(const Harness& h,
   const int warmup = 30;
   std::vector<double> decode_us, echo_us, callback_echo_us, engine_us;
   for (int i = -warmup; i < samples; ++i) {
-    // The context grows by two tokens per iteration; keep it near 1024.
-    if ((i + warmup) % 50 == 0) {
-      ATTN_RETURN_IF_ERROR(
-          engine.TruncateSession(fork.session_id, context).status());
-    }
+    // Each iteration appends two tokens (DecodeStep and engine Append):
+    // cut back to `context` (untimed) so every sample sees the same length.
+    ATTN_RETURN_IF_ERROR(
+        engine.TruncateSession(fork.session_id, context).status());
     // Rotate the order so that no side always runs right after another.
     for (int j = 0; j < 4; ++j) {
       const int what = (i + j) % 4;
@@ -710,8 +709,8 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
 
   ATTN_RETURN_IF_ERROR(
       MeasureRpcOverhead(harness, bases[0], kRpcContext, /*suffix=*/""));
-  // The same at a short context, where attention costs next to nothing:
-  // what remains is the serving path itself.
+  // The same at a short context, where attention is small (tens of us)
+  // and the serving path dominates.
   ATTN_RETURN_IF_ERROR(MeasureRpcOverhead(harness, bases[0], kShortContext,
                                           absl::StrCat("_ctx", kShortContext)));
   ATTN_RETURN_IF_ERROR(MeasureBatching(harness, bases, counter));
