@@ -13,7 +13,7 @@ namespace attention {
 namespace {
 
 std::unique_ptr<AttentionBackend> MakeCpu(const BackendOptions& options) {
-  return std::make_unique<CpuBackend>(options.threads);
+  return std::make_unique<CpuBackend>(options.threads, options.cpu_spin);
 }
 
 }  // namespace

@@ -4,9 +4,10 @@
 
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "core/backend.h"
 
 namespace attention {
@@ -16,6 +17,8 @@ struct BackendOptions {
   std::string kind = "auto";
   // CPU worker threads; <= 0 means one per hardware thread.
   int threads = 0;
+  // How long idle CPU threads poll before sleeping (ThreadPool's `spin`).
+  absl::Duration cpu_spin = absl::ZeroDuration();
 };
 
 struct BackendChoice {

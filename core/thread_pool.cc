@@ -2,8 +2,40 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace attention {
+namespace {
+
+void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+// Spins on `done` for up to `spin`; true when it became true. Checks the
+// clock only every few dozen polls (reading it costs more than a poll).
+template <typename Done>
+bool SpinUntil(absl::Duration spin, Done done) {
+  if (spin <= absl::ZeroDuration()) return done();
+  const auto deadline =
+      std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (done()) return true;
+      CpuRelax();
+    }
+    std::this_thread::yield();
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
+}  // namespace
 
 // One ParallelFor call. It lives on the caller's stack; the caller does not
 // return before every attached worker has detached, so workers never touch a
@@ -11,13 +43,20 @@ namespace attention {
 struct ThreadPool::Loop {
   const std::function<void(int64_t)>* fn = nullptr;
   int64_t n = 0;
-  std::atomic<int64_t> next{0};  // next index to claim
-  // Guarded by the pool's mu_.
-  int64_t completed = 0;  // indices finished
-  int attached = 0;       // workers currently draining this loop
+  std::atomic<int64_t> next{0};       // next index to claim
+  std::atomic<int64_t> completed{0};  // indices finished (see attached)
+  // Workers draining this loop. Changed only under the pool's mu_ (an
+  // increment only while the loop is offered); atomic so that the caller
+  // can spin on it without the lock.
+  std::atomic<int> attached{0};
+
+  bool Finished() const {
+    return completed.load(std::memory_order_acquire) == n &&
+           attached.load(std::memory_order_acquire) == 0;
+  }
 };
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads, absl::Duration spin) : spin_(spin) {
   if (num_threads <= 0) {
     num_threads = static_cast<int>(std::thread::hardware_concurrency());
     if (num_threads <= 0) num_threads = 1;
@@ -32,6 +71,7 @@ ThreadPool::~ThreadPool() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    stopping_flag_.store(true, std::memory_order_relaxed);
   }
   for (std::thread& worker : workers_) worker.join();
 }
@@ -49,6 +89,13 @@ int64_t ThreadPool::Drain(Loop& loop) {
 
 void ThreadPool::WorkerMain() {
   while (true) {
+    // Poll briefly before sleeping: a decode step arriving within the spin
+    // window starts on both threads without a wake-up (tens of
+    // microseconds on a virtual machine).
+    SpinUntil(spin_, [this] {
+      return offered_loops_.load(std::memory_order_relaxed) > 0 ||
+             stopping_flag_.load(std::memory_order_relaxed);
+    });
     Loop* loop;
     {
       absl::MutexLock lock(&mu_);
@@ -59,17 +106,26 @@ void ThreadPool::WorkerMain() {
           this));
       if (stopping_) return;
       loop = loops_.front();
-      ++loop->attached;
+      loop->attached.fetch_add(1, std::memory_order_relaxed);
     }
     const int64_t ran = Drain(*loop);
     {
       absl::MutexLock lock(&mu_);
       // Every index is claimed now: stop offering the loop to workers.
-      auto it = std::find(loops_.begin(), loops_.end(), loop);
-      if (it != loops_.end()) loops_.erase(it);
-      loop->completed += ran;
-      --loop->attached;
+      Withdraw(loop);
+      // Under mu_, so that a caller sleeping in Await re-checks; the
+      // decrement is this worker's last touch of the loop.
+      loop->completed.fetch_add(ran, std::memory_order_release);
+      loop->attached.fetch_sub(1, std::memory_order_release);
     }
+  }
+}
+
+void ThreadPool::Withdraw(Loop* loop) {
+  auto it = std::find(loops_.begin(), loops_.end(), loop);
+  if (it != loops_.end()) {
+    loops_.erase(it);
+    offered_loops_.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
@@ -86,16 +142,21 @@ void ThreadPool::ParallelFor(int64_t n,
   {
     absl::MutexLock lock(&mu_);
     loops_.push_back(&loop);
+    offered_loops_.fetch_add(1, std::memory_order_relaxed);
   }
   const int64_t ran = Drain(loop);
+  {
+    absl::MutexLock lock(&mu_);
+    // From here on no worker can attach.
+    Withdraw(&loop);
+  }
+  loop.completed.fetch_add(ran, std::memory_order_release);
+  // Wait for indices other threads claimed, and for them to let go of loop:
+  // spin first (they are usually about to finish), then sleep.
+  if (SpinUntil(spin_, [&loop] { return loop.Finished(); })) return;
   absl::MutexLock lock(&mu_);
-  auto it = std::find(loops_.begin(), loops_.end(), &loop);
-  if (it != loops_.end()) loops_.erase(it);
-  loop.completed += ran;
-  // Wait for indices other threads claimed, and for them to let go of loop.
   mu_.Await(absl::Condition(
-      +[](Loop* l) { return l->completed == l->n && l->attached == 0; },
-      &loop));
+      +[](Loop* l) { return l->Finished(); }, &loop));
 }
 
 }  // namespace attention

@@ -63,6 +63,12 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "threads ", options.threads, " must be >= 0 (0 = one per core)"));
   }
+  if (options.cpu_spin < absl::ZeroDuration() ||
+      options.cpu_spin > absl::Milliseconds(10)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_spin ", absl::FormatDuration(options.cpu_spin),
+                     " must be between 0 and 10ms (e.g. 100us)"));
+  }
   return DecodeBatcher::ValidateOptions(BatcherOptions(options));
 }
 
@@ -96,6 +102,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   BackendOptions backend_options;
   backend_options.kind = options.backend;
   backend_options.threads = options.threads;
+  backend_options.cpu_spin = options.cpu_spin;
   auto choice = CreateBackend(backend_options);
   if (!choice.ok()) return choice.status();
 

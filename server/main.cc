@@ -47,6 +47,10 @@ ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Minutes(10),
 ABSL_FLAG(int64_t, max_session_tokens, 131072,
           "Default and largest SessionSpec.max_tokens (tokens per layer).");
 ABSL_FLAG(int, threads, 0, "Backend worker threads; 0 = one per core.");
+ABSL_FLAG(absl::Duration, cpu_spin, absl::ZeroDuration(),
+          "CPU backend: how long idle worker threads poll for work before "
+          "sleeping (e.g. 100us on a dedicated many-core host; 0 = sleep "
+          "at once, best on small or shared machines).");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "On SIGTERM/SIGINT, how long in-flight calls and open Decode "
           "streams may take to finish (keep it below the orchestrator's "
@@ -71,6 +75,7 @@ ServerOptions OptionsFromFlags() {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.backend = absl::GetFlag(FLAGS_backend);
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.cpu_spin = absl::GetFlag(FLAGS_cpu_spin);
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   options.kv_block_bytes = absl::GetFlag(FLAGS_kv_block_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);

@@ -68,29 +68,34 @@ struct Item {
 
 }  // namespace
 
-CpuBackend::CpuBackend(int num_threads)
-    : CpuBackend(num_threads, [] {
-        std::string warning;
-        const CpuIsa isa = DefaultCpuIsa(&warning);
-        if (!warning.empty()) std::cerr << "attention: " << warning << "\n";
-        return isa;
-      }()) {}
+CpuBackend::CpuBackend(int num_threads, absl::Duration spin)
+    : CpuBackend(
+          num_threads,
+          [] {
+            std::string warning;
+            const CpuIsa isa = DefaultCpuIsa(&warning);
+            if (!warning.empty()) {
+              std::cerr << "attention: " << warning << "\n";
+            }
+            return isa;
+          }(),
+          spin) {}
 
-CpuBackend::CpuBackend(int num_threads, CpuIsa isa)
-    : pool_(num_threads), isa_(isa), kernels_(KernelsFor(isa)) {
+CpuBackend::CpuBackend(int num_threads, CpuIsa isa, absl::Duration spin)
+    : pool_(num_threads, spin), isa_(isa), kernels_(KernelsFor(isa)) {
   device_ = absl::StrCat(CpuModelName(), " (", CpuIsaName(isa_), ", ",
                          pool_.num_threads(),
                          pool_.num_threads() == 1 ? " thread)" : " threads)");
 }
 
-absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(int num_threads,
-                                                               CpuIsa isa) {
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(
+    int num_threads, CpuIsa isa, absl::Duration spin) {
   if (!CpuIsaSupported(isa)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "this processor or build cannot run the ", CpuIsaName(isa),
         " kernels; the best supported is ", CpuIsaName(BestCpuIsa())));
   }
-  return std::unique_ptr<CpuBackend>(new CpuBackend(num_threads, isa));
+  return std::unique_ptr<CpuBackend>(new CpuBackend(num_threads, isa, spin));
 }
 
 CpuBackend::~CpuBackend() = default;

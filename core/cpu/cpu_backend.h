@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/backend.h"
 #include "core/cpu/cpu_features.h"
@@ -37,13 +38,15 @@ class CpuBackend final : public AttentionBackend {
   // Runs attention on `num_threads` threads (the calling thread included);
   // <= 0 means one per hardware thread. Uses DefaultCpuIsa(): the fastest
   // kernels the processor supports, or ATTN_CPU_ISA (a bad value is
-  // reported on stderr and ignored).
-  explicit CpuBackend(int num_threads);
+  // reported on stderr and ignored). Idle threads poll for up to `spin`
+  // before sleeping (see ThreadPool).
+  explicit CpuBackend(int num_threads,
+                      absl::Duration spin = absl::ZeroDuration());
 
   // As above with an explicit instruction set. FAILED_PRECONDITION when
   // this processor or build cannot run `isa`.
-  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(int num_threads,
-                                                            CpuIsa isa);
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(
+      int num_threads, CpuIsa isa, absl::Duration spin = absl::ZeroDuration());
 
   ~CpuBackend() override;
 
@@ -80,7 +83,7 @@ class CpuBackend final : public AttentionBackend {
   ThreadPool& thread_pool() { return pool_; }
 
  private:
-  CpuBackend(int num_threads, CpuIsa isa);
+  CpuBackend(int num_threads, CpuIsa isa, absl::Duration spin);
 
   ThreadPool pool_;
   CpuIsa isa_;

@@ -152,7 +152,8 @@ TEST(ServerBinaryTest, SigintAlsoExitsZero) {
 TEST(ServerBinaryTest, BadFlagsFailToStart) {
   for (const char* flag :
        {"--backend=tpu", "--kv_cache_bytes=0", "--max_message_bytes=-1",
-        "--port=70000", "--session_idle_timeout=-1s"}) {
+        "--port=70000", "--session_idle_timeout=-1s", "--cpu_spin=-1us",
+        "--cpu_spin=1s"}) {
     std::vector<std::string> flags = kSmallServer;
     flags.push_back(flag);
     ServerProcess server(flags);
