@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/cpu/attention_unit.h"
 #include "core/cpu/kernels.h"
+#include "core/cpu/shared_chunks.h"
 #include "core/cpu/work_split.h"
 #include "core/dtype.h"
 
@@ -59,11 +60,13 @@ class CpuArena final : public DeviceArena {
 // thread from about 100 keys on. Never changes results.
 constexpr int64_t kInlineWorkLimit = 2048;
 
-// One parallel task: chunk_list[chunks_begin, chunks_end) of a unit.
+// One parallel task: chunk_list[chunks_begin, chunks_end) of a unit, or
+// (shared >= 0) one shared chunk for all its member units.
 struct Item {
   int64_t unit;
   int64_t chunks_begin;
   int64_t chunks_end;
+  int64_t shared = -1;
 };
 
 }  // namespace
@@ -243,23 +246,56 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
       pool_.ParallelFor(n, fn);
     }
   };
+  // Decode steps of a batch that read the same KV blocks (forks of one
+  // prompt) compute each shared chunk once for all of them.
+  std::vector<cpu::SharedChunk> shared;
+  std::vector<char> slot_shared(chunk_list.size(), 0);
+  if (problems.size() > 1) {
+    shared = cpu::FindSharedChunks(problems, infos, units, chunk_list);
+    for (const cpu::SharedChunk& chunk : shared) {
+      for (const cpu::SharedChunkMember& member : chunk.members) {
+        slot_shared[member.slot] = 1;
+      }
+    }
+  }
+
+  // Shared chunks first: each is a long item, better started early.
   std::vector<Item> items;
+  for (size_t s = 0; s < shared.size(); ++s) {
+    items.push_back(Item{-1, 0, 0, static_cast<int64_t>(s)});
+  }
   int64_t partial_floats = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     Unit& unit = units[u];
     const ProblemInfo& info = infos[unit.problem];
     const int64_t count = unit.chunks_end - unit.chunks_begin;
+    const bool has_shared =
+        std::any_of(slot_shared.begin() + unit.chunks_begin,
+                    slot_shared.begin() + unit.chunks_end,
+                    [](char is_shared) { return is_shared != 0; });
     unit.items_begin = static_cast<int64_t>(items.size());
-    if (count > chunks_per_piece && problems[unit.problem].weights == nullptr) {
+    if (has_shared || (count > chunks_per_piece &&
+                       problems[unit.problem].weights == nullptr)) {
       unit.split = true;
       unit.partial = partial_floats;
       partial_floats +=
           count * cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
                                    info.value_dim_padded);
-      for (int64_t c = unit.chunks_begin; c < unit.chunks_end;
-           c += chunks_per_piece) {
-        items.push_back(Item{static_cast<int64_t>(u), c,
-                             std::min(c + chunks_per_piece, unit.chunks_end)});
+      // Its own chunks in pieces of at most chunks_per_piece, skipping the
+      // shared ones (their items above fill those states).
+      int64_t c = unit.chunks_begin;
+      while (c < unit.chunks_end) {
+        if (slot_shared[c]) {
+          ++c;
+          continue;
+        }
+        int64_t end = c;
+        while (end < unit.chunks_end && !slot_shared[end] &&
+               end - c < chunks_per_piece) {
+          ++end;
+        }
+        items.push_back(Item{static_cast<int64_t>(u), c, end});
+        c = end;
       }
     } else {
       items.push_back(
@@ -269,11 +305,18 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
   }
   std::unique_ptr<float[]> partial(
       partial_floats > 0 ? new float[partial_floats] : nullptr);
+  auto chunk_state = [&](const Unit& unit, int64_t slot) {
+    const ProblemInfo& info = infos[unit.problem];
+    return partial.get() + unit.partial +
+           (slot - unit.chunks_begin) *
+               cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
+                                info.value_dim_padded);
+  };
 
   // Items run in any order, but the reported error is always the first one
-  // of the lowest failing unit (in its own processing order), so it never
-  // depends on scheduling, thread count or splitting. Work of units above a
-  // failed one is skipped.
+  // of the lowest failing unit (in its own processing order: chunk order
+  // for split units), so it never depends on scheduling, thread count,
+  // splitting or sharing. Work of units above a failed one is skipped.
   constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
   std::atomic<int64_t> first_failed{kNone};
   auto record_failure = [&first_failed](int64_t unit) {
@@ -282,27 +325,58 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
                                  current, unit, std::memory_order_relaxed)) {
     }
   };
-  std::vector<absl::Status> item_errors(items.size());
+  std::vector<absl::Status> item_errors(items.size());       // unsplit units
+  std::vector<absl::Status> slot_errors(chunk_list.size());  // split units
+  // The state of chunk_list[slot] for split unit u, computed by u alone.
+  auto own_chunk_state = [&](int64_t u, int64_t slot) {
+    const Unit& unit = units[u];
+    UnitRunner runner(kernels, problems[unit.problem], infos[unit.problem],
+                      unit);
+    absl::Status status = runner.ComputeChunkStates(&chunk_list[slot], 1,
+                                                    chunk_state(unit, slot));
+    if (!status.ok()) {
+      slot_errors[slot] = std::move(status);
+      record_failure(u);
+      return false;
+    }
+    return true;
+  };
   parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i) {
     const Item& item = items[i];
+    if (item.shared >= 0) {
+      const cpu::SharedChunk& chunk = shared[item.shared];
+      if (cpu::ComputeSharedChunk(kernels, problems, infos, units, chunk,
+                                  partial.get())
+              .ok()) {
+        shared_chunk_computations_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        // Each member recomputes alone and reports its own error.
+        for (const cpu::SharedChunkMember& member : chunk.members) {
+          own_chunk_state(member.unit, member.slot);
+        }
+      }
+      return;
+    }
     if (item.unit > first_failed.load(std::memory_order_relaxed)) return;
     const Unit& unit = units[item.unit];
     UnitRunner runner(kernels, problems[unit.problem], infos[unit.problem],
                       unit);
-    const int64_t* chunks = chunk_list.data() + item.chunks_begin;
-    const int64_t count = item.chunks_end - item.chunks_begin;
-    absl::Status status;
     if (unit.split) {
-      const ProblemInfo& info = infos[unit.problem];
-      const int64_t stride = cpu::StateFloats(
-          (unit.row_end - unit.row_begin) * info.group, info.value_dim_padded);
-      status = runner.ComputeChunkStates(
-          chunks, count,
-          partial.get() + unit.partial +
-              (item.chunks_begin - unit.chunks_begin) * stride);
-    } else {
-      status = runner.RunDirect(chunks, count);
+      if (!runner
+               .ComputeChunkStates(chunk_list.data() + item.chunks_begin,
+                                   item.chunks_end - item.chunks_begin,
+                                   chunk_state(unit, item.chunks_begin))
+               .ok()) {
+        // Rare: chunk by chunk again, to pin down the first failing one.
+        for (int64_t slot = item.chunks_begin; slot < item.chunks_end; ++slot) {
+          if (!own_chunk_state(item.unit, slot)) return;
+        }
+      }
+      return;
     }
+    absl::Status status =
+        runner.RunDirect(chunk_list.data() + item.chunks_begin,
+                         item.chunks_end - item.chunks_begin);
     if (!status.ok()) {
       item_errors[i] = std::move(status);
       record_failure(item.unit);
@@ -332,8 +406,14 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
   const int64_t failed = first_failed.load();
   if (failed == kNone) return absl::OkStatus();
   const Unit& unit = units[failed];
-  for (int64_t i = unit.items_begin; i < unit.items_end; ++i) {
-    if (!item_errors[i].ok()) return item_errors[i];
+  if (unit.split) {
+    for (int64_t slot = unit.chunks_begin; slot < unit.chunks_end; ++slot) {
+      if (!slot_errors[slot].ok()) return slot_errors[slot];
+    }
+  } else {
+    for (int64_t i = unit.items_begin; i < unit.items_end; ++i) {
+      if (!item_errors[i].ok()) return item_errors[i];
+    }
   }
   return unit_errors[failed];
 }

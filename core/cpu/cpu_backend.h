@@ -13,6 +13,7 @@
 #ifndef ATTENTION_CORE_CPU_CPU_BACKEND_H_
 #define ATTENTION_CORE_CPU_CPU_BACKEND_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -78,6 +79,12 @@ class CpuBackend final : public AttentionBackend {
 
   absl::Status Attend(absl::Span<const AttentionProblem> problems) override;
 
+  // How many chunk states were computed once for several decode steps
+  // reading the same KV blocks (shared_chunks.h), since construction.
+  int64_t shared_chunk_computations() const {
+    return shared_chunk_computations_.load(std::memory_order_relaxed);
+  }
+
   // The thread pool attention runs on (benchmarks reuse it so that they
   // measure on the same threads).
   ThreadPool& thread_pool() { return pool_; }
@@ -89,6 +96,7 @@ class CpuBackend final : public AttentionBackend {
   CpuIsa isa_;
   const cpu::KernelTable* kernels_;
   std::string device_;
+  std::atomic<int64_t> shared_chunk_computations_{0};
 };
 
 }  // namespace attention
