@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/attention_problem.h"
 #include "core/kv_view.h"
@@ -75,6 +75,12 @@ class AttentionBackend {
   // head; INTERNAL on device failure. On error the outputs are unspecified.
   // REQUIRES: shapes, dtypes, finiteness and mask parameters validated.
   virtual absl::Status Attend(absl::Span<const AttentionProblem> problems) = 0;
+
+  // How many KV chunks (kKeysPerSplit keys of one KV head) Attend has read
+  // once for several decode steps whose sessions share those blocks (forks
+  // of one prompt), since construction. 0 for a backend that never shares.
+  // Thread-safe.
+  virtual int64_t shared_chunk_computations() const { return 0; }
 };
 
 }  // namespace attention

@@ -520,6 +520,7 @@ EngineStats AttentionEngine::stats() const {
       decode_tokens_total_.load(std::memory_order_relaxed);
   stats.prefill_tokens_total =
       prefill_tokens_total_.load(std::memory_order_relaxed);
+  stats.shared_kv_chunks_total = backend_->shared_chunk_computations();
   return stats;
 }
 

@@ -103,6 +103,8 @@ struct EngineStats {
   // required_tokens set, i.e. DecodeStep/Decode/BatchDecode) and prefill.
   int64_t decode_tokens_total = 0;
   int64_t prefill_tokens_total = 0;
+  // AttentionBackend::shared_chunk_computations().
+  int64_t shared_kv_chunks_total = 0;
 };
 
 // Thread-safety: all methods are thread-safe. Calls on different sessions

@@ -275,6 +275,11 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
                                "Sessions removed to free KV cache memory.",
                                MetricType::Counter,
                                d(s.sessions_evicted_total)));
+    families->push_back(Scalar(
+        "attention_shared_kv_chunks_total",
+        "KV chunks (512 keys of one KV head) read once for several decode "
+        "steps of sessions sharing a prompt (forks).",
+        MetricType::Counter, d(s.shared_kv_chunks_total)));
     families->push_back(Scalar("attention_kv_cache_capacity_bytes",
                                "KV block pool capacity.", MetricType::Gauge,
                                d(s.kv_cache_capacity_bytes)));

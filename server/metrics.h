@@ -16,6 +16,7 @@
 //   attention_kv_cache_usage_ratio                   gauge    } (0..1)
 //   attention_kv_blocks_used                         gauge    }
 //   attention_kv_blocks_total                        gauge    }
+//   attention_shared_kv_chunks_total                 counter  }
 //   attention_build_info{version,backend,device}     gauge, always 1
 //
 // Recording is on the serving hot path, so it takes no lock and allocates
@@ -101,6 +102,7 @@ struct MetricsState {
   int64_t kv_cache_used_bytes = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
+  int64_t shared_kv_chunks_total = 0;
 };
 
 // The engine keeps no eviction count yet (sessions only leave by delete or
@@ -114,6 +116,7 @@ inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {
   state.kv_cache_used_bytes = stats.pool.used_bytes;
   state.kv_blocks_used = stats.pool.blocks_used;
   state.kv_blocks_total = stats.pool.blocks_total;
+  state.shared_kv_chunks_total = stats.shared_kv_chunks_total;
   return state;
 }
 

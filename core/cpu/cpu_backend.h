@@ -81,7 +81,7 @@ class CpuBackend final : public AttentionBackend {
 
   // How many chunk states were computed once for several decode steps
   // reading the same KV blocks (shared_chunks.h), since construction.
-  int64_t shared_chunk_computations() const {
+  int64_t shared_chunk_computations() const override {
     return shared_chunk_computations_.load(std::memory_order_relaxed);
   }
 

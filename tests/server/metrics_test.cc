@@ -68,6 +68,7 @@ MetricsState SomeState() {
   state.kv_cache_used_bytes = 1 << 18;
   state.kv_blocks_used = 4;
   state.kv_blocks_total = 16;
+  state.shared_kv_chunks_total = 11;
   return state;
 }
 
@@ -102,6 +103,7 @@ TEST(ServerMetricsTest, ExposesEveryFamilyWithItsType) {
       {"attention_kv_cache_usage_ratio", "gauge"},
       {"attention_kv_blocks_used", "gauge"},
       {"attention_kv_blocks_total", "gauge"},
+      {"attention_shared_kv_chunks_total", "counter"},
       {"attention_build_info", "gauge"},
   };
   EXPECT_EQ(ExposedTypes(metrics->TextExposition()), expected);
@@ -331,6 +333,8 @@ TEST(ServerMetricsTest, ReadsEngineStateAtCollection) {
             state.sessions_expired_total);
   EXPECT_EQ(value(families, "attention_sessions_evicted_total"),
             state.sessions_evicted_total);
+  EXPECT_EQ(value(families, "attention_shared_kv_chunks_total"),
+            state.shared_kv_chunks_total);
   EXPECT_EQ(value(families, "attention_kv_cache_capacity_bytes"),
             state.kv_cache_capacity_bytes);
   EXPECT_EQ(value(families, "attention_kv_cache_used_bytes"),
@@ -382,7 +386,9 @@ TEST(ServerMetricsTest, MapsEngineStats) {
   stats.pool.used_bytes = 1024;
   stats.pool.blocks_used = 1;
   stats.pool.blocks_total = 4;
+  stats.shared_kv_chunks_total = 6;
   const MetricsState state = MetricsStateFromEngineStats(stats);
+  EXPECT_EQ(state.shared_kv_chunks_total, stats.shared_kv_chunks_total);
   EXPECT_EQ(state.sessions_active, stats.active_sessions);
   EXPECT_EQ(state.sessions_created_total, stats.sessions_created_total);
   EXPECT_EQ(state.sessions_expired_total, stats.sessions_expired_total);

@@ -194,6 +194,8 @@ TEST_P(SharedChunksTest, ForksDecodedTogetherMatchForksDecodedAlone) {
   // every fork sees whole.
   EXPECT_GE(backend_->shared_chunk_computations() - shared_before,
             3 * layers() * kKvHeads);
+  EXPECT_EQ(engine_->stats().shared_kv_chunks_total,
+            backend_->shared_chunk_computations());
 }
 
 TEST_P(SharedChunksTest, AFailingForkFailsAloneWithItsOwnError) {
