@@ -9,7 +9,10 @@
 //                       Decode step: H = 32, H_kv = 8, head_dim = 128, fp16
 //                       q/k/v/output and KV, context 1024. The engine's own
 //                       time for the same step is measured alongside, so the
-//                       serving path's overhead can be told from attention.
+//                       serving path's overhead can be told from attention,
+//                       and so is an echo whose handler busy-waits that long
+//                       (an RPC with a long handler pays more transport
+//                       time, whatever the handler does).
 //   batching_speedup    tokens/s of 64 concurrent Decode streams (one session
 //                       each, context 2048, same shapes) / tokens/s of the
 //                       same steps sent one DecodeStep at a time.
@@ -44,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.pb.h"
@@ -95,6 +99,13 @@ Percentiles Summarize(std::vector<double> samples) {
 // Answers with `response_bytes` bytes taken from the payload (zero-padded):
 // like a decode step, the response bytes are written once.
 void FillEcho(const echo::EchoRequest& request, echo::EchoResponse* response) {
+  if (request.handler_busy_ns() > 0) {
+    const Clock::time_point until =
+        Clock::now() + std::chrono::nanoseconds(std::min<int64_t>(
+                           request.handler_busy_ns(), int64_t{1000000000}));
+    while (Clock::now() < until) {
+    }
+  }
   const size_t wanted = static_cast<size_t>(
       std::clamp<int64_t>(request.response_bytes(), 0, int64_t{64} << 20));
   std::string* out = response->mutable_payload();
@@ -303,15 +314,28 @@ absl::Status MeasureRpcOverhead(const Harness& h,
 
   const int samples = h.options->quick ? 800 : 3000;
   const int warmup = 30;
-  std::vector<double> decode_us, echo_us, callback_echo_us, engine_us;
+  // An echo whose handler busy-waits as long as the engine takes (the
+  // median so far, warm-up included): it tells the serving path's own cost
+  // from what any RPC with a handler that long pays in transport time (on
+  // the 2-vCPU VM, about 90 us more than a bare echo at context 1024).
+  echo::EchoRequest busy_echo_request = echo_request;
+  std::vector<double> engine_so_far_us;
+  double busy_us = 0;
+  std::vector<double> decode_us, echo_us, callback_echo_us, engine_us,
+      busy_echo_us;
   for (int i = -warmup; i < samples; ++i) {
     // Each iteration appends two tokens (DecodeStep and engine Append):
     // cut back to `context` (untimed) so every sample sees the same length.
     ATTN_RETURN_IF_ERROR(
         engine.TruncateSession(fork.session_id, context).status());
+    if (!engine_so_far_us.empty() && (i + warmup) % 25 == 0) {
+      busy_us = Summarize(engine_so_far_us).p50;
+      busy_echo_request.set_handler_busy_ns(
+          static_cast<int64_t>(busy_us * 1e3));
+    }
     // Rotate the order so that no side always runs right after another.
-    for (int j = 0; j < 4; ++j) {
-      const int what = (i + j) % 4;
+    for (int j = 0; j < 5; ++j) {
+      const int what = (i + j) % 5;
       const Clock::time_point begin = Clock::now();
       absl::Status status;
       if (what == 0) {
@@ -320,16 +344,20 @@ absl::Status MeasureRpcOverhead(const Harness& h,
         status = UnaryEcho(h.echo, echo_request);
       } else if (what == 2) {
         status = UnaryEcho(h.callback_echo, echo_request);
-      } else {
+      } else if (what == 3) {
         status = engine.Append(engine_step).status();
+      } else {
+        status = UnaryEcho(h.echo, busy_echo_request);
       }
       const double elapsed = MicrosBetween(begin, Clock::now());
       ATTN_RETURN_IF_ERROR(status);
+      if (what == 3) engine_so_far_us.push_back(elapsed);
       if (i < 0) continue;
       (what == 0   ? decode_us
        : what == 1 ? echo_us
        : what == 2 ? callback_echo_us
-                   : engine_us)
+       : what == 3 ? engine_us
+                   : busy_echo_us)
           .push_back(elapsed);
     }
   }
@@ -339,6 +367,7 @@ absl::Status MeasureRpcOverhead(const Harness& h,
   const Percentiles echo = Summarize(echo_us);
   const Percentiles callback_echo = Summarize(callback_echo_us);
   const Percentiles engine_only = Summarize(engine_us);
+  const Percentiles busy_echo = Summarize(busy_echo_us);
   BenchReport& r = *h.report;
   const std::string ctx = absl::StrCat("ctx ", context);
   r.AddRow(kSection,
@@ -360,6 +389,13 @@ absl::Status MeasureRpcOverhead(const Harness& h,
       decode.p50 / echo.p50, "x");
   r.AddRow(kSection, "  excluding attention ((DecodeStep - engine) / echo)",
            (decode.p50 - engine_only.p50) / echo.p50, "x");
+  r.AddRow(kSection,
+           absl::StrCat("echo RPC whose handler busy-waits ",
+                        absl::StrFormat("%.0f", busy_us),
+                        " us (the engine's running p50), p50"),
+           busy_echo.p50, "us");
+  r.AddRow(kSection, "  DecodeStep p50 / that echo's p50",
+           decode.p50 / busy_echo.p50, "x");
   r.AddFigure(absl::StrCat("rpc_overhead_ratio", suffix),
               decode.p50 / echo.p50);
   r.AddFigure(absl::StrCat("rpc_overhead_ratio_excluding_attention", suffix),
@@ -371,6 +407,9 @@ absl::Status MeasureRpcOverhead(const Harness& h,
   r.AddFigure(absl::StrCat("echo_callback_p50_us", suffix), callback_echo.p50);
   r.AddFigure(absl::StrCat("decodestep_engine_p50_us", suffix),
               engine_only.p50);
+  r.AddFigure(absl::StrCat("busy_echo_p50_us", suffix), busy_echo.p50);
+  r.AddFigure(absl::StrCat("rpc_overhead_ratio_vs_busy_echo", suffix),
+              decode.p50 / busy_echo.p50);
   return absl::OkStatus();
 }
 
