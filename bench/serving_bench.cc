@@ -317,7 +317,7 @@ absl::Status MeasureRpcOverhead(const Harness& h,
   // An echo whose handler busy-waits as long as the engine takes (the
   // median so far, warm-up included): it tells the serving path's own cost
   // from what any RPC with a handler that long pays in transport time (on
-  // the 2-vCPU VM, about 90 us more than a bare echo at context 1024).
+  // the 2-vCPU VM, tens of microseconds more than a bare echo).
   echo::EchoRequest busy_echo_request = echo_request;
   std::vector<double> engine_so_far_us;
   double busy_us = 0;
