@@ -10,6 +10,10 @@
 // chunks (kKeysPerSplit positions each) are spread over several threads and
 // their states merged afterwards in increasing chunk order — the canonical
 // order defines every chunk state from empty, so this gives the same bits.
+// For the same reason, decode steps of one call that read the same KV
+// blocks (forks of one prompt) compute each such chunk once for all of them
+// (shared_chunks.h). A call with little work (a short decode) runs on the
+// calling thread: waking a worker would cost more than it saves.
 #ifndef ATTENTION_CORE_CPU_CPU_BACKEND_H_
 #define ATTENTION_CORE_CPU_CPU_BACKEND_H_
 
