@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/backend.h"
+#include "core/thread_pool.h"
 
 namespace attention {
 
@@ -18,7 +19,7 @@ struct BackendOptions {
   // CPU worker threads; <= 0 means one per hardware thread.
   int threads = 0;
   // How long idle CPU threads poll before sleeping (ThreadPool's `spin`).
-  absl::Duration cpu_spin = absl::ZeroDuration();
+  absl::Duration cpu_spin = ThreadPool::kDefaultSpin;
 };
 
 struct BackendChoice {

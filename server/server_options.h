@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/time/time.h"
+#include "core/thread_pool.h"
 
 namespace attention::server {
 
@@ -28,7 +29,7 @@ struct ServerOptions {
   // How long idle CPU backend threads poll for work before sleeping. Zero
   // (the default) suits small or shared machines; on a dedicated many-core
   // host ~100us saves a thread wake-up per call.
-  absl::Duration cpu_spin = absl::ZeroDuration();
+  absl::Duration cpu_spin = ThreadPool::kDefaultSpin;
   // KV block pool capacity and block size.
   int64_t kv_cache_bytes = int64_t{1} << 30;
   int64_t kv_block_bytes = int64_t{64} << 10;

@@ -46,12 +46,13 @@ class CpuBackend final : public AttentionBackend {
   // reported on stderr and ignored). Idle threads poll for up to `spin`
   // before sleeping (see ThreadPool).
   explicit CpuBackend(int num_threads,
-                      absl::Duration spin = absl::ZeroDuration());
+                      absl::Duration spin = ThreadPool::kDefaultSpin);
 
   // As above with an explicit instruction set. FAILED_PRECONDITION when
   // this processor or build cannot run `isa`.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(
-      int num_threads, CpuIsa isa, absl::Duration spin = absl::ZeroDuration());
+      int num_threads, CpuIsa isa,
+      absl::Duration spin = ThreadPool::kDefaultSpin);
 
   ~CpuBackend() override;
 

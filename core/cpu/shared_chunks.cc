@@ -33,9 +33,10 @@ void AppendBytes(const T& value, std::string* key) {
 
 // Everything two units must agree on for their chunk states to come from
 // one computation: the block addresses of the chunk, the KV layout, the
-// head grouping and the scale. Empty when the chunk cannot be shared.
-std::string ChunkKey(const AttentionProblem& problem, const ProblemInfo& info,
-                     int kv_head, int64_t chunk) {
+// head grouping and the scale, written over `key` (whose capacity is reused
+// from call to call). False when the chunk cannot be shared.
+bool ChunkKey(const AttentionProblem& problem, const ProblemInfo& info,
+              int kv_head, int64_t chunk, std::string* key_out) {
   const KvView& kv = problem.kv;
   const int64_t c0 = chunk * kKeysPerSplit;
   const int64_t c1 = c0 + kKeysPerSplit;
@@ -43,10 +44,10 @@ std::string ChunkKey(const AttentionProblem& problem, const ProblemInfo& info,
   const int64_t last_block = (c1 - 1) / kv.tokens_per_block;
   if (last_block >= static_cast<int64_t>(kv.k_blocks.size()) ||
       last_block >= static_cast<int64_t>(kv.v_blocks.size())) {
-    return std::string();
+    return false;
   }
-  std::string key;
-  key.reserve(96 + 16 * (last_block - first_block + 1));
+  std::string& key = *key_out;
+  key.clear();
   AppendBytes(chunk, &key);
   AppendBytes(kv_head, &key);
   AppendBytes(info.heads, &key);
@@ -62,12 +63,12 @@ std::string ChunkKey(const AttentionProblem& problem, const ProblemInfo& info,
   AppendBytes(problem.scale, &key);
   for (int64_t b = first_block; b <= last_block; ++b) {
     if (kv.k_blocks[b] == nullptr || kv.v_blocks[b] == nullptr) {
-      return std::string();
+      return false;
     }
     AppendBytes(kv.k_blocks[b], &key);
     AppendBytes(kv.v_blocks[b], &key);
   }
-  return key;
+  return true;
 }
 
 // Per-thread buffers of ComputeSharedChunk.
@@ -91,6 +92,7 @@ std::vector<SharedChunk> FindSharedChunks(
   absl::flat_hash_map<std::string, size_t> group_of;
   std::vector<std::vector<SharedChunkMember>> groups;
   std::vector<std::pair<int64_t, int>> group_chunk;  // (chunk, kv_head)
+  std::string key;  // one buffer: a key is copied only for a new group
   for (size_t u = 0; u < units.size(); ++u) {
     const Unit& unit = units[u];
     const AttentionProblem& problem = problems[unit.problem];
@@ -104,10 +106,10 @@ std::vector<SharedChunk> FindSharedChunks(
       if (c1 > info.length || !SeesWholeChunk(problem.mask, position, c0, c1)) {
         continue;
       }
-      std::string key = ChunkKey(problem, info, unit.kv_head, chunk);
-      if (key.empty()) continue;
-      auto [it, inserted] = group_of.try_emplace(std::move(key), groups.size());
-      if (inserted) {
+      if (!ChunkKey(problem, info, unit.kv_head, chunk, &key)) continue;
+      auto it = group_of.find(key);
+      if (it == group_of.end()) {
+        it = group_of.emplace(key, groups.size()).first;
         groups.emplace_back();
         group_chunk.emplace_back(chunk, unit.kv_head);
       }
