@@ -33,7 +33,7 @@ void AppendBytes(const T& value, std::string* key) {
 
 // Everything two units must agree on for their chunk states to come from
 // one computation: the block addresses of the chunk, the KV layout, the
-// head grouping and the scale, written over `key` (whose capacity is reused
+// head grouping and the scale, written over `*key_out` (its capacity reused
 // from call to call). False when the chunk cannot be shared.
 bool ChunkKey(const AttentionProblem& problem, const ProblemInfo& info,
               int kv_head, int64_t chunk, std::string* key_out) {
