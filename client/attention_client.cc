@@ -259,14 +259,20 @@ absl::StatusOr<v1::SessionInfo> AttentionClient::GetSession(
 }
 
 absl::StatusOr<std::vector<v1::SessionInfo>> AttentionClient::ListSessions() {
-  grpc::ClientContext context;
-  PrepareContext(&context);
-  v1::ListSessionsResponse response;
-  grpc::Status status =
-      stub_->ListSessions(&context, v1::ListSessionsRequest(), &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return std::vector<v1::SessionInfo>(response.sessions().begin(),
-                                      response.sessions().end());
+  std::vector<v1::SessionInfo> sessions;
+  v1::ListSessionsRequest request;
+  do {
+    grpc::ClientContext context;
+    PrepareContext(&context);
+    v1::ListSessionsResponse response;
+    grpc::Status status = stub_->ListSessions(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+    for (v1::SessionInfo& info : *response.mutable_sessions()) {
+      sessions.push_back(std::move(info));
+    }
+    request.set_page_token(response.next_page_token());
+  } while (!request.page_token().empty());
+  return sessions;
 }
 
 absl::Status AttentionClient::DeleteSession(absl::string_view session_id) {

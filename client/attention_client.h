@@ -176,6 +176,7 @@ class AttentionClient {
       const v1::SessionSpec& spec,
       absl::Duration idle_timeout = absl::ZeroDuration());
   absl::StatusOr<v1::SessionInfo> GetSession(absl::string_view session_id);
+  // Every live session: follows the server's pages (next_page_token).
   absl::StatusOr<std::vector<v1::SessionInfo>> ListSessions();
   absl::Status DeleteSession(absl::string_view session_id);
   absl::StatusOr<v1::SessionInfo> ForkSession(absl::string_view session_id);

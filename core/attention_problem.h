@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "absl/types/span.h"
+#include "core/call_control.h"
 #include "core/kv_view.h"
 #include "core/tensor.h"
 
@@ -61,6 +62,10 @@ struct AttentionProblem {
   // T_k = kv.length. nullptr when absent. Only stateless calls use it.
   const TensorView* bias = nullptr;
   EmptyRowPolicy empty_row_policy = EmptyRowPolicy::kError;
+  // Optional: the backend asks it between KV chunks and stops the problem
+  // with its status (CANCELLED, DEADLINE_EXCEEDED) once the caller no
+  // longer wants the result. Outputs are then unspecified.
+  const CallControl* control = nullptr;
 
   // Caller-owned float32 outputs, written by the backend:
   float* output = nullptr;   // [T, H, value_dim], required

@@ -9,6 +9,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "core/call_cost.h"
+#include "core/client_string.h"
 #include "core/request_validation.h"
 #include "core/status_macros.h"
 
@@ -75,6 +77,9 @@ absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
   if (options.max_weights_bytes < 0) {
     return absl::InvalidArgumentError("max_weights_bytes must be >= 0");
   }
+  if (options.max_call_flops <= 0) {
+    return absl::InvalidArgumentError("max_call_flops must be > 0");
+  }
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                         BlockPool::Create(backend.get(), options.kv_cache_bytes,
                                           options.kv_block_bytes));
@@ -100,20 +105,24 @@ absl::StatusOr<SessionInfo> AttentionEngine::CreateSession(
 }
 
 absl::StatusOr<SessionInfo> AttentionEngine::GetSession(const std::string& id) {
-  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Get(id));
+  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id));
   return session->Info();
 }
 
-std::vector<SessionInfo> AttentionEngine::ListSessions() const {
+std::vector<SessionInfo> AttentionEngine::ListSessions(
+    const std::string& after, int64_t page_size) const {
   std::vector<SessionInfo> infos;
-  for (const std::shared_ptr<Session>& session : sessions_.List()) {
+  for (const std::shared_ptr<Session>& session :
+       sessions_.List(after, page_size)) {
     infos.push_back(session->Info());
   }
-  std::sort(infos.begin(), infos.end(),
-            [](const SessionInfo& a, const SessionInfo& b) {
-              return a.session_id < b.session_id;
-            });
   return infos;
+}
+
+absl::StatusOr<SessionHold> AttentionEngine::HoldSession(
+    const std::string& id) {
+  ATTN_ASSIGN_OR_RETURN(SessionRef ref, sessions_.Get(id));
+  return SessionHold(ref.shared(), sessions_.clock());
 }
 
 absl::Status AttentionEngine::DeleteSession(const std::string& id) {
@@ -132,7 +141,7 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
     return absl::InvalidArgumentError(
         absl::StrCat("truncate length must be >= 0, got ", length));
   }
-  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Get(id));
+  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id));
   {
     absl::MutexLock lock(&session->mu());
     // Check every layer before touching any: all layers or none.
@@ -152,10 +161,11 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
 
 // Per-step state of a batch of appends.
 struct AttentionEngine::BatchStep {
-  std::shared_ptr<Session> session;
+  SessionRef session;
   const AppendRequest* request = nullptr;
   QkvShape shape;
   std::optional<LayerKvCache::PendingAppend> pending;
+  double flops = 0;  // AttentionFlops of the step
   Tensor output;
   std::optional<Tensor> lse;
   absl::Status status;  // the step's own outcome (independent batches)
@@ -196,14 +206,28 @@ std::vector<absl::StatusOr<AttentionOutput>> AttentionEngine::AppendEach(
   return results;
 }
 
+absl::Status AttentionEngine::CheckCallCost(double flops) const {
+  if (flops <= static_cast<double>(options_.max_call_flops)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this call asks for ", absl::SixDigits(flops),
+      " floating-point operations, over this server's per-call limit of ",
+      options_.max_call_flops,
+      " (--max_call_flops); send fewer tokens per call (a prefill split into "
+      "chunks gives bitwise the same outputs) or fewer keys"));
+}
+
 absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
   const AppendRequest& request = *step.request;
   Session& session = *step.session;
   const SessionSpec& spec = session.spec();
+  ATTN_RETURN_IF_ERROR(CheckCall(request.control));
   if (request.layer < 0 || request.layer >= spec.num_layers) {
     return absl::InvalidArgumentError(
-        absl::StrCat("layer ", request.layer, " is out of range: session '",
-                     session.id(), "' has ", spec.num_layers, " layers"));
+        absl::StrCat("layer ", request.layer, " is out of range: session ",
+                     QuoteClientString(session.id()), " has ",
+                     spec.num_layers, " layers"));
   }
   QkvShape expected;
   expected.num_q_heads = spec.num_q_heads;
@@ -245,12 +269,21 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
   const int64_t length = session.layer(request.layer).length();
   if (length + tokens > spec.max_tokens) {
     return absl::OutOfRangeError(absl::StrCat(
-        "layer ", request.layer, " of session '", session.id(), "' holds ",
+        "layer ", request.layer, " of session ",
+        QuoteClientString(session.id()), " holds ",
         length, " tokens; appending ", tokens, " would pass its max_tokens of ",
         spec.max_tokens,
         "; truncate the session or create one with a larger max_tokens"));
   }
-  return absl::OkStatus();
+  const LayerSpec& layer = spec.layers[request.layer];
+  step.flops = AttentionFlops(
+      tokens, spec.num_q_heads, spec.head_dim, spec.value_dim,
+      MaskSpec{.causal = true,
+               .window = layer.window,
+               .num_sink_tokens = layer.num_sink_tokens,
+               .query_start = length},
+      length + tokens);
+  return CheckCallCost(step.flops);
 }
 
 absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
@@ -275,15 +308,15 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   for (size_t i = 0; i < n; ++i) {
     const AppendRequest& request = requests[i];
     steps[i].request = &request;
-    absl::StatusOr<std::shared_ptr<Session>> session =
-        sessions_.Get(request.session_id);
+    absl::StatusOr<SessionRef> session = sessions_.Get(request.session_id);
     if (!session.ok()) {
       ATTN_RETURN_IF_ERROR(fail(i, session.status()));
       continue;
     }
     if (!seen.insert({request.session_id, request.layer}).second) {
       const std::string what = absl::StrCat(
-          "session '", request.session_id, "' layer ", request.layer,
+          "session ", QuoteClientString(request.session_id), " layer ",
+          request.layer,
           " appears twice in one batch; send the second step in a later "
           "batch");
       ATTN_RETURN_IF_ERROR(fail(i, atomic ? absl::InvalidArgumentError(what)
@@ -306,12 +339,16 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   }
 
   // 3. Validate every step before changing anything, then stage its blocks.
+  double batch_flops = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!live(i)) continue;
     if (absl::Status status = ValidateStep(steps[i]); !status.ok()) {
       ATTN_RETURN_IF_ERROR(fail(i, status));
     }
+    batch_flops += steps[i].flops;
   }
+  // An atomic batch is one call: its steps' work adds up.
+  if (atomic && n > 1) ATTN_RETURN_IF_ERROR(CheckCallCost(batch_flops));
   for (size_t i = 0; i < n; ++i) {
     if (!live(i)) continue;
     absl::StatusOr<LayerKvCache::PendingAppend> pending =
@@ -365,6 +402,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     problem.sink_logits = layer.sink_logits;
     problem.scale = spec.scale;
     problem.empty_row_policy = EmptyRowPolicy::kError;
+    problem.control = request.control;
     problem.output = output;
     problem.lse = step.lse.has_value() ? step.lse->float_data() : nullptr;
     problems.push_back(problem);
@@ -411,8 +449,18 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     (*outputs)[i].lse = std::move(steps[i].lse);
   }
 
-  // 7. Publish every surviving append.
-  const absl::Time now = sessions_.Now();
+  // 7. The last chance for a caller to withdraw: after this check nothing
+  // fails, so a withdrawn call never changes its session.
+  for (size_t i = 0; i < n; ++i) {
+    if (!live(i)) continue;
+    if (absl::Status status = CheckCall(steps[i].request->control);
+        !status.ok()) {
+      ATTN_RETURN_IF_ERROR(fail(i, status));
+    }
+  }
+
+  // 8. Publish every surviving append. Releasing the session refs restarts
+  // their idle clocks.
   statuses->resize(n);
   for (size_t i = 0; i < n; ++i) {
     (*statuses)[i] = steps[i].status;
@@ -420,7 +468,6 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     BatchStep& step = steps[i];
     step.session->layer(step.request->layer).Commit(*std::move(step.pending));
     step.pending.reset();
-    step.session->Touch(now);
     (step.request->required_tokens.has_value() ? decode_tokens_total_
                                                : prefill_tokens_total_)
         .fetch_add(step.shape.num_queries, std::memory_order_relaxed);
@@ -447,6 +494,10 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
   }
   ATTN_RETURN_IF_ERROR(
       ValidateSinkLogits(request.sink_logits, shape.num_q_heads));
+  ATTN_RETURN_IF_ERROR(CheckCallCost(
+      AttentionFlops(shape.num_queries, shape.num_q_heads, shape.head_dim,
+                     shape.value_dim, mask, shape.num_keys)));
+  ATTN_RETURN_IF_ERROR(CheckCall(request.control));
   float scale = request.scale;
   if (scale == 0.0f)
     scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
@@ -500,6 +551,7 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
   problem.scale = scale;
   problem.bias = request.bias.has_value() ? &bias_view : nullptr;
   problem.empty_row_policy = request.empty_row_policy;
+  problem.control = request.control;
   problem.output = output.float_data();
   problem.lse = result.lse.has_value() ? result.lse->float_data() : nullptr;
   problem.weights =
@@ -514,6 +566,7 @@ EngineStats AttentionEngine::stats() const {
   EngineStats stats;
   stats.pool = pool_->stats();
   stats.active_sessions = sessions_.size();
+  stats.session_metadata_bytes = sessions_.metadata_bytes();
   stats.sessions_created_total = sessions_.created_total();
   stats.sessions_expired_total = sessions_.expired_total();
   stats.decode_tokens_total =
@@ -522,10 +575,6 @@ EngineStats AttentionEngine::stats() const {
       prefill_tokens_total_.load(std::memory_order_relaxed);
   stats.shared_kv_chunks_total = backend_->shared_chunk_computations();
   return stats;
-}
-
-int64_t AttentionEngine::ExpireIdleSessions() {
-  return sessions_.ExpireIdle(sessions_.Now());
 }
 
 }  // namespace attention

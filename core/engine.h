@@ -7,9 +7,16 @@
 //   INVALID_ARGUMENT   bad shape/dtype, NaN/Inf, overflowing logits, bad spec
 //   NOT_FOUND          unknown session
 //   OUT_OF_RANGE       append past the session's max_tokens
-//   RESOURCE_EXHAUSTED KV pool or session quota full
+//   RESOURCE_EXHAUSTED KV pool, session count or metadata budget full;
+//                      a call whose arithmetic passes max_call_flops
 //   FAILED_PRECONDITION truncation needing keys a window layer dropped
+//   CANCELLED, DEADLINE_EXCEEDED
+//                      the request's CallControl withdrew the call
 //   INTERNAL           device failure
+//
+// A call withdrawn through its CallControl stops within one KV chunk of
+// work and, like any failed call, changes nothing: appends are committed
+// only after a last check of the control, once nothing else can fail.
 #ifndef ATTENTION_CORE_ENGINE_H_
 #define ATTENTION_CORE_ENGINE_H_
 
@@ -26,6 +33,7 @@
 #include "absl/types/span.h"
 #include "core/attention_problem.h"
 #include "core/backend.h"
+#include "core/call_control.h"
 #include "core/block_pool.h"
 #include "core/session.h"
 #include "core/session_manager.h"
@@ -42,6 +50,12 @@ struct EngineOptions {
   // Largest [H, T_q, T_k] weights tensor (bytes) a stateless call may ask
   // for.
   int64_t max_weights_bytes = 64 << 20;
+  // Most floating-point operations one call may ask for (AttentionFlops;
+  // a batch of appends sums its steps); more is RESOURCE_EXHAUSTED before
+  // any work. The default, 2^41 (about 2.2e12), is a 16k-token prefill of
+  // 32 heads of 128 dims in one call: seconds on a CPU, milliseconds on a
+  // GPU.
+  int64_t max_call_flops = int64_t{1} << 41;
   SessionManagerOptions sessions;
 };
 
@@ -68,6 +82,8 @@ struct AppendRequest {
   // keeps it alive and untouched during the call; on error its contents are
   // unspecified (the session is still unchanged).
   absl::Span<std::byte> output_destination;
+  // Optional: withdraws the call (see call_control.h). Must outlive it.
+  const CallControl* control = nullptr;
 };
 
 // Stateless attention (attention.v1.AttentionRequest).
@@ -83,6 +99,8 @@ struct StatelessRequest {
   bool return_weights = false;
   DType output_dtype = DType::kFloat32;
   bool return_lse = false;
+  // Optional: withdraws the call (see call_control.h). Must outlive it.
+  const CallControl* control = nullptr;
 };
 
 struct AttentionOutput {
@@ -97,6 +115,8 @@ struct AttentionOutput {
 struct EngineStats {
   BlockPoolStats pool;
   int64_t active_sessions = 0;
+  // SessionManager::metadata_bytes().
+  int64_t session_metadata_bytes = 0;
   int64_t sessions_created_total = 0;
   int64_t sessions_expired_total = 0;
   // Tokens appended by committed calls: decode steps (requests with
@@ -127,7 +147,16 @@ class AttentionEngine {
   absl::StatusOr<SessionInfo> CreateSession(const SessionSpec& spec,
                                             absl::Duration idle_timeout);
   absl::StatusOr<SessionInfo> GetSession(const std::string& id);
-  std::vector<SessionInfo> ListSessions() const;
+  // Up to `page_size` (>= 1) sessions whose ids follow `after` ("" = from
+  // the first), in increasing id order: page through all sessions by
+  // passing the last id of one page as `after` of the next.
+  std::vector<SessionInfo> ListSessions(const std::string& after,
+                                        int64_t page_size) const;
+  // Holds session `id` in use until the hold goes (a Decode stream holds
+  // every session it has used while it is open): it cannot expire
+  // meanwhile, but DeleteSession still frees it at once. NOT_FOUND for an
+  // unknown id.
+  absl::StatusOr<SessionHold> HoldSession(const std::string& id);
   absl::Status DeleteSession(const std::string& id);
   absl::StatusOr<SessionInfo> ForkSession(const std::string& id);
   // Cuts every layer longer than `length` back to it; all layers or none.
@@ -157,9 +186,6 @@ class AttentionEngine {
 
   EngineStats stats() const;
 
-  // Removes idle sessions now (the manager's reaper also does this).
-  int64_t ExpireIdleSessions();
-
  private:
   AttentionEngine(std::unique_ptr<AttentionBackend> backend,
                   std::unique_ptr<BlockPool> pool, EngineOptions options);
@@ -171,6 +197,8 @@ class AttentionEngine {
                         std::vector<absl::Status>* statuses,
                         std::vector<AttentionOutput>* outputs);
   absl::Status ValidateStep(BatchStep& step);
+  // RESOURCE_EXHAUSTED when `flops` passes options_.max_call_flops.
+  absl::Status CheckCallCost(double flops) const;
 
   const std::unique_ptr<AttentionBackend> backend_;
   const std::unique_ptr<BlockPool> pool_;

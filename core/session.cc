@@ -16,7 +16,21 @@ std::vector<LayerKvCache> EmptyLayers(const SessionSpec& spec,
   return layers;
 }
 
+int64_t SpecMetadataBytes(const SessionSpec& spec) {
+  int64_t bytes = sizeof(SessionSpec) + static_cast<int64_t>(spec.model.size());
+  for (const LayerSpec& layer : spec.layers) {
+    bytes += sizeof(LayerSpec) +
+             static_cast<int64_t>(layer.sink_logits.size() * sizeof(float));
+  }
+  return bytes;
+}
+
 }  // namespace
+
+int64_t SessionMetadataBytes(const SessionSpec& spec) {
+  return static_cast<int64_t>(sizeof(Session)) + SpecMetadataBytes(spec) +
+         spec.num_layers * static_cast<int64_t>(sizeof(LayerKvCache));
+}
 
 Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
                  BlockPool* pool, absl::Duration idle_timeout, absl::Time now)
@@ -31,6 +45,7 @@ Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
       layout_(layout),
       pool_(pool),
       idle_timeout_(idle_timeout),
+      metadata_bytes_(SessionMetadataBytes(spec_)),
       last_used_ns_(absl::ToUnixNanos(now)),
       layers_(std::move(layers)) {}
 
@@ -54,6 +69,7 @@ SessionInfo Session::Info() const {
     blocks += layer.referenced_blocks();
   }
   info.kv_cache_bytes = blocks * pool_->block_bytes();
+  info.metadata_bytes = metadata_bytes_;
   return info;
 }
 
@@ -61,7 +77,14 @@ void Session::Touch(absl::Time now) {
   last_used_ns_.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
 }
 
+void Session::EndUse(absl::Time now) {
+  // Touch first: a reaper that sees the count drop also sees the new time.
+  Touch(now);
+  users_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
 bool Session::Expired(absl::Time now) const {
+  if (users_.load(std::memory_order_acquire) > 0) return false;
   const absl::Time last =
       absl::FromUnixNanos(last_used_ns_.load(std::memory_order_relaxed));
   return now - last > idle_timeout_;

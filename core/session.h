@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +24,12 @@ struct SessionInfo {
   SessionSpec spec;
   std::vector<int64_t> layer_lengths;
   int64_t kv_cache_bytes = 0;
+  // Host memory the session's metadata takes (Session::metadata_bytes()).
+  int64_t metadata_bytes = 0;
 };
+
+// Session::metadata_bytes() of a session with the resolved `spec`.
+int64_t SessionMetadataBytes(const SessionSpec& spec);
 
 // Thread-safety: id(), spec(), layout() and the idle clock are safe from any
 // thread; the layer caches are guarded by mu().
@@ -56,9 +62,21 @@ class Session {
 
   SessionInfo Info() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Idle clock: a session is expired when now - last_used > idle_timeout.
+  // Host memory of the session's metadata: the object, its resolved spec
+  // (model label, per-layer specs and sink logits) and its layer caches'
+  // fixed part. Block tables (8 bytes per KV block) come on top, in
+  // proportion to the KV blocks the pool bounds.
+  int64_t metadata_bytes() const { return metadata_bytes_; }
+
+  // Idle clock: a session is expired when no call uses it and
+  // now - last_used > idle_timeout.
   void Touch(absl::Time now);
   bool Expired(absl::Time now) const;
+  // A call (or an open Decode stream) uses the session from BeginUse to
+  // EndUse: it never expires meanwhile, and EndUse restarts its idle clock,
+  // so idle time counts from the end of the last call. Use SessionRef.
+  void BeginUse() { users_.fetch_add(1, std::memory_order_acq_rel); }
+  void EndUse(absl::Time now);
 
  private:
   Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
@@ -70,10 +88,76 @@ class Session {
   const KvBlockLayout layout_;
   BlockPool* const pool_;
   const absl::Duration idle_timeout_;
+  const int64_t metadata_bytes_;
   std::atomic<int64_t> last_used_ns_;  // absl::ToUnixNanos
+  std::atomic<int32_t> users_{0};
 
   mutable absl::Mutex mu_;
   std::vector<LayerKvCache> layers_ ABSL_GUARDED_BY(mu_);
+};
+
+// A session held by one call: while any SessionRef to a session lives, the
+// session does not expire (Session::BeginUse); the last one to go restarts
+// its idle clock. Move-only.
+class SessionRef {
+ public:
+  SessionRef() = default;
+  // `clock` must outlive the ref.
+  SessionRef(std::shared_ptr<Session> session,
+             const std::function<absl::Time()>* clock)
+      : session_(std::move(session)), clock_(clock) {
+    session_->BeginUse();
+  }
+  SessionRef(SessionRef&& other) = default;
+  SessionRef& operator=(SessionRef&& other) {
+    Release();
+    session_ = std::move(other.session_);
+    clock_ = other.clock_;
+    return *this;
+  }
+  ~SessionRef() { Release(); }
+
+  Session* get() const { return session_.get(); }
+  Session* operator->() const { return session_.get(); }
+  Session& operator*() const { return *session_; }
+  explicit operator bool() const { return session_ != nullptr; }
+  const std::shared_ptr<Session>& shared() const { return session_; }
+
+ private:
+  void Release() {
+    if (session_ != nullptr) session_->EndUse((*clock_)());
+    session_.reset();
+  }
+
+  std::shared_ptr<Session> session_;
+  const std::function<absl::Time()>* clock_ = nullptr;
+};
+
+// Keeps a session in use (it cannot expire) without keeping it alive: a
+// session deleted while held is freed at once. What a Decode stream holds
+// for every session it has used. Move-only.
+class SessionHold {
+ public:
+  // `clock` must outlive the hold.
+  SessionHold(const std::shared_ptr<Session>& session,
+              const std::function<absl::Time()>* clock)
+      : session_(session), clock_(clock) {
+    session->BeginUse();
+  }
+  SessionHold(SessionHold&& other) noexcept
+      : session_(std::move(other.session_)), clock_(other.clock_) {
+    other.session_.reset();
+  }
+  SessionHold& operator=(SessionHold&&) = delete;
+  ~SessionHold() {
+    if (std::shared_ptr<Session> session = session_.lock()) {
+      session->EndUse((*clock_)());
+    }
+  }
+
+ private:
+  std::weak_ptr<Session> session_;
+  const std::function<absl::Time()>* clock_;
 };
 
 }  // namespace attention

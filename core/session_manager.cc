@@ -6,6 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/client_string.h"
 #include "core/status_macros.h"
 
 namespace attention {
@@ -13,8 +14,8 @@ namespace {
 
 absl::Status SessionNotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat(
-      "session '", id,
-      "' not found: it was deleted, expired after its idle timeout, or never "
+      "session ", QuoteClientString(id),
+      " not found: it was deleted, expired after its idle timeout, or never "
       "existed; create a new session"));
 }
 
@@ -90,53 +91,71 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
 absl::Status SessionManager::Insert(std::shared_ptr<Session> session) {
   absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("the server holds its maximum of ", options_.max_sessions,
-                     " sessions; delete sessions you no longer need"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server holds its maximum of ", options_.max_sessions,
+        " sessions (--max_sessions); delete sessions you no longer need"));
   }
+  const int64_t bytes = session->metadata_bytes();
+  if (bytes > options_.max_metadata_bytes - metadata_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this session's metadata takes ", bytes, " bytes and the sessions' ",
+        metadata_bytes_, " of the server's ", options_.max_metadata_bytes,
+        " (--max_session_metadata_bytes) are in use; delete sessions, or use "
+        "fewer layers or sink logits and a shorter model label"));
+  }
+  metadata_bytes_ += bytes;
   ++created_total_;
   sessions_.emplace(session->id(), std::move(session));
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(
-    const std::string& id) {
+SessionManager::Table::iterator SessionManager::Erase(
+    Table::iterator it, std::vector<std::shared_ptr<Session>>* removed) {
+  metadata_bytes_ -= it->second->metadata_bytes();
+  removed->push_back(std::move(it->second));
+  return sessions_.erase(it);
+}
+
+absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id) {
   const absl::Time now = options_.now();
-  std::shared_ptr<Session> expired;  // released outside the lock
+  std::vector<std::shared_ptr<Session>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return SessionNotFound(id);
   if (it->second->Expired(now)) {
-    expired = std::move(it->second);
-    sessions_.erase(it);
+    Erase(it, &expired);
     ++expired_total_;
     return SessionNotFound(id);
   }
   it->second->Touch(now);
-  return it->second;
+  // Taken under the lock, so the reaper cannot expire it in between.
+  return SessionRef(it->second, &options_.now);
 }
 
-std::vector<std::shared_ptr<Session>> SessionManager::List() const {
+std::vector<std::shared_ptr<Session>> SessionManager::List(
+    const std::string& after, int64_t limit) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Session>> sessions;
-  sessions.reserve(sessions_.size());
-  for (const auto& [id, session] : sessions_) sessions.push_back(session);
+  for (auto it = sessions_.upper_bound(after);
+       it != sessions_.end() && static_cast<int64_t>(sessions.size()) < limit;
+       ++it) {
+    sessions.push_back(it->second);
+  }
   return sessions;
 }
 
 absl::Status SessionManager::Delete(const std::string& id) {
-  std::shared_ptr<Session> removed;  // freed outside the lock
+  std::vector<std::shared_ptr<Session>> removed;  // freed outside the lock
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   if (it == sessions_.end()) return SessionNotFound(id);
-  removed = std::move(it->second);
-  sessions_.erase(it);
+  Erase(it, &removed);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Fork(
     const std::string& id) {
-  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> parent, Get(id));
+  ATTN_ASSIGN_OR_RETURN(SessionRef parent, Get(id));
   std::shared_ptr<Session> child;
   {
     absl::MutexLock lock(&parent->mu());
@@ -151,8 +170,7 @@ int64_t SessionManager::ExpireIdle(absl::Time now) {
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (it->second->Expired(now)) {
-      expired.push_back(std::move(it->second));
-      sessions_.erase(it++);
+      it = Erase(it, &expired);
     } else {
       ++it;
     }
@@ -164,6 +182,11 @@ int64_t SessionManager::ExpireIdle(absl::Time now) {
 int64_t SessionManager::size() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(sessions_.size());
+}
+
+int64_t SessionManager::metadata_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return metadata_bytes_;
 }
 
 int64_t SessionManager::expired_total() const {

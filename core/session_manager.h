@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
+#include "absl/container/btree_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -27,6 +27,10 @@ struct SessionManagerOptions {
   absl::Duration default_idle_timeout = absl::Minutes(10);
   absl::Duration max_idle_timeout = absl::Hours(24);
   int64_t max_sessions = 65536;
+  // Bound on the sum of every live session's Session::metadata_bytes():
+  // together with max_sessions it bounds the host memory sessions take
+  // beyond their KV blocks.
+  int64_t max_metadata_bytes = int64_t{256} << 20;
   // How often the reaper looks for expired sessions; zero disables the
   // background reaper (tests call ExpireIdle themselves).
   absl::Duration reap_interval = absl::Seconds(1);
@@ -53,16 +57,21 @@ class SessionManager {
   absl::StatusOr<std::shared_ptr<Session>> Create(
       const SessionSpec& spec, absl::Duration idle_timeout);
 
-  // NOT_FOUND for an unknown or expired id. Resets the idle clock.
-  absl::StatusOr<std::shared_ptr<Session>> Get(const std::string& id);
+  // NOT_FOUND for an unknown or expired id. The session is in use (it
+  // cannot expire) until the returned ref goes; its idle clock restarts
+  // then.
+  absl::StatusOr<SessionRef> Get(const std::string& id);
 
-  // Every live session, in no particular order.
-  std::vector<std::shared_ptr<Session>> List() const;
+  // Up to `limit` live sessions whose ids come after `after`, in increasing
+  // id order ("" starts at the first).
+  std::vector<std::shared_ptr<Session>> List(const std::string& after,
+                                             int64_t limit) const;
 
   // Removes the session at once. NOT_FOUND for an unknown id.
   absl::Status Delete(const std::string& id);
 
-  // Creates a copy-on-write fork of `id`. NOT_FOUND, RESOURCE_EXHAUSTED.
+  // Creates a copy-on-write fork of `id`. NOT_FOUND, RESOURCE_EXHAUSTED
+  // (as Create).
   absl::StatusOr<std::shared_ptr<Session>> Fork(const std::string& id);
 
   // Removes every session idle for longer than its timeout at `now`;
@@ -70,21 +79,34 @@ class SessionManager {
   int64_t ExpireIdle(absl::Time now);
 
   int64_t size() const;
+  // Sum of the live sessions' Session::metadata_bytes().
+  int64_t metadata_bytes() const;
   int64_t expired_total() const;
   int64_t created_total() const;
   absl::Time Now() const { return options_.now(); }
+  // The clock session refs and holds restart idle clocks with.
+  const std::function<absl::Time()>* clock() const { return &options_.now; }
 
  private:
   std::string NewSessionId();
   absl::Status Insert(std::shared_ptr<Session> session);
+  using Table = absl::btree_map<std::string, std::shared_ptr<Session>>;
+  // Removes `it` from the table, moving the session to `removed` (freed
+  // when its last reference goes, outside the lock); returns the next
+  // iterator.
+  Table::iterator Erase(Table::iterator it,
+                        std::vector<std::shared_ptr<Session>>* removed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReaperMain();
 
   BlockPool* const pool_;
   const SessionManagerOptions options_;
 
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_
+  // Ordered, so that ListSessions pages through a stable order.
+  absl::btree_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
+  int64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t expired_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -147,6 +147,11 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                      limits.max_tokens_limit, " tokens"));
   }
   if (spec.max_tokens == 0) out.max_tokens = limits.default_max_tokens;
+  if (spec.model.size() > static_cast<size_t>(limits.max_model_bytes)) {
+    return SpecError("model", absl::StrCat("is a label of at most ",
+                                           limits.max_model_bytes,
+                                           " bytes, got ", spec.model.size()));
+  }
   return out;
 }
 

@@ -43,6 +43,8 @@ struct SpecLimits {
   int32_t max_layers = 1024;
   int32_t max_heads = 1024;
   int32_t max_head_dim = 1024;
+  // SessionSpec.model is a label: at most this many bytes.
+  int32_t max_model_bytes = 256;
 };
 
 // Validates `spec` and fills its defaults: value_dim, scale, max_tokens, and

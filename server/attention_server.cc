@@ -9,13 +9,16 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/backend_factory.h"
 #include "server/log.h"
+#include "server/parse_error_interceptor.h"
 
 #ifndef ATTN_SERVER_VERSION
 #define ATTN_SERVER_VERSION "0.0.0"
@@ -42,11 +45,21 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         "listen_address is empty; use 0.0.0.0 (all interfaces) or an address");
   }
-  if (options.max_message_bytes <= 0 ||
-      options.max_message_bytes > std::numeric_limits<int>::max()) {
+  // Far below protobuf's 2 GiB limit on one message, so that no reply can
+  // come near it.
+  constexpr int64_t kMaxMessageLimit = int64_t{1} << 30;
+  if (options.max_message_bytes < 4096 ||
+      options.max_message_bytes > kMaxMessageLimit) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "max_message_bytes ", options.max_message_bytes, " must be in [1, ",
-        std::numeric_limits<int>::max(), "] (gRPC's limit)"));
+        "max_message_bytes ", options.max_message_bytes,
+        " must be in [4096, ", kMaxMessageLimit, "]"));
+  }
+  if (options.max_call_flops <= 0 || options.max_sessions <= 0 ||
+      options.max_session_metadata_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_call_flops (", options.max_call_flops, "), max_sessions (",
+        options.max_sessions, ") and max_session_metadata_bytes (",
+        options.max_session_metadata_bytes, ") must be positive"));
   }
   if (options.max_session_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("max_session_tokens ",
@@ -118,6 +131,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       options.max_session_tokens;
   engine_options.sessions.limits.max_tokens_limit = options.max_session_tokens;
   engine_options.sessions.reap_interval = options.session_reap_interval;
+  engine_options.sessions.max_sessions = options.max_sessions;
+  engine_options.sessions.max_metadata_bytes =
+      options.max_session_metadata_bytes;
+  engine_options.max_call_flops = options.max_call_flops;
   auto engine =
       AttentionEngine::Create(std::move(choice->backend), engine_options);
   if (!engine.ok()) return engine.status();
@@ -169,6 +186,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a
   // port silently; a port in use must be an error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::vector<
+      std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(server->service_.get());
   for (grpc::Service* service : extra_services) {
     builder.RegisterService(service);

@@ -1,12 +1,18 @@
 #include "server/attention_service.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "core/client_string.h"
+#include "core/status_macros.h"
+#include "server/grpc_call_control.h"
 #include "server/proto_convert.h"
+#include "server/reply_size.h"
 #include "server/request_scope.h"
 #include "server/status_convert.h"
 
@@ -14,23 +20,25 @@ namespace attention::server {
 
 namespace {
 
+// Most sessions in one ListSessions reply, and the default.
+constexpr int32_t kMaxListPageSize = 1000;
+constexpr int32_t kDefaultListPageSize = 100;
+// Longest page token: the last session id of a page.
+constexpr size_t kMaxPageTokenBytes = 64;
+
 // Sizes `result`'s output tensor for `request`'s [T, H, value_dim] output
 // and makes it the request's output destination, so that the engine writes
 // the output once, straight into the response. Leaves the request without a
-// destination when q or v is not rank 3 (the engine rejects it anyway) or
-// when the output could not be sent in a message of `max_message_bytes`.
-// Reusing `result` (the Decode stream does) reuses its buffer.
-void PrepareOutput(AppendRequest& request, v1::AttentionResult* result,
-                   int64_t max_message_bytes) {
+// destination when q or v is not rank 3 (the engine rejects it anyway).
+// REQUIRES: CheckReplySize passed for the request. Reusing `result` (the
+// Decode stream does) reuses its buffer.
+void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
   if (request.q.rank() != 3 || request.v.rank() != 3) return;
   const int64_t tokens = request.q.dim(0);
   const int64_t heads = request.q.dim(1);
   const int64_t value_dim = request.v.dim(2);
-  const int64_t element = DTypeSize(request.output_dtype);
-  // Each dimension is positive and below 2^48; compare by division so the
-  // product cannot overflow.
-  if (tokens > max_message_bytes / element / heads / value_dim) return;
-  const int64_t bytes = tokens * heads * value_dim * element;
+  const int64_t bytes =
+      tokens * heads * value_dim * DTypeSize(request.output_dtype);
   v1::Tensor* output = result->mutable_output();
   output->set_dtype(DTypeToProto(request.output_dtype));
   output->clear_shape();
@@ -59,19 +67,28 @@ void FinishResult(const AppendRequest& request, const AttentionOutput& output,
   }
 }
 
-// One Prefill or DecodeStep: converts `request`, runs it with `run` (the
-// engine, or the batcher for decode steps) and answers with the output
-// written once, straight into `response`.
-template <typename Request, typename Run>
-grpc::Status AppendAndRespond(const Request& request, int64_t max_message_bytes,
+// One append (Prefill, DecodeStep, a Decode stream's step): bounds its
+// reply, runs it with `run` (the engine, or the batcher for decode steps)
+// under `control`, and answers with the output written once, straight into
+// `response`.
+template <typename Run>
+absl::Status AppendAndRespond(AppendRequest& append,
+                              const CallControl* control,
+                              int64_t max_message_bytes,
                               v1::AttentionResult* response, Run run) {
-  auto append = AppendRequestFromProto(request);
-  if (!append.ok()) return ToGrpcStatus(append.status());
-  PrepareOutput(*append, response, max_message_bytes);
-  absl::StatusOr<AttentionOutput> output = run(*append);
-  if (!output.ok()) return ToGrpcStatus(output.status());
-  FinishResult(*append, *output, response);
-  return grpc::Status::OK;
+  append.control = control;
+  ATTN_RETURN_IF_ERROR(
+      CheckReplySize(AppendReplyBytes(append), max_message_bytes));
+  PrepareOutput(append, response);
+  ATTN_ASSIGN_OR_RETURN(AttentionOutput output, run(append));
+  FinishResult(append, output, response);
+  return absl::OkStatus();
+}
+
+absl::Status Draining() {
+  return absl::UnavailableError(
+      "the server is draining (shutting down) and takes no new sessions; "
+      "create the session on another replica");
 }
 
 }  // namespace
@@ -95,22 +112,17 @@ grpc::Status AttentionServiceImpl::CreateSession(
     grpc::ServerContext* context, const v1::CreateSessionRequest* request,
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kCreateSession, "");
-  const grpc::Status status = [&]() -> grpc::Status {
-    if (draining_.load(std::memory_order_acquire)) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the server is draining (shutting down) and takes "
-                          "no new sessions; create the session on another "
-                          "replica");
-    }
-    auto spec = SessionSpecFromProto(request->spec());
-    if (!spec.ok()) return ToGrpcStatus(spec.status());
-    auto info = engine_->CreateSession(
-        *spec, absl::Seconds(request->idle_timeout_seconds()));
-    if (!info.ok()) return ToGrpcStatus(info.status());
-    SessionInfoToProto(*info, response);
-    return grpc::Status::OK;
-  }();
-  return scope.Finish(status);
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    if (draining_.load(std::memory_order_acquire)) return Draining();
+    ATTN_ASSIGN_OR_RETURN(SessionSpec spec,
+                          SessionSpecFromProto(request->spec()));
+    ATTN_ASSIGN_OR_RETURN(
+        SessionInfo info,
+        engine_->CreateSession(
+            spec, absl::Seconds(request->idle_timeout_seconds())));
+    SessionInfoToProto(info, response);
+    return absl::OkStatus();
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::GetSession(
@@ -118,26 +130,62 @@ grpc::Status AttentionServiceImpl::GetSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kGetSession,
                      request->session_id());
-  const grpc::Status status = [&]() -> grpc::Status {
-    auto info = engine_->GetSession(request->session_id());
-    if (!info.ok()) return ToGrpcStatus(info.status());
-    SessionInfoToProto(*info, response);
-    return grpc::Status::OK;
-  }();
-  return scope.Finish(status);
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(SessionInfo info,
+                          engine_->GetSession(request->session_id()));
+    SessionInfoToProto(info, response);
+    return absl::OkStatus();
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::ListSessions(
     grpc::ServerContext* context, const v1::ListSessionsRequest* request,
     v1::ListSessionsResponse* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kListSessions, "");
-  const grpc::Status status = [&]() -> grpc::Status {
-    for (const SessionInfo& info : engine_->ListSessions()) {
-      SessionInfoToProto(info, response->add_sessions());
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    if (request->page_size() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page_size must be >= 0 (0 = ", kDefaultListPageSize, "), got ",
+          request->page_size()));
     }
-    return grpc::Status::OK;
-  }();
-  return scope.Finish(status);
+    if (request->page_token().size() > kMaxPageTokenBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page_token ", QuoteClientString(request->page_token()),
+          " is not a token this server gave; pass the previous page's "
+          "next_page_token, or nothing for the first page"));
+    }
+    const int32_t page_size =
+        request->page_size() == 0
+            ? kDefaultListPageSize
+            : std::min(request->page_size(), kMaxListPageSize);
+    // One more than the page, to know whether another page follows.
+    std::vector<SessionInfo> infos =
+        engine_->ListSessions(request->page_token(), page_size + 1);
+    // The page also ends before the reply would pass the message limit
+    // (framing of each entry and the token included).
+    const int64_t budget = max_message_bytes_ - 1024;
+    int64_t bytes = 0;
+    for (const SessionInfo& info : infos) {
+      if (response->sessions_size() == page_size) break;
+      v1::SessionInfo entry;
+      SessionInfoToProto(info, &entry);
+      bytes += static_cast<int64_t>(entry.ByteSizeLong()) + 16;
+      if (bytes > budget) {
+        if (response->sessions_size() > 0) break;
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "session ", QuoteClientString(info.session_id),
+            " alone takes more than the message limit (--max_message_bytes "
+            "= ",
+            max_message_bytes_, "); raise the limit to list it"));
+      }
+      *response->add_sessions() = std::move(entry);
+    }
+    if (response->sessions_size() < static_cast<int>(infos.size())) {
+      response->set_next_page_token(
+          response->sessions(response->sessions_size() - 1).session_id());
+    }
+    return absl::OkStatus();
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::DeleteSession(
@@ -145,10 +193,8 @@ grpc::Status AttentionServiceImpl::DeleteSession(
     v1::DeleteSessionResponse* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kDeleteSession,
                      request->session_id());
-  const grpc::Status status = [&]() -> grpc::Status {
-    return ToGrpcStatus(engine_->DeleteSession(request->session_id()));
-  }();
-  return scope.Finish(status);
+  return scope.Finish(
+      ToGrpcStatus(engine_->DeleteSession(request->session_id())));
 }
 
 grpc::Status AttentionServiceImpl::ForkSession(
@@ -156,19 +202,13 @@ grpc::Status AttentionServiceImpl::ForkSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kForkSession,
                      request->session_id());
-  const grpc::Status status = [&]() -> grpc::Status {
-    if (draining_.load(std::memory_order_acquire)) {
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                          "the server is draining (shutting down) and takes "
-                          "no new sessions; create the session on another "
-                          "replica");
-    }
-    auto info = engine_->ForkSession(request->session_id());
-    if (!info.ok()) return ToGrpcStatus(info.status());
-    SessionInfoToProto(*info, response);
-    return grpc::Status::OK;
-  }();
-  return scope.Finish(status);
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    if (draining_.load(std::memory_order_acquire)) return Draining();
+    ATTN_ASSIGN_OR_RETURN(SessionInfo info,
+                          engine_->ForkSession(request->session_id()));
+    SessionInfoToProto(info, response);
+    return absl::OkStatus();
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::TruncateSession(
@@ -176,14 +216,13 @@ grpc::Status AttentionServiceImpl::TruncateSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kTruncateSession,
                      request->session_id());
-  const grpc::Status status = [&]() -> grpc::Status {
-    auto info =
-        engine_->TruncateSession(request->session_id(), request->length());
-    if (!info.ok()) return ToGrpcStatus(info.status());
-    SessionInfoToProto(*info, response);
-    return grpc::Status::OK;
-  }();
-  return scope.Finish(status);
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(SessionInfo info,
+                          engine_->TruncateSession(request->session_id(),
+                                                   request->length()));
+    SessionInfoToProto(info, response);
+    return absl::OkStatus();
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
@@ -191,15 +230,14 @@ grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
                                            v1::AttentionResult* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kPrefill,
                      request->session_id());
-  const grpc::Status status = AppendAndRespond(
-      *request, max_message_bytes_, response,
-      [&](const AppendRequest& append) { return engine_->Append(append); });
-  if (status.ok() && metrics_ != nullptr) {
-    metrics_->AddTokens(TokenPhase::kPrefill, request->q().shape_size() > 0
-                                                  ? request->q().shape(0)
-                                                  : 0);
-  }
-  return scope.Finish(status);
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(AppendRequest append,
+                          AppendRequestFromProto(*request));
+    GrpcCallControl control(context);
+    return AppendAndRespond(
+        append, &control, max_message_bytes_, response,
+        [&](const AppendRequest& a) { return engine_->Append(a); });
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::DecodeStep(grpc::ServerContext* context,
@@ -207,13 +245,14 @@ grpc::Status AttentionServiceImpl::DecodeStep(grpc::ServerContext* context,
                                               v1::AttentionResult* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kDecodeStep,
                      request->session_id());
-  const grpc::Status status = AppendAndRespond(
-      *request, max_message_bytes_, response,
-      [&](const AppendRequest& append) { return batcher_->Append(append); });
-  if (status.ok() && metrics_ != nullptr) {
-    metrics_->AddTokens(TokenPhase::kDecode, 1);
-  }
-  return scope.Finish(status);
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(AppendRequest append,
+                          AppendRequestFromProto(*request));
+    GrpcCallControl control(context);
+    return AppendAndRespond(
+        append, &control, max_message_bytes_, response,
+        [&](const AppendRequest& a) { return batcher_->Append(a); });
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::Decode(
@@ -223,27 +262,40 @@ grpc::Status AttentionServiceImpl::Decode(
   // Decode request (its own code and latency).
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kDecode, "");
   ScopedStreamMetric open_stream(metrics_);
+  GrpcCallControl control(context);
+  // Every session the stream has used stays in use (it cannot expire) until
+  // the stream closes.
+  absl::flat_hash_map<std::string, SessionHold> held;
   v1::DecodeRequest request;
   // Reused for every step, so a steady stream reuses its output buffer.
   v1::AttentionResult result;
   for (int64_t index = 0; stream->Read(&request); ++index) {
     scope.Restart(request.session_id());
-    auto append =
-        AppendRequestFromProto(request, absl::StrCat("requests[", index, "]"));
-    if (!append.ok()) return scope.Finish(ToGrpcStatus(append.status()));
-    PrepareOutput(*append, &result, max_message_bytes_);
-    auto output = batcher_->Append(*append);
-    if (!output.ok()) {
+    if (!held.contains(request.session_id())) {
+      // An unknown session fails the step below with NOT_FOUND.
+      absl::StatusOr<SessionHold> hold =
+          engine_->HoldSession(request.session_id());
+      if (hold.ok()) held.emplace(request.session_id(), *std::move(hold));
+    }
+    const absl::Status status = [&]() -> absl::Status {
+      ATTN_ASSIGN_OR_RETURN(
+          AppendRequest append,
+          AppendRequestFromProto(request,
+                                 absl::StrCat("requests[", index, "]")));
+      return AppendAndRespond(
+          append, &control, max_message_bytes_, &result,
+          [&](const AppendRequest& a) { return batcher_->Append(a); });
+    }();
+    if (!status.ok()) {
       // Say which request of the stream failed: the client has already
       // seen `index` results and needs to know where the stream stopped.
       return scope.Finish(ToGrpcStatus(absl::Status(
-          output.status().code(),
-          absl::StrCat("requests[", index, "]: ", output.status().message()))));
+          status.code(),
+          absl::StrCat("requests[", index, "]: ", status.message()))));
     }
-    FinishResult(*append, *output, &result);
-    if (metrics_ != nullptr) metrics_->AddTokens(TokenPhase::kDecode, 1);
     if (!stream->Write(result)) {
-      // The client went away; the step is applied, nobody is listening.
+      // The client went away after the step was committed (the documented
+      // race): it is applied, and nobody is listening.
       return scope.Finish(grpc::Status(grpc::StatusCode::CANCELLED,
                                        "the client closed the Decode stream"));
     }
@@ -256,65 +308,72 @@ grpc::Status AttentionServiceImpl::BatchDecode(
     grpc::ServerContext* context, const v1::BatchDecodeRequest* request,
     v1::BatchDecodeResponse* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kBatchDecode, "");
-  const grpc::Status status = [&]() -> grpc::Status {
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    GrpcCallControl control(context);
     std::vector<AppendRequest> appends;
     appends.reserve(request->steps_size());
+    double reply_bytes = 0;
     for (int i = 0; i < request->steps_size(); ++i) {
-      auto append = AppendRequestFromProto(request->steps(i),
-                                           absl::StrCat("steps[", i, "]"));
-      if (!append.ok()) return ToGrpcStatus(append.status());
-      appends.push_back(*std::move(append));
+      ATTN_ASSIGN_OR_RETURN(
+          AppendRequest append,
+          AppendRequestFromProto(request->steps(i),
+                                 absl::StrCat("steps[", i, "]")));
+      append.control = &control;
+      reply_bytes += AppendReplyBytes(append);
+      appends.push_back(std::move(append));
     }
+    ATTN_RETURN_IF_ERROR(CheckReplySize(reply_bytes, max_message_bytes_));
     // Result messages are heap-allocated by the repeated field, so their
     // buffers stay put while more are added.
     for (AppendRequest& append : appends) {
-      PrepareOutput(append, response->add_results(), max_message_bytes_);
+      PrepareOutput(append, response->add_results());
     }
-    auto outputs = batcher_->AppendAtomic(appends);
-    if (!outputs.ok()) return ToGrpcStatus(outputs.status());
+    ATTN_ASSIGN_OR_RETURN(std::vector<AttentionOutput> outputs,
+                          batcher_->AppendAtomic(appends));
     for (size_t i = 0; i < appends.size(); ++i) {
-      FinishResult(appends[i], (*outputs)[i],
+      FinishResult(appends[i], outputs[i],
                    response->mutable_results(static_cast<int>(i)));
     }
-    return grpc::Status::OK;
-  }();
-  if (status.ok() && metrics_ != nullptr) {
-    metrics_->AddTokens(TokenPhase::kDecode, request->steps_size());
-  }
-  return scope.Finish(status);
+    return absl::OkStatus();
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::Attention(
     grpc::ServerContext* context, const v1::AttentionRequest* request,
     v1::AttentionResult* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kAttention, "");
-  const grpc::Status status = [&]() -> grpc::Status {
-    auto stateless = StatelessRequestFromProto(*request);
-    if (!stateless.ok()) return ToGrpcStatus(stateless.status());
-    auto output = engine_->Attend(*stateless);
-    if (!output.ok()) return ToGrpcStatus(output.status());
-    AttentionOutputToProto(*output, response);
-    return grpc::Status::OK;
-  }();
-  return scope.Finish(status);
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(StatelessRequest stateless,
+                          StatelessRequestFromProto(*request));
+    GrpcCallControl control(context);
+    stateless.control = &control;
+    ATTN_RETURN_IF_ERROR(
+        CheckReplySize(StatelessReplyBytes(stateless), max_message_bytes_));
+    ATTN_ASSIGN_OR_RETURN(AttentionOutput output, engine_->Attend(stateless));
+    AttentionOutputToProto(output, response);
+    return absl::OkStatus();
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::GetServerInfo(
     grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
     v1::ServerInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kGetServerInfo, "");
-  const grpc::Status status = [&]() -> grpc::Status {
-    const EngineStats stats = engine_->stats();
-    response->set_version(version_);
-    response->set_backend(std::string(engine_->backend().name()));
-    response->set_device(engine_->backend().device());
-    response->set_kv_cache_capacity_bytes(stats.pool.capacity_bytes);
-    response->set_kv_cache_used_bytes(stats.pool.used_bytes);
-    response->set_active_sessions(stats.active_sessions);
-    response->set_max_message_bytes(max_message_bytes_);
-    return grpc::Status::OK;
-  }();
-  return scope.Finish(status);
+  const EngineStats stats = engine_->stats();
+  const EngineOptions& options = engine_->options();
+  response->set_version(version_);
+  response->set_backend(std::string(engine_->backend().name()));
+  response->set_device(engine_->backend().device());
+  response->set_kv_cache_capacity_bytes(stats.pool.capacity_bytes);
+  response->set_kv_cache_used_bytes(stats.pool.used_bytes);
+  response->set_active_sessions(stats.active_sessions);
+  response->set_max_message_bytes(max_message_bytes_);
+  response->set_max_call_flops(options.max_call_flops);
+  response->set_max_sessions(options.sessions.max_sessions);
+  response->set_session_metadata_bytes(stats.session_metadata_bytes);
+  response->set_max_session_metadata_bytes(
+      options.sessions.max_metadata_bytes);
+  return scope.Finish(grpc::Status::OK);
 }
 
 }  // namespace attention::server

@@ -41,7 +41,16 @@ ABSL_FLAG(int64_t, kv_cache_bytes, int64_t{1} << 30,
 ABSL_FLAG(int64_t, kv_block_bytes, int64_t{64} << 10,
           "Size of one KV block in bytes (a multiple of 256).");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
-          "Largest gRPC message received or sent, in bytes.");
+          "Largest gRPC message received or sent, in bytes (4096 .. 1 GiB); "
+          "replies are sized before any work and refused when larger.");
+ABSL_FLAG(int64_t, max_call_flops, int64_t{1} << 41,
+          "Most floating-point operations one call may ask for (2 * "
+          "(head_dim + value_dim) per visible query-head/key pair); more is "
+          "RESOURCE_EXHAUSTED before any work.");
+ABSL_FLAG(int64_t, max_sessions, 65536, "Most live sessions.");
+ABSL_FLAG(int64_t, max_session_metadata_bytes, int64_t{256} << 20,
+          "Most host memory the live sessions' metadata (specs, labels, sink "
+          "logits) may take, in bytes.");
 ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Minutes(10),
           "Idle time after which a session is deleted (e.g. 10m, 90s).");
 ABSL_FLAG(int64_t, max_session_tokens, 131072,
@@ -79,6 +88,10 @@ ServerOptions OptionsFromFlags() {
   options.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   options.kv_block_bytes = absl::GetFlag(FLAGS_kv_block_bytes);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_call_flops = absl::GetFlag(FLAGS_max_call_flops);
+  options.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  options.max_session_metadata_bytes =
+      absl::GetFlag(FLAGS_max_session_metadata_bytes);
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   options.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);

@@ -174,6 +174,7 @@ void SessionInfoToProto(const SessionInfo& info, v1::SessionInfo* out) {
   out->mutable_layer_lengths()->Add(info.layer_lengths.begin(),
                                     info.layer_lengths.end());
   out->set_kv_cache_bytes(info.kv_cache_bytes);
+  out->set_metadata_bytes(info.metadata_bytes);
 }
 
 absl::StatusOr<EmptyRowPolicy> EmptyRowPolicyFromProto(

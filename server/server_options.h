@@ -33,8 +33,17 @@ struct ServerOptions {
   // KV block pool capacity and block size.
   int64_t kv_cache_bytes = int64_t{1} << 30;
   int64_t kv_block_bytes = int64_t{64} << 10;
-  // Largest message received or sent; also bounds stateless weights.
+  // Largest message received or sent (at most 1 GiB); also bounds
+  // stateless weights. Replies are sized before the work and refused when
+  // larger.
   int64_t max_message_bytes = int64_t{64} << 20;
+  // Most floating-point operations one call may ask for
+  // (EngineOptions::max_call_flops).
+  int64_t max_call_flops = int64_t{1} << 41;
+  // Most live sessions, and most host memory their metadata may take
+  // (SessionManagerOptions).
+  int64_t max_sessions = 65536;
+  int64_t max_session_metadata_bytes = int64_t{256} << 20;
   // Idle time after which a session is deleted (when its CreateSession
   // request does not say otherwise).
   absl::Duration session_idle_timeout = absl::Minutes(10);

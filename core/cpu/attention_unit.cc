@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "core/status_macros.h"
 
 namespace attention::cpu {
 namespace {
@@ -512,6 +513,7 @@ absl::Status UnitRunner::RunDirect(const int64_t* chunks, int64_t count) {
   float* chunk_state = scratch_.chunk_state.Get(state_floats_);
   InitRowState(row_state);
   for (int64_t i = 0; i < count; ++i) {
+    ATTN_RETURN_IF_ERROR(CheckCall(pr_.control));
     absl::Status status = RunChunk(chunks[i], chunk_state);
     if (!status.ok()) return status;
     MergeInto(row_state, chunk_state);
@@ -530,6 +532,7 @@ absl::Status UnitRunner::ComputeChunkStates(const int64_t* chunks,
   scratch_.active.resize(std::max<size_t>(scratch_.active.size(), row_heads_));
   LoadQueries();
   for (int64_t i = 0; i < count; ++i) {
+    ATTN_RETURN_IF_ERROR(CheckCall(pr_.control));
     absl::Status status = RunChunk(chunks[i], states + i * state_floats_);
     if (!status.ok()) return status;
   }

@@ -285,6 +285,11 @@ absl::Status CudaBackend::AttendImpl(
     absl::Span<const AttentionProblem> problems, float* kernel_ms) {
   if (kernel_ms != nullptr) *kernel_ms = 0.0f;
   if (problems.empty()) return absl::OkStatus();
+  // One launch runs the whole batch in microseconds to milliseconds: a
+  // withdrawn call is dropped before it, not inside it.
+  for (const AttentionProblem& problem : problems) {
+    ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
+  }
   // A snapshot of the arenas: a long batch checks every block pointer, so
   // the check must not take a lock each time.
   std::vector<std::pair<const std::byte*, int64_t>> arenas;

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <atomic>
 #include <memory>
 #include <random>
 #include <string>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "core/call_control.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/kv_size.h"
 #include "gtest/gtest.h"
@@ -488,6 +491,142 @@ TEST_F(EngineTest, FailedCallsChangeNothing) {
   EXPECT_EQ(engine_->stats().pool.used_bytes, pool_before);
 }
 
+// Withdraws its call from the `fail_at`-th check on (counting from 0) with
+// `code`, and counts the checks.
+class WithdrawAt : public CallControl {
+ public:
+  WithdrawAt(int64_t fail_at, absl::StatusCode code)
+      : fail_at_(fail_at), code_(code) {}
+  absl::Status Check() const override {
+    if (checks_.fetch_add(1) >= fail_at_) {
+      return absl::Status(code_, "withdrawn by the test");
+    }
+    return absl::OkStatus();
+  }
+  int64_t checks() const { return checks_.load(); }
+
+ private:
+  const int64_t fail_at_;
+  const absl::StatusCode code_;
+  mutable std::atomic<int64_t> checks_{0};
+};
+
+TEST_F(EngineTest, WithdrawnCallsStopAndChangeNothing) {
+  const std::string id = NewSession();
+  Tokens t(1700, rng_);
+  for (int layer = 0; layer < kLayers; ++layer) Append(id, layer, t, 0, 600);
+  const SessionInfo before = Info(id);
+  const int64_t pool_before = engine_->stats().pool.used_bytes;
+  // How often a prefill over several 512-key chunks checks its control:
+  // on a fork, which is then deleted.
+  AppendRequest r = Request(id, 0, t, 600, 1700);
+  WithdrawAt never(std::numeric_limits<int64_t>::max(),
+                   absl::StatusCode::kCancelled);
+  {
+    auto fork = engine_->ForkSession(id);
+    ASSERT_TRUE(fork.ok()) << fork.status();
+    AppendRequest on_fork = r;
+    on_fork.session_id = fork->session_id;
+    on_fork.control = &never;
+    ASSERT_TRUE(engine_->Append(on_fork).ok());
+    ASSERT_TRUE(engine_->DeleteSession(fork->session_id).ok());
+  }
+  const int64_t checks = never.checks();
+  // Before the work, between chunks of every unit, and before the commit.
+  ASSERT_GE(checks, 5);
+  ASSERT_EQ(engine_->stats().pool.used_bytes, pool_before);
+  // Withdrawn at any of those points, the call fails with the control's
+  // code and the session, its blocks and the pool are as they were.
+  for (int64_t k = 0; k < checks; ++k) {
+    const absl::StatusCode code = k % 2 == 0
+                                      ? absl::StatusCode::kCancelled
+                                      : absl::StatusCode::kDeadlineExceeded;
+    WithdrawAt withdraw(k, code);
+    r.control = &withdraw;
+    auto out = engine_->Append(r);
+    EXPECT_EQ(out.status().code(), code) << "check " << k << ": "
+                                         << out.status();
+    const SessionInfo after = Info(id);
+    EXPECT_EQ(after.layer_lengths, before.layer_lengths) << k;
+    EXPECT_EQ(after.kv_cache_bytes, before.kv_cache_bytes) << k;
+    EXPECT_EQ(engine_->stats().pool.used_bytes, pool_before) << k;
+  }
+  // In an AppendEach batch a withdrawn step fails alone; the others are
+  // exactly what they are without it.
+  const std::string other = NewSession();
+  Append(other, 0, t, 0, 600);
+  WithdrawAt cancelled(0, absl::StatusCode::kCancelled);
+  std::vector<AppendRequest> steps = {Request(id, 0, t, 600, 601),
+                                      Request(other, 0, t, 600, 601)};
+  steps[0].control = &cancelled;
+  auto each = engine_->AppendEach(steps);
+  EXPECT_EQ(each[0].status().code(), absl::StatusCode::kCancelled);
+  ASSERT_TRUE(each[1].ok()) << each[1].status();
+  EXPECT_EQ(ToFloats(each[1]->output), Stateless(t, 0, 600, 601));
+  EXPECT_EQ(Info(id).layer_lengths, before.layer_lengths);
+  // An atomic batch with one withdrawn step applies nothing.
+  steps = {Request(other, 1, t, 0, 1), Request(id, 0, t, 600, 601)};
+  steps[1].control = &cancelled;
+  EXPECT_EQ(engine_->AppendBatch(steps).status().code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(Info(other).layer_lengths[1], 0);
+  // Stateless calls stop too.
+  StatelessRequest stateless;
+  stateless.q = t.q.rows(0, 600);
+  stateless.k = t.k.rows(0, 600);
+  stateless.v = t.v.rows(0, 600);
+  stateless.control = &cancelled;
+  EXPECT_EQ(engine_->Attend(stateless).status().code(),
+            absl::StatusCode::kCancelled);
+}
+
+TEST_F(EngineTest, CallsOverTheFlopLimitAreRefusedBeforeAnyWork) {
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{16} << 20;
+  options.kv_block_bytes = 4096;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  // Each token of TestSpec() costs 2 * (16 + 8) * 4 = 192 flops per key.
+  options.max_call_flops = 192 * 100;
+  auto engine =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto session = (*engine)->CreateSession(TestSpec(), absl::ZeroDuration());
+  ASSERT_TRUE(session.ok());
+  const std::string id = session->session_id;
+  Tokens t(20, rng_);
+  // 13 causal queries see 1 + 2 + ... + 13 = 91 keys: allowed.
+  for (int layer = 0; layer < 2; ++layer) {
+    ASSERT_TRUE((*engine)->Append(Request(id, layer, t, 0, 13)).ok());
+  }
+  // Seven more see 14 + ... + 20 = 119 > 100.
+  auto refused = (*engine)->Append(Request(id, 0, t, 13, 20));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("--max_call_flops"),
+            std::string::npos)
+      << refused.status();
+  auto info = (*engine)->GetSession(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->layer_lengths[0], 13);
+  // An atomic batch is one call: 14 + 15 + 16 + 17 = 62 keys per step fits,
+  // two such steps do not. As independent steps (AppendEach) both run.
+  std::vector<AppendRequest> batch = {Request(id, 0, t, 13, 17),
+                                      Request(id, 1, t, 13, 17)};
+  EXPECT_EQ((*engine)->AppendBatch(batch).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  for (const auto& result : (*engine)->AppendEach(batch)) {
+    EXPECT_TRUE(result.ok()) << result.status();
+  }
+  // Stateless: 11 queries x 10 keys, not causal = 110 pairs.
+  StatelessRequest stateless;
+  stateless.q = t.q.rows(0, 11);
+  stateless.k = t.k.rows(0, 10);
+  stateless.v = t.v.rows(0, 10);
+  EXPECT_EQ((*engine)->Attend(stateless).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  stateless.q = t.q.rows(0, 10);
+  EXPECT_TRUE((*engine)->Attend(stateless).ok());
+}
+
 TEST_F(EngineTest, Float16StorageRejectsUnrepresentableKeys) {
   SessionSpec spec = TestSpec();
   spec.kv_dtype = DType::kFloat16;
@@ -633,8 +772,20 @@ TEST_F(EngineTest, ConcurrentSessionsMatchTheirStatelessAnswers) {
 TEST_F(EngineTest, ListAndStats) {
   const std::string a = NewSession();
   const std::string b = NewSession();
-  std::vector<SessionInfo> all = engine_->ListSessions();
+  std::vector<SessionInfo> all = engine_->ListSessions("", 10);
   ASSERT_EQ(all.size(), 2u);
+  EXPECT_LT(all[0].session_id, all[1].session_id);
+  // Pages follow the id order.
+  std::vector<SessionInfo> first = engine_->ListSessions("", 1);
+  ASSERT_EQ(first.size(), 1u);
+  std::vector<SessionInfo> second =
+      engine_->ListSessions(first[0].session_id, 1);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].session_id, all[1].session_id);
+  EXPECT_TRUE(engine_->ListSessions(all[1].session_id, 1).empty());
+  EXPECT_GT(all[0].metadata_bytes, 0);
+  EXPECT_EQ(engine_->stats().session_metadata_bytes,
+            all[0].metadata_bytes + all[1].metadata_bytes);
   EXPECT_EQ(engine_->stats().active_sessions, 2);
   EXPECT_EQ(engine_->stats().sessions_created_total, 2);
   Tokens t(8, rng_);

@@ -3,6 +3,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
@@ -153,6 +154,107 @@ TEST_F(SessionManagerTest, ForkCopiesSpecAndSharesBlocks) {
   EXPECT_EQ(manager.size(), 2);
   EXPECT_EQ(manager.Fork("missing").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionManagerTest, SessionsInUseNeverExpireAndIdleCountsFromTheEnd) {
+  SessionManager manager = MakeManager();
+  const std::string id =
+      (*manager.Create(SmallSpec(), absl::Seconds(10)))->id();
+  {
+    auto call = manager.Get(id);  // a call that runs for a minute
+    ASSERT_TRUE(call.ok());
+    now_ += absl::Seconds(60);
+    EXPECT_EQ(manager.ExpireIdle(now_), 0);
+    EXPECT_TRUE(manager.Get(id).ok()) << "a second call on the same session";
+  }
+  // Idle time counts from the end of the last call.
+  now_ += absl::Seconds(8);
+  EXPECT_EQ(manager.ExpireIdle(now_), 0);
+  now_ += absl::Seconds(3);
+  EXPECT_EQ(manager.ExpireIdle(now_), 1);
+  EXPECT_EQ(manager.Get(id).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionManagerTest, AHoldKeepsASessionFromExpiringButNotFromDeletion) {
+  SessionManager manager = MakeManager();
+  const std::string id =
+      (*manager.Create(SmallSpec(), absl::Seconds(10)))->id();
+  std::weak_ptr<Session> watch;
+  {
+    auto ref = manager.Get(id);
+    ASSERT_TRUE(ref.ok());
+    watch = ref->shared();
+    SessionHold hold(ref->shared(), manager.clock());
+    *ref = SessionRef();  // the call ends; the stream's hold stays
+    now_ += absl::Seconds(60);
+    EXPECT_EQ(manager.ExpireIdle(now_), 0);
+    ASSERT_TRUE(manager.Delete(id).ok());
+    EXPECT_TRUE(watch.expired()) << "deleted while held: freed at once";
+  }
+  EXPECT_EQ(manager.size(), 0);
+}
+
+TEST_F(SessionManagerTest, MetadataIsCountedAndBounded) {
+  SessionManagerOptions options;
+  options.reap_interval = absl::ZeroDuration();
+  options.now = [this] { return now_; };
+  SessionSpec heavy = SmallSpec();
+  heavy.layers.resize(1);
+  heavy.layers[0].sink_logits.assign(4, 0.5f);
+  heavy.num_layers = 64;
+  const int64_t per_session = [&] {
+    SessionManager probe(pool_.get(), options);
+    auto session = probe.Create(heavy, absl::ZeroDuration());
+    EXPECT_TRUE(session.ok());
+    EXPECT_EQ(probe.metadata_bytes(), (*session)->metadata_bytes());
+    return (*session)->metadata_bytes();
+  }();
+  // 64 layers of 4 sink logits each, at least.
+  EXPECT_GE(per_session, 64 * 4 * 4);
+  options.max_metadata_bytes = 2 * per_session + per_session / 2;
+  SessionManager manager(pool_.get(), options);
+  auto first = manager.Create(heavy, absl::ZeroDuration());
+  auto second = manager.Create(heavy, absl::ZeroDuration());
+  ASSERT_TRUE(first.ok() && second.ok());
+  auto third = manager.Create(heavy, absl::ZeroDuration());
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.status().message().find("--max_session_metadata_bytes"),
+            std::string::npos)
+      << third.status();
+  EXPECT_EQ(manager.Fork((*first)->id()).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(manager.metadata_bytes(), 2 * per_session);
+  ASSERT_TRUE(manager.Delete((*first)->id()).ok());
+  EXPECT_EQ(manager.metadata_bytes(), per_session);
+  EXPECT_TRUE(manager.Create(heavy, absl::ZeroDuration()).ok());
+}
+
+TEST_F(SessionManagerTest, LongIdsAreQuotedShortInErrors) {
+  SessionManager manager = MakeManager();
+  const std::string id(8000, 'x');
+  auto missing = manager.Get(id);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LT(missing.status().message().size(), 300u);
+  EXPECT_NE(missing.status().message().find("(8000 bytes)"),
+            std::string::npos);
+}
+
+TEST_F(SessionManagerTest, ListPagesThroughIdsInOrder) {
+  SessionManager manager = MakeManager(1000);
+  std::set<std::string> created;
+  for (int i = 0; i < 25; ++i) {
+    created.insert((*manager.Create(SmallSpec(), absl::ZeroDuration()))->id());
+  }
+  std::vector<std::string> listed;
+  std::string after;
+  while (true) {
+    auto page = manager.List(after, 7);
+    if (page.empty()) break;
+    EXPECT_LE(page.size(), 7u);
+    for (const auto& session : page) listed.push_back(session->id());
+    after = listed.back();
+  }
+  EXPECT_EQ(listed, std::vector<std::string>(created.begin(), created.end()));
 }
 
 }  // namespace

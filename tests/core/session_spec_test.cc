@@ -196,5 +196,13 @@ TEST(SessionSpecTest, LimitsAreConfigurable) {
   ExpectInvalid(spec, "value_dim", limits);
 }
 
+TEST(SessionSpecLimitsTest, ModelLabelIsBounded) {
+  SessionSpec spec = ValidSpec();
+  spec.model = std::string(SpecLimits().max_model_bytes, 'm');
+  EXPECT_TRUE(ResolveSessionSpec(spec, SpecLimits()).ok());
+  spec.model.push_back('m');
+  ExpectInvalid(spec, "model");
+}
+
 }  // namespace
 }  // namespace attention

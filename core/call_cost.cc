@@ -1,0 +1,39 @@
+#include "core/call_cost.h"
+
+#include <algorithm>
+
+namespace attention {
+namespace {
+
+// Sum of min(x, cap) for x = a, a + 1, ..., b (a <= b), in doubles.
+double SumCapped(double a, double b, double cap) {
+  if (b <= cap) return (a + b) * (b - a + 1) / 2;
+  if (a >= cap) return cap * (b - a + 1);
+  return (a + cap) * (cap - a + 1) / 2 + cap * (b - cap);
+}
+
+}  // namespace
+
+double AttentionFlops(int64_t num_queries, int64_t num_q_heads,
+                      int64_t head_dim, int64_t value_dim,
+                      const MaskSpec& mask, int64_t num_keys) {
+  if (num_queries <= 0 || num_keys <= 0) return 0;
+  const double per_pair =
+      2.0 * static_cast<double>(head_dim + value_dim) * num_q_heads;
+  if (!mask.causal) {
+    return per_pair * static_cast<double>(num_queries) * num_keys;
+  }
+  // Query i sees at most min(p + 1, num_keys) keys, p = query_start + i,
+  // and at most window + num_sink_tokens of them under a window. An upper
+  // bound is all a limit needs, and it is exact without a window.
+  const double first = static_cast<double>(mask.query_start) + 1;
+  const double last = first + static_cast<double>(num_queries) - 1;
+  double cap = static_cast<double>(num_keys);
+  if (mask.window > 0) {
+    cap = std::min(cap, static_cast<double>(mask.window) +
+                            static_cast<double>(mask.num_sink_tokens));
+  }
+  return per_pair * SumCapped(first, last, cap);
+}
+
+}  // namespace attention

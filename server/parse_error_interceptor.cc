@@ -1,0 +1,53 @@
+#include "server/parse_error_interceptor.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace attention::server {
+namespace {
+
+using grpc::experimental::InterceptionHookPoints;
+
+class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info)
+      : method_(info->method() != nullptr ? info->method() : "") {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods)
+      override {
+    if (methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::POST_RECV_MESSAGE) &&
+        methods->GetRecvMessage() == nullptr) {
+      unparsed_ = true;
+    }
+    if (unparsed_ && methods->QueryInterceptionHookPoint(
+                         InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status status = methods->GetSendStatus();
+      if (status.error_code() == grpc::StatusCode::INTERNAL) {
+        methods->ModifySendStatus(grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("the request bytes are not a valid protobuf message "
+                         "for ",
+                         method_,
+                         "; encode the request with the attention.v1 proto "
+                         "(proto/attention/v1/attention.proto)")));
+      }
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+  bool unparsed_ = false;
+};
+
+}  // namespace
+
+grpc::experimental::Interceptor*
+ParseErrorInterceptorFactory::CreateServerInterceptor(
+    grpc::experimental::ServerRpcInfo* info) {
+  return new ParseErrorInterceptor(info);
+}
+
+}  // namespace attention::server

@@ -1,0 +1,26 @@
+// ParseErrorInterceptor: answers a request whose bytes are not a valid
+// protobuf message with INVALID_ARGUMENT and a message, instead of the
+// INTERNAL with no message that gRPC's synchronous handlers send.
+//
+// gRPC deserializes a unary request before our handler runs and, when that
+// fails, answers without calling it. The interceptor notes the failure
+// (POST_RECV_MESSAGE without a message) and rewrites that status when it is
+// sent (PRE_SEND_STATUS). Streaming reads that fail end the stream inside
+// gRPC, which does not let the server choose their status.
+#ifndef ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_
+#define ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_
+
+#include <grpcpp/support/server_interceptor.h>
+
+namespace attention::server {
+
+class ParseErrorInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_

@@ -1,0 +1,57 @@
+#include "server/reply_size.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attention::server {
+namespace {
+
+// Upper bound of an AttentionResult's encoding beyond its tensors' bytes:
+// field tags, lengths, shapes, dtypes and the position.
+constexpr double kResultFramingBytes = 256;
+
+double ResultBytes(double tokens, double heads, double value_dim,
+                   DType output_dtype, bool lse, double weights) {
+  double bytes = kResultFramingBytes +
+                 tokens * heads * value_dim * DTypeSize(output_dtype);
+  if (lse) bytes += tokens * heads * 4;
+  return bytes + weights;
+}
+
+}  // namespace
+
+double AppendReplyBytes(const AppendRequest& request) {
+  if (request.q.rank() != 3 || request.v.rank() != 3) return 0;
+  return ResultBytes(static_cast<double>(request.q.dim(0)),
+                     static_cast<double>(request.q.dim(1)),
+                     static_cast<double>(request.v.dim(2)),
+                     request.output_dtype, request.return_lse, 0);
+}
+
+double StatelessReplyBytes(const StatelessRequest& request) {
+  if (request.q.rank() != 3 || request.k.rank() != 3 ||
+      request.v.rank() != 3) {
+    return 0;
+  }
+  const double tokens = static_cast<double>(request.q.dim(0));
+  const double heads = static_cast<double>(request.q.dim(1));
+  const double weights =
+      request.return_weights
+          ? heads * tokens * static_cast<double>(request.k.dim(0)) * 4
+          : 0;
+  return ResultBytes(tokens, heads, static_cast<double>(request.v.dim(2)),
+                     request.output_dtype, request.return_lse, weights);
+}
+
+absl::Status CheckReplySize(double bytes, int64_t max_message_bytes) {
+  if (bytes <= static_cast<double>(max_message_bytes)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the reply would take ", absl::SixDigits(bytes),
+      " bytes, over the server's message limit of ", max_message_bytes,
+      " bytes (--max_message_bytes); nothing was computed or applied. Send "
+      "fewer tokens per call (chunks give bitwise the same outputs), ask for "
+      "output_dtype FLOAT16 or BFLOAT16, or drop return_weights/return_lse"));
+}
+
+}  // namespace attention::server

@@ -1,0 +1,32 @@
+// Reply sizes known before the work: a call whose reply could not be sent
+// (over --max_message_bytes, and so never near protobuf's 2 GB limit) is
+// refused before anything is computed or applied.
+#ifndef ATTENTION_SERVER_REPLY_SIZE_H_
+#define ATTENTION_SERVER_REPLY_SIZE_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "core/engine.h"
+
+namespace attention::server {
+
+// Bytes of the AttentionResult an append (Prefill, decode step) sends:
+// output [T, H, value_dim] in its output_dtype, lse [T, H] float32 when
+// asked, plus framing. Taken from the shapes of q and v, which the engine
+// checks against the session before any work (a request whose q or v is
+// not rank 3 counts as 0: the engine rejects it). A double: untrusted
+// dimensions can multiply past 2^63.
+double AppendReplyBytes(const AppendRequest& request);
+
+// The same for stateless attention: output, lse and weights
+// [H, T_q, T_k] float32 when asked.
+double StatelessReplyBytes(const StatelessRequest& request);
+
+// RESOURCE_EXHAUSTED, naming the size, the limit and what to change, when a
+// reply of `bytes` would pass `max_message_bytes`.
+absl::Status CheckReplySize(double bytes, int64_t max_message_bytes);
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_REPLY_SIZE_H_

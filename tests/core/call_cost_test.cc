@@ -1,0 +1,61 @@
+#include "core/call_cost.h"
+
+#include <cstdint>
+
+#include "gtest/gtest.h"
+
+namespace attention {
+namespace {
+
+// Visible (query, key) pairs counted one by one from the mask's definition
+// (attention_problem.h).
+int64_t CountVisible(int64_t queries, int64_t keys, const MaskSpec& mask) {
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < queries; ++i) {
+    const int64_t p = mask.query_start + i;
+    for (int64_t j = 0; j < keys; ++j) {
+      const bool causal_ok = !mask.causal || j <= p;
+      const bool window_ok = mask.window == 0 || p - j < mask.window ||
+                             j < mask.num_sink_tokens;
+      if (causal_ok && window_ok) ++pairs;
+    }
+  }
+  return pairs;
+}
+
+TEST(CallCostTest, ExactWithoutAWindowAndAnUpperBoundWithOne) {
+  for (int64_t start : {0, 1, 7, 40}) {
+    for (int64_t queries : {1, 2, 9, 33}) {
+      const int64_t keys = start + queries;
+      MaskSpec causal{.causal = true, .query_start = start};
+      EXPECT_DOUBLE_EQ(AttentionFlops(queries, 3, 8, 4, causal, keys),
+                       2.0 * 12 * 3 * CountVisible(queries, keys, causal));
+      for (int32_t window : {1, 5, 16}) {
+        for (int32_t sinks : {0, 2}) {
+          MaskSpec mask{.causal = true,
+                        .window = window,
+                        .num_sink_tokens = sinks,
+                        .query_start = start};
+          const double flops = AttentionFlops(queries, 1, 1, 1, mask, keys);
+          const int64_t visible = CountVisible(queries, keys, mask);
+          EXPECT_GE(flops, 4.0 * visible);
+          EXPECT_LE(flops, 4.0 * queries * (window + sinks));
+        }
+      }
+    }
+  }
+  MaskSpec full{.causal = false};
+  EXPECT_DOUBLE_EQ(AttentionFlops(5, 2, 3, 4, full, 11), 2.0 * 7 * 2 * 5 * 11);
+  EXPECT_EQ(AttentionFlops(0, 2, 3, 4, full, 11), 0);
+}
+
+TEST(CallCostTest, HugeDimensionsDoNotOverflow) {
+  MaskSpec full{.causal = false};
+  const double flops =
+      AttentionFlops(int64_t{1} << 40, 1 << 20, 1 << 20, 1 << 20, full,
+                     int64_t{1} << 40);
+  EXPECT_GT(flops, 1e30);
+}
+
+}  // namespace
+}  // namespace attention

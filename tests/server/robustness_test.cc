@@ -1,0 +1,423 @@
+// Robustness: what hostile or careless clients sent that once crashed the
+// server, burnt it for a client that had gone, or changed state on failure
+// (one test per case of the robustness issue). Every call here must fail
+// fast with its documented code and leave the session as it was.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+
+#include <chrono>
+#include <cstring>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "tests/server/test_server.h"
+
+namespace attention::testing {
+namespace {
+
+using absl::StatusCode;
+
+class RobustnessTest : public ::testing::Test {
+ protected:
+  void Start(const server::ServerOptions& options = TestServerOptions()) {
+    auto server = StartTestServer(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  client::AttentionClient& client() { return *server_->client; }
+
+  client::SessionHandle Open(const v1::SessionSpec& spec,
+                             absl::Duration idle = absl::ZeroDuration()) {
+    auto info = client().CreateSession(spec, idle);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return client::SessionHandle(&client(), *info);
+  }
+
+  void ExpectUnchanged(const std::string& id, const StateSnapshot& before,
+                       const std::string& what) {
+    auto now = Snapshot(client(), id);
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_EQ(*now, before) << what;
+  }
+
+  // attention_requests_total{method, code} as the server exports it.
+  double RequestCount(const std::string& method, const std::string& code) {
+    const std::string text = server_->server->metrics().TextExposition();
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (!absl::StartsWith(line, "attention_requests_total{") ||
+          !absl::StrContains(line, "method=\"" + method + "\"") ||
+          !absl::StrContains(line, "code=\"" + code + "\"")) {
+        continue;
+      }
+      double value = 0;
+      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) {
+        return value;
+      }
+    }
+    return 0;
+  }
+
+  // Waits (bounded) until the server has recorded a call with `code`.
+  void AwaitRecorded(const std::string& method, const std::string& code) {
+    for (int i = 0; i < 600 && RequestCount(method, code) < 1; ++i) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    EXPECT_EQ(RequestCount(method, code), 1) << method << " " << code;
+  }
+
+  std::unique_ptr<TestServer> server_;
+};
+
+// Row 1: a 4 MB request whose result would be 2.1 GB once aborted the
+// server after 29 s of work.
+TEST_F(RobustnessTest, RepliesTooLargeForAMessageAreRefusedUpFront) {
+  Start();
+  v1::AttentionRequest request;
+  auto tensor = [](v1::Tensor* t, std::vector<int64_t> shape) {
+    t->set_dtype(v1::DTYPE_FLOAT32);
+    int64_t n = 1;
+    for (int64_t d : shape) {
+      t->add_shape(d);
+      n *= d;
+    }
+    t->mutable_data()->assign(static_cast<size_t>(n) * 4, '\0');
+  };
+  tensor(request.mutable_q(), {520, 1, 1});
+  tensor(request.mutable_k(), {1, 1, 1});
+  tensor(request.mutable_v(), {1, 1, 1048576});
+  auto result = client().Attention(request);
+  ATTN_EXPECT_CODE(result, StatusCode::kResourceExhausted);
+  EXPECT_NE(result.status().message().find("--max_message_bytes"),
+            std::string::npos)
+      << result.status();
+
+  // The same through a session: H = 1024, value_dim = 1000, T = 520.
+  v1::SessionSpec spec = MakeSpec(1, 1024, 1, 1);
+  spec.set_value_dim(1000);
+  client::SessionHandle session = Open(spec);
+  auto before = Snapshot(client(), session.id());
+  ATTN_ASSERT_OK(before);
+  const Tokens tokens = RandomTokens(session.spec(), 520, 1);
+  ATTN_EXPECT_CODE(session.Prefill(0, tokens.q, tokens.k, tokens.v),
+                   StatusCode::kResourceExhausted);
+  ExpectUnchanged(session.id(), *before, "prefill with a 2 GB reply");
+  ATTN_EXPECT_OK(client().GetServerInfo());
+}
+
+// Row 1 (labels) and row 6: metadata is bounded and accounted.
+TEST_F(RobustnessTest, SessionMetadataIsBoundedAndCounted) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_session_metadata_bytes = 13 << 20;
+  options.max_message_bytes = 6 << 20;
+  Start(options);
+  v1::SessionSpec label = MakeSpec(1, 2, 1, 4);
+  label.set_model(std::string(1000, 'm'));
+  ATTN_EXPECT_CODE(client().CreateSession(label),
+                   StatusCode::kInvalidArgument);
+
+  // 1024 layers x 1024 learned sink logits: 4 MiB of metadata each.
+  v1::SessionSpec heavy = MakeSpec(1024, 1024, 1, 1);
+  v1::LayerSpec* layer = heavy.add_layers();
+  for (int h = 0; h < 1024; ++h) layer->add_sink_logits(0.25f);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto info = client().CreateSession(heavy);
+    ATTN_ASSERT_OK(info);
+    EXPECT_GE(info->metadata_bytes(), 4 << 20);
+    ids.push_back(info->session_id());
+  }
+  auto refused = client().CreateSession(heavy);
+  ATTN_EXPECT_CODE(refused, StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("--max_session_metadata_bytes"),
+            std::string::npos)
+      << refused.status();
+  auto info = client().GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_GE(info->session_metadata_bytes(), 12 << 20);
+  EXPECT_EQ(info->max_session_metadata_bytes(), 13 << 20);
+  EXPECT_EQ(info->kv_cache_used_bytes(), 0);
+
+  // Each SessionInfo is over 4 MiB; a page stops before the reply would
+  // pass the 6 MiB message limit, and the pages still list every session.
+  v1::ListSessionsRequest request;
+  std::set<std::string> listed;
+  int pages = 0;
+  do {
+    grpc::ClientContext context;
+    v1::ListSessionsResponse page;
+    ASSERT_TRUE(client().stub()->ListSessions(&context, request, &page).ok());
+    EXPECT_EQ(page.sessions_size(), 1);
+    for (const auto& s : page.sessions()) listed.insert(s.session_id());
+    request.set_page_token(page.next_page_token());
+    ++pages;
+  } while (!request.page_token().empty() && pages < 10);
+  EXPECT_EQ(listed, std::set<std::string>(ids.begin(), ids.end()));
+
+  for (const std::string& id : ids) ATTN_ASSERT_OK(client().DeleteSession(id));
+  info = client().GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->session_metadata_bytes(), 0);
+  EXPECT_EQ(info->active_sessions(), 0);
+}
+
+TEST_F(RobustnessTest, SessionCountIsBoundedAndListingIsPaginated) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_sessions = 250;
+  Start(options);
+  std::set<std::string> created;
+  for (int i = 0; i < 250; ++i) {
+    auto info = client().CreateSession(MakeSpec(1, 2, 1, 4));
+    ATTN_ASSERT_OK(info);
+    created.insert(info->session_id());
+  }
+  ATTN_EXPECT_CODE(client().CreateSession(MakeSpec(1, 2, 1, 4)),
+                   StatusCode::kResourceExhausted);
+  // Default pages of 100, in id order.
+  v1::ListSessionsRequest request;
+  std::vector<int> sizes;
+  std::vector<std::string> listed;
+  do {
+    grpc::ClientContext context;
+    v1::ListSessionsResponse page;
+    ASSERT_TRUE(client().stub()->ListSessions(&context, request, &page).ok());
+    sizes.push_back(page.sessions_size());
+    for (const auto& s : page.sessions()) listed.push_back(s.session_id());
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty() && sizes.size() < 10);
+  EXPECT_EQ(sizes, (std::vector<int>{100, 100, 50}));
+  EXPECT_EQ(listed, std::vector<std::string>(created.begin(), created.end()));
+  // The client library follows the pages.
+  auto all = client().ListSessions();
+  ATTN_ASSERT_OK(all);
+  EXPECT_EQ(all->size(), 250u);
+  // A page size above the server's maximum is capped; bad ones refused.
+  request.Clear();
+  request.set_page_size(-1);
+  grpc::ClientContext bad_context;
+  v1::ListSessionsResponse ignored;
+  EXPECT_EQ(
+      client().stub()->ListSessions(&bad_context, request, &ignored).error_code(),
+      grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// Row 3: a reply over the message limit once failed only after appending:
+// the retry then duplicated the context.
+TEST_F(RobustnessTest, AReplyOverTheLimitAppliesNothingAndTheRetryOnce) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_message_bytes = 256 << 10;
+  options.kv_block_bytes = 64 << 10;
+  Start(options);
+  client::SessionHandle session =
+      Open(MakeSpec(128, 8, 2, 64, {}, v1::DTYPE_FLOAT16));
+  auto before = Snapshot(client(), session.id());
+  ATTN_ASSERT_OK(before);
+  const Tokens tokens = RandomTokens(session.spec(), 128, 2);
+  client::StepOptions fp16_in;
+  fp16_in.input_dtype = v1::DTYPE_FLOAT16;
+  // Float32 output: 128 x 8 x 64 x 4 = 256 KiB + framing.
+  ATTN_EXPECT_CODE(session.Prefill(0, tokens.q, tokens.k, tokens.v, fp16_in),
+                   StatusCode::kResourceExhausted);
+  ExpectUnchanged(session.id(), *before, "prefill with a reply too large");
+  client::StepOptions fp16_out = fp16_in;
+  fp16_out.output_dtype = v1::DTYPE_FLOAT16;
+  ATTN_ASSERT_OK(session.Prefill(0, tokens.q, tokens.k, tokens.v, fp16_out));
+  auto info = session.Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 128);
+
+  // BatchDecode: 128 steps of 2 KiB results each pass the limit together.
+  before = Snapshot(client(), session.id());
+  ATTN_ASSERT_OK(before);
+  const Tokens step = RandomTokens(session.spec(), 1, 3);
+  v1::BatchDecodeRequest batch;
+  for (int layer = 1; layer < 128; ++layer) {
+    auto request =
+        session.MakeDecodeRequest(layer, step.q, step.k, step.v, fp16_in);
+    ATTN_ASSERT_OK(request);
+    *batch.add_steps() = *request;
+  }
+  ATTN_EXPECT_CODE(client().BatchDecode(batch),
+                   StatusCode::kResourceExhausted);
+  ExpectUnchanged(session.id(), *before, "batch with a reply too large");
+  for (auto& s : *batch.mutable_steps()) {
+    s.set_output_dtype(v1::DTYPE_FLOAT16);
+  }
+  ATTN_ASSERT_OK(client().BatchDecode(batch));
+
+  // DecodeStep and the Decode stream: one step's output alone is too large
+  // (64 heads x 1024 values x 4 bytes).
+  v1::SessionSpec wide = MakeSpec(1, 64, 1, 16);
+  wide.set_value_dim(1024);
+  client::SessionHandle wide_session = Open(wide);
+  auto wide_before = Snapshot(client(), wide_session.id());
+  ATTN_ASSERT_OK(wide_before);
+  const Tokens one = RandomTokens(wide_session.spec(), 1, 4);
+  ATTN_EXPECT_CODE(wide_session.DecodeStep(0, one.q, one.k, one.v),
+                   StatusCode::kResourceExhausted);
+  auto request = wide_session.MakeDecodeRequest(0, one.q, one.k, one.v);
+  ATTN_ASSERT_OK(request);
+  client::DecodeStream stream(client().stub());
+  ATTN_EXPECT_CODE(stream.Step(*request), StatusCode::kResourceExhausted);
+  ExpectUnchanged(wide_session.id(), *wide_before, "decode, reply too large");
+}
+
+// Row 4: an abandoned call once kept both cores busy, was applied, and was
+// counted as OK.
+TEST_F(RobustnessTest, ExpiredAndCancelledCallsStopAndApplyNothing) {
+  Start();
+  client::SessionHandle session =
+      Open(MakeSpec(1, 32, 4, 128, {}, v1::DTYPE_FLOAT16));
+  auto before = Snapshot(client(), session.id());
+  ATTN_ASSERT_OK(before);
+  // About 1.4e11 flops: seconds of CPU work.
+  const Tokens tokens = RandomTokens(session.spec(), 4096, 5);
+  client::StepOptions fp16;
+  fp16.input_dtype = v1::DTYPE_FLOAT16;
+  fp16.output_dtype = v1::DTYPE_FLOAT16;
+  auto request =
+      session.MakePrefillRequest(0, tokens.q, tokens.k, tokens.v, fp16);
+  ATTN_ASSERT_OK(request);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(1000));
+    v1::AttentionResult result;
+    const grpc::Status status =
+        client().stub()->Prefill(&context, *request, &result);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  AwaitRecorded("Prefill", "DEADLINE_EXCEEDED");
+  EXPECT_EQ(RequestCount("Prefill", "OK"), 0);
+  ExpectUnchanged(session.id(), *before, "prefill past its deadline");
+  {
+    grpc::ClientContext context;
+    std::thread canceller([&context] {
+      absl::SleepFor(absl::Milliseconds(1000));
+      context.TryCancel();
+    });
+    v1::AttentionResult result;
+    const grpc::Status status =
+        client().stub()->Prefill(&context, *request, &result);
+    canceller.join();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  }
+  AwaitRecorded("Prefill", "CANCELLED");
+  EXPECT_EQ(RequestCount("Prefill", "OK"), 0);
+  ExpectUnchanged(session.id(), *before, "cancelled prefill");
+}
+
+TEST_F(RobustnessTest, CallsOverTheFlopLimitAreRefused) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_call_flops = 1000000;
+  Start(options);
+  client::SessionHandle session = Open(MakeSpec(1, 4, 2, 16));
+  auto before = Snapshot(client(), session.id());
+  ATTN_ASSERT_OK(before);
+  // 4 heads x 2 x 32 flops per pair: 1e6 flops is about 3900 pairs.
+  const Tokens tokens = RandomTokens(session.spec(), 100, 6);
+  auto result = session.Prefill(0, tokens.q, tokens.k, tokens.v);
+  ATTN_EXPECT_CODE(result, StatusCode::kResourceExhausted);
+  EXPECT_NE(result.status().message().find("--max_call_flops"),
+            std::string::npos);
+  ExpectUnchanged(session.id(), *before, "prefill over the flop limit");
+  auto info = client().GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->max_call_flops(), 1000000);
+}
+
+// Row 5: a session once expired during its own call, and an open but
+// quiet Decode stream did not keep it alive.
+TEST_F(RobustnessTest, SessionsUsedByAnOpenStreamDoNotExpire) {
+  server::ServerOptions options = TestServerOptions();
+  options.session_reap_interval = absl::Milliseconds(50);
+  Start(options);
+  client::SessionHandle session =
+      Open(MakeSpec(1, 4, 2, 16), absl::Seconds(1));
+  const Tokens tokens = RandomTokens(session.spec(), 2, 7);
+  client::DecodeStream stream(client().stub());
+  auto first = session.MakeDecodeRequest(0, tokens.q_rows(0, 1),
+                                         tokens.k_rows(0, 1),
+                                         tokens.v_rows(0, 1));
+  ATTN_ASSERT_OK(first);
+  ATTN_ASSERT_OK(stream.Step(*first));
+  absl::SleepFor(absl::Milliseconds(2200));  // twice the idle timeout
+  auto second = session.MakeDecodeRequest(0, tokens.q_rows(1, 1),
+                                          tokens.k_rows(1, 1),
+                                          tokens.v_rows(1, 1));
+  ATTN_ASSERT_OK(second);
+  auto result = stream.Step(*second);
+  ATTN_ASSERT_OK(result);
+  EXPECT_EQ(result->position(), 1);
+  ATTN_ASSERT_OK(stream.Finish());
+  // Once the stream has closed, idle time counts again (from its end: any
+  // call, GetSession too, would restart it, so look only once).
+  absl::SleepFor(absl::Milliseconds(1600));
+  EXPECT_EQ(session.Info().status().code(), StatusCode::kNotFound);
+}
+
+// Row 7: an 8000-character id was echoed whole into the error, which the
+// client then could not receive.
+TEST_F(RobustnessTest, ErrorsQuoteOnlyAShortPrefixOfClientStrings) {
+  Start();
+  const std::string id(8000, 'z');
+  auto missing = client().GetSession(id);
+  ATTN_EXPECT_CODE(missing, StatusCode::kNotFound);
+  EXPECT_LT(missing.status().message().size(), 300u);
+  EXPECT_NE(missing.status().message().find("zzzz"), std::string::npos);
+  ATTN_EXPECT_CODE(client().DeleteSession(id), StatusCode::kNotFound);
+  ATTN_EXPECT_CODE(client().TruncateSession(id, 0), StatusCode::kNotFound);
+  v1::ListSessionsRequest request;
+  request.set_page_token(id);
+  grpc::ClientContext context;
+  v1::ListSessionsResponse page;
+  const grpc::Status status =
+      client().stub()->ListSessions(&context, request, &page);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LT(status.error_message().size(), 300u);
+}
+
+// Row 8: bytes that are not a message were INTERNAL with no message.
+TEST_F(RobustnessTest, UnparseableRequestsAreInvalidArgument) {
+  Start();
+  auto channel = grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", server_->server->port()),
+      grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  const std::string garbage = "\xff\xff\xff\xff\x0f";
+  grpc::Slice slice(garbage);
+  grpc::ByteBuffer request(&slice, 1);
+  for (const char* method : {"/attention.v1.AttentionService/Prefill",
+                             "/attention.v1.AttentionService/GetSession"}) {
+    grpc::ClientContext context;
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    bool done = false;
+    absl::Mutex mu;
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) {
+                     absl::MutexLock lock(&mu);
+                     status = std::move(s);
+                     done = true;
+                   });
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find("not a valid protobuf"),
+              std::string::npos)
+        << status.error_message();
+  }
+  ATTN_EXPECT_OK(client().GetServerInfo());
+}
+
+}  // namespace
+}  // namespace attention::testing
