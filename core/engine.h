@@ -97,6 +97,8 @@ struct AttentionOutput {
 struct EngineStats {
   BlockPoolStats pool;
   int64_t active_sessions = 0;
+  // SessionManager::metadata_bytes().
+  int64_t session_metadata_bytes = 0;
   int64_t sessions_created_total = 0;
   int64_t sessions_expired_total = 0;
   // Tokens appended by committed calls: decode steps (requests with

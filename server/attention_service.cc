@@ -194,11 +194,6 @@ grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
   const grpc::Status status = AppendAndRespond(
       *request, max_message_bytes_, response,
       [&](const AppendRequest& append) { return engine_->Append(append); });
-  if (status.ok() && metrics_ != nullptr) {
-    metrics_->AddTokens(TokenPhase::kPrefill, request->q().shape_size() > 0
-                                                  ? request->q().shape(0)
-                                                  : 0);
-  }
   return scope.Finish(status);
 }
 
@@ -210,9 +205,6 @@ grpc::Status AttentionServiceImpl::DecodeStep(grpc::ServerContext* context,
   const grpc::Status status = AppendAndRespond(
       *request, max_message_bytes_, response,
       [&](const AppendRequest& append) { return batcher_->Append(append); });
-  if (status.ok() && metrics_ != nullptr) {
-    metrics_->AddTokens(TokenPhase::kDecode, 1);
-  }
   return scope.Finish(status);
 }
 
@@ -241,7 +233,6 @@ grpc::Status AttentionServiceImpl::Decode(
           absl::StrCat("requests[", index, "]: ", output.status().message()))));
     }
     FinishResult(*append, *output, &result);
-    if (metrics_ != nullptr) metrics_->AddTokens(TokenPhase::kDecode, 1);
     if (!stream->Write(result)) {
       // The client went away; the step is applied, nobody is listening.
       return scope.Finish(grpc::Status(grpc::StatusCode::CANCELLED,
@@ -278,9 +269,6 @@ grpc::Status AttentionServiceImpl::BatchDecode(
     }
     return grpc::Status::OK;
   }();
-  if (status.ok() && metrics_ != nullptr) {
-    metrics_->AddTokens(TokenPhase::kDecode, request->steps_size());
-  }
   return scope.Finish(status);
 }
 
