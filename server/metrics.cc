@@ -174,12 +174,6 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         std::max<int64_t>(0, absl::ToInt64Nanoseconds(elapsed)));
   }
 
-  void AddTokens(TokenPhase phase, int64_t count) {
-    if (count <= 0) return;
-    tokens_[phase == TokenPhase::kPrefill ? 0 : 1].fetch_add(
-        static_cast<uint64_t>(count), std::memory_order_relaxed);
-  }
-
   void ObserveDecodeBatch(int64_t size) {
     decode_batch_.Observe(std::max<int64_t>(0, size));
   }
@@ -223,19 +217,6 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
     families.push_back(std::move(requests));
     families.push_back(std::move(durations));
 
-    MetricFamily tokens =
-        Family("attention_tokens_total",
-               "Tokens appended to sessions, by phase (prefill or decode).",
-               MetricType::Counter);
-    for (int p = 0; p < 2; ++p) {
-      ClientMetric metric;
-      metric.label = {Label("phase", p == 0 ? "prefill" : "decode")};
-      metric.counter.value =
-          static_cast<double>(tokens_[p].load(std::memory_order_relaxed));
-      tokens.metric.push_back(std::move(metric));
-    }
-    families.push_back(std::move(tokens));
-
     MetricFamily batch =
         Family("attention_decode_batch_size",
                "Decode steps run as one engine batch (a BatchDecode call, or "
@@ -261,6 +242,19 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
   static void AppendState(const MetricsState& s,
                           std::vector<MetricFamily>* families) {
     const auto d = [](int64_t v) { return static_cast<double>(v); };
+    MetricFamily tokens =
+        Family("attention_tokens_total",
+               "Tokens appended to sessions, by phase (prefill or decode).",
+               MetricType::Counter);
+    for (const auto& [phase, count] :
+         {std::pair{"prefill", s.prefill_tokens_total},
+          std::pair{"decode", s.decode_tokens_total}}) {
+      ClientMetric metric;
+      metric.label = {Label("phase", phase)};
+      metric.counter.value = d(count);
+      tokens.metric.push_back(std::move(metric));
+    }
+    families->push_back(std::move(tokens));
     families->push_back(Scalar("attention_sessions_active", "Live sessions.",
                                MetricType::Gauge, d(s.sessions_active)));
     families->push_back(Scalar("attention_sessions_created_total",
@@ -271,10 +265,10 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
                                "Sessions removed after their idle timeout.",
                                MetricType::Counter,
                                d(s.sessions_expired_total)));
-    families->push_back(Scalar("attention_sessions_evicted_total",
-                               "Sessions removed to free KV cache memory.",
-                               MetricType::Counter,
-                               d(s.sessions_evicted_total)));
+    families->push_back(Scalar(
+        "attention_session_metadata_bytes",
+        "Host memory of live sessions' metadata: specs, labels, sink logits.",
+        MetricType::Gauge, d(s.session_metadata_bytes)));
     families->push_back(Scalar(
         "attention_shared_kv_chunks_total",
         "KV chunks (512 keys of one KV head) read once for several decode "
@@ -297,13 +291,12 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
     families->push_back(Scalar("attention_kv_blocks_used",
                                "KV blocks with at least one reference.",
                                MetricType::Gauge, d(s.kv_blocks_used)));
-    families->push_back(Scalar("attention_kv_blocks_total",
+    families->push_back(Scalar("attention_kv_blocks_capacity",
                                "KV blocks in the pool.", MetricType::Gauge,
-                               d(s.kv_blocks_total)));
+                               d(s.kv_blocks_capacity)));
   }
 
   std::array<MethodCounters, kNumRpcMethods> methods_;
-  alignas(64) std::array<std::atomic<uint64_t>, 2> tokens_{};
   AtomicHistogram<kBatchBounds.size()> decode_batch_{kBatchBounds};
   alignas(64) std::atomic<int64_t> streams_active_{0};
 
@@ -365,10 +358,6 @@ ServerMetrics::~ServerMetrics() = default;
 void ServerMetrics::RecordRequest(RpcMethod method, grpc::StatusCode code,
                                   absl::Duration elapsed) {
   collector_->RecordRequest(method, code, elapsed);
-}
-
-void ServerMetrics::AddTokens(TokenPhase phase, int64_t count) {
-  collector_->AddTokens(phase, count);
 }
 
 void ServerMetrics::ObserveDecodeBatch(int64_t size) {

@@ -4,28 +4,28 @@
 // Families (Prometheus naming: base units, `_total` counters):
 //   attention_requests_total{method,code}            counter
 //   attention_request_duration_seconds{method}       histogram, 50 µs .. 10 s
-//   attention_tokens_total{phase="prefill"|"decode"} counter
 //   attention_decode_batch_size                      histogram, 1 .. 1024
 //   attention_streams_active                         gauge
-//   attention_sessions_active                        gauge    } read from the
-//   attention_sessions_created_total                 counter  } state
-//   attention_sessions_expired_total                 counter  } provider at
-//   attention_sessions_evicted_total                 counter  } scrape time
+//   attention_tokens_total{phase="prefill"|"decode"} counter  } read from the
+//   attention_sessions_active                        gauge    } state
+//   attention_sessions_created_total                 counter  } provider at
+//   attention_sessions_expired_total                 counter  } scrape time
+//   attention_session_metadata_bytes                 gauge    }
 //   attention_kv_cache_capacity_bytes                gauge    }
 //   attention_kv_cache_used_bytes                    gauge    }
 //   attention_kv_cache_usage_ratio                   gauge    } (0..1)
 //   attention_kv_blocks_used                         gauge    }
-//   attention_kv_blocks_total                        gauge    }
+//   attention_kv_blocks_capacity                     gauge    }
 //   attention_shared_kv_chunks_total                 counter  }
 //   attention_build_info{version,backend,device}     gauge, always 1
 //
 // Recording is on the serving hot path, so it takes no lock and allocates
 // nothing: every (method, code) counter and every histogram bucket exists
 // from construction in fixed arrays of atomics, and a call is an array index
-// plus relaxed atomic adds. Values that the engine already keeps (sessions,
-// KV pool) are not duplicated here; a state provider is asked for them when
-// Prometheus scrapes, so they are never stale and cost nothing between
-// scrapes.
+// plus relaxed atomic adds. Values that the engine already keeps (tokens,
+// sessions, KV pool) are not duplicated here; a state provider is asked for
+// them when Prometheus scrapes, so they are never stale and cost nothing
+// between scrapes.
 //
 // Usage (attention-server):
 //   ATTN_ASSIGN_OR_RETURN(auto metrics, ServerMetrics::Create(
@@ -89,33 +89,35 @@ absl::string_view RpcMethodName(RpcMethod method);
 inline constexpr int kNumGrpcCodes = 17;
 absl::string_view GrpcCodeName(grpc::StatusCode code);
 
-enum class TokenPhase : int { kPrefill = 0, kDecode = 1 };
-
 // Engine state exported at scrape time. The *_total fields must never
 // decrease over the life of a process (they are exported as counters).
 struct MetricsState {
+  // attention_tokens_total{phase}: EngineStats' token counts.
+  int64_t prefill_tokens_total = 0;
+  int64_t decode_tokens_total = 0;
   int64_t sessions_active = 0;
   int64_t sessions_created_total = 0;
   int64_t sessions_expired_total = 0;
-  int64_t sessions_evicted_total = 0;
+  int64_t session_metadata_bytes = 0;
   int64_t kv_cache_capacity_bytes = 0;
   int64_t kv_cache_used_bytes = 0;
   int64_t kv_blocks_used = 0;
-  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_capacity = 0;
   int64_t shared_kv_chunks_total = 0;
 };
 
-// The engine keeps no eviction count yet (sessions only leave by delete or
-// idle expiry), so sessions_evicted_total stays 0.
 inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {
   MetricsState state;
+  state.prefill_tokens_total = stats.prefill_tokens_total;
+  state.decode_tokens_total = stats.decode_tokens_total;
   state.sessions_active = stats.active_sessions;
   state.sessions_created_total = stats.sessions_created_total;
   state.sessions_expired_total = stats.sessions_expired_total;
+  state.session_metadata_bytes = stats.session_metadata_bytes;
   state.kv_cache_capacity_bytes = stats.pool.capacity_bytes;
   state.kv_cache_used_bytes = stats.pool.used_bytes;
   state.kv_blocks_used = stats.pool.blocks_used;
-  state.kv_blocks_total = stats.pool.blocks_total;
+  state.kv_blocks_capacity = stats.pool.blocks_total;
   state.shared_kv_chunks_total = stats.shared_kv_chunks_total;
   return state;
 }
@@ -134,7 +136,7 @@ struct ServerMetricsOptions {
   std::string device;
 };
 
-// Thread-safety: every method is thread-safe. RecordRequest, AddTokens,
+// Thread-safety: every method is thread-safe. RecordRequest,
 // ObserveDecodeBatch, StreamOpened and StreamClosed are lock-free and
 // allocation-free; the other methods may block on a scrape in progress.
 class ServerMetrics {
@@ -164,11 +166,6 @@ class ServerMetrics {
   // that Decode's latency histogram is per step like DecodeStep's.
   void RecordRequest(RpcMethod method, grpc::StatusCode code,
                      absl::Duration elapsed);
-
-  // Tokens appended to sessions: Prefill's T, and 1 per decode step
-  // (DecodeStep, each Decode stream step, each BatchDecode step). Negative
-  // counts are ignored.
-  void AddTokens(TokenPhase phase, int64_t count);
 
   // Steps run as one engine batch: a BatchDecode call, or concurrent decode
   // steps the server gathered into one AppendBatch. Record each engine

@@ -12,7 +12,6 @@ int main() {
   using attention::server::RpcMethod;
   using attention::server::ServerMetrics;
   using attention::server::ServerMetricsOptions;
-  using attention::server::TokenPhase;
 
   ServerMetricsOptions options;
   options.listen_address = "";  // no HTTP endpoint needed
@@ -27,12 +26,12 @@ int main() {
   // Some activity, so that histograms have samples.
   (*metrics)->RecordRequest(RpcMethod::kPrefill, grpc::StatusCode::OK,
                             absl::Milliseconds(3));
-  (*metrics)->AddTokens(TokenPhase::kPrefill, 16);
   (*metrics)->ObserveDecodeBatch(4);
   (*metrics)->SetStateProvider([] {
     MetricsState state;
+    state.prefill_tokens_total = 16;
     state.kv_cache_capacity_bytes = 1 << 20;
-    state.kv_blocks_total = 16;
+    state.kv_blocks_capacity = 16;
     return state;
   });
   std::cout << (*metrics)->TextExposition();

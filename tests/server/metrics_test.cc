@@ -60,14 +60,16 @@ const ClientMetric* FindMetric(
 
 MetricsState SomeState() {
   MetricsState state;
+  state.prefill_tokens_total = 133;
+  state.decode_tokens_total = 21;
   state.sessions_active = 3;
   state.sessions_created_total = 7;
   state.sessions_expired_total = 2;
-  state.sessions_evicted_total = 1;
+  state.session_metadata_bytes = 4096 + 17;
   state.kv_cache_capacity_bytes = 1 << 20;
   state.kv_cache_used_bytes = 1 << 18;
   state.kv_blocks_used = 4;
-  state.kv_blocks_total = 16;
+  state.kv_blocks_capacity = 16;
   state.shared_kv_chunks_total = 11;
   return state;
 }
@@ -97,12 +99,12 @@ TEST(ServerMetricsTest, ExposesEveryFamilyWithItsType) {
       {"attention_sessions_active", "gauge"},
       {"attention_sessions_created_total", "counter"},
       {"attention_sessions_expired_total", "counter"},
-      {"attention_sessions_evicted_total", "counter"},
+      {"attention_session_metadata_bytes", "gauge"},
       {"attention_kv_cache_capacity_bytes", "gauge"},
       {"attention_kv_cache_used_bytes", "gauge"},
       {"attention_kv_cache_usage_ratio", "gauge"},
       {"attention_kv_blocks_used", "gauge"},
-      {"attention_kv_blocks_total", "gauge"},
+      {"attention_kv_blocks_capacity", "gauge"},
       {"attention_shared_kv_chunks_total", "counter"},
       {"attention_build_info", "gauge"},
   };
@@ -245,22 +247,13 @@ TEST(ServerMetricsTest, DurationBucketsSpan50MicrosecondsTo10Seconds) {
   }
 }
 
-TEST(ServerMetricsTest, CountsTokensAndDecodeBatches) {
+TEST(ServerMetricsTest, CountsDecodeBatches) {
   auto metrics = MakeMetrics();
   ASSERT_NE(metrics, nullptr);
-  metrics->AddTokens(TokenPhase::kPrefill, 128);
-  metrics->AddTokens(TokenPhase::kPrefill, 5);
-  metrics->AddTokens(TokenPhase::kDecode, 1);
-  metrics->AddTokens(TokenPhase::kDecode, -4);  // ignored
   const std::vector<int64_t> batches = {1, 3, 8, 2000};
   for (int64_t size : batches) metrics->ObserveDecodeBatch(size);
 
   const auto families = metrics->Collect();
-  const MetricFamily* tokens = FindFamily(families, "attention_tokens_total");
-  ASSERT_NE(tokens, nullptr);
-  EXPECT_EQ(FindMetric(*tokens, {{"phase", "prefill"}})->counter.value, 133.0);
-  EXPECT_EQ(FindMetric(*tokens, {{"phase", "decode"}})->counter.value, 1.0);
-
   const MetricFamily* batch =
       FindFamily(families, "attention_decode_batch_size");
   ASSERT_NE(batch, nullptr);
@@ -307,6 +300,7 @@ TEST(ServerMetricsTest, ReadsEngineStateAtCollection) {
   EXPECT_EQ(FindFamily(metrics->Collect(), "attention_sessions_active"),
             nullptr)
       << "without a provider the state is absent, not 0";
+  EXPECT_EQ(FindFamily(metrics->Collect(), "attention_tokens_total"), nullptr);
 
   MetricsState state = SomeState();
   int calls = 0;
@@ -325,14 +319,22 @@ TEST(ServerMetricsTest, ReadsEngineStateAtCollection) {
   };
   auto families = metrics->Collect();
   EXPECT_EQ(calls, 1);
+  const MetricFamily* tokens = FindFamily(families, "attention_tokens_total");
+  ASSERT_NE(tokens, nullptr);
+  EXPECT_EQ(tokens->type, MetricType::Counter);
+  ASSERT_EQ(tokens->metric.size(), 2u);
+  EXPECT_EQ(FindMetric(*tokens, {{"phase", "prefill"}})->counter.value,
+            state.prefill_tokens_total);
+  EXPECT_EQ(FindMetric(*tokens, {{"phase", "decode"}})->counter.value,
+            state.decode_tokens_total);
   EXPECT_EQ(value(families, "attention_sessions_active"),
             state.sessions_active);
   EXPECT_EQ(value(families, "attention_sessions_created_total"),
             state.sessions_created_total);
   EXPECT_EQ(value(families, "attention_sessions_expired_total"),
             state.sessions_expired_total);
-  EXPECT_EQ(value(families, "attention_sessions_evicted_total"),
-            state.sessions_evicted_total);
+  EXPECT_EQ(value(families, "attention_session_metadata_bytes"),
+            state.session_metadata_bytes);
   EXPECT_EQ(value(families, "attention_shared_kv_chunks_total"),
             state.shared_kv_chunks_total);
   EXPECT_EQ(value(families, "attention_kv_cache_capacity_bytes"),
@@ -343,8 +345,8 @@ TEST(ServerMetricsTest, ReadsEngineStateAtCollection) {
                    static_cast<double>(state.kv_cache_used_bytes) /
                        static_cast<double>(state.kv_cache_capacity_bytes));
   EXPECT_EQ(value(families, "attention_kv_blocks_used"), state.kv_blocks_used);
-  EXPECT_EQ(value(families, "attention_kv_blocks_total"),
-            state.kv_blocks_total);
+  EXPECT_EQ(value(families, "attention_kv_blocks_capacity"),
+            state.kv_blocks_capacity);
 
   // Read fresh at every collection.
   state.kv_cache_used_bytes = state.kv_cache_capacity_bytes;
@@ -379,24 +381,29 @@ TEST(ServerMetricsTest, BuildInfoIsOneWithItsLabels) {
 
 TEST(ServerMetricsTest, MapsEngineStats) {
   EngineStats stats;
+  stats.prefill_tokens_total = 300;
+  stats.decode_tokens_total = 40;
   stats.active_sessions = 5;
   stats.sessions_created_total = 9;
   stats.sessions_expired_total = 4;
+  stats.session_metadata_bytes = 2048;
   stats.pool.capacity_bytes = 4096;
   stats.pool.used_bytes = 1024;
   stats.pool.blocks_used = 1;
   stats.pool.blocks_total = 4;
   stats.shared_kv_chunks_total = 6;
   const MetricsState state = MetricsStateFromEngineStats(stats);
+  EXPECT_EQ(state.prefill_tokens_total, stats.prefill_tokens_total);
+  EXPECT_EQ(state.decode_tokens_total, stats.decode_tokens_total);
   EXPECT_EQ(state.shared_kv_chunks_total, stats.shared_kv_chunks_total);
   EXPECT_EQ(state.sessions_active, stats.active_sessions);
   EXPECT_EQ(state.sessions_created_total, stats.sessions_created_total);
   EXPECT_EQ(state.sessions_expired_total, stats.sessions_expired_total);
-  EXPECT_EQ(state.sessions_evicted_total, 0);
+  EXPECT_EQ(state.session_metadata_bytes, stats.session_metadata_bytes);
   EXPECT_EQ(state.kv_cache_capacity_bytes, stats.pool.capacity_bytes);
   EXPECT_EQ(state.kv_cache_used_bytes, stats.pool.used_bytes);
   EXPECT_EQ(state.kv_blocks_used, stats.pool.blocks_used);
-  EXPECT_EQ(state.kv_blocks_total, stats.pool.blocks_total);
+  EXPECT_EQ(state.kv_blocks_capacity, stats.pool.blocks_total);
 }
 
 // Many threads recording at once lose no update (atomics, no lock).
@@ -413,7 +420,6 @@ TEST(ServerMetricsTest, ConcurrentRecordingLosesNothing) {
             RpcMethod::kDecodeStep,
             t % 2 == 0 ? grpc::StatusCode::OK : grpc::StatusCode::NOT_FOUND,
             absl::Microseconds(i % 1000));
-        metrics->AddTokens(TokenPhase::kDecode, 1);
       }
     });
   }
@@ -432,10 +438,6 @@ TEST(ServerMetricsTest, ConcurrentRecordingLosesNothing) {
           ->counter.value;
   EXPECT_EQ(ok + not_found, kThreads * kPerThread);
   EXPECT_EQ(ok, (kThreads + 1) / 2 * kPerThread);
-  EXPECT_EQ(FindMetric(*FindFamily(families, "attention_tokens_total"),
-                       {{"phase", "decode"}})
-                ->counter.value,
-            kThreads * kPerThread);
   EXPECT_EQ(
       FindMetric(*FindFamily(families, "attention_request_duration_seconds"),
                  {{"method", "DecodeStep"}})
