@@ -21,7 +21,7 @@ ABSL_FLAG(bool, quick, false,
           "CI-sized run: smaller repetitions, < 2 minutes on 2 cores");
 ABSL_FLAG(int, threads, 0, "Worker threads (0 = one per hardware thread)");
 ABSL_FLAG(std::string, sections, "kernel,serving",
-          "Comma-separated sections to run: kernel, serving");
+          "Comma-separated sections to run: kernel, serving, sparse");
 ABSL_FLAG(std::string, json, "", "Also write the JSON summary to this file");
 
 namespace attention::bench {
@@ -96,8 +96,10 @@ int Main() {
       RunKernelBench(options, &report);
     } else if (section == "serving") {
       RunServingBench(options, &report);
+    } else if (section == "sparse") {
+      RunSparseBench(options, &report);
     } else {
-      std::fprintf(stderr, "unknown section '%s' (kernel, serving)\n",
+      std::fprintf(stderr, "unknown section '%s' (kernel, serving, sparse)\n",
                    std::string(section).c_str());
       return 2;
     }

@@ -59,6 +59,10 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report);
 // streams (bench/serving_bench.cc).
 void RunServingBench(const BenchOptions& options, BenchReport* report);
 
+// Top-k sparse decode against dense decode at T = 32768, k = 2048
+// (sparse_bench.cc).
+void RunSparseBench(const BenchOptions& options, BenchReport* report);
+
 }  // namespace attention::bench
 
 #endif  // ATTENTION_BENCH_BENCH_REPORT_H_

@@ -55,8 +55,12 @@ absl::StatusOr<int64_t> SessionHandle::TokenCount(
     absl::Span<const float> v) const {
   const int64_t q_row = int64_t{spec().num_q_heads()} * spec().head_dim();
   const int64_t k_row = int64_t{spec().num_kv_heads()} * spec().head_dim();
-  const int64_t v_row = int64_t{spec().num_kv_heads()} * value_dim();
-  if (q_row <= 0 || k_row <= 0 || v_row <= 0) {
+  // A shared latent (MLA) session takes no v: its values are k's leading
+  // value_dim entries.
+  const bool latent = spec().kv_layout() == v1::KV_LAYOUT_SHARED_LATENT;
+  const int64_t v_row =
+      latent ? 0 : int64_t{spec().num_kv_heads()} * value_dim();
+  if (q_row <= 0 || k_row <= 0 || (v_row <= 0 && !latent)) {
     return absl::FailedPreconditionError(
         "the session handle has no resolved spec (was it built from the "
         "server's SessionInfo?)");
@@ -95,12 +99,14 @@ absl::StatusOr<Request> SessionHandle::MakeRequest(
       MakeTensor(k, {*tokens, spec().num_kv_heads(), spec().head_dim()},
                  options.input_dtype);
   if (!k_tensor.ok()) return k_tensor.status();
-  auto v_tensor = MakeTensor(v, {*tokens, spec().num_kv_heads(), value_dim()},
-                             options.input_dtype);
-  if (!v_tensor.ok()) return v_tensor.status();
   *request.mutable_q() = *std::move(q_tensor);
   *request.mutable_k() = *std::move(k_tensor);
-  *request.mutable_v() = *std::move(v_tensor);
+  if (spec().kv_layout() != v1::KV_LAYOUT_SHARED_LATENT) {
+    auto v_tensor = MakeTensor(
+        v, {*tokens, spec().num_kv_heads(), value_dim()}, options.input_dtype);
+    if (!v_tensor.ok()) return v_tensor.status();
+    *request.mutable_v() = *std::move(v_tensor);
+  }
   request.set_output_dtype(options.output_dtype);
   request.set_return_lse(options.return_lse);
   return request;

@@ -83,7 +83,8 @@ class SessionHandle {
   int64_t value_dim() const;
 
   // Requests appending T tokens to `layer`: q holds T*H*head_dim floats,
-  // k T*H_kv*head_dim and v T*H_kv*value_dim (row-major [T, heads, dim]).
+  // k T*H_kv*head_dim and v T*H_kv*value_dim (row-major [T, heads, dim]);
+  // v is empty for a KV_LAYOUT_SHARED_LATENT session (no v is sent).
   // INVALID_ARGUMENT when the sizes do not describe the same T >= 1.
   absl::StatusOr<v1::PrefillRequest> MakePrefillRequest(
       int layer, absl::Span<const float> q, absl::Span<const float> k,

@@ -40,7 +40,8 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
           "Deadline for connecting and for each call.");
 // plan
 ABSL_FLAG(std::string, preset, "",
-          "plan: model preset (gpt-oss-120b, llama-3.3-70b, qwen2.5-7b); "
+          "plan: model preset (gpt-oss-120b, llama-3.3-70b, qwen2.5-7b, "
+          "deepseek-v3, deepseek-v3.2, kimi-k2); "
           "explicit flags override its fields.");
 ABSL_FLAG(int32_t, num_layers, 0, "plan: transformer layers.");
 ABSL_FLAG(int32_t, num_q_heads, 0, "plan: query heads (0 = num_kv_heads).");
@@ -56,6 +57,21 @@ ABSL_FLAG(std::string, window_pattern, "",
 ABSL_FLAG(int32_t, num_sink_tokens, 0,
           "plan: StreamingLLM sink tokens of every window layer.");
 ABSL_FLAG(int64_t, context, 131072, "plan: context length in tokens.");
+ABSL_FLAG(std::string, kv_layout, "",
+          "plan: separate (K and V, default) or latent (MLA: one vector of "
+          "latent_dim + rope_dim per token, one KV head).");
+ABSL_FLAG(int32_t, latent_dim, 0,
+          "plan: MLA latent dimension (the values); with --kv_layout=latent.");
+ABSL_FLAG(int32_t, rope_dim, 0,
+          "plan: MLA decoupled RoPE key dimension; with --kv_layout=latent.");
+ABSL_FLAG(int32_t, mha_head_dim, 0,
+          "plan: per-head dimension of the MHA equivalent an MLA model is "
+          "compared with (e.g. 128 for DeepSeek-V3).");
+ABSL_FLAG(int32_t, topk, 0,
+          "plan: top-k sparse attention on every layer (0 = dense).");
+ABSL_FLAG(int32_t, index_dim, 0,
+          "plan: index key dimension of top-k layers (stored per token).");
+ABSL_FLAG(int32_t, index_heads, 0, "plan: index query heads of top-k layers.");
 // demo
 ABSL_FLAG(int32_t, prompt_tokens, 8, "demo: prompt length.");
 ABSL_FLAG(int32_t, decode_steps, 8, "demo: streamed decode steps per layer.");
@@ -153,21 +169,35 @@ struct Preset {
   int32_t head_dim;
   const char* window_pattern;
   const char* kv_dtype;
+  // MLA (shared latent): head_dim = latent_dim + rope_dim, value_dim =
+  // latent_dim; 0 = a separate K/V layout.
+  int32_t latent_dim = 0;
+  int32_t mha_head_dim = 0;
+  // Top-k sparse layers (DeepSeek-V3.2's indexer); 0 = dense.
+  int32_t topk = 0;
+  int32_t index_dim = 0;
+  int32_t index_heads = 0;
 };
 
 const std::map<std::string, Preset>& Presets() {
   // Public model configurations; gpt-oss alternates window-128 and full
-  // layers.
+  // layers. DeepSeek-V3/R1 and Kimi K2 cache a 512 + 64 latent (MLA);
+  // DeepSeek-V3.2 adds a lightning indexer (64 heads of 128, top-2048).
   static const auto* presets = new std::map<std::string, Preset>{
       {"gpt-oss-120b", {36, 64, 8, 64, "128,0", "bfloat16"}},
       {"llama-3.3-70b", {80, 64, 8, 128, "0", "bfloat16"}},
       {"qwen2.5-7b", {28, 28, 4, 128, "0", "bfloat16"}},
+      {"deepseek-v3", {61, 128, 1, 512 + 64, "0", "bfloat16", 512, 128}},
+      {"deepseek-v3.2",
+       {61, 128, 1, 512 + 64, "0", "bfloat16", 512, 128, 2048, 128, 64}},
+      {"kimi-k2", {61, 64, 1, 512 + 64, "0", "bfloat16", 512, 128}},
   };
   return *presets;
 }
 
 absl::StatusOr<SessionSpec> PlanSpecFromFlags() {
   SessionSpec spec;
+  int32_t topk = 0;
   std::string window_pattern = "0";
   std::string kv_dtype = "bfloat16";
   const std::string preset_name = absl::GetFlag(FLAGS_preset);
@@ -188,6 +218,38 @@ absl::StatusOr<SessionSpec> PlanSpecFromFlags() {
     window_pattern = preset.window_pattern;
     kv_dtype = preset.kv_dtype;
     spec.model = preset_name;
+    if (preset.latent_dim > 0) {
+      spec.kv_layout = KvLayout::kSharedLatent;
+      spec.value_dim = preset.latent_dim;
+    }
+    topk = preset.topk;
+    spec.index_dim = preset.index_dim;
+    spec.index_heads = preset.index_heads;
+  }
+  const std::string layout = absl::GetFlag(FLAGS_kv_layout);
+  if (layout == "latent") {
+    spec.kv_layout = KvLayout::kSharedLatent;
+  } else if (layout == "separate") {
+    spec.kv_layout = KvLayout::kSeparate;
+  } else if (!layout.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_layout must be separate or latent, got \"", layout, "\""));
+  }
+  if (spec.kv_layout == KvLayout::kSharedLatent) {
+    const int32_t latent = absl::GetFlag(FLAGS_latent_dim);
+    const int32_t rope = absl::GetFlag(FLAGS_rope_dim);
+    if (latent > 0) {
+      spec.head_dim = latent + rope;
+      spec.value_dim = latent;
+    } else if (rope > 0) {
+      return absl::InvalidArgumentError("--rope_dim needs --latent_dim");
+    }
+    if (spec.num_kv_heads == 0) spec.num_kv_heads = 1;
+  }
+  if (int32_t v = absl::GetFlag(FLAGS_topk); v != 0) topk = v;
+  if (int32_t v = absl::GetFlag(FLAGS_index_dim); v != 0) spec.index_dim = v;
+  if (int32_t v = absl::GetFlag(FLAGS_index_heads); v != 0) {
+    spec.index_heads = v;
   }
   if (int32_t v = absl::GetFlag(FLAGS_num_layers); v != 0) spec.num_layers = v;
   if (int32_t v = absl::GetFlag(FLAGS_num_kv_heads); v != 0) {
@@ -228,8 +290,15 @@ absl::StatusOr<SessionSpec> PlanSpecFromFlags() {
     LayerSpec& layer_spec = spec.layers.emplace_back();
     layer_spec.window = windows[layer % windows.size()];
     layer_spec.num_sink_tokens = layer_spec.window > 0 ? sinks : 0;
+    layer_spec.topk = topk;
   }
   return spec;
+}
+
+// The MHA-equivalent head dimension of the chosen preset (0 = none).
+int32_t PresetMhaHeadDim() {
+  auto it = Presets().find(absl::GetFlag(FLAGS_preset));
+  return it == Presets().end() ? 0 : it->second.mha_head_dim;
 }
 
 int RunPlan() {
@@ -261,10 +330,43 @@ int RunPlan() {
   line("head_dim / value_dim:",
        absl::StrCat(resolved->head_dim, " / ", resolved->value_dim));
   line("kv_dtype:", DTypeName(resolved->kv_dtype));
+  const bool latent = resolved->kv_layout == KvLayout::kSharedLatent;
+  if (latent) {
+    line("kv_layout:",
+         absl::StrCat("shared latent (MLA): latent ", resolved->value_dim,
+                      " + rope ", resolved->head_dim - resolved->value_dim));
+  }
   line("KV per token per layer:",
        bytes(plan.bytes_per_token_per_layer, "/token"));
+  if (plan.sparse_layers > 0) {
+    line("top-k sparse layers:",
+         absl::StrCat(plan.sparse_layers, " (top-",
+                      resolved->layers.front().topk, ", index ",
+                      resolved->index_heads, " heads x ", resolved->index_dim,
+                      ")"));
+    line("index keys per token per sparse layer:",
+         bytes(plan.index_bytes_per_token_per_layer, "/token"));
+    line("index keys per token (all layers):",
+         bytes(plan.index_bytes_per_token_per_layer * plan.sparse_layers,
+               "/token"));
+  }
   line("KV per token (all layers):",
        bytes(plan.bytes_per_token_all_full, "/token"));
+  const int32_t mha_head_dim = absl::GetFlag(FLAGS_mha_head_dim) > 0
+                                   ? absl::GetFlag(FLAGS_mha_head_dim)
+                                   : PresetMhaHeadDim();
+  if (latent && mha_head_dim > 0) {
+    // The seeds' comparison: latent cache against K + V of every query
+    // head at the pre-absorption head dimension (index keys excluded).
+    const int64_t mha = MhaEquivalentBytesPerToken(*resolved, mha_head_dim);
+    const int64_t latent_bytes =
+        plan.bytes_per_token_per_layer * resolved->num_layers;
+    line(absl::StrCat("MHA equivalent (", resolved->num_q_heads, " heads x ",
+                      mha_head_dim, ", K+V):"),
+         bytes(mha, "/token"));
+    line("MHA equivalent / latent:",
+         absl::StrFormat("\u00d7%.1f", static_cast<double>(mha) / latent_bytes));
+  }
   line(absl::StrCat("KV at ", context, " tokens:"),
        bytes(plan.context_bytes, ""));
   line(absl::StrCat("KV at ", context, " tokens, every layer full:"),

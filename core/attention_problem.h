@@ -14,6 +14,13 @@
 //     into it in increasing chunk order.
 // Positions are absolute, so a token's output does not depend on how the
 // queries were chunked or batched, nor on the number of threads.
+//
+// Top-k problems (AttentionProblem::topk) first select, per query row, the
+// keys it attends (TopKSpec); the row then attends over exactly those keys
+// as a dense non-causal row over a contiguous key sequence of them in
+// increasing position: chunks and tiles count selected keys, not
+// positions. The selection depends only on the row's position and the
+// stored index keys, so this too is the same however rows are batched.
 #ifndef ATTENTION_CORE_ATTENTION_PROBLEM_H_
 #define ATTENTION_CORE_ATTENTION_PROBLEM_H_
 
@@ -22,6 +29,7 @@
 #include "absl/types/span.h"
 #include "core/call_control.h"
 #include "core/kv_view.h"
+#include "core/session_spec.h"
 #include "core/tensor.h"
 
 namespace attention {
@@ -48,6 +56,25 @@ struct MaskSpec {
   int64_t query_start = 0;
 };
 
+// The selection of a top-k problem. For query row t at position p, key s
+// (visible under the mask) scores
+//   score(s) = sum_j w[t][j] * f(dot(q_index[t][j], k_index[s]))
+// in float32: the dot over index_dim in increasing d from +0 (one fused
+// multiply-add per element, lanes as kernels.h's canonical dot), f the
+// layer's IndexScore, the sum over j in increasing j from +0. The row keeps
+// the `topk` visible keys of highest score, ties broken by the lower
+// position (all of them when at most `topk` are visible).
+// REQUIRES: kv.index_dim == index_q.dim(2) > 0, finite inputs.
+struct TopKSpec {
+  int32_t topk = 0;
+  IndexScore score = IndexScore::kIdentity;
+  TensorView index_q;        // [T, index_heads, index_dim], any dtype
+  TensorView index_weights;  // [T, index_heads], any dtype
+  // Optional [T, topk] output: each row's selected positions, increasing,
+  // padded with -1.
+  int64_t* selected = nullptr;
+};
+
 struct AttentionProblem {
   // Queries [T, H, head_dim], any dtype (converted to float32 once).
   TensorView q;
@@ -66,6 +93,9 @@ struct AttentionProblem {
   // with its status (CANCELLED, DEADLINE_EXCEEDED) once the caller no
   // longer wants the result. Outputs are then unspecified.
   const CallControl* control = nullptr;
+  // Optional top-k selection (sessions' top-k layers; causal masks only,
+  // no bias, no weights). nullptr = dense.
+  const TopKSpec* topk = nullptr;
 
   // Caller-owned float32 outputs, written by the backend:
   float* output = nullptr;   // [T, H, value_dim], required

@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "core/attention_problem.h"
 #include "core/kv_view.h"
+#include "core/session_spec.h"
 #include "core/tensor.h"
 
 namespace attention {
@@ -37,7 +38,9 @@ struct KvWrite {
   // k [T, H_kv, head_dim] and v [T, H_kv, value_dim], any dtype; converted
   // to layout.dtype. REQUIRES: values representable in layout.dtype.
   TensorView k;
-  TensorView v;
+  TensorView v;  // empty with layout.shared_values
+  // Index keys [T, index_dim] when layout.index_dim > 0, any dtype.
+  TensorView index_k;
   // Base address of every block of the layer (indexed by logical block);
   // the blocks covering [start, start + T) are non-null and writable.
   absl::Span<std::byte* const> blocks;
@@ -53,6 +56,16 @@ class AttentionBackend {
   virtual absl::string_view name() const = 0;
   // Human-readable device description, e.g. "AMD EPYC 9654 (avx2)".
   virtual std::string device() const = 0;
+
+  // OK when this backend computes every layer of `spec` (as requested, not
+  // yet resolved: only its kinds of attention matter here).
+  // FAILED_PRECONDITION, naming what it lacks, for a kind of attention it
+  // does not serve; the engine then refuses the session at CreateSession,
+  // so a backend never computes a kind it does not serve. The default
+  // serves everything.
+  virtual absl::Status CheckSessionSpec(const SessionSpec& spec) const {
+    return absl::OkStatus();
+  }
 
   // Allocates `bytes` of block memory once at start-up.
   // RESOURCE_EXHAUSTED when the device cannot provide it.

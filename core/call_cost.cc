@@ -12,28 +12,50 @@ double SumCapped(double a, double b, double cap) {
   return (a + cap) * (cap - a + 1) / 2 + cap * (b - cap);
 }
 
-}  // namespace
-
-double AttentionFlops(int64_t num_queries, int64_t num_q_heads,
-                      int64_t head_dim, int64_t value_dim,
-                      const MaskSpec& mask, int64_t num_keys) {
+// Visible (query, key) pairs, each query's count capped at `cap_keys`.
+double VisiblePairs(int64_t num_queries, const MaskSpec& mask,
+                    int64_t num_keys, double cap_keys) {
   if (num_queries <= 0 || num_keys <= 0) return 0;
-  const double per_pair =
-      2.0 * static_cast<double>(head_dim + value_dim) * num_q_heads;
   if (!mask.causal) {
-    return per_pair * static_cast<double>(num_queries) * num_keys;
+    return static_cast<double>(num_queries) *
+           std::min(static_cast<double>(num_keys), cap_keys);
   }
   // Query i sees at most min(p + 1, num_keys) keys, p = query_start + i,
   // and at most window + num_sink_tokens of them under a window. An upper
   // bound is all a limit needs, and it is exact without a window.
   const double first = static_cast<double>(mask.query_start) + 1;
   const double last = first + static_cast<double>(num_queries) - 1;
-  double cap = static_cast<double>(num_keys);
+  double cap = std::min(static_cast<double>(num_keys), cap_keys);
   if (mask.window > 0) {
     cap = std::min(cap, static_cast<double>(mask.window) +
                             static_cast<double>(mask.num_sink_tokens));
   }
-  return per_pair * SumCapped(first, last, cap);
+  return SumCapped(first, last, cap);
+}
+
+}  // namespace
+
+double AttentionFlops(int64_t num_queries, int64_t num_q_heads,
+                      int64_t head_dim, int64_t value_dim,
+                      const MaskSpec& mask, int64_t num_keys) {
+  const double per_pair =
+      2.0 * static_cast<double>(head_dim + value_dim) * num_q_heads;
+  return per_pair * VisiblePairs(num_queries, mask, num_keys,
+                                 static_cast<double>(num_keys));
+}
+
+double TopKAttentionFlops(int64_t num_queries, int64_t num_q_heads,
+                          int64_t head_dim, int64_t value_dim,
+                          int64_t index_heads, int64_t index_dim, int64_t topk,
+                          const MaskSpec& mask, int64_t num_keys) {
+  const double per_scored_pair =
+      2.0 * static_cast<double>(index_heads) * (index_dim + 1);
+  const double per_pair =
+      2.0 * static_cast<double>(head_dim + value_dim) * num_q_heads;
+  return per_scored_pair * VisiblePairs(num_queries, mask, num_keys,
+                                        static_cast<double>(num_keys)) +
+         per_pair * VisiblePairs(num_queries, mask, num_keys,
+                                 static_cast<double>(topk));
 }
 
 }  // namespace attention

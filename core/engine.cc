@@ -99,6 +99,7 @@ AttentionEngine::~AttentionEngine() = default;
 
 absl::StatusOr<SessionInfo> AttentionEngine::CreateSession(
     const SessionSpec& spec, absl::Duration idle_timeout) {
+  ATTN_RETURN_IF_ERROR(backend_->CheckSessionSpec(spec));
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                         sessions_.Create(spec, idle_timeout));
   return session->Info();
@@ -168,6 +169,8 @@ struct AttentionEngine::BatchStep {
   double flops = 0;  // AttentionFlops of the step
   Tensor output;
   std::optional<Tensor> lse;
+  TopKSpec topk;  // the selection of a top-k layer's step
+  std::vector<int64_t> topk_indices;
   absl::Status status;  // the step's own outcome (independent batches)
 };
 
@@ -234,8 +237,23 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
   expected.num_kv_heads = spec.num_kv_heads;
   expected.head_dim = spec.head_dim;
   expected.value_dim = spec.value_dim;
-  ATTN_ASSIGN_OR_RETURN(step.shape,
-                        ValidateQkv(request.q, request.k, request.v, expected));
+  const bool latent = spec.kv_layout == KvLayout::kSharedLatent;
+  if (latent) {
+    // The values are the keys' leading entries: no v, and k checked in its
+    // place (an empty view stands for an absent tensor).
+    if (!request.v.shape.empty() || request.v.size_bytes != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "session ", QuoteClientString(session.id()),
+          " stores a shared latent (MLA): send no v, the values are the "
+          "first value_dim = ",
+          spec.value_dim, " entries of each k"));
+    }
+    expected.value_dim = spec.head_dim;
+  }
+  ATTN_ASSIGN_OR_RETURN(
+      step.shape, ValidateQkv(request.q, request.k,
+                              latent ? request.k : request.v, expected));
+  step.shape.value_dim = spec.value_dim;
   const int64_t tokens = step.shape.num_queries;
   if (tokens != step.shape.num_keys) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -263,9 +281,11 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
   ATTN_RETURN_IF_ERROR(CheckRepresentable(request.k.dtype, request.k.data,
                                           request.k.num_elements(),
                                           spec.kv_dtype, "k"));
-  ATTN_RETURN_IF_ERROR(CheckRepresentable(request.v.dtype, request.v.data,
-                                          request.v.num_elements(),
-                                          spec.kv_dtype, "v"));
+  if (!latent) {
+    ATTN_RETURN_IF_ERROR(CheckRepresentable(request.v.dtype, request.v.data,
+                                            request.v.num_elements(),
+                                            spec.kv_dtype, "v"));
+  }
   const int64_t length = session.layer(request.layer).length();
   if (length + tokens > spec.max_tokens) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -276,13 +296,42 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
         "; truncate the session or create one with a larger max_tokens"));
   }
   const LayerSpec& layer = spec.layers[request.layer];
-  step.flops = AttentionFlops(
-      tokens, spec.num_q_heads, spec.head_dim, spec.value_dim,
-      MaskSpec{.causal = true,
-               .window = layer.window,
-               .num_sink_tokens = layer.num_sink_tokens,
-               .query_start = length},
-      length + tokens);
+  const MaskSpec mask{.causal = true,
+                      .window = layer.window,
+                      .num_sink_tokens = layer.num_sink_tokens,
+                      .query_start = length};
+  if (layer.topk > 0) {
+    ATTN_RETURN_IF_ERROR(ValidateIndexInputs(
+        request.index_k, request.index_q, request.index_weights, tokens,
+        spec.index_heads, spec.index_dim));
+    ATTN_RETURN_IF_ERROR(CheckRepresentable(
+        request.index_k.dtype, request.index_k.data,
+        request.index_k.num_elements(), spec.kv_dtype, "index_k"));
+    if (request.return_topk_indices && request.max_topk_indices_bytes >= 0 &&
+        static_cast<double>(tokens) * layer.topk * kTopKIndexBytes >
+            static_cast<double>(request.max_topk_indices_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the selected positions of ", tokens, " tokens at top-",
+          layer.topk, " would take up to ", tokens * layer.topk *
+          kTopKIndexBytes, " reply bytes, over the ",
+          request.max_topk_indices_bytes,
+          " left under the message limit; send fewer tokens per call or "
+          "drop return_topk_indices"));
+    }
+    step.flops = TopKAttentionFlops(
+        tokens, spec.num_q_heads, spec.head_dim, spec.value_dim,
+        spec.index_heads, spec.index_dim, layer.topk, mask, length + tokens);
+  } else {
+    if (!request.index_k.shape.empty() || !request.index_q.shape.empty() ||
+        !request.index_weights.shape.empty() || request.return_topk_indices) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer ", request.layer,
+          " is dense (topk = 0): send no index_k, index_q, index_weights "
+          "nor return_topk_indices"));
+    }
+    step.flops = AttentionFlops(tokens, spec.num_q_heads, spec.head_dim,
+                                spec.value_dim, mask, length + tokens);
+  }
   return CheckCallCost(step.flops);
 }
 
@@ -374,6 +423,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     KvWrite write = step.pending->write_target();
     write.k = request.k;
     write.v = request.v;
+    write.index_k = request.index_k;
     if (absl::Status status = backend_->WriteKv(write); !status.ok()) {
       ATTN_RETURN_IF_ERROR(fail(i, status));
       continue;
@@ -405,6 +455,17 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     problem.control = request.control;
     problem.output = output;
     problem.lse = step.lse.has_value() ? step.lse->float_data() : nullptr;
+    if (layer.topk > 0) {
+      step.topk.topk = layer.topk;
+      step.topk.score = layer.index_score;
+      step.topk.index_q = request.index_q;
+      step.topk.index_weights = request.index_weights;
+      if (request.return_topk_indices) {
+        step.topk_indices.resize(static_cast<size_t>(tokens * layer.topk));
+        step.topk.selected = step.topk_indices.data();
+      }
+      problem.topk = &step.topk;
+    }
     problems.push_back(problem);
     problem_step.push_back(i);
   }
@@ -447,6 +508,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     }
     (*outputs)[i].position = steps[i].pending->start();
     (*outputs)[i].lse = std::move(steps[i].lse);
+    (*outputs)[i].topk_indices = std::move(steps[i].topk_indices);
   }
 
   // 7. The last chance for a caller to withdraw: after this check nothing

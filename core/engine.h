@@ -84,7 +84,21 @@ struct AppendRequest {
   absl::Span<std::byte> output_destination;
   // Optional: withdraws the call (see call_control.h). Must outlive it.
   const CallControl* control = nullptr;
+  // Top-k layers (LayerSpec::topk > 0) only; empty views otherwise: index
+  // keys [T, index_dim] (stored in kv_dtype), index queries [T,
+  // index_heads, index_dim] and weights [T, index_heads], any dtype.
+  TensorView index_k;
+  TensorView index_q;
+  TensorView index_weights;
+  // Also return the selected positions (AttentionOutput::topk_indices).
+  bool return_topk_indices = false;
+  // Most bytes the selected positions may take in a reply (kTopKIndexBytes
+  // each); more is RESOURCE_EXHAUSTED before any work. < 0: no bound.
+  int64_t max_topk_indices_bytes = -1;
 };
+
+// Reply bytes one selected position may take (a varint int64).
+inline constexpr int64_t kTopKIndexBytes = 10;
 
 // Stateless attention (attention.v1.AttentionRequest).
 struct StatelessRequest {
@@ -110,6 +124,9 @@ struct AttentionOutput {
   int64_t position = 0;
   std::optional<Tensor> weights;  // [H, T_q, T_k] float32
   std::optional<Tensor> lse;      // [T, H] float32
+  // Top-k layers with return_topk_indices: [T, topk] selected positions,
+  // increasing per row, padded with -1.
+  std::vector<int64_t> topk_indices;
 };
 
 struct EngineStats {

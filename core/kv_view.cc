@@ -17,8 +17,12 @@ KvView PagedKvView(const KvBlockLayout& layout, int64_t length,
   // [num_kv_heads][tokens_per_block][dim] inside a block.
   view.k_token_stride = layout.head_dim;
   view.k_head_stride = layout.tokens_per_block * layout.head_dim;
-  view.v_token_stride = layout.value_dim;
-  view.v_head_stride = layout.tokens_per_block * layout.value_dim;
+  const int64_t stored_value_dim =
+      layout.shared_values ? layout.head_dim : layout.value_dim;
+  view.v_token_stride = stored_value_dim;
+  view.v_head_stride = layout.tokens_per_block * stored_value_dim;
+  view.index_dim = layout.index_dim;
+  view.index_offset_bytes = layout.index_offset_bytes();
   return view;
 }
 

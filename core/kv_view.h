@@ -19,22 +19,39 @@ namespace attention {
 // consecutive positions of one layer. Inside a block, keys are laid out
 // [num_kv_heads][tokens_per_block][head_dim] followed by values
 // [num_kv_heads][tokens_per_block][value_dim], so a kernel streams one head's
-// keys contiguously.
+// keys contiguously. With `shared_values` (MLA's shared latent) there is no
+// value region: a token's value is the first value_dim entries of its key.
+// A top-k layer's blocks end with an index region [tokens_per_block]
+// [index_dim] (one index key per token, not per head).
 struct KvBlockLayout {
   DType dtype = DType::kFloat32;
   int num_kv_heads = 0;
   int head_dim = 0;
   int value_dim = 0;
   int64_t tokens_per_block = 0;
+  bool shared_values = false;
+  int index_dim = 0;  // 0 = no index keys (a dense layer)
 
+  // Elements one token stores per KV head.
+  int64_t stored_dims() const {
+    return shared_values ? head_dim : int64_t{head_dim} + value_dim;
+  }
   int64_t bytes_per_token() const {
-    return int64_t{num_kv_heads} * (head_dim + value_dim) * DTypeSize(dtype);
+    return (int64_t{num_kv_heads} * stored_dims() + index_dim) *
+           DTypeSize(dtype);
   }
   // Bytes actually used in a block (<= the pool's block size).
   int64_t used_bytes() const { return tokens_per_block * bytes_per_token(); }
-  // Byte offset of the value region inside a block.
+  // Byte offset of the value region inside a block (0 with shared values:
+  // values are read from the keys).
   int64_t value_offset_bytes() const {
+    if (shared_values) return 0;
     return int64_t{num_kv_heads} * tokens_per_block * head_dim *
+           DTypeSize(dtype);
+  }
+  // Byte offset of the index region inside a block.
+  int64_t index_offset_bytes() const {
+    return int64_t{num_kv_heads} * tokens_per_block * stored_dims() *
            DTypeSize(dtype);
   }
 };
@@ -58,12 +75,22 @@ struct KvView {
   int64_t k_head_stride = 0;
   int64_t v_token_stride = 0;
   int64_t v_head_stride = 0;
+  // Index keys (top-k layers): index_dim elements per position, contiguous
+  // per block at byte offset index_offset_bytes from its k_blocks base.
+  // index_dim == 0 when the view has none.
+  int index_dim = 0;
+  int64_t index_offset_bytes = 0;
 
   const std::byte* key(int64_t pos, int head) const {
     const std::byte* block = k_blocks[pos / tokens_per_block];
     return block + ((pos % tokens_per_block) * k_token_stride +
                     head * k_head_stride) *
                        DTypeSize(dtype);
+  }
+  const std::byte* index_key(int64_t pos) const {
+    const std::byte* block = k_blocks[pos / tokens_per_block];
+    return block + index_offset_bytes +
+           (pos % tokens_per_block) * index_dim * DTypeSize(dtype);
   }
   const std::byte* value(int64_t pos, int head) const {
     const std::byte* block = v_blocks[pos / tokens_per_block];
@@ -75,6 +102,7 @@ struct KvView {
 
 // A view of paged blocks. `k_blocks[i]` is block i's base address and
 // `v_blocks[i]` = k_blocks[i] + layout.value_offset_bytes() (or both null).
+// With layout.shared_values the value strides are the key strides.
 // The spans must outlive the view.
 KvView PagedKvView(const KvBlockLayout& layout, int64_t length,
                    absl::Span<const std::byte* const> k_blocks,

@@ -61,6 +61,36 @@ absl::StatusOr<QkvShape> ValidateQkv(const TensorView& q, const TensorView& k,
   return shape;
 }
 
+absl::Status ValidateIndexInputs(const TensorView& index_k,
+                                 const TensorView& index_q,
+                                 const TensorView& index_weights,
+                                 int64_t tokens, int32_t index_heads,
+                                 int32_t index_dim) {
+  ATTN_RETURN_IF_ERROR(index_k.Validate("index_k", 2));
+  ATTN_RETURN_IF_ERROR(index_q.Validate("index_q", 3));
+  ATTN_RETURN_IF_ERROR(index_weights.Validate("index_weights", 2));
+  const Shape want_k = {tokens, index_dim};
+  if (index_k.shape != want_k) {
+    return Mismatch("index_k", "[T, index_dim]", want_k, index_k.shape);
+  }
+  const Shape want_q = {tokens, index_heads, index_dim};
+  if (index_q.shape != want_q) {
+    return Mismatch("index_q", "[T, index_heads, index_dim]", want_q,
+                    index_q.shape);
+  }
+  const Shape want_w = {tokens, index_heads};
+  if (index_weights.shape != want_w) {
+    return Mismatch("index_weights", "[T, index_heads]", want_w,
+                    index_weights.shape);
+  }
+  ATTN_RETURN_IF_ERROR(CheckFinite(index_k.dtype, index_k.data,
+                                   index_k.num_elements(), "index_k"));
+  ATTN_RETURN_IF_ERROR(CheckFinite(index_q.dtype, index_q.data,
+                                   index_q.num_elements(), "index_q"));
+  return CheckFinite(index_weights.dtype, index_weights.data,
+                     index_weights.num_elements(), "index_weights");
+}
+
 absl::Status ValidateBias(const TensorView& bias, const QkvShape& shape) {
   const Shape per_row = {shape.num_queries, shape.num_keys};
   const Shape per_head = {shape.num_q_heads, shape.num_queries, shape.num_keys};

@@ -34,6 +34,15 @@ absl::StatusOr<QkvShape> ValidateQkv(const TensorView& q, const TensorView& k,
 // Checks an additive bias: [T_q, T_k] or [H, T_q, T_k], finite or -inf.
 absl::Status ValidateBias(const TensorView& bias, const QkvShape& shape);
 
+// Checks the index inputs of `tokens` queries of a top-k layer: index_k
+// [T, index_dim], index_q [T, index_heads, index_dim] and index_weights
+// [T, index_heads], all finite.
+absl::Status ValidateIndexInputs(const TensorView& index_k,
+                                 const TensorView& index_q,
+                                 const TensorView& index_weights,
+                                 int64_t tokens, int32_t index_heads,
+                                 int32_t index_dim);
+
 // Checks learned sink logits: empty or exactly num_q_heads finite values.
 absl::Status ValidateSinkLogits(absl::Span<const float> sink_logits,
                                 int32_t num_q_heads);

@@ -11,7 +11,9 @@ std::vector<LayerKvCache> EmptyLayers(const SessionSpec& spec,
   std::vector<LayerKvCache> layers;
   layers.reserve(spec.num_layers);
   for (const LayerSpec& layer : spec.layers) {
-    layers.emplace_back(pool, layout, layer);
+    layers.emplace_back(pool, LayerLayout(spec, layer, layout,
+                                          pool->block_bytes()),
+                        layer);
   }
   return layers;
 }
@@ -26,6 +28,15 @@ int64_t SpecMetadataBytes(const SessionSpec& spec) {
 }
 
 }  // namespace
+
+KvBlockLayout LayerLayout(const SessionSpec& spec, const LayerSpec& layer,
+                          const KvBlockLayout& dense, int64_t block_bytes) {
+  if (layer.topk <= 0) return dense;
+  KvBlockLayout layout = dense;
+  layout.index_dim = spec.index_dim;
+  layout.tokens_per_block = block_bytes / layout.bytes_per_token();
+  return layout;
+}
 
 int64_t SessionMetadataBytes(const SessionSpec& spec) {
   return static_cast<int64_t>(sizeof(Session)) + SpecMetadataBytes(spec) +

@@ -31,11 +31,19 @@ struct SessionInfo {
 // Session::metadata_bytes() of a session with the resolved `spec`.
 int64_t SessionMetadataBytes(const SessionSpec& spec);
 
+// The block layout of `layer` of `spec`: `dense` (the session's layout)
+// for a dense layer; for a top-k layer (topk > 0) the same plus index keys
+// of spec.index_dim, with tokens_per_block refitted to `block_bytes`.
+KvBlockLayout LayerLayout(const SessionSpec& spec, const LayerSpec& layer,
+                          const KvBlockLayout& dense, int64_t block_bytes);
+
 // Thread-safety: id(), spec(), layout() and the idle clock are safe from any
 // thread; the layer caches are guarded by mu().
 class Session {
  public:
-  // `spec` must be resolved; `pool` must outlive the session.
+  // `spec` must be resolved; `pool` must outlive the session. `layout` is
+  // that of a dense layer; a top-k layer's also holds index keys
+  // (LayerLayout).
   Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
           BlockPool* pool, absl::Duration idle_timeout, absl::Time now);
 

@@ -70,11 +70,18 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
   layout.num_kv_heads = resolved.num_kv_heads;
   layout.head_dim = resolved.head_dim;
   layout.value_dim = resolved.value_dim;
-  const int64_t token_bytes = layout.bytes_per_token();
+  layout.shared_values = resolved.kv_layout == KvLayout::kSharedLatent;
+  // The largest token a layer stores: a top-k layer adds its index key.
+  KvBlockLayout largest = layout;
+  for (const LayerSpec& layer : resolved.layers) {
+    if (layer.topk > 0) largest.index_dim = resolved.index_dim;
+  }
+  const int64_t token_bytes = largest.bytes_per_token();
   if (token_bytes > pool_->block_bytes()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "one token of this spec needs %d bytes of K/V per layer "
-        "(num_kv_heads * (head_dim + value_dim) * %d), more than one KV block "
+        "(num_kv_heads * (head_dim + value_dim, or head_dim alone for a "
+        "shared latent, + index_dim on a top-k layer) * %d), more than one KV block "
         "(%d bytes); use fewer KV heads or start the server with "
         "--kv_block_bytes >= %d",
         token_bytes, DTypeSize(layout.dtype), pool_->block_bytes(),

@@ -47,6 +47,16 @@ absl::Status ValidateLayer(const LayerSpec& layer, absl::string_view name,
         absl::StrCat("must be empty or have exactly num_q_heads = ",
                      num_q_heads, " values, got ", layer.sink_logits.size()));
   }
+  if (layer.topk < 0) {
+    return SpecError(absl::StrCat(name, ".topk"),
+                     absl::StrCat("must be >= 0 (0 = dense), got ", layer.topk));
+  }
+  if (layer.index_score != IndexScore::kIdentity &&
+      layer.index_score != IndexScore::kRelu) {
+    return SpecError(absl::StrCat(name, ".index_score"),
+                     absl::StrCat("is not a known index score (",
+                                  static_cast<int>(layer.index_score), ")"));
+  }
   for (size_t h = 0; h < layer.sink_logits.size(); ++h) {
     if (!std::isfinite(layer.sink_logits[h])) {
       return SpecError(
@@ -92,6 +102,31 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
     return s;
   }
   if (out.value_dim == 0) out.value_dim = spec.head_dim;
+  switch (spec.kv_layout) {
+    case KvLayout::kSeparate:
+      break;
+    case KvLayout::kSharedLatent:
+      if (spec.num_kv_heads != 1) {
+        return SpecError(
+            "num_kv_heads",
+            absl::StrCat("must be 1 with kv_layout shared latent (one latent "
+                         "vector per token serves every query head), got ",
+                         spec.num_kv_heads));
+      }
+      if (out.value_dim > spec.head_dim) {
+        return SpecError(
+            "value_dim",
+            absl::StrCat("= ", out.value_dim,
+                         " must be at most head_dim = ", spec.head_dim,
+                         " with kv_layout shared latent: the values are the "
+                         "first value_dim entries of each stored key"));
+      }
+      break;
+    default:
+      return SpecError("kv_layout",
+                       absl::StrCat("is not a known layout (",
+                                    static_cast<int>(spec.kv_layout), ")"));
+  }
   switch (spec.kv_dtype) {
     case DType::kFloat32:
     case DType::kFloat16:
@@ -132,6 +167,26 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
     out.layers.assign(num_layers, LayerSpec{});
   } else if (spec.layers.size() == 1) {
     out.layers.assign(num_layers, spec.layers[0]);
+  }
+
+  bool sparse = false;
+  for (const LayerSpec& layer : out.layers) sparse |= layer.topk > 0;
+  if (sparse) {
+    if (auto s = CheckRange("index_dim", spec.index_dim, 1,
+                            limits.max_head_dim, " (a layer has topk > 0)");
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = CheckRange("index_heads", spec.index_heads, 1,
+                            limits.max_heads, " (a layer has topk > 0)");
+        !s.ok()) {
+      return s;
+    }
+  } else if (spec.index_dim != 0 || spec.index_heads != 0) {
+    return SpecError("index_dim",
+                     absl::StrCat("and index_heads must be 0 without a top-k "
+                                  "layer (topk > 0), got ",
+                                  spec.index_dim, " and ", spec.index_heads));
   }
 
   if (spec.max_tokens < 0) {

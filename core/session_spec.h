@@ -12,10 +12,32 @@
 
 namespace attention {
 
+// How a session stores each token's keys and values.
+enum class KvLayout {
+  // Keys [num_kv_heads, head_dim] and values [num_kv_heads, value_dim].
+  kSeparate,
+  // Multi-head latent attention (MLA, absorbed form): one vector
+  // [head_dim] per token (latent || rotated RoPE key) shared by every query
+  // head (num_kv_heads == 1); the values are its first value_dim entries.
+  // Requests carry no v.
+  kSharedLatent,
+};
+
+// The function f of a top-k layer's index score sum_j w_j * f(q_j . k_s).
+enum class IndexScore {
+  kIdentity,  // the seeds' shortlist
+  kRelu,      // DeepSeek-V3.2's lightning indexer
+};
+
 struct LayerSpec {
   int32_t window = 0;           // 0 = full causal
   int32_t num_sink_tokens = 0;  // StreamingLLM anchors; needs window > 0
   std::vector<float> sink_logits;  // empty or num_q_heads values
+  // Top-k sparse attention: each query attends only to the `topk` visible
+  // keys of highest index score (ties: lower position first). 0 = dense.
+  // Needs the session's index_dim and index_heads.
+  int32_t topk = 0;
+  IndexScore index_score = IndexScore::kIdentity;
 
   bool operator==(const LayerSpec&) const = default;
 };
@@ -32,6 +54,13 @@ struct SessionSpec {
   std::vector<LayerSpec> layers;
   int64_t max_tokens = 0;  // 0 = server default
   std::string model;
+  KvLayout kv_layout = KvLayout::kSeparate;
+  // The index of top-k layers: every token of such a layer stores an index
+  // key [index_dim] (in kv_dtype) and every query brings index queries
+  // [index_heads, index_dim] with weights [index_heads]. Both 0 unless some
+  // layer has topk > 0, then both > 0.
+  int32_t index_dim = 0;
+  int32_t index_heads = 0;
 
   bool operator==(const SessionSpec&) const = default;
 };

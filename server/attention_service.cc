@@ -65,6 +65,8 @@ void FinishResult(const AppendRequest& request, const AttentionOutput& output,
   } else {
     result->clear_lse();
   }
+  result->mutable_topk_indices()->Assign(output.topk_indices.begin(),
+                                         output.topk_indices.end());
 }
 
 // One append (Prefill, DecodeStep, a Decode stream's step): bounds its
@@ -79,6 +81,10 @@ absl::Status AppendAndRespond(AppendRequest& append,
   append.control = control;
   ATTN_RETURN_IF_ERROR(
       CheckReplySize(AppendReplyBytes(append), max_message_bytes));
+  // The selected positions of a top-k layer get what the message has left.
+  append.max_topk_indices_bytes = std::max<int64_t>(
+      0, max_message_bytes -
+             static_cast<int64_t>(AppendReplyBytes(append)));
   PrepareOutput(append, response);
   ATTN_ASSIGN_OR_RETURN(AttentionOutput output, run(append));
   FinishResult(append, output, response);
@@ -323,6 +329,16 @@ grpc::Status AttentionServiceImpl::BatchDecode(
       appends.push_back(std::move(append));
     }
     ATTN_RETURN_IF_ERROR(CheckReplySize(reply_bytes, max_message_bytes_));
+    // Steps returning top-k positions share what the message has left.
+    int64_t index_steps = 0;
+    for (const AppendRequest& append : appends) {
+      index_steps += append.return_topk_indices ? 1 : 0;
+    }
+    for (AppendRequest& append : appends) {
+      append.max_topk_indices_bytes = std::max<int64_t>(
+          0, (max_message_bytes_ - static_cast<int64_t>(reply_bytes)) /
+                 std::max<int64_t>(1, index_steps));
+    }
     // Result messages are heap-allocated by the repeated field, so their
     // buffers stay put while more are added.
     for (AppendRequest& append : appends) {

@@ -32,7 +32,10 @@ absl::StatusOr<AppendRequest> AppendFromProto(const Request& request,
   if (!q.ok()) return q.status();
   auto k = TensorViewFromProto(request.k(), FieldName(prefix, "k"));
   if (!k.ok()) return k.status();
-  auto v = TensorViewFromProto(request.v(), FieldName(prefix, "v"));
+  // An unset v is an empty view: what a shared-latent session expects (its
+  // values are read from k); any other session rejects it.
+  absl::StatusOr<TensorView> v = TensorView();
+  if (request.has_v()) v = TensorViewFromProto(request.v(), FieldName(prefix, "v"));
   if (!v.ok()) return v.status();
   auto output_dtype = OptionalDTypeFromProto(request.output_dtype(),
                                              FieldName(prefix, "output_dtype"));
@@ -42,6 +45,25 @@ absl::StatusOr<AppendRequest> AppendFromProto(const Request& request,
   out.v = *std::move(v);
   out.output_dtype = *output_dtype;
   out.return_lse = request.return_lse();
+  // Index inputs of top-k layers; unset ones stay empty views.
+  const struct {
+    bool present;
+    const v1::Tensor& tensor;
+    const char* name;
+    TensorView* view;
+  } index_inputs[] = {
+      {request.has_index_k(), request.index_k(), "index_k", &out.index_k},
+      {request.has_index_q(), request.index_q(), "index_q", &out.index_q},
+      {request.has_index_weights(), request.index_weights(), "index_weights",
+       &out.index_weights},
+  };
+  for (const auto& input : index_inputs) {
+    if (!input.present) continue;
+    auto view = TensorViewFromProto(input.tensor, FieldName(prefix, input.name));
+    if (!view.ok()) return view.status();
+    *input.view = *std::move(view);
+  }
+  out.return_topk_indices = request.return_topk_indices();
   return out;
 }
 
@@ -141,9 +163,39 @@ absl::StatusOr<SessionSpec> SessionSpecFromProto(const v1::SessionSpec& spec) {
     converted.num_sink_tokens = layer.num_sink_tokens();
     converted.sink_logits.assign(layer.sink_logits().begin(),
                                  layer.sink_logits().end());
+    converted.topk = layer.topk();
+    switch (layer.index_score()) {
+      case v1::INDEX_SCORE_UNSPECIFIED:
+      case v1::INDEX_SCORE_IDENTITY:
+        converted.index_score = IndexScore::kIdentity;
+        break;
+      case v1::INDEX_SCORE_RELU:
+        converted.index_score = IndexScore::kRelu;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.layers[", out.layers.size() - 1,
+            "].index_score has unknown value ", layer.index_score(),
+            "; use INDEX_SCORE_IDENTITY or INDEX_SCORE_RELU"));
+    }
   }
+  out.index_dim = spec.index_dim();
+  out.index_heads = spec.index_heads();
   out.max_tokens = spec.max_tokens();
   out.model = spec.model();
+  switch (spec.kv_layout()) {
+    case v1::KV_LAYOUT_UNSPECIFIED:
+    case v1::KV_LAYOUT_SEPARATE:
+      out.kv_layout = KvLayout::kSeparate;
+      break;
+    case v1::KV_LAYOUT_SHARED_LATENT:
+      out.kv_layout = KvLayout::kSharedLatent;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.kv_layout has unknown value ", spec.kv_layout(),
+          "; use KV_LAYOUT_SEPARATE or KV_LAYOUT_SHARED_LATENT"));
+  }
   return out;
 }
 
@@ -162,9 +214,18 @@ void SessionSpecToProto(const SessionSpec& spec, v1::SessionSpec* out) {
     converted->set_num_sink_tokens(layer.num_sink_tokens);
     converted->mutable_sink_logits()->Add(layer.sink_logits.begin(),
                                           layer.sink_logits.end());
+    converted->set_topk(layer.topk);
+    converted->set_index_score(layer.index_score == IndexScore::kRelu
+                                   ? v1::INDEX_SCORE_RELU
+                                   : v1::INDEX_SCORE_IDENTITY);
   }
+  out->set_index_dim(spec.index_dim);
+  out->set_index_heads(spec.index_heads);
   out->set_max_tokens(spec.max_tokens);
   out->set_model(spec.model);
+  out->set_kv_layout(spec.kv_layout == KvLayout::kSharedLatent
+                         ? v1::KV_LAYOUT_SHARED_LATENT
+                         : v1::KV_LAYOUT_SEPARATE);
 }
 
 void SessionInfoToProto(const SessionInfo& info, v1::SessionInfo* out) {
@@ -250,6 +311,8 @@ void AttentionOutputToProto(const AttentionOutput& output,
     TensorToProto(*output.weights, out->mutable_weights());
   }
   if (output.lse.has_value()) TensorToProto(*output.lse, out->mutable_lse());
+  out->mutable_topk_indices()->Add(output.topk_indices.begin(),
+                                   output.topk_indices.end());
 }
 
 }  // namespace attention::server

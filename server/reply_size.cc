@@ -20,10 +20,19 @@ double ResultBytes(double tokens, double heads, double value_dim,
 }  // namespace
 
 double AppendReplyBytes(const AppendRequest& request) {
-  if (request.q.rank() != 3 || request.v.rank() != 3) return 0;
+  if (request.q.rank() != 3) return 0;
+  // Without v (a shared-latent session) the output is at most head_dim
+  // wide: its value_dim is a prefix of the keys.
+  double value_dim = 0;
+  if (request.v.rank() == 3) {
+    value_dim = static_cast<double>(request.v.dim(2));
+  } else if (request.v.shape.empty()) {
+    value_dim = static_cast<double>(request.q.dim(2));
+  } else {
+    return 0;
+  }
   return ResultBytes(static_cast<double>(request.q.dim(0)),
-                     static_cast<double>(request.q.dim(1)),
-                     static_cast<double>(request.v.dim(2)),
+                     static_cast<double>(request.q.dim(1)), value_dim,
                      request.output_dtype, request.return_lse, 0);
 }
 

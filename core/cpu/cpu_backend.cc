@@ -15,10 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cpu/attention_unit.h"
+#include "core/cpu/topk_attention.h"
 #include "core/cpu/kernels.h"
 #include "core/cpu/shared_chunks.h"
 #include "core/cpu/work_split.h"
 #include "core/dtype.h"
+#include "core/status_macros.h"
 
 namespace attention {
 namespace {
@@ -165,12 +167,22 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
       const int64_t pos = write.start + t;
       std::byte* block = write.blocks[pos / tokens_per_block];
       const int64_t row = pos % tokens_per_block;
+      if (layout.index_dim > 0) {
+        const int64_t index_element = DTypeSize(write.index_k.dtype);
+        ConvertDType(write.index_k.dtype,
+                     write.index_k.data + t * layout.index_dim * index_element,
+                     layout.index_dim, layout.dtype,
+                     block + layout.index_offset_bytes() +
+                         row * layout.index_dim * element);
+      }
       for (int h = 0; h < num_kv_heads; ++h) {
         const int64_t slot = int64_t{h} * tokens_per_block + row;
         ConvertDType(
             write.k.dtype,
             write.k.data + (t * num_kv_heads + h) * head_dim * k_element,
             head_dim, layout.dtype, block + slot * head_dim * element);
+        // A shared latent's values are the leading entries of its key.
+        if (layout.shared_values) continue;
         ConvertDType(
             write.v.dtype,
             write.v.data + (t * num_kv_heads + h) * value_dim * v_element,
@@ -194,6 +206,24 @@ absl::Status CpuBackend::CopyBlock(const std::byte* src, std::byte* dst,
 }
 
 absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
+  std::vector<AttentionProblem> dense;
+  dense.reserve(problems.size());
+  for (const AttentionProblem& problem : problems) {
+    if (problem.topk == nullptr) {
+      dense.push_back(problem);
+      continue;
+    }
+    ATTN_RETURN_IF_ERROR(cpu::AttendTopK(
+        problem, pool_, [this](absl::Span<const AttentionProblem> rows) {
+          return AttendDense(rows);
+        }));
+  }
+  if (dense.size() == problems.size()) return AttendDense(problems);
+  return dense.empty() ? absl::OkStatus() : AttendDense(dense);
+}
+
+absl::Status CpuBackend::AttendDense(
+    absl::Span<const AttentionProblem> problems) {
   const KernelTable& kernels = *kernels_;
   std::vector<ProblemInfo> infos;
   infos.reserve(problems.size());

@@ -96,6 +96,8 @@ class CpuBackend final : public AttentionBackend {
 
  private:
   CpuBackend(int num_threads, CpuIsa isa, absl::Duration spin);
+  // Attend for problems without a top-k selection.
+  absl::Status AttendDense(absl::Span<const AttentionProblem> problems);
 
   ThreadPool pool_;
   CpuIsa isa_;

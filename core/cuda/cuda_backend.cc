@@ -176,8 +176,34 @@ bool CudaBackend::IsArenaMemory(const void* ptr, int64_t bytes) const {
   return false;
 }
 
+absl::Status CudaBackend::CheckSessionSpec(const SessionSpec& spec) const {
+  return CudaServesSessionSpec(spec);
+}
+
+absl::Status CudaServesSessionSpec(const SessionSpec& spec) {
+  if (spec.kv_layout == KvLayout::kSharedLatent) {
+    return absl::FailedPreconditionError(
+        "the CUDA backend does not serve MLA shared-latent KV layouts yet; "
+        "start the server with --backend=cpu for this session");
+  }
+  for (size_t i = 0; i < spec.layers.size(); ++i) {
+    if (spec.layers[i].topk > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the CUDA backend does not serve top-k sparse layers yet (layer ",
+          i, " has topk = ", spec.layers[i].topk,
+          "); start the server with --backend=cpu for this session"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::WriteKv(const KvWrite& write) {
   const KvBlockLayout& layout = write.layout;
+  if (layout.shared_values || layout.index_dim > 0) {
+    return absl::FailedPreconditionError(
+        "the CUDA backend does not serve MLA shared-latent KV layouts nor "
+        "top-k index keys");
+  }
   const int64_t num_tokens = write.k.dim(0);
   if (num_tokens <= 0) return absl::OkStatus();
   const int64_t tokens_per_block = layout.tokens_per_block;
@@ -271,6 +297,12 @@ absl::Status CudaBackend::CopyBlock(const std::byte* src, std::byte* dst,
 }
 
 absl::Status CudaBackend::Attend(absl::Span<const AttentionProblem> problems) {
+  for (const AttentionProblem& problem : problems) {
+    if (problem.topk != nullptr) {
+      return absl::FailedPreconditionError(
+          "the CUDA backend does not serve top-k sparse attention");
+    }
+  }
   return AttendImpl(problems, nullptr);
 }
 

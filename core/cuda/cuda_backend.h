@@ -57,6 +57,11 @@ struct CudaBackendOptions {
   int max_streams = 8;
 };
 
+// CudaBackend::CheckSessionSpec without a device: FAILED_PRECONDITION for
+// MLA shared-latent sessions and top-k sparse layers, which only the CPU
+// backend serves so far; OK otherwise.
+absl::Status CudaServesSessionSpec(const SessionSpec& spec);
+
 // Thread-safety: every method may be called concurrently (AttentionBackend).
 class CudaBackend final : public AttentionBackend {
  public:
@@ -78,13 +83,17 @@ class CudaBackend final : public AttentionBackend {
   // a fraction of it. INTERNAL on a CUDA failure.
   absl::StatusOr<int64_t> FreeMemoryBytes() const;
 
+  // CudaServesSessionSpec.
+  absl::Status CheckSessionSpec(const SessionSpec& spec) const override;
+
   // cudaMalloc'd and zeroed. INVALID_ARGUMENT for bytes <= 0;
   // RESOURCE_EXHAUSTED (with the free GPU memory) when it does not fit.
   absl::StatusOr<std::unique_ptr<DeviceArena>> AllocateArena(
       int64_t bytes) override;
 
   // INTERNAL when a destination block is missing or not in an arena of this
-  // backend, or on a CUDA failure.
+  // backend, or on a CUDA failure; FAILED_PRECONDITION for a shared-latent
+  // layout (CheckSessionSpec refuses such sessions first).
   absl::Status WriteKv(const KvWrite& write) override;
 
   // INVALID_ARGUMENT unless both ranges lie in arenas of this backend.

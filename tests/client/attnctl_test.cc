@@ -72,11 +72,57 @@ TEST(AttnctlPlanTest, ExplicitFlagsDescribeTheSameSpecAsThePreset) {
   EXPECT_EQ(body(flags.output), body(preset.output));
 }
 
+TEST(AttnctlPlanTest, DeepSeekV3LatentReproducesTheSeeds) {
+  const CommandResult result = RunAttnctl("plan --preset=deepseek-v3");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  // (512 + 64) * 61 layers * 2 bytes; MHA: 2 * 61 * 128 * 128 * 2; x56.9.
+  EXPECT_NE(result.output.find("70272 bytes"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("3997696 bytes"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("\u00d756.9"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("1152 bytes"), std::string::npos)
+      << result.output;  // one latent vector per layer
+}
+
+TEST(AttnctlPlanTest, GenericLatentFlagsDescribeTheSamePerTokenBytes) {
+  const CommandResult flags = RunAttnctl(
+      "plan --num_layers=61 --num_q_heads=128 --kv_layout=latent "
+      "--latent_dim=512 --rope_dim=64 --mha_head_dim=128");
+  ASSERT_EQ(flags.exit_code, 0) << flags.output;
+  EXPECT_NE(flags.output.find("70272 bytes"), std::string::npos)
+      << flags.output;
+  EXPECT_NE(flags.output.find("3997696 bytes"), std::string::npos)
+      << flags.output;
+  EXPECT_NE(flags.output.find("\u00d756.9"), std::string::npos)
+      << flags.output;
+}
+
+TEST(AttnctlPlanTest, SparsePresetCountsIndexKeys) {
+  const CommandResult result = RunAttnctl("plan --preset=deepseek-v3.2");
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  // 128 bfloat16 index dims per token and layer: 256 bytes, 15616 over 61
+  // layers; 70272 + 15616 = 85888 bytes per token in all.
+  EXPECT_NE(result.output.find("256 bytes"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("15616 bytes"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("85888 bytes"), std::string::npos)
+      << result.output;
+  EXPECT_NE(result.output.find("top-2048"), std::string::npos)
+      << result.output;
+}
+
 TEST(AttnctlPlanTest, BadPlansFail) {
   EXPECT_EQ(RunAttnctl("plan --preset=no-such-model").exit_code, 1);
   EXPECT_EQ(RunAttnctl("plan").exit_code, 1);
   EXPECT_EQ(RunAttnctl("plan --num_layers=2 --num_kv_heads=1 --head_dim=8 "
                        "--window_pattern=x")
+                .exit_code,
+            1);
+  EXPECT_EQ(RunAttnctl("plan --num_layers=2 --num_kv_heads=1 --head_dim=8 "
+                       "--kv_layout=diagonal")
                 .exit_code,
             1);
   EXPECT_EQ(RunAttnctl("frobnicate").exit_code, 1);

@@ -87,5 +87,37 @@ TEST(KvSizeTest, WindowLayersAreCappedBySinksAndContext) {
   EXPECT_EQ(PlanKvSize(resolved, 0).context_bytes, 0);
 }
 
+// DeepSeek-V3 MLA: (512 + 64) * 61 layers * 2 bytes per token, against
+// the seeds' MHA equivalent 2 * 61 * 128 * 128 * 2.
+TEST(KvSizeTest, LatentLayoutMatchesTheSeeds) {
+  SessionSpec spec = Dense(61, 128, 1, 512 + 64);
+  spec.kv_dtype = DType::kBFloat16;
+  spec.value_dim = 512;
+  spec.kv_layout = KvLayout::kSharedLatent;
+  const SessionSpec resolved = Resolved(spec);
+  const KvSizePlan plan = PlanKvSize(resolved, kContext);
+  EXPECT_EQ(plan.bytes_per_token_per_layer, (512 + 64) * 2);
+  EXPECT_EQ(plan.bytes_per_token_all_full, 70272);
+  EXPECT_EQ(MhaEquivalentBytesPerToken(resolved, 128), 3997696);
+  EXPECT_EQ(plan.context_bytes, 70272 * kContext);
+  EXPECT_EQ(plan.sparse_layers, 0);
+}
+
+TEST(KvSizeTest, TopKLayersAddTheirIndexKeys) {
+  SessionSpec spec = Dense(4, 8, 2, 64);
+  spec.index_dim = 32;
+  spec.index_heads = 4;
+  spec.layers.resize(4);
+  spec.layers[1].topk = 16;
+  spec.layers[3].topk = 16;
+  spec.layers[3].window = 100;
+  const KvSizePlan plan = PlanKvSize(Resolved(spec), 1000);
+  EXPECT_EQ(plan.bytes_per_token_per_layer, 2 * 2 * 64 * 2);
+  EXPECT_EQ(plan.index_bytes_per_token_per_layer, 32 * 2);
+  EXPECT_EQ(plan.sparse_layers, 2);
+  EXPECT_EQ(plan.bytes_per_token_all_full, 4 * 512 + 2 * 64);
+  EXPECT_EQ(plan.context_bytes, 3 * 1000 * 512 + 1000 * 64 + 100 * 576);
+}
+
 }  // namespace
 }  // namespace attention

@@ -204,5 +204,41 @@ TEST(SessionSpecLimitsTest, ModelLabelIsBounded) {
   ExpectInvalid(spec, "model");
 }
 
+TEST(SessionSpecTest, SharedLatentNeedsOneKvHeadAndValuesInsideTheKey) {
+  SessionSpec spec = ValidSpec();
+  spec.kv_layout = KvLayout::kSharedLatent;
+  ExpectInvalid(spec, "num_kv_heads");
+  spec.num_kv_heads = 1;
+  spec.head_dim = 576;
+  spec.value_dim = 577;
+  ExpectInvalid(spec, "value_dim");
+  spec.value_dim = 512;
+  absl::StatusOr<SessionSpec> resolved = ResolveSessionSpec(spec, SpecLimits());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->kv_layout, KvLayout::kSharedLatent);
+  EXPECT_EQ(resolved->value_dim, 512);
+  spec.kv_layout = static_cast<KvLayout>(7);
+  ExpectInvalid(spec, "kv_layout");
+}
+
+TEST(SessionSpecTest, TopKLayersNeedAnIndexAndOnlyThen) {
+  SessionSpec spec = ValidSpec();
+  spec.layers.resize(4);
+  spec.layers[2].topk = 64;
+  ExpectInvalid(spec, "index_dim");
+  spec.index_dim = 32;
+  ExpectInvalid(spec, "index_heads");
+  spec.index_heads = 4;
+  EXPECT_TRUE(ResolveSessionSpec(spec, SpecLimits()).ok());
+  spec.layers[1].topk = -1;
+  ExpectInvalid(spec, "layers[1].topk");
+  spec.layers[1].topk = 0;
+  spec.layers[1].index_score = static_cast<IndexScore>(9);
+  ExpectInvalid(spec, "layers[1].index_score");
+  spec.layers[1].index_score = IndexScore::kRelu;
+  spec.layers[2].topk = 0;
+  ExpectInvalid(spec, "index_dim");  // an index without a top-k layer
+}
+
 }  // namespace
 }  // namespace attention

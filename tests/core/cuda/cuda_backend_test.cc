@@ -215,6 +215,56 @@ class CudaBackendTest : public ::testing::Test {
   std::unique_ptr<CpuBackend> cpu_;
 };
 
+// MLA shared-latent sessions and top-k layers are CPU-only for now: the
+// CUDA backend refuses them before any session exists (runs everywhere).
+TEST(CudaServesSessionSpecTest, RefusesLatentAndTopKServesTheRest) {
+  SessionSpec dense;
+  dense.num_layers = 2;
+  dense.num_q_heads = 4;
+  dense.num_kv_heads = 2;
+  dense.head_dim = 16;
+  EXPECT_TRUE(CudaServesSessionSpec(dense).ok());
+
+  SessionSpec latent = dense;
+  latent.num_kv_heads = 1;
+  latent.kv_layout = KvLayout::kSharedLatent;
+  const absl::Status refused = CudaServesSessionSpec(latent);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("latent"), std::string::npos) << refused;
+
+  SessionSpec sparse = dense;
+  sparse.index_dim = 8;
+  sparse.index_heads = 2;
+  sparse.layers.resize(2);
+  sparse.layers[1].topk = 4;
+  const absl::Status refused_topk = CudaServesSessionSpec(sparse);
+  EXPECT_EQ(refused_topk.code(), absl::StatusCode::kFailedPrecondition)
+      << refused_topk;
+  EXPECT_NE(refused_topk.message().find("top-k"), std::string::npos)
+      << refused_topk;
+}
+
+// With a device: CreateSession through the engine is FAILED_PRECONDITION
+// and leaves no session behind.
+TEST_F(CudaBackendTest, EngineRefusesLatentSessionsAtCreateSession) {
+  EngineOptions options;
+  options.kv_cache_bytes = 1 << 20;
+  options.kv_block_bytes = 4096;
+  auto engine = AttentionEngine::Create(std::move(gpu_), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  SessionSpec latent;
+  latent.num_layers = 1;
+  latent.num_q_heads = 4;
+  latent.num_kv_heads = 1;
+  latent.head_dim = 24;
+  latent.value_dim = 16;
+  latent.kv_layout = KvLayout::kSharedLatent;
+  auto session = (*engine)->CreateSession(latent, absl::ZeroDuration());
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition)
+      << session.status();
+  EXPECT_EQ((*engine)->stats().active_sessions, 0);
+}
+
 // Runs on every machine: either a working backend or UNAVAILABLE with a
 // reason the server can log.
 TEST(CudaBackendFactoryTest, CreatesBackendOrExplainsWhyNot) {

@@ -1,0 +1,202 @@
+#include "core/cpu/topk_attention.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/call_control.h"
+#include "core/cpu/attention_unit.h"
+#include "core/dtype.h"
+#include "core/kv_view.h"
+#include "core/status_macros.h"
+
+namespace attention::cpu {
+namespace {
+
+// Lanes of the index dot product (kernels.h's canonical lane structure,
+// with a rounded product and a separate add: this code is portable and the
+// compiler may not fuse them, -ffp-contract=off).
+constexpr int kIndexLanes = 16;
+
+float IndexDot(const float* q, const float* k, int dim) {
+  float lanes[kIndexLanes] = {};
+  int d = 0;
+  for (; d + kIndexLanes <= dim; d += kIndexLanes) {
+    for (int l = 0; l < kIndexLanes; ++l) lanes[l] += q[d + l] * k[d + l];
+  }
+  for (int l = 0; d + l < dim; ++l) lanes[l] += q[d + l] * k[d + l];
+  for (int width = kIndexLanes / 2; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
+}
+
+// Gathered keys budget of one batch of rows handed to the dense kernels.
+constexpr int64_t kGatherBytesPerBatch = int64_t{64} << 20;
+
+// The row's higher-ranked entry first: higher score, then lower position.
+bool Ranks(const std::pair<float, int64_t>& a,
+           const std::pair<float, int64_t>& b) {
+  if (a.first != b.first) return a.first > b.first;
+  return a.second < b.second;
+}
+
+}  // namespace
+
+float IndexScoreOf(const float* q, const float* w, int index_heads,
+                   int index_dim, const float* key, IndexScore f) {
+  float score = 0.0f;
+  for (int j = 0; j < index_heads; ++j) {
+    float dot = IndexDot(q + int64_t{j} * index_dim, key, index_dim);
+    if (f == IndexScore::kRelu) dot = std::max(dot, 0.0f);
+    score += w[j] * dot;
+  }
+  return score;
+}
+
+absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
+                        absl::Span<const float> index_q,
+                        absl::Span<const float> weights,
+                        std::vector<std::pair<float, int64_t>>* scores,
+                        std::vector<int64_t>* selected) {
+  const TopKSpec& spec = *problem.topk;
+  const KvView& kv = problem.kv;
+  const int heads = static_cast<int>(spec.index_q.dim(1));
+  const int dim = kv.index_dim;
+  const int64_t position = problem.mask.query_start + row;
+  const Intervals visible =
+      UnionRange(problem.mask, kv.length, position, position);
+  const float* q = index_q.data() + row * heads * dim;
+  const float* w = weights.data() + row * heads;
+  std::vector<float> key(static_cast<size_t>(dim));
+  scores->clear();
+  for (int i = 0; i < visible.count; ++i) {
+    for (int64_t pos = visible.begin[i]; pos < visible.end[i]; ++pos) {
+      const float* k = reinterpret_cast<const float*>(kv.index_key(pos));
+      if (kv.dtype != DType::kFloat32) {
+        ConvertToFloat(kv.dtype, kv.index_key(pos), dim, key.data());
+        k = key.data();
+      }
+      const float score = IndexScoreOf(q, w, heads, dim, k, spec.score);
+      if (!std::isfinite(score)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the index score of key ", pos, " for the query at position ",
+            position, " is not finite (", score,
+            "); scale index_q or index_weights down"));
+      }
+      scores->emplace_back(score, pos);
+    }
+  }
+  const size_t keep = std::min(scores->size(), static_cast<size_t>(spec.topk));
+  if (keep < scores->size()) {
+    std::nth_element(scores->begin(), scores->begin() + keep, scores->end(),
+                     Ranks);
+  }
+  selected->clear();
+  for (size_t i = 0; i < keep; ++i) selected->push_back((*scores)[i].second);
+  std::sort(selected->begin(), selected->end());
+  return absl::OkStatus();
+}
+
+absl::Status AttendTopK(
+    const AttentionProblem& problem, ThreadPool& pool,
+    const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
+        attend_dense) {
+  const TopKSpec& spec = *problem.topk;
+  const KvView& kv = problem.kv;
+  const int64_t rows = problem.q.dim(0);
+  const int heads = static_cast<int>(problem.q.dim(1));
+  const int head_dim = static_cast<int>(problem.q.dim(2));
+  const int kv_heads = kv.num_kv_heads;
+  const int value_dim = kv.value_dim;
+  const int64_t element = DTypeSize(kv.dtype);
+  const int64_t q_row_bytes = int64_t{heads} * head_dim * DTypeSize(problem.q.dtype);
+
+  // 1. Every row's selection, in parallel over rows.
+  std::vector<float> index_q(static_cast<size_t>(spec.index_q.num_elements()));
+  std::vector<float> weights(
+      static_cast<size_t>(spec.index_weights.num_elements()));
+  ConvertToFloat(spec.index_q.dtype, spec.index_q.data,
+                 spec.index_q.num_elements(), index_q.data());
+  ConvertToFloat(spec.index_weights.dtype, spec.index_weights.data,
+                 spec.index_weights.num_elements(), weights.data());
+  ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
+  std::vector<std::vector<int64_t>> selected(static_cast<size_t>(rows));
+  std::vector<absl::Status> statuses(static_cast<size_t>(rows));
+  pool.ParallelFor(rows, [&](int64_t row) {
+    if (!CheckCall(problem.control).ok()) return;  // reported below
+    std::vector<std::pair<float, int64_t>> scores;
+    statuses[row] = SelectTopK(problem, row, index_q, weights, &scores,
+                               &selected[row]);
+  });
+  ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
+  for (const absl::Status& status : statuses) ATTN_RETURN_IF_ERROR(status);
+  if (spec.selected != nullptr) {
+    for (int64_t row = 0; row < rows; ++row) {
+      int64_t* out = spec.selected + row * spec.topk;
+      std::fill(out, out + spec.topk, -1);
+      std::copy(selected[row].begin(), selected[row].end(), out);
+    }
+  }
+
+  // 2. Each row attends over its gathered keys: one dense non-causal
+  // problem per row, run in batches of bounded gathered bytes.
+  const int64_t key_bytes = int64_t{head_dim} * element;
+  const int64_t value_bytes = int64_t{value_dim} * element;
+  int64_t row = 0;
+  while (row < rows) {
+    int64_t end = row;
+    int64_t batch_bytes = 0;
+    while (end < rows && (end == row || batch_bytes < kGatherBytesPerBatch)) {
+      batch_bytes += static_cast<int64_t>(selected[end].size()) * kv_heads *
+                     (key_bytes + value_bytes);
+      ++end;
+    }
+    std::vector<std::byte> gathered(static_cast<size_t>(batch_bytes));
+    std::vector<std::array<const std::byte*, 2>> blocks(end - row);
+    std::vector<AttentionProblem> batch;
+    batch.reserve(end - row);
+    std::byte* cursor = gathered.data();
+    for (int64_t r = row; r < end; ++r) {
+      const std::vector<int64_t>& keys = selected[r];
+      const int64_t n = static_cast<int64_t>(keys.size());
+      TensorView k{kv.dtype, {n, kv_heads, head_dim}, cursor,
+                   n * kv_heads * key_bytes};
+      for (int64_t i = 0; i < n; ++i) {
+        for (int h = 0; h < kv_heads; ++h) {
+          std::memcpy(cursor, kv.key(keys[i], h), key_bytes);
+          cursor += key_bytes;
+        }
+      }
+      TensorView v{kv.dtype, {n, kv_heads, value_dim}, cursor,
+                   n * kv_heads * value_bytes};
+      for (int64_t i = 0; i < n; ++i) {
+        for (int h = 0; h < kv_heads; ++h) {
+          std::memcpy(cursor, kv.value(keys[i], h), value_bytes);
+          cursor += value_bytes;
+        }
+      }
+      AttentionProblem one;
+      one.q = TensorView{problem.q.dtype, {1, heads, head_dim},
+                         problem.q.data + r * q_row_bytes, q_row_bytes};
+      one.kv = ContiguousKvView(k, v, blocks[r - row].data());
+      one.mask = MaskSpec{.causal = false};
+      one.sink_logits = problem.sink_logits;
+      one.scale = problem.scale;
+      one.empty_row_policy = problem.empty_row_policy;
+      one.control = problem.control;
+      one.output = problem.output + r * heads * value_dim;
+      one.lse = problem.lse == nullptr ? nullptr : problem.lse + r * heads;
+      batch.push_back(one);
+    }
+    ATTN_RETURN_IF_ERROR(attend_dense(batch));
+    row = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attention::cpu

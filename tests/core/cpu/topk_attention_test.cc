@@ -1,0 +1,438 @@
+// Top-k sparse layers on the CPU backend, through the engine: the selection
+// against a float64 reference with the same tie rule, the output against
+// dense attention over the selected keys (bitwise), k >= visible as dense
+// attention, the session operations, and the seeds' shortlist experiment.
+#include "core/cpu/topk_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/cpu/cpu_backend.h"
+#include "core/engine.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_tensors.h"
+
+namespace attention {
+namespace {
+
+using testing::FloatTensor;
+using testing::HostTensor;
+using testing::RandomTensor;
+using testing::ToFloats;
+
+constexpr int kHeads = 4;
+constexpr int kKvHeads = 2;
+constexpr int kDim = 16;
+constexpr int kValueDim = 8;
+constexpr int kIndexHeads = 3;
+constexpr int kIndexDim = 8;
+
+std::unique_ptr<AttentionEngine> MakeEngine() {
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{64} << 20;
+  options.kv_block_bytes = 4096;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto engine = AttentionEngine::Create(std::make_unique<CpuBackend>(2),
+                                        options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return *std::move(engine);
+}
+
+// Layers: full causal top-k; window 40 + 3 sinks top-k (ReLU index) with
+// learned sinks; a dense full layer.
+SessionSpec TopKSpec(int topk) {
+  SessionSpec spec;
+  spec.num_layers = 3;
+  spec.num_q_heads = kHeads;
+  spec.num_kv_heads = kKvHeads;
+  spec.head_dim = kDim;
+  spec.value_dim = kValueDim;
+  spec.index_dim = kIndexDim;
+  spec.index_heads = kIndexHeads;
+  spec.max_tokens = 4096;
+  spec.layers.resize(3);
+  spec.layers[0].topk = topk;
+  spec.layers[1].topk = topk;
+  spec.layers[1].window = 40;
+  spec.layers[1].num_sink_tokens = 3;
+  spec.layers[1].index_score = IndexScore::kRelu;
+  spec.layers[1].sink_logits = {0.5f, -1.0f, 2.0f, 0.0f};
+  return spec;
+}
+
+// Tokens with small-integer index inputs, so that float32 index scores are
+// exact and ties are frequent (the tie rule decides).
+struct Tokens {
+  HostTensor q, k, v, index_k, index_q, index_w;
+  Tokens(int64_t count, uint32_t seed) {
+    std::mt19937 rng(seed);
+    q = RandomTensor({count, kHeads, kDim}, rng);
+    k = RandomTensor({count, kKvHeads, kDim}, rng);
+    v = RandomTensor({count, kKvHeads, kValueDim}, rng);
+    std::uniform_int_distribution<int> small(-2, 2);
+    auto integers = [&](Shape shape) {
+      std::vector<float> values(NumElements(shape));
+      for (float& x : values) x = static_cast<float>(small(rng));
+      return FloatTensor(shape, values);
+    };
+    index_k = integers({count, kIndexDim});
+    index_q = integers({count, kIndexHeads, kIndexDim});
+    index_w = integers({count, kIndexHeads});
+  }
+};
+
+AppendRequest Request(const std::string& id, int layer, const Tokens& t,
+                      int64_t begin, int64_t end, bool index) {
+  AppendRequest r;
+  r.session_id = id;
+  r.layer = layer;
+  r.q = t.q.rows(begin, end);
+  r.k = t.k.rows(begin, end);
+  r.v = t.v.rows(begin, end);
+  r.return_lse = true;
+  if (index) {
+    r.index_k = t.index_k.rows(begin, end);
+    r.index_q = t.index_q.rows(begin, end);
+    r.index_weights = t.index_w.rows(begin, end);
+    r.return_topk_indices = true;
+  }
+  return r;
+}
+
+// The float64 reference selection of the query at `position` (tie: lower
+// position first), increasing.
+std::vector<int64_t> ReferenceSelection(const Tokens& t, int64_t row,
+                                        int64_t position, const LayerSpec& layer) {
+  std::vector<std::pair<double, int64_t>> scored;
+  for (int64_t s = 0; s <= position; ++s) {
+    const bool visible = layer.window == 0 || position - s < layer.window ||
+                         s < layer.num_sink_tokens;
+    if (!visible) continue;
+    double score = 0;
+    for (int j = 0; j < kIndexHeads; ++j) {
+      double dot = 0;
+      for (int d = 0; d < kIndexDim; ++d) {
+        dot += double{t.index_q.values[(row * kIndexHeads + j) * kIndexDim + d]} *
+               t.index_k.values[s * kIndexDim + d];
+      }
+      if (layer.index_score == IndexScore::kRelu) dot = std::max(dot, 0.0);
+      score += t.index_w.values[row * kIndexHeads + j] * dot;
+    }
+    scored.emplace_back(score, s);
+  }
+  std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  scored.resize(std::min<size_t>(scored.size(), layer.topk));
+  std::vector<int64_t> positions;
+  for (const auto& [score, s] : scored) positions.push_back(s);
+  std::sort(positions.begin(), positions.end());
+  return positions;
+}
+
+// Rows [row, row + 1) of `t`'s keys at `positions`, gathered as contiguous
+// k/v tensors.
+std::pair<HostTensor, HostTensor> Gather(const Tokens& t,
+                                         const std::vector<int64_t>& positions) {
+  std::vector<float> k, v;
+  for (int64_t s : positions) {
+    k.insert(k.end(), t.k.values.begin() + s * kKvHeads * kDim,
+             t.k.values.begin() + (s + 1) * kKvHeads * kDim);
+    v.insert(v.end(), t.v.values.begin() + s * kKvHeads * kValueDim,
+             t.v.values.begin() + (s + 1) * kKvHeads * kValueDim);
+  }
+  const int64_t n = static_cast<int64_t>(positions.size());
+  return {FloatTensor({n, kKvHeads, kDim}, k),
+          FloatTensor({n, kKvHeads, kValueDim}, v)};
+}
+
+TEST(TopKAttentionTest, SelectionMatchesReferenceAndOutputIsDenseOverIt) {
+  auto engine = MakeEngine();
+  const SessionSpec spec = TopKSpec(12);
+  auto info = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(info.ok()) << info.status();
+  const int64_t total = 90;
+  for (int layer = 0; layer < 2; ++layer) {
+    const Tokens t(total, 11 + layer);
+    auto out = engine->Append(Request(info->session_id, layer, t, 0, total,
+                                      /*index=*/true));
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->topk_indices.size(), static_cast<size_t>(total * 12));
+    const std::vector<float> output = ToFloats(out->output);
+    const std::vector<float> lse = ToFloats(*out->lse);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+    for (int64_t row = 0; row < total; ++row) {
+      const std::vector<int64_t> want =
+          ReferenceSelection(t, row, row, spec.layers[layer]);
+      std::vector<int64_t> got(out->topk_indices.begin() + row * 12,
+                               out->topk_indices.begin() + (row + 1) * 12);
+      for (size_t i = want.size(); i < got.size(); ++i) {
+        EXPECT_EQ(got[i], -1) << "padding of row " << row;
+      }
+      got.resize(want.size());
+      ASSERT_EQ(got, want) << "layer " << layer << " row " << row;
+
+      // Dense non-causal attention over exactly the selected keys.
+      auto [k, v] = Gather(t, want);
+      StatelessRequest dense;
+      dense.q = t.q.rows(row, row + 1);
+      dense.k = k.view();
+      dense.v = v.view();
+      dense.mask.causal = false;
+      dense.sink_logits = spec.layers[layer].sink_logits;
+      dense.scale = scale;
+      dense.return_lse = true;
+      auto oracle = engine->Attend(dense);
+      ASSERT_TRUE(oracle.ok()) << oracle.status();
+      const std::vector<float> expected = ToFloats(oracle->output);
+      for (int i = 0; i < kHeads * kValueDim; ++i) {
+        ASSERT_EQ(output[row * kHeads * kValueDim + i], expected[i])
+            << "layer " << layer << " row " << row << " element " << i;
+      }
+      const std::vector<float> expected_lse = ToFloats(*oracle->lse);
+      for (int h = 0; h < kHeads; ++h) {
+        ASSERT_EQ(lse[row * kHeads + h], expected_lse[h]);
+      }
+    }
+  }
+}
+
+// k >= every row's visible count: dense attention. On a full causal layer
+// the selected keys are [0, p], so even the chunking is the dense one:
+// bitwise equal to the dense layer of the same session.
+TEST(TopKAttentionTest, KAtLeastVisibleIsDenseAttention) {
+  auto engine = MakeEngine();
+  const SessionSpec spec = TopKSpec(4096);
+  auto info = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(info.ok()) << info.status();
+  const int64_t total = 600;  // crosses the 512-key split
+  const Tokens t(total, 3);
+  auto sparse =
+      engine->Append(Request(info->session_id, 0, t, 0, total, true));
+  auto dense =
+      engine->Append(Request(info->session_id, 2, t, 0, total, false));
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  EXPECT_EQ(ToFloats(sparse->output), ToFloats(dense->output));
+  EXPECT_EQ(ToFloats(*sparse->lse), ToFloats(*dense->lse));
+  for (int64_t row = 0; row < total; ++row) {
+    EXPECT_EQ(sparse->topk_indices[row * 4096 + row], row);
+    EXPECT_EQ(sparse->topk_indices[row * 4096 + row + 1], -1);
+  }
+}
+
+TEST(TopKAttentionTest, ChunkedBatchedForkedAndTruncatedAreBitwiseOneShot) {
+  auto engine = MakeEngine();
+  const SessionSpec spec = TopKSpec(20);
+  auto whole = engine->CreateSession(spec, absl::ZeroDuration());
+  auto pieces = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(whole.ok() && pieces.ok());
+  const int64_t total = 140;
+  std::vector<Tokens> tokens;
+  std::vector<std::vector<float>> one_shot;
+  for (int layer = 0; layer < 2; ++layer) {
+    tokens.emplace_back(total, 100 + layer);
+    auto out = engine->Append(
+        Request(whole->session_id, layer, tokens.back(), 0, total, true));
+    ASSERT_TRUE(out.ok()) << out.status();
+    one_shot.push_back(ToFloats(out->output));
+  }
+  const int64_t row = kHeads * kValueDim;
+  // Chunked prefill, then decode steps in one batch over both layers.
+  const int64_t prompt = 120;
+  for (int layer = 0; layer < 2; ++layer) {
+    int64_t start = 0;
+    for (int64_t size : {1, 50, 69}) {
+      auto out = engine->Append(Request(pieces->session_id, layer,
+                                        tokens[layer], start, start + size,
+                                        true));
+      ASSERT_TRUE(out.ok()) << out.status();
+      const std::vector<float> got = ToFloats(out->output);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(),
+                             one_shot[layer].begin() + start * row))
+          << "layer " << layer << " chunk at " << start;
+      start += size;
+    }
+  }
+  auto fork = engine->ForkSession(pieces->session_id);
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  for (int64_t t = prompt; t < total; ++t) {
+    std::vector<AppendRequest> batch;
+    for (int layer = 0; layer < 2; ++layer) {
+      for (const std::string& id : {pieces->session_id, fork->session_id}) {
+        batch.push_back(Request(id, layer, tokens[layer], t, t + 1, true));
+        batch.back().required_tokens = 1;
+      }
+    }
+    auto outs = engine->AppendBatch(batch);
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    for (size_t i = 0; i < outs->size(); ++i) {
+      const std::vector<float> got = ToFloats((*outs)[i].output);
+      EXPECT_TRUE(std::equal(got.begin(), got.end(),
+                             one_shot[i / 2].begin() + t * row))
+          << "step " << t << " entry " << i;
+    }
+  }
+  // Truncate and replay the last token.
+  ASSERT_TRUE(engine->TruncateSession(pieces->session_id, total - 1).ok());
+  auto replay = engine->Append(Request(pieces->session_id, 0, tokens[0],
+                                       total - 1, total, true));
+  ASSERT_TRUE(replay.ok()) << replay.status();
+  const std::vector<float> got = ToFloats(replay->output);
+  EXPECT_TRUE(std::equal(got.begin(), got.end(),
+                         one_shot[0].begin() + (total - 1) * row));
+}
+
+TEST(TopKAttentionTest, BadIndexInputsFailAndChangeNothing) {
+  auto engine = MakeEngine();
+  auto info = engine->CreateSession(TopKSpec(8), absl::ZeroDuration());
+  ASSERT_TRUE(info.ok());
+  const Tokens t(4, 1);
+  // A top-k layer without index inputs; a dense layer with them.
+  auto missing =
+      engine->Append(Request(info->session_id, 0, t, 0, 4, /*index=*/false));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  auto extra =
+      engine->Append(Request(info->session_id, 2, t, 0, 4, /*index=*/true));
+  EXPECT_EQ(extra.status().code(), absl::StatusCode::kInvalidArgument);
+  AppendRequest wrong = Request(info->session_id, 0, t, 0, 4, true);
+  wrong.index_weights = t.index_w.rows(0, 3);
+  EXPECT_EQ(engine->Append(wrong).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Selected positions that would not fit the reply.
+  AppendRequest big = Request(info->session_id, 0, t, 0, 4, true);
+  big.max_topk_indices_bytes = 8;
+  EXPECT_EQ(engine->Append(big).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto after = engine->GetSession(info->session_id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->layer_lengths, std::vector<int64_t>(3, 0));
+  EXPECT_EQ(after->kv_cache_bytes, 0);
+}
+
+// Index keys are stored in the KV dtype and counted: a top-k layer's token
+// takes (H_kv * (head_dim + value_dim) + index_dim) * dtype bytes.
+TEST(TopKAttentionTest, IndexKeysAreCountedInKvBytes) {
+  auto engine = MakeEngine();
+  SessionSpec spec = TopKSpec(8);
+  spec.num_layers = 1;
+  spec.layers.resize(1);
+  spec.kv_dtype = DType::kBFloat16;
+  auto info = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(info.ok());
+  // (2 * (16 + 8) + 8) * 2 = 112 bytes per token: 36 tokens per 4 KiB block.
+  const int64_t tokens = 72;
+  const Tokens t(tokens, 2);
+  ASSERT_TRUE(
+      engine->Append(Request(info->session_id, 0, t, 0, tokens, true)).ok());
+  auto after = engine->GetSession(info->session_id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->kv_cache_bytes, 2 * 4096);
+  EXPECT_EQ(tokens / 36, 2);
+}
+
+// The seeds' shortlist: length 2048, dim 32, index rank 8 (the first 8
+// dims of key and query), top-64. The served selection must be exactly the
+// top-64 of full index scoring (in float64 here), so its recall of the
+// target is what full scoring of the index gives.
+TEST(TopKAttentionTest, SeedsShortlistRecallIsFullIndexScoringRecall) {
+  constexpr int64_t kLength = 2048;
+  constexpr int kSeedDim = 32, kRank = 8, kTopK = 64, kTrials = 12;
+  auto engine = MakeEngine();
+  SessionSpec spec;
+  spec.num_layers = 1;
+  spec.num_q_heads = 1;
+  spec.num_kv_heads = 1;
+  spec.head_dim = kSeedDim;
+  spec.value_dim = 6;
+  spec.index_dim = kRank;
+  spec.index_heads = 1;
+  spec.max_tokens = kLength;
+  spec.layers.resize(1);
+  spec.layers[0].topk = kTopK;
+  std::mt19937 rng(2024);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int served_recall = 0, reference_recall = 0;
+  for (int trial = 0; trial < kTrials; ++trial) {
+    auto info = engine->CreateSession(spec, absl::ZeroDuration());
+    ASSERT_TRUE(info.ok()) << info.status();
+    std::vector<float> keys(kLength * kSeedDim), values(kLength * 6);
+    for (float& x : keys) x = normal(rng);
+    for (float& x : values) x = normal(rng);
+    const int64_t target = std::uniform_int_distribution<int64_t>(
+        0, kLength - 1)(rng);
+    std::vector<float> query(kSeedDim);
+    for (int d = 0; d < kSeedDim; ++d) {
+      query[d] = keys[target * kSeedDim + d] + 0.05f * normal(rng);
+    }
+    // Decode the query as the last token: the prompt is the other keys.
+    std::vector<float> index_k(kLength * kRank), q(kLength * kSeedDim),
+        index_q(kLength * kRank), w(kLength, 1.0f);
+    for (int64_t s = 0; s < kLength; ++s) {
+      for (int d = 0; d < kRank; ++d) {
+        index_k[s * kRank + d] = keys[s * kSeedDim + d];
+        index_q[s * kRank + d] = query[d];
+      }
+      for (int d = 0; d < kSeedDim; ++d) q[s * kSeedDim + d] = query[d];
+    }
+    const HostTensor qt = FloatTensor({kLength, 1, kSeedDim}, q);
+    const HostTensor kt = FloatTensor({kLength, 1, kSeedDim}, keys);
+    const HostTensor vt = FloatTensor({kLength, 1, 6}, values);
+    const HostTensor ikt = FloatTensor({kLength, kRank}, index_k);
+    const HostTensor iqt = FloatTensor({kLength, 1, kRank}, index_q);
+    const HostTensor wt = FloatTensor({kLength, 1}, w);
+    AppendRequest prompt;
+    prompt.session_id = info->session_id;
+    prompt.q = qt.rows(0, kLength - 1);
+    prompt.k = kt.rows(0, kLength - 1);
+    prompt.v = vt.rows(0, kLength - 1);
+    prompt.index_k = ikt.rows(0, kLength - 1);
+    prompt.index_q = iqt.rows(0, kLength - 1);
+    prompt.index_weights = wt.rows(0, kLength - 1);
+    ASSERT_TRUE(engine->Append(prompt).ok());
+    AppendRequest step = prompt;
+    step.q = qt.rows(kLength - 1, kLength);
+    step.k = kt.rows(kLength - 1, kLength);
+    step.v = vt.rows(kLength - 1, kLength);
+    step.index_k = ikt.rows(kLength - 1, kLength);
+    step.index_q = iqt.rows(kLength - 1, kLength);
+    step.index_weights = wt.rows(kLength - 1, kLength);
+    step.return_topk_indices = true;
+    auto out = engine->Append(step);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_EQ(out->topk_indices.size(), static_cast<size_t>(kTopK));
+
+    // Full scoring of the index in float64: the seeds' argpartition.
+    std::vector<std::pair<double, int64_t>> scored;
+    for (int64_t s = 0; s < kLength; ++s) {
+      double score = 0;
+      for (int d = 0; d < kRank; ++d) {
+        score += double{index_k[s * kRank + d]} * query[d];
+      }
+      scored.emplace_back(score, s);
+    }
+    std::sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    std::vector<int64_t> reference;
+    for (int i = 0; i < kTopK; ++i) reference.push_back(scored[i].second);
+    std::sort(reference.begin(), reference.end());
+    EXPECT_EQ(out->topk_indices, reference) << "trial " << trial;
+    served_recall += std::count(out->topk_indices.begin(),
+                                out->topk_indices.end(), target) > 0;
+    reference_recall +=
+        std::count(reference.begin(), reference.end(), target) > 0;
+    ASSERT_TRUE(engine->DeleteSession(info->session_id).ok());
+  }
+  EXPECT_GE(served_recall, reference_recall);
+  EXPECT_GT(served_recall, kTrials / 2);  // the shortlist finds the target
+}
+
+}  // namespace
+}  // namespace attention
