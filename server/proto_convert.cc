@@ -215,17 +215,18 @@ void SessionSpecToProto(const SessionSpec& spec, v1::SessionSpec* out) {
     converted->mutable_sink_logits()->Add(layer.sink_logits.begin(),
                                           layer.sink_logits.end());
     converted->set_topk(layer.topk);
-    converted->set_index_score(layer.index_score == IndexScore::kRelu
-                                   ? v1::INDEX_SCORE_RELU
-                                   : v1::INDEX_SCORE_IDENTITY);
+    // Defaults stay unset, as in the request.
+    if (layer.index_score == IndexScore::kRelu) {
+      converted->set_index_score(v1::INDEX_SCORE_RELU);
+    }
   }
   out->set_index_dim(spec.index_dim);
   out->set_index_heads(spec.index_heads);
   out->set_max_tokens(spec.max_tokens);
   out->set_model(spec.model);
-  out->set_kv_layout(spec.kv_layout == KvLayout::kSharedLatent
-                         ? v1::KV_LAYOUT_SHARED_LATENT
-                         : v1::KV_LAYOUT_SEPARATE);
+  if (spec.kv_layout == KvLayout::kSharedLatent) {
+    out->set_kv_layout(v1::KV_LAYOUT_SHARED_LATENT);
+  }
 }
 
 void SessionInfoToProto(const SessionInfo& info, v1::SessionInfo* out) {

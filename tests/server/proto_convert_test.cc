@@ -209,6 +209,62 @@ TEST(ProtoConvertTest, PrefillRequestConverts) {
   EXPECT_FALSE(append->required_tokens.has_value());
 }
 
+TEST(ProtoConvertTest, LatentAndTopKSpecFieldsRoundTrip) {
+  v1::SessionSpec proto = FullSpec();
+  proto.set_num_kv_heads(1);
+  proto.set_kv_layout(v1::KV_LAYOUT_SHARED_LATENT);
+  proto.set_index_dim(16);
+  proto.set_index_heads(4);
+  proto.mutable_layers(1)->set_topk(256);
+  proto.mutable_layers(1)->set_index_score(v1::INDEX_SCORE_RELU);
+  auto spec = SessionSpecFromProto(proto);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->kv_layout, KvLayout::kSharedLatent);
+  EXPECT_EQ(spec->index_dim, 16);
+  EXPECT_EQ(spec->index_heads, 4);
+  EXPECT_EQ(spec->layers[1].topk, 256);
+  EXPECT_EQ(spec->layers[1].index_score, IndexScore::kRelu);
+  EXPECT_EQ(spec->layers[0].index_score, IndexScore::kIdentity);
+  v1::SessionSpec back;
+  SessionSpecToProto(*spec, &back);
+  EXPECT_EQ(back.SerializeAsString(), proto.SerializeAsString());
+
+  proto.set_kv_layout(static_cast<v1::KvLayout>(9));
+  EXPECT_EQ(SessionSpecFromProto(proto).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  proto.set_kv_layout(v1::KV_LAYOUT_SEPARATE);
+  proto.mutable_layers(0)->set_index_score(static_cast<v1::IndexScore>(9));
+  EXPECT_EQ(SessionSpecFromProto(proto).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProtoConvertTest, UnsetVAndIndexInputsConvert) {
+  v1::PrefillRequest request;
+  request.set_session_id("s1");
+  *request.mutable_q() = FloatTensor({1, 2, 3, 4}, {2, 1, 2});
+  *request.mutable_k() = FloatTensor({5, 6, 7, 8}, {2, 1, 2});
+  *request.mutable_index_k() = FloatTensor({1, 2}, {2, 1});
+  *request.mutable_index_q() = FloatTensor({3, 4}, {2, 1, 1});
+  *request.mutable_index_weights() = FloatTensor({5, 6}, {2, 1});
+  request.set_return_topk_indices(true);
+  auto append = AppendRequestFromProto(request);
+  ASSERT_TRUE(append.ok()) << append.status();
+  EXPECT_TRUE(append->v.shape.empty());  // a shared latent's absent v
+  EXPECT_EQ(append->index_k.shape, (Shape{2, 1}));
+  EXPECT_EQ(append->index_q.shape, (Shape{2, 1, 1}));
+  EXPECT_EQ(append->index_weights.shape, (Shape{2, 1}));
+  EXPECT_TRUE(append->return_topk_indices);
+
+  AttentionOutput output;
+  output.output = Tensor(DType::kFloat32, {1, 1, 1});
+  output.topk_indices = {0, 3, -1};
+  v1::AttentionResult result;
+  AttentionOutputToProto(output, &result);
+  ASSERT_EQ(result.topk_indices_size(), 3);
+  EXPECT_EQ(result.topk_indices(1), 3);
+  EXPECT_EQ(result.topk_indices(2), -1);
+}
+
 TEST(ProtoConvertTest, DecodeRequestRequiresOneTokenAndNamesItsStep) {
   v1::DecodeRequest request;
   request.set_session_id("s1");
