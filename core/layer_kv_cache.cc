@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/visibility.h"
 
 namespace attention {
 namespace {
@@ -48,7 +49,8 @@ int64_t LayerKvCache::FirstNeededPosition(int64_t length) const {
   // A query at position >= length reads keys > length - window. One extra
   // block is kept so that short rollbacks (speculative decoding) still work.
   return std::max<int64_t>(
-      0, length - mask_.window + 1 - layout_.tokens_per_block);
+      0, FirstReachablePosition(mask_.window, length) -
+             layout_.tokens_per_block);
 }
 
 LayerKvCache::PendingAppend::PendingAppend(BlockPool* pool,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/status_macros.h"
+#include "core/visibility.h"
 
 namespace attention::cpu {
 namespace {
@@ -112,16 +113,9 @@ struct RowRange {
 };
 
 RowRange VisibleRange(const MaskSpec& mask, int64_t length, int64_t p) {
-  RowRange range;
-  range.hi = mask.causal ? std::min(p, length - 1) : length - 1;
-  if (mask.window > 0) {
-    range.lo = std::max<int64_t>(0, p - mask.window + 1);
-    range.sinks = std::min<int64_t>(mask.num_sink_tokens, range.hi + 1);
-  } else {
-    range.lo = 0;
-    range.sinks = 0;
-  }
-  return range;
+  const VisibleKeys keys = VisibleKeysOf(mask.causal, mask.window,
+                                         mask.num_sink_tokens, length, p);
+  return RowRange{.lo = keys.lo, .hi = keys.hi, .sinks = keys.sinks};
 }
 
 // Calls fn(t0) for every tile [t0, t0 + kKeysPerTile) inside [lo, hi)

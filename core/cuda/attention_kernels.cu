@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "core/cuda/attention_kernels.h"
+#include "core/visibility.h"
 
 namespace attention {
 namespace cuda {
@@ -85,12 +86,8 @@ __device__ __forceinline__ float FromBits(int32_t dtype, uint16_t bits) {
 // Key visibility (attention_problem.h MaskSpec).
 __device__ __forceinline__ bool KeyVisible(const ProblemParams& p,
                                            int64_t query_pos, int64_t key) {
-  if (key >= p.length) return false;
-  if (p.causal && key > query_pos) return false;
-  if (p.window > 0 && query_pos - key >= p.window && key >= p.num_sink_tokens) {
-    return false;
-  }
-  return true;
+  return KeyIsVisible(p.causal != 0, p.window, p.num_sink_tokens, p.length,
+                      query_pos, key);
 }
 
 // The logit of a visible key from its dot product, or -inf when the bias

@@ -1,5 +1,6 @@
 #include "core/call_cost.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "gtest/gtest.h"
@@ -55,6 +56,30 @@ TEST(CallCostTest, HugeDimensionsDoNotOverflow) {
       AttentionFlops(int64_t{1} << 40, 1 << 20, 1 << 20, 1 << 20, full,
                      int64_t{1} << 40);
   EXPECT_GT(flops, 1e30);
+}
+
+// Top-k: index scoring over every visible pair plus attention over at most
+// topk keys per query.
+TEST(CallCostTest, TopKCountsIndexScoringAndAtMostTopKKeys) {
+  for (int64_t start : {0, 5, 100}) {
+    for (int64_t queries : {1, 8, 40}) {
+      const int64_t keys = start + queries;
+      const MaskSpec causal{.causal = true, .query_start = start};
+      int64_t attended = 0;
+      for (int64_t i = 0; i < queries; ++i) {
+        attended += std::min<int64_t>(start + i + 1, 16);
+      }
+      const int64_t visible = CountVisible(queries, keys, causal);
+      EXPECT_DOUBLE_EQ(
+          TopKAttentionFlops(queries, 4, 8, 6, 2, 5, 16, causal, keys),
+          2.0 * 2 * (5 + 1) * visible + 2.0 * (8 + 6) * 4 * attended);
+    }
+  }
+  // k >= visible: the attention part is the dense cost.
+  const MaskSpec causal{.causal = true};
+  EXPECT_DOUBLE_EQ(
+      TopKAttentionFlops(10, 4, 8, 6, 1, 1, 1000, causal, 10),
+      AttentionFlops(10, 4, 8, 6, causal, 10) + 2.0 * 2 * 55);
 }
 
 }  // namespace
