@@ -13,7 +13,10 @@
 #   4. run-gpu-check.sh there ends with exit 2 "no CUDA device" and a JSON
 #      summary saying so: libraries resolved, the GPU tests all skipped,
 #      --backend=cuda refused with UNAVAILABLE, --backend=auto served on the
-#      CPU (attnctl demo, max difference 0); at most 8 result files.
+#      CPU (attnctl demo, max difference 0); at most 8 result files;
+#   5. with a stand-in libcuda.so.1 too old for the CUDA 13 runtime, the GPU
+#      tests fail (a device exists but cannot be used) and the runner exits
+#      1 with a summary saying "failed".
 # Needs root (debootstrap, chroot, unshare); exits 77 (skipped) otherwise.
 # Prints the time of each phase and of the runner.
 #
@@ -147,6 +150,22 @@ checks = [
 ]
 sys.exit(0 if all(checks) else 1)
 PY
+# --- 5. a driver too old for the runtime: the GPU tests fail, not skip ---------
+# A stand-in libcuda.so.1 reporting CUDA 12.4 (tests/core/cuda/
+# fake_old_driver.c) where the driver would be: the runner must fail.
+cmake --build "$BUILD" --target fake_old_cuda_driver >/dev/null
+cp "$BUILD/tests/core/cuda/fake_old_driver/libcuda.so.1" "$ROOT/usr/lib/x86_64-linux-gnu/"
+rm -rf "${WORK:?}/out/"*
+status=0
+in_rootfs env OUT=/out timeout 330 /opt/gpu-bundle/run-gpu-check.sh >"$WORK/old-driver.log" 2>&1 ||
+  status=$?
+[ "$status" = 1 ] || { cat "$WORK/old-driver.log"; fail "with a driver too old the runner exited $status, expected 1"; }
+grep -q "a CUDA device exists but the backend cannot use it: .*driver is too old" \
+  "$WORK/out/gpu-check.log" || { cat "$WORK/old-driver.log"; fail "the GPU tests did not fail on the old driver"; }
+grep -q '"result": "failed"' "$WORK/out/gpu_check.json" || fail "the summary does not say failed"
+log "with a driver too old for the runtime the GPU tests fail and so does the runner"
+lap "the runner with an old driver"
+
 log "bundle $(( (bytes + 1048575) >> 20 )) MiB; runner in the bare root filesystem: ${RUNNER_SECONDS} s"
 # The namespaces' mounts ended with them; never delete through a mount.
 ! grep -q " $WORK/" /proc/self/mounts || fail "a mount under $WORK is left"
