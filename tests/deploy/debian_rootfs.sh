@@ -4,7 +4,8 @@
 # sources; Debian's own apt sources (release, updates, security) inside.
 #
 # Usage: debian_rootfs.sh CACHE_DIR [PACKAGE...]
-#   PACKAGE...  extra packages (debootstrap --include), e.g. python3.
+#   PACKAGE...  extra packages, e.g. python3: apt-get installs them into the
+#               plain minbase (itself cached, so its other users share it).
 # Cache: CACHE_DIR/debian-bookworm-minbase[-PACKAGES]-YYYYMMDD.tar, one per
 # day (older ones of the same kind are deleted). Needs root and debootstrap;
 # progress goes to stderr.
@@ -48,35 +49,52 @@ if [ -f "$ROOTFS_TAR" ]; then
   exit 0
 fi
 
-MIRROR=$(apt_sources | awk '$2 == "bookworm" { print $1; exit }')
-SECURITY=$(apt_sources | awk '$2 == "bookworm-security" { print $1; exit }')
-[ -n "$MIRROR" ] || fail "no 'bookworm' suite in /etc/apt/sources.list{,.d}"
-log "Debian mirror: $MIRROR (security: ${SECURITY:-none})"
-include=()
-[ "$#" -eq 0 ] || include=("--include=$(IFS=,; echo "$*")")
-log "debootstrap --variant=minbase ${include[*]} bookworm..."
-T0=$(date +%s)
 work=$(mktemp -d "$CACHE/rootfs.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-debootstrap --variant=minbase "${include[@]}" bookworm "$work/rootfs" \
-  "$MIRROR" >"$work/debootstrap.log" 2>&1 ||
-  { tail -n 30 "$work/debootstrap.log" >&2; fail "debootstrap failed"; }
-# The sources of Debian's own images: release, updates and security.
-rm -f "$work/rootfs/etc/apt/sources.list"
-{
-  printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\n' "$MIRROR"
-  printf 'Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
-  if [ -n "$SECURITY" ]; then
-    printf '\nTypes: deb\nURIs: %s\nSuites: bookworm-security\n' "$SECURITY"
+trap 'rm -rf --one-file-system "$work"' EXIT
+T0=$(date +%s)
+if [ "$#" -gt 0 ]; then
+  # Extra packages: installed with apt-get into the plain minbase (made or
+  # cached first, and shared with its other users), in a private mount
+  # namespace with /proc; the host's resolver for the mirror.
+  BASE_TAR=$(bash "$0" "$CACHE")
+  mkdir "$work/rootfs"
+  tar -C "$work/rootfs" -xf "$BASE_TAR"
+  cp -L /etc/resolv.conf "$work/rootfs/etc/resolv.conf"
+  log "apt-get install $* into the minbase..."
+  unshare --mount --fork sh -c '
+    mount -t proc proc "$0/proc" &&
+    exec chroot "$0" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+      DEBIAN_FRONTEND=noninteractive sh -c "apt-get update &&
+        apt-get install -y --no-install-recommends $*"' \
+    "$work/rootfs" "$@" >"$work/apt.log" 2>&1 ||
+    { tail -n 30 "$work/apt.log" >&2; fail "apt-get install $* failed"; }
+  : >"$work/rootfs/etc/resolv.conf"
+else
+  MIRROR=$(apt_sources | awk '$2 == "bookworm" { print $1; exit }')
+  SECURITY=$(apt_sources | awk '$2 == "bookworm-security" { print $1; exit }')
+  [ -n "$MIRROR" ] || fail "no 'bookworm' suite in /etc/apt/sources.list{,.d}"
+  log "Debian mirror: $MIRROR (security: ${SECURITY:-none})"
+  log "debootstrap --variant=minbase bookworm..."
+  debootstrap --variant=minbase bookworm "$work/rootfs" \
+    "$MIRROR" >"$work/debootstrap.log" 2>&1 ||
+    { tail -n 30 "$work/debootstrap.log" >&2; fail "debootstrap failed"; }
+  # The sources of Debian's own images: release, updates and security.
+  rm -f "$work/rootfs/etc/apt/sources.list"
+  {
+    printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\n' "$MIRROR"
     printf 'Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
-  fi
-} >"$work/rootfs/etc/apt/sources.list.d/debian.sources"
+    if [ -n "$SECURITY" ]; then
+      printf '\nTypes: deb\nURIs: %s\nSuites: bookworm-security\n' "$SECURITY"
+      printf 'Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+    fi
+  } >"$work/rootfs/etc/apt/sources.list.d/debian.sources"
+fi
 rm -rf "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/var/cache/apt/"*.bin \
        "$work/rootfs/var/cache/apt/archives/"*.deb
-tar -C "$work/rootfs" --numeric-owner -cf "$ROOTFS_TAR.tmp" .
-mv "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
+tar -C "$work/rootfs" --numeric-owner -cf "$work/rootfs.tar" .
+mv "$work/rootfs.tar" "$ROOTFS_TAR"
 # Keep only today's root filesystem of this kind.
 find "$CACHE" -maxdepth 1 -name "debian-$KIND-[0-9]*.tar" \
   ! -name "debian-$KEY.tar" -delete
-log "debootstrap took $(( $(date +%s) - T0 )) s: $ROOTFS_TAR"
+log "made in $(( $(date +%s) - T0 )) s: $ROOTFS_TAR"
 echo "$ROOTFS_TAR"
