@@ -16,7 +16,7 @@
 #          lib/compat/: libstdc++ and libgcc_s, for older systems
 #   bundle.json                          commit, build time, GPU code
 #
-# Binaries come from $BUILD_DIR (default build; configured with
+# Binaries come from $BUILD_DIR (default build/; configured with
 # scripts/configure.sh when it is not yet) when its GPU code contains sm_90
 # SASS (the default archs 80;90 do); otherwise from $BUNDLE_BUILD_DIR
 # (default build-gpu-bundle), configured with -DCMAKE_CUDA_ARCHITECTURES=90.
@@ -28,9 +28,12 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Relative BUILD_DIR and DEST are taken from the current folder; the
+# defaults are in the checkout.
+absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+BUILD=$(absolute "${BUILD_DIR:-$ROOT/build}")
+DEST=$(absolute "${1:-$BUILD/gpu-bundle}")
 cd "$ROOT"
-BUILD=${BUILD_DIR:-build}
-DEST=${1:-$BUILD/gpu-bundle}
 JOBS=${JOBS:-2}
 SM=90
 LIMIT_BYTES=$((64 << 20))
@@ -78,7 +81,7 @@ build_and_check() {
 missing=$(build_and_check "$BUILD")
 if [ -n "$missing" ]; then
   log "$BUILD has no sm_$SM SASS in: $missing; building for sm_$SM separately"
-  BUILD=${BUNDLE_BUILD_DIR:-build-gpu-bundle}
+  BUILD=$(absolute "${BUNDLE_BUILD_DIR:-$ROOT/build-gpu-bundle}")
   generator=()
   [ -f "$BUILD/CMakeCache.txt" ] || ! command -v ninja >/dev/null || generator=(-G Ninja)
   cmake -S "$ROOT" -B "$BUILD" "${generator[@]}" -DATTN_CUDA=ON \
@@ -89,6 +92,10 @@ fi
 
 # --- assemble ---------------------------------------------------------------
 log "assembling $DEST from $BUILD"
+# Replaces only an earlier bundle (or an empty folder).
+if [ -e "$DEST" ] && [ ! -e "$DEST/bundle.json" ] && [ -n "$(ls -A "$DEST")" ]; then
+  fail "$DEST exists and is not a GPU bundle; choose another folder"
+fi
 rm -rf "$DEST"
 mkdir -p "$DEST/bin" "$DEST/tests" "$DEST/lib"
 declare -A code=()
