@@ -72,23 +72,34 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
       UnionRange(problem.mask, kv.length, position, position);
   const float* q = index_q.data() + row * heads * dim;
   const float* w = weights.data() + row * heads;
-  std::vector<float> key(static_cast<size_t>(dim));
+  // Index keys are contiguous within a block: read (converting when not
+  // float32) one block's run of visible keys at a time.
+  std::vector<float> run_keys;
   scores->clear();
   for (int i = 0; i < visible.count; ++i) {
-    for (int64_t pos = visible.begin[i]; pos < visible.end[i]; ++pos) {
-      const float* k = reinterpret_cast<const float*>(kv.index_key(pos));
+    int64_t pos = visible.begin[i];
+    while (pos < visible.end[i]) {
+      const int64_t block_end =
+          (pos / kv.tokens_per_block + 1) * kv.tokens_per_block;
+      const int64_t run = std::min(visible.end[i], block_end) - pos;
+      const float* keys = reinterpret_cast<const float*>(kv.index_key(pos));
       if (kv.dtype != DType::kFloat32) {
-        ConvertToFloat(kv.dtype, kv.index_key(pos), dim, key.data());
-        k = key.data();
+        run_keys.resize(static_cast<size_t>(run * dim));
+        ConvertToFloat(kv.dtype, kv.index_key(pos), run * dim,
+                       run_keys.data());
+        keys = run_keys.data();
       }
-      const float score = IndexScoreOf(q, w, heads, dim, k, spec.score);
-      if (!std::isfinite(score)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the index score of key ", pos, " for the query at position ",
-            position, " is not finite (", score,
-            "); scale index_q or index_weights down"));
+      for (int64_t j = 0; j < run; ++j, ++pos) {
+        const float score =
+            IndexScoreOf(q, w, heads, dim, keys + j * dim, spec.score);
+        if (!std::isfinite(score)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the index score of key ", pos, " for the query at position ",
+              position, " is not finite (", score,
+              "); scale index_q or index_weights down"));
+        }
+        scores->emplace_back(score, pos);
       }
-      scores->emplace_back(score, pos);
     }
   }
   const size_t keep = std::min(scores->size(), static_cast<size_t>(spec.topk));

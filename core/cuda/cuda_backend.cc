@@ -12,6 +12,7 @@
 #include "core/cuda/cuda_status.h"
 #include "core/cuda/device_probe.h"
 #include "core/cuda/kv_write_kernels.h"
+#include "core/cuda/session_support.h"
 #include "core/cuda/stream_pool.h"
 #include "core/dtype.h"
 #include "core/status_macros.h"
@@ -175,23 +176,6 @@ bool CudaBackend::IsArenaMemory(const void* ptr, int64_t bytes) const {
 
 absl::Status CudaBackend::CheckSessionSpec(const SessionSpec& spec) const {
   return CudaServesSessionSpec(spec);
-}
-
-absl::Status CudaServesSessionSpec(const SessionSpec& spec) {
-  if (spec.kv_layout == KvLayout::kSharedLatent) {
-    return absl::FailedPreconditionError(
-        "the CUDA backend does not serve MLA shared-latent KV layouts yet; "
-        "start the server with --backend=cpu for this session");
-  }
-  for (size_t i = 0; i < spec.layers.size(); ++i) {
-    if (spec.layers[i].topk > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the CUDA backend does not serve top-k sparse layers yet (layer ",
-          i, " has topk = ", spec.layers[i].topk,
-          "); start the server with --backend=cpu for this session"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::WriteKv(const KvWrite& write) {

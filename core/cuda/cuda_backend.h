@@ -57,11 +57,6 @@ struct CudaBackendOptions {
   int max_streams = 8;
 };
 
-// CudaBackend::CheckSessionSpec without a device: FAILED_PRECONDITION for
-// MLA shared-latent sessions and top-k sparse layers, which only the CPU
-// backend serves so far; OK otherwise.
-absl::Status CudaServesSessionSpec(const SessionSpec& spec);
-
 // Thread-safety: every method may be called concurrently (AttentionBackend).
 class CudaBackend final : public AttentionBackend {
  public:
@@ -83,7 +78,7 @@ class CudaBackend final : public AttentionBackend {
   // a fraction of it. INTERNAL on a CUDA failure.
   absl::StatusOr<int64_t> FreeMemoryBytes() const;
 
-  // CudaServesSessionSpec.
+  // CudaServesSessionSpec (session_support.h).
   absl::Status CheckSessionSpec(const SessionSpec& spec) const override;
 
   // cudaMalloc'd and zeroed. INVALID_ARGUMENT for bytes <= 0;
