@@ -35,6 +35,9 @@ float IndexDot(const float* q, const float* k, int dim) {
   return lanes[0];
 }
 
+// Keys one task scores when a lone row's scoring is spread over threads.
+constexpr int64_t kKeysPerPiece = 2048;
+
 // Gathered keys budget of one batch of rows handed to the dense kernels.
 constexpr int64_t kGatherBytesPerBatch = int64_t{64} << 20;
 
@@ -60,7 +63,7 @@ float IndexScoreOf(const float* q, const float* w, int index_heads,
 
 absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
                         absl::Span<const float> index_q,
-                        absl::Span<const float> weights,
+                        absl::Span<const float> weights, ThreadPool* pool,
                         std::vector<std::pair<float, int64_t>>* scores,
                         std::vector<int64_t>* selected) {
   const TopKSpec& spec = *problem.topk;
@@ -72,16 +75,32 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
       UnionRange(problem.mask, kv.length, position, position);
   const float* q = index_q.data() + row * heads * dim;
   const float* w = weights.data() + row * heads;
-  // Index keys are contiguous within a block: read (converting when not
-  // float32) one block's run of visible keys at a time.
-  std::vector<float> run_keys;
-  scores->clear();
+  // The visible keys, flattened: entry f is the f-th visible position.
+  int64_t count = 0;
   for (int i = 0; i < visible.count; ++i) {
-    int64_t pos = visible.begin[i];
-    while (pos < visible.end[i]) {
+    count += visible.end[i] - visible.begin[i];
+  }
+  auto position_of = [&](int64_t f) {
+    const int64_t first = visible.end[0] - visible.begin[0];
+    return f < first ? visible.begin[0] + f : visible.begin[1] + f - first;
+  };
+  scores->resize(static_cast<size_t>(count));
+  // Scores entries [begin, end): index keys are contiguous within a block,
+  // so one block's run is read (converted when not float32) at a time.
+  auto score_piece = [&](int64_t begin, int64_t end) -> absl::Status {
+    std::vector<float> run_keys;
+    int64_t f = begin;
+    while (f < end) {
+      const int64_t pos = position_of(f);
       const int64_t block_end =
           (pos / kv.tokens_per_block + 1) * kv.tokens_per_block;
-      const int64_t run = std::min(visible.end[i], block_end) - pos;
+      // A run stays inside one block and one interval.
+      const int64_t interval_end =
+          f < visible.end[0] - visible.begin[0]
+              ? visible.end[0] - visible.begin[0]
+              : count;
+      const int64_t run =
+          std::min({end - f, block_end - pos, interval_end - f});
       const float* keys = reinterpret_cast<const float*>(kv.index_key(pos));
       if (kv.dtype != DType::kFloat32) {
         run_keys.resize(static_cast<size_t>(run * dim));
@@ -89,18 +108,37 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
                        run_keys.data());
         keys = run_keys.data();
       }
-      for (int64_t j = 0; j < run; ++j, ++pos) {
+      for (int64_t j = 0; j < run; ++j) {
         const float score =
             IndexScoreOf(q, w, heads, dim, keys + j * dim, spec.score);
         if (!std::isfinite(score)) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "the index score of key ", pos, " for the query at position ",
-              position, " is not finite (", score,
-              "); scale index_q or index_weights down"));
+              "the index score of key ", pos + j,
+              " for the query at position ", position, " is not finite (",
+              score, "); scale index_q or index_weights down"));
         }
-        scores->emplace_back(score, pos);
+        (*scores)[f + j] = {score, pos + j};
       }
+      f += run;
     }
+    return absl::OkStatus();
+  };
+  const int64_t pieces =
+      pool == nullptr ? 1
+                      : std::min<int64_t>(int64_t{4} * pool->num_threads(),
+                                          (count + kKeysPerPiece - 1) /
+                                              kKeysPerPiece);
+  if (pieces <= 1) {
+    ATTN_RETURN_IF_ERROR(score_piece(0, count));
+  } else {
+    // Each score depends on its key alone: pieces give the same scores.
+    std::vector<absl::Status> statuses(static_cast<size_t>(pieces));
+    const int64_t per_piece = (count + pieces - 1) / pieces;
+    pool->ParallelFor(pieces, [&](int64_t piece) {
+      statuses[piece] = score_piece(std::min(count, piece * per_piece),
+                                    std::min(count, (piece + 1) * per_piece));
+    });
+    for (const absl::Status& status : statuses) ATTN_RETURN_IF_ERROR(status);
   }
   const size_t keep = std::min(scores->size(), static_cast<size_t>(spec.topk));
   if (keep < scores->size()) {
@@ -138,12 +176,21 @@ absl::Status AttendTopK(
   ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
   std::vector<std::vector<int64_t>> selected(static_cast<size_t>(rows));
   std::vector<absl::Status> statuses(static_cast<size_t>(rows));
-  pool.ParallelFor(rows, [&](int64_t row) {
-    if (!CheckCall(problem.control).ok()) return;  // reported below
+  if (rows < pool.num_threads()) {
+    // Few rows (decode): each row's scoring is spread over the threads.
     std::vector<std::pair<float, int64_t>> scores;
-    statuses[row] = SelectTopK(problem, row, index_q, weights, &scores,
-                               &selected[row]);
-  });
+    for (int64_t row = 0; row < rows; ++row) {
+      statuses[row] = SelectTopK(problem, row, index_q, weights, &pool,
+                                 &scores, &selected[row]);
+    }
+  } else {
+    pool.ParallelFor(rows, [&](int64_t row) {
+      if (!CheckCall(problem.control).ok()) return;  // reported below
+      std::vector<std::pair<float, int64_t>> scores;
+      statuses[row] = SelectTopK(problem, row, index_q, weights, nullptr,
+                                 &scores, &selected[row]);
+    });
+  }
   ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
   for (const absl::Status& status : statuses) ATTN_RETURN_IF_ERROR(status);
   if (spec.selected != nullptr) {

@@ -23,10 +23,12 @@ namespace attention::cpu {
 // `index_q` holds the float32 index queries [T, index_heads, index_dim],
 // `weights` the float32 weights [T, index_heads]; index keys are read from
 // problem.kv. `scores` is scratch. INVALID_ARGUMENT when an index score is
-// not finite.
+// not finite. With a `pool` the scoring is spread over its threads (the
+// same scores: each depends on its key alone); nullptr scores here.
+// REQUIRES: not called from one of `pool`'s tasks.
 absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
                         absl::Span<const float> index_q,
-                        absl::Span<const float> weights,
+                        absl::Span<const float> weights, ThreadPool* pool,
                         std::vector<std::pair<float, int64_t>>* scores,
                         std::vector<int64_t>* selected);
 
