@@ -7,9 +7,12 @@
 //     && (!causal || j <= p)
 //     && (window == 0 || p - j < window || j < num_sink_tokens).
 //
-// Every backend (the CPU units, the top-k selection, the CUDA kernels) and
-// the KV cache's dropping of unreachable blocks derive from these
-// functions, so the rule cannot drift between them.
+// Every user derives from these functions, so the rule cannot drift
+// between them: the CPU work units and the top-k selection
+// (core/cpu/attention_unit.cc VisibleRange/UnionRange), the CUDA kernels'
+// per-key test (KeyVisible) and tile ranges (core/cuda/kernel_params.h
+// KeyTiles), and the KV cache's dropping of unreachable blocks
+// (core/layer_kv_cache.cc).
 #ifndef ATTENTION_CORE_VISIBILITY_H_
 #define ATTENTION_CORE_VISIBILITY_H_
 

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "core/visibility.h"
+
 #if defined(__CUDACC__)
 #define ATTN_HOST_DEVICE __host__ __device__
 #else
@@ -169,20 +171,20 @@ ATTN_HOST_DEVICE inline TileRanges KeyTiles(const ProblemParams& p,
                                             int64_t row_count) {
   const int64_t first_token = row_begin / p.group_size;
   const int64_t last_token = (row_begin + row_count - 1) / p.group_size;
-  const int64_t first_pos = p.query_start + first_token;
-  const int64_t last_pos = p.query_start + last_token;
-  int64_t hi = p.length;
-  if (p.causal && last_pos + 1 < hi) hi = last_pos + 1;
+  // The union of the rows' visible keys (core/visibility.h): the last
+  // row's sinks and everything from the first row's window start to the
+  // last row's last key, i.e. [0, sink_end) and [window_begin, hi).
+  const VisibleKeys first =
+      VisibleKeysOf(p.causal != 0, p.window, p.num_sink_tokens, p.length,
+                    p.query_start + first_token);
+  const VisibleKeys last =
+      VisibleKeysOf(p.causal != 0, p.window, p.num_sink_tokens, p.length,
+                    p.query_start + last_token);
+  const int64_t hi = last.hi + 1;
   TileRanges r;
   if (hi <= 0) return r;
-  // Keys [0, sink_end) and [window_begin, hi).
-  int64_t sink_end = 0;
-  int64_t window_begin = 0;
-  if (p.window > 0) {
-    window_begin = first_pos - p.window + 1;
-    if (window_begin < 0) window_begin = 0;
-    sink_end = p.num_sink_tokens < hi ? p.num_sink_tokens : hi;
-  }
+  const int64_t sink_end = last.sinks;
+  const int64_t window_begin = first.lo;
   const int64_t sink_tiles = (sink_end + kTileKeys - 1) / kTileKeys;
   if (window_begin >= hi) {  // only sink tokens are visible
     r.end0 = sink_tiles;
