@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/bench_report.h"
+#include "bench/bench_util.h"
 #include "core/attention_problem.h"
 #include "core/block_pool.h"
 #include "core/cpu/cpu_backend.h"
@@ -48,25 +49,8 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 void Die(const absl::Status& status, const char* what) {
-  std::fprintf(stderr, "kernel bench: %s: %s\n", what,
-               status.ToString().c_str());
-  std::abort();
-}
-
-TensorView ViewOf(DType dtype, Shape shape, const void* data) {
-  TensorView view;
-  view.dtype = dtype;
-  view.shape = std::move(shape);
-  view.data = static_cast<const std::byte*>(data);
-  view.size_bytes = view.num_elements() * DTypeSize(dtype);
-  return view;
+  bench::Die("kernel", status, what);
 }
 
 std::vector<float> RandomFloats(int64_t n, uint32_t seed) {

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_report.h"
+#include "bench/bench_util.h"
 #include "core/attention_problem.h"
 #include "core/block_pool.h"
 #include "core/cpu/cpu_backend.h"
@@ -30,18 +31,7 @@ using Clock = std::chrono::steady_clock;
 constexpr char kSection[] = "sparse";
 
 void Die(const absl::Status& status, const char* what) {
-  std::fprintf(stderr, "sparse bench: %s: %s\n", what,
-               status.ToString().c_str());
-  std::abort();
-}
-
-TensorView View(DType dtype, Shape shape, const void* data) {
-  TensorView view;
-  view.dtype = dtype;
-  view.shape = std::move(shape);
-  view.data = static_cast<const std::byte*>(data);
-  view.size_bytes = view.num_elements() * DTypeSize(dtype);
-  return view;
+  bench::Die(kSection, status, what);
 }
 
 std::vector<uint16_t> RandomHalf(int64_t n, uint32_t seed) {
@@ -53,11 +43,6 @@ std::vector<uint16_t> RandomHalf(int64_t n, uint32_t seed) {
   ConvertFromFloat(raw.data(), n, DType::kFloat16,
                    reinterpret_cast<std::byte*>(out.data()));
   return out;
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
 }
 
 }  // namespace
@@ -102,9 +87,9 @@ void RunSparseBench(const BenchOptions& options, BenchReport* report) {
     KvWrite write;
     write.layout = layout;
     write.start = start;
-    write.k = View(DType::kFloat16, {kChunk, kKvHeads, kHeadDim}, kv.data());
+    write.k = ViewOf(DType::kFloat16, {kChunk, kKvHeads, kHeadDim}, kv.data());
     write.v = write.k;
-    write.index_k = View(DType::kFloat16, {kChunk, kIndexDim}, index.data());
+    write.index_k = ViewOf(DType::kFloat16, {kChunk, kIndexDim}, index.data());
     write.blocks = blocks;
     if (absl::Status s = backend.WriteKv(write); !s.ok()) Die(s, "write");
   }
@@ -113,7 +98,7 @@ void RunSparseBench(const BenchOptions& options, BenchReport* report) {
   const std::vector<float> weights(kIndexHeads, 0.5f);
   std::vector<float> output(kHeads * kHeadDim);
   AttentionProblem dense;
-  dense.q = View(DType::kFloat16, {1, kHeads, kHeadDim}, q.data());
+  dense.q = ViewOf(DType::kFloat16, {1, kHeads, kHeadDim}, q.data());
   dense.kv = PagedKvView(layout, kLength, k_blocks, v_blocks);
   dense.mask.causal = true;
   dense.mask.query_start = kLength - 1;
@@ -123,8 +108,8 @@ void RunSparseBench(const BenchOptions& options, BenchReport* report) {
   topk.topk = kTopK;
   topk.score = IndexScore::kRelu;
   topk.index_q =
-      View(DType::kFloat16, {1, kIndexHeads, kIndexDim}, index_q.data());
-  topk.index_weights = View(DType::kFloat32, {1, kIndexHeads}, weights.data());
+      ViewOf(DType::kFloat16, {1, kIndexHeads, kIndexDim}, index_q.data());
+  topk.index_weights = ViewOf(DType::kFloat32, {1, kIndexHeads}, weights.data());
   AttentionProblem sparse = dense;
   sparse.topk = &topk;
 
