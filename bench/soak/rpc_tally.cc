@@ -104,6 +104,12 @@ void RpcTally::RecordViolation(Rpc rpc, const std::string& what) {
   AddSample(absl::StrCat(RpcName(rpc), ": ", what));
 }
 
+void RpcTally::RecordFailedStep(bool applied) {
+  absl::MutexLock lock(&mu_);
+  ++failed_steps_;
+  if (applied) ++failed_steps_applied_;
+}
+
 void RpcTally::AddSample(std::string sample) {
   if (static_cast<int>(samples_.size()) >= kMaxSamples) return;
   samples_.push_back(absl::StrReplaceAll(sample, {{"\n", " "}}));
@@ -143,14 +149,24 @@ int64_t RpcTally::violations() const {
   return violations_;
 }
 
+int64_t RpcTally::failed_steps() const {
+  absl::MutexLock lock(&mu_);
+  return failed_steps_;
+}
+
+int64_t RpcTally::failed_steps_applied() const {
+  absl::MutexLock lock(&mu_);
+  return failed_steps_applied_;
+}
+
 std::vector<std::string> RpcTally::samples() const {
   absl::MutexLock lock(&mu_);
   return samples_;
 }
 
 // One line per non-zero count ("count <rpc> <code> <n>"), one per example
-// ("example <rpc> <code> <message>"), then "violations <n>" and
-// "sample <text>" lines.
+// ("example <rpc> <code> <message>"), then "violations <n>",
+// "failed_steps <n> <applied>" and "sample <text>" lines.
 std::string RpcTally::Serialize() const {
   absl::MutexLock lock(&mu_);
   std::string out;
@@ -169,6 +185,8 @@ std::string RpcTally::Serialize() const {
     }
   }
   absl::StrAppend(&out, "violations ", violations_, "\n");
+  absl::StrAppend(&out, "failed_steps ", failed_steps_, " ",
+                  failed_steps_applied_, "\n");
   for (const std::string& sample : samples_) {
     absl::StrAppend(&out, "sample ", sample, "\n");
   }
@@ -181,7 +199,7 @@ absl::Status RpcTally::MergeSerialized(absl::string_view text) {
     std::vector<absl::string_view> words =
         absl::StrSplit(line, absl::MaxSplits(' ', 3));
     int r = 0, c = 0;
-    int64_t n = 0;
+    int64_t n = 0, applied = 0;
     if (words[0] == "count" && words.size() == 4 &&
         absl::SimpleAtoi(words[1], &r) && absl::SimpleAtoi(words[2], &c) &&
         absl::SimpleAtoi(words[3], &n) && r >= 0 && r < kNumRpcs && c >= 0 &&
@@ -195,6 +213,11 @@ absl::Status RpcTally::MergeSerialized(absl::string_view text) {
     } else if (words[0] == "violations" && words.size() == 2 &&
                absl::SimpleAtoi(words[1], &n)) {
       violations_ += n;
+    } else if (words[0] == "failed_steps" && words.size() == 3 &&
+               absl::SimpleAtoi(words[1], &n) &&
+               absl::SimpleAtoi(words[2], &applied)) {
+      failed_steps_ += n;
+      failed_steps_applied_ += applied;
     } else if (words[0] == "sample") {
       AddSample(std::string(line.substr(7)));
     } else {

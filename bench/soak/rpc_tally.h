@@ -55,10 +55,16 @@ class RpcTally {
   // Counts a call that answered something the contract rules out even
   // though its code is documented (e.g. OK for an invalid request).
   void RecordViolation(Rpc rpc, const std::string& what);
+  // Counts a decode step that failed on the client's side (deadline,
+  // cancellation) on a session no other call touched, and whether the
+  // session grew anyway.
+  void RecordFailedStep(bool applied);
 
   int64_t count(Rpc rpc, int code) const;
   int64_t calls(Rpc rpc) const;
   int64_t violations() const;
+  int64_t failed_steps() const;
+  int64_t failed_steps_applied() const;
   // Up to kMaxSamples descriptions of violations.
   std::vector<std::string> samples() const;
   // Messages of the first failures seen with `code` for `rpc`, at most
@@ -83,6 +89,8 @@ class RpcTally {
   std::array<std::array<int64_t, kNumCodes>, kNumRpcs> counts_
       ABSL_GUARDED_BY(mu_);
   int64_t violations_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failed_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t failed_steps_applied_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> samples_ ABSL_GUARDED_BY(mu_);
   std::array<std::array<std::vector<std::string>, kNumCodes>, kNumRpcs>
       examples_

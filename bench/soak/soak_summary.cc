@@ -112,6 +112,12 @@ void PrintSummary(const SoakSummary& summary, const RpcTally& tally,
   for (const std::string& sample : tally.samples()) {
     out << "VIOLATION " << sample << "\n";
   }
+  out << "OBSERVED failed_steps_applied: " << tally.failed_steps_applied()
+      << " of " << tally.failed_steps()
+      << " DecodeSteps that ended DEADLINE_EXCEEDED on a session nothing "
+         "else touched had appended their token anyway (\"a call that fails "
+         "changes nothing\"; a step finished just before the deadline also "
+         "counts, so this is reported, not checked)\n";
   for (const CheckResult& check : summary.checks) {
     out << "CHECK " << check.name << ": " << OutcomeName(check.outcome) << " "
         << check.detail << "\n";
@@ -172,6 +178,8 @@ std::string SummaryJson(const SoakSummary& summary, const RpcTally& tally) {
       ", \"rss_peak_bytes\": ", summary.rss_peak_bytes,
       ", \"rss_after_cleanup_bytes\": ", summary.rss_after_cleanup_bytes,
       ", \"violations_count\": ", tally.violations(),
+      ", \"failed_steps\": ", tally.failed_steps(),
+      ", \"failed_steps_applied\": ", tally.failed_steps_applied(),
       ", \"calls_per_s\": {", absl::StrJoin(rates, ", "), "}",
       ", \"codes\": {", absl::StrJoin(codes, ", "), "}",
       ", \"code_totals\": {", absl::StrJoin(totals, ", "), "}",

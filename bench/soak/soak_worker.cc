@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -52,13 +53,14 @@ enum class Op {
   kServerInfo,
   kAttention,
   kInvalid,
+  kFailedStepProbe,
 };
 constexpr std::pair<Op, int> kWeights[] = {
     {Op::kCreate, 8},      {Op::kPrefill, 12},    {Op::kDecodeStep, 20},
     {Op::kDecodeStream, 8}, {Op::kBatchDecode, 8}, {Op::kFork, 4},
     {Op::kTruncate, 5},    {Op::kDelete, 4},      {Op::kList, 1},
     {Op::kGet, 5},         {Op::kServerInfo, 2},  {Op::kAttention, 8},
-    {Op::kInvalid, 3}};
+    {Op::kInvalid, 3},     {Op::kFailedStepProbe, 2}};
 
 // One thread of the mix.
 class Mixer {
@@ -77,6 +79,7 @@ class Mixer {
     for (const auto& [op, weight] : kWeights) weights.push_back(weight);
     std::discrete_distribution<int> pick(weights.begin(), weights.end());
     while (absl::Now() < end_) RunOp(kWeights[pick(rng_)].first);
+    if (probe_session_.has_value()) Delete(probe_session_->id);
   }
 
  private:
@@ -109,6 +112,8 @@ class Mixer {
         return Attention();
       case Op::kInvalid:
         return Invalid();
+      case Op::kFailedStepProbe:
+        return FailedStepProbe();
     }
   }
 
@@ -498,12 +503,78 @@ class Mixer {
     }
   }
 
+  // The first layer's length of `id` (a GetSession with the full deadline);
+  // -1 when it fails.
+  int64_t LayerLength(const std::string& id) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+    v1::GetSessionRequest request;
+    request.set_session_id(id);
+    v1::SessionInfo info;
+    const grpc::Status status = stub_->GetSession(&context, request, &info);
+    tally_->Record(Rpc::kGetSession, status);
+    return status.ok() && info.layer_lengths_size() > 0
+               ? info.layer_lengths(0)
+               : -1;
+  }
+
+  // A decode step with a deadline of 50 us to 1 ms on a session of this
+  // thread's own that no other call touches. When the step fails the
+  // session must not have grown ("a call that fails changes nothing").
+  // The server may finish a step just before the client gives up, so a
+  // correct server shows a few too; the count is reported, not failed.
+  void FailedStepProbe() {
+    if (!probe_session_.has_value()) {
+      v1::CreateSessionRequest request;
+      v1::SessionSpec& spec = *request.mutable_spec();
+      spec.set_num_layers(1);
+      spec.set_num_q_heads(1);
+      spec.set_num_kv_heads(1);
+      spec.set_head_dim(8);
+      spec.set_model("attn-soak probe");
+      v1::SessionInfo info;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+      const grpc::Status status =
+          stub_->CreateSession(&context, request, &info);
+      tally_->Record(Rpc::kCreateSession, status);
+      if (!status.ok()) return;
+      probe_session_ = PooledSession{info.session_id(), info.spec()};
+    }
+    const int64_t before = LayerLength(probe_session_->id);
+    if (before < 0) {
+      probe_session_.reset();  // expired or deleted: start a new one
+      return;
+    }
+    if (before >= 1000) {
+      v1::TruncateSessionRequest request;
+      request.set_session_id(probe_session_->id);
+      v1::SessionInfo info;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
+      tally_->Record(Rpc::kTruncateSession,
+                     stub_->TruncateSession(&context, request, &info));
+      return;
+    }
+    const auto request = AppendRequest<v1::DecodeRequest>(*probe_session_, 1);
+    v1::AttentionResult result;
+    grpc::ClientContext context;
+    context.set_deadline(
+        absl::ToChronoTime(absl::Now() + absl::Microseconds(Uniform(50, 1000))));
+    const grpc::Status status = stub_->DecodeStep(&context, request, &result);
+    tally_->Record(Rpc::kDecodeStep, status);
+    if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) return;
+    const int64_t after = LayerLength(probe_session_->id);
+    if (after >= 0) tally_->RecordFailedStep(after > before);
+  }
+
   Stub* const stub_;
   SessionPool* const pool_;
   Canceller* const canceller_;
   RpcTally* const tally_;
   std::mt19937_64 rng_;
   const absl::Time end_;
+  std::optional<PooledSession> probe_session_;
 };
 
 bool WriteReport(const RpcTally& tally, const std::string& path) {
