@@ -10,39 +10,9 @@
 namespace attention::soak {
 namespace {
 
-constexpr absl::string_view kRpcNames[kNumRpcs] = {
-    "CreateSession", "GetSession",  "ListSessions",    "DeleteSession",
-    "ForkSession",   "TruncateSession", "Prefill",     "DecodeStep",
-    "Decode",        "BatchDecode", "Attention",       "GetServerInfo"};
-
-constexpr absl::string_view kCodeNames[kNumCodes] = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED"};
-
 int ClampCode(int code) { return code >= 0 && code < kNumCodes ? code : 2; }
 
 }  // namespace
-
-absl::string_view RpcName(Rpc rpc) {
-  return kRpcNames[static_cast<int>(rpc)];
-}
-
-absl::string_view CodeName(int code) { return kCodeNames[ClampCode(code)]; }
 
 bool IsDocumentedCode(Rpc rpc, grpc::StatusCode code) {
   switch (code) {

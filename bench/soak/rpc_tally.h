@@ -14,29 +14,21 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "server/metrics.h"
 
 namespace attention::soak {
 
-enum class Rpc {
-  kCreateSession,
-  kGetSession,
-  kListSessions,
-  kDeleteSession,
-  kForkSession,
-  kTruncateSession,
-  kPrefill,
-  kDecodeStep,
-  kDecode,  // one count per stream step, plus the stream's final error
-  kBatchDecode,
-  kAttention,
-  kGetServerInfo,
-};
-inline constexpr int kNumRpcs = 12;
-// gRPC codes are 0 (OK) .. 16 (UNAUTHENTICATED).
-inline constexpr int kNumCodes = 17;
+// The RPCs and status codes as the server's metrics name them.
+using Rpc = server::RpcMethod;
+inline constexpr int kNumRpcs = server::kNumRpcMethods;
+inline constexpr int kNumCodes = server::kNumGrpcCodes;
 
-absl::string_view RpcName(Rpc rpc);
-absl::string_view CodeName(int code);
+inline absl::string_view RpcName(Rpc rpc) {
+  return server::RpcMethodName(rpc);
+}
+inline absl::string_view CodeName(int code) {
+  return server::GrpcCodeName(static_cast<grpc::StatusCode>(code));
+}
 
 // True when attention.proto (with the README's status table) documents
 // `code` for `rpc`. Every RPC may also end CANCELLED or DEADLINE_EXCEEDED

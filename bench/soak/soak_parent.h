@@ -30,7 +30,7 @@ struct SoakOptions {
   // RSS is compared between the end of the warm-up and the end of the load
   // (median of the samples in the last `rss_window` of each).
   absl::Duration warmup = absl::Seconds(20);
-  absl::Duration rss_window = absl::Seconds(5);
+  absl::Duration rss_window = absl::Seconds(10);
   double max_rss_growth = 0.05;
   int workers = 3;
   int threads_per_worker = 3;

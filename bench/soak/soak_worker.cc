@@ -132,15 +132,21 @@ class Mixer {
     return absl::Microseconds(Uniform(100, 5000));
   }
 
-  // One unary call: a fresh context with a deadline, sometimes registered
-  // with the canceller; the status is tallied and returned.
-  template <typename Fn>
-  grpc::Status Call(Rpc rpc, Fn&& fn) {
+  // One unary call through `method` of the stub, tallied. With `faults`
+  // the deadline is sometimes very short and the canceller may cancel the
+  // call; without, the deadline is kCallDeadline.
+  template <typename Request, typename Response>
+  grpc::Status Call(Rpc rpc,
+                    grpc::Status (Stub::*method)(grpc::ClientContext*,
+                                                 const Request&, Response*),
+                    const Request& request, Response* response,
+                    bool faults = true) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + Deadline()));
+    context.set_deadline(absl::ToChronoTime(
+        absl::Now() + (faults ? Deadline() : kCallDeadline)));
     const Canceller::Scope scope(
-        Chance(kCancellerChance) ? canceller_ : nullptr, &context);
-    const grpc::Status status = fn(&context);
+        faults && Chance(kCancellerChance) ? canceller_ : nullptr, &context);
+    const grpc::Status status = (stub_->*method)(&context, request, response);
     tally_->Record(rpc, status);
     return status;
   }
@@ -235,9 +241,7 @@ class Mixer {
     // Some sessions expire while in use.
     if (Chance(0.1)) request.set_idle_timeout_seconds(2);
     v1::SessionInfo info;
-    if (Call(Rpc::kCreateSession, [&](grpc::ClientContext* context) {
-          return stub_->CreateSession(context, request, &info);
-        }).ok()) {
+    if (Call(Rpc::kCreateSession, &Stub::CreateSession, request, &info).ok()) {
       Keep(info);
     }
   }
@@ -248,9 +252,7 @@ class Mixer {
     const int64_t tokens = Uniform(1, 32);
     auto request = AppendRequest<v1::PrefillRequest>(*session, tokens);
     v1::AttentionResult result;
-    if (Call(Rpc::kPrefill, [&](grpc::ClientContext* context) {
-          return stub_->Prefill(context, request, &result);
-        }).ok()) {
+    if (Call(Rpc::kPrefill, &Stub::Prefill, request, &result).ok()) {
       CheckResult(Rpc::kPrefill, result, session->spec, tokens);
     }
   }
@@ -260,9 +262,7 @@ class Mixer {
     if (!session) return Create();
     auto request = AppendRequest<v1::DecodeRequest>(*session, 1);
     v1::AttentionResult result;
-    if (Call(Rpc::kDecodeStep, [&](grpc::ClientContext* context) {
-          return stub_->DecodeStep(context, request, &result);
-        }).ok()) {
+    if (Call(Rpc::kDecodeStep, &Stub::DecodeStep, request, &result).ok()) {
       CheckResult(Rpc::kDecodeStep, result, session->spec, 1);
     }
   }
@@ -312,9 +312,7 @@ class Mixer {
     if (request.steps().empty()) return Create();
     v1::BatchDecodeResponse response;
     const grpc::Status status =
-        Call(Rpc::kBatchDecode, [&](grpc::ClientContext* context) {
-          return stub_->BatchDecode(context, request, &response);
-        });
+        Call(Rpc::kBatchDecode, &Stub::BatchDecode, request, &response);
     if (status.ok() && response.results_size() != request.steps_size()) {
       tally_->RecordViolation(Rpc::kBatchDecode, "OK with a result missing");
     }
@@ -326,9 +324,7 @@ class Mixer {
     v1::ForkSessionRequest request;
     request.set_session_id(session->id);
     v1::SessionInfo info;
-    if (Call(Rpc::kForkSession, [&](grpc::ClientContext* context) {
-          return stub_->ForkSession(context, request, &info);
-        }).ok()) {
+    if (Call(Rpc::kForkSession, &Stub::ForkSession, request, &info).ok()) {
       Keep(info);
     }
   }
@@ -340,18 +336,14 @@ class Mixer {
     request.set_session_id(session->id);
     request.set_length(Uniform(0, 64));
     v1::SessionInfo info;
-    Call(Rpc::kTruncateSession, [&](grpc::ClientContext* context) {
-      return stub_->TruncateSession(context, request, &info);
-    });
+    Call(Rpc::kTruncateSession, &Stub::TruncateSession, request, &info);
   }
 
   void Delete(const std::string& id) {
     v1::DeleteSessionRequest request;
     request.set_session_id(id);
     v1::DeleteSessionResponse response;
-    Call(Rpc::kDeleteSession, [&](grpc::ClientContext* context) {
-      return stub_->DeleteSession(context, request, &response);
-    });
+    Call(Rpc::kDeleteSession, &Stub::DeleteSession, request, &response);
   }
 
   void List() {
@@ -366,16 +358,12 @@ class Mixer {
     v1::GetSessionRequest request;
     request.set_session_id(session->id);
     v1::SessionInfo info;
-    Call(Rpc::kGetSession, [&](grpc::ClientContext* context) {
-      return stub_->GetSession(context, request, &info);
-    });
+    Call(Rpc::kGetSession, &Stub::GetSession, request, &info);
   }
 
   void ServerInfo() {
     v1::ServerInfo info;
-    Call(Rpc::kGetServerInfo, [&](grpc::ClientContext* context) {
-      return stub_->GetServerInfo(context, v1::GetServerInfoRequest(), &info);
-    });
+    Call(Rpc::kGetServerInfo, &Stub::GetServerInfo, v1::GetServerInfoRequest(), &info);
   }
 
   // Stateless attention with every option; now and then one whose weights
@@ -416,9 +404,7 @@ class Mixer {
     request.set_return_lse(Chance(0.2));
     if (Chance(0.2)) request.set_output_dtype(RandomDType());
     v1::AttentionResult result;
-    Call(Rpc::kAttention, [&](grpc::ClientContext* context) {
-      return stub_->Attention(context, request, &result);
-    });
+    Call(Rpc::kAttention, &Stub::Attention, request, &result);
   }
 
   // A request the contract says must fail.
@@ -432,9 +418,7 @@ class Mixer {
         request.mutable_spec()->set_num_kv_heads(2);
         v1::SessionInfo info;
         const grpc::Status status =
-            Call(Rpc::kCreateSession, [&](grpc::ClientContext* context) {
-              return stub_->CreateSession(context, request, &info);
-            });
+            Call(Rpc::kCreateSession, &Stub::CreateSession, request, &info);
         ExpectFailure(Rpc::kCreateSession, status, "3 query heads, 2 KV");
         if (status.ok()) Delete(info.session_id());
         return;
@@ -444,11 +428,7 @@ class Mixer {
         request.set_layer(session->spec.num_layers());
         v1::AttentionResult result;
         ExpectFailure(Rpc::kDecodeStep,
-                      Call(Rpc::kDecodeStep,
-                           [&](grpc::ClientContext* context) {
-                             return stub_->DecodeStep(context, request,
-                                                      &result);
-                           }),
+                      Call(Rpc::kDecodeStep, &Stub::DecodeStep, request, &result),
                       "a layer past num_layers");
         return;
       }
@@ -457,10 +437,7 @@ class Mixer {
         *request.mutable_k() = AppendRequest<v1::PrefillRequest>(*session, 3).k();
         v1::AttentionResult result;
         ExpectFailure(Rpc::kPrefill,
-                      Call(Rpc::kPrefill,
-                           [&](grpc::ClientContext* context) {
-                             return stub_->Prefill(context, request, &result);
-                           }),
+                      Call(Rpc::kPrefill, &Stub::Prefill, request, &result),
                       "q of 2 tokens, k of 3");
         return;
       }
@@ -472,11 +449,7 @@ class Mixer {
         *request.mutable_v() = RandomTensor({4352, 1, 1}, v1::DTYPE_FLOAT32);
         v1::AttentionResult result;
         ExpectFailure(Rpc::kAttention,
-                      Call(Rpc::kAttention,
-                           [&](grpc::ClientContext* context) {
-                             return stub_->Attention(context, request,
-                                                     &result);
-                           }),
+                      Call(Rpc::kAttention, &Stub::Attention, request, &result),
                       "a request above --max_message_bytes");
         return;
       }
@@ -492,27 +465,20 @@ class Mixer {
         request.mutable_q()->set_data(std::move(data));
         v1::AttentionResult result;
         ExpectFailure(Rpc::kDecodeStep,
-                      Call(Rpc::kDecodeStep,
-                           [&](grpc::ClientContext* context) {
-                             return stub_->DecodeStep(context, request,
-                                                      &result);
-                           }),
+                      Call(Rpc::kDecodeStep, &Stub::DecodeStep, request, &result),
                       "a NaN query");
         return;
       }
     }
   }
 
-  // The first layer's length of `id` (a GetSession with the full deadline);
-  // -1 when it fails.
+  // The first layer's length of `id`; -1 when GetSession fails.
   int64_t LayerLength(const std::string& id) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
     v1::GetSessionRequest request;
     request.set_session_id(id);
     v1::SessionInfo info;
-    const grpc::Status status = stub_->GetSession(&context, request, &info);
-    tally_->Record(Rpc::kGetSession, status);
+    const grpc::Status status = Call(Rpc::kGetSession, &Stub::GetSession,
+                                     request, &info, /*faults=*/false);
     return status.ok() && info.layer_lengths_size() > 0
                ? info.layer_lengths(0)
                : -1;
@@ -533,12 +499,11 @@ class Mixer {
       spec.set_head_dim(8);
       spec.set_model("attn-soak probe");
       v1::SessionInfo info;
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
-      const grpc::Status status =
-          stub_->CreateSession(&context, request, &info);
-      tally_->Record(Rpc::kCreateSession, status);
-      if (!status.ok()) return;
+      if (!Call(Rpc::kCreateSession, &Stub::CreateSession, request, &info,
+                /*faults=*/false)
+               .ok()) {
+        return;
+      }
       probe_session_ = PooledSession{info.session_id(), info.spec()};
     }
     const int64_t before = LayerLength(probe_session_->id);
@@ -550,17 +515,15 @@ class Mixer {
       v1::TruncateSessionRequest request;
       request.set_session_id(probe_session_->id);
       v1::SessionInfo info;
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + kCallDeadline));
-      tally_->Record(Rpc::kTruncateSession,
-                     stub_->TruncateSession(&context, request, &info));
+      Call(Rpc::kTruncateSession, &Stub::TruncateSession, request, &info,
+           /*faults=*/false);
       return;
     }
     const auto request = AppendRequest<v1::DecodeRequest>(*probe_session_, 1);
     v1::AttentionResult result;
     grpc::ClientContext context;
-    context.set_deadline(
-        absl::ToChronoTime(absl::Now() + absl::Microseconds(Uniform(50, 1000))));
+    context.set_deadline(absl::ToChronoTime(
+        absl::Now() + absl::Microseconds(Uniform(50, 1000))));
     const grpc::Status status = stub_->DecodeStep(&context, request, &result);
     tally_->Record(Rpc::kDecodeStep, status);
     if (status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) return;
