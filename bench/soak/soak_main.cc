@@ -12,6 +12,8 @@
 #include <stdlib.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <system_error>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -30,11 +32,13 @@ ABSL_FLAG(std::string, server_binary, "",
 ABSL_FLAG(std::string, server_flags,
           "--backend=cpu --threads=2 --kv_cache_bytes=8388608 "
           "--kv_block_bytes=16384 --max_message_bytes=1048576 "
-          "--max_session_tokens=4096 --session_idle_timeout=60s "
+          "--max_session_tokens=4096 --session_idle_timeout=10s "
           "--metrics_port=-1 --log_level=error",
           "Space-separated flags for --server_binary. The small KV pool "
           "makes appends run into RESOURCE_EXHAUSTED; the 1 MiB message "
-          "limit refuses the occasional large stateless result");
+          "limit refuses the occasional large stateless result; sessions "
+          "that killed workers leave behind pile up until their idle timeout, "
+          "so keep it well below --warmup");
 ABSL_FLAG(int, malloc_arena_max, 2,
           "MALLOC_ARENA_MAX for the started server (0 = leave it unset). "
           "glibc adds malloc arenas (up to 8 per core) as new threads first "
@@ -45,7 +49,9 @@ ABSL_FLAG(std::string, target, "",
 ABSL_FLAG(int, server_pid, 0, "pid of the --target server, for the RSS check");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(60), "Length of the load");
 ABSL_FLAG(absl::Duration, warmup, absl::Seconds(20),
-          "RSS at the end of the warm-up is the reference of the RSS check");
+          "RSS at the end of the warm-up is the reference of the RSS check; "
+          "make it longer than the server's --session_idle_timeout (the "
+          "number of live sessions settles only then)");
 ABSL_FLAG(bool, fill_pool, true,
           "Fill the server's KV pool once before the load, so that its pages "
           "(committed on first write) are resident before the warm-up ends");
@@ -59,7 +65,7 @@ ABSL_FLAG(uint64_t, seed, 1,
           "Seed of every random choice (worker seeds, kill times, requests)");
 ABSL_FLAG(std::string, work_dir, "",
           "Directory for the port file and worker reports (default: a new "
-          "one under $TMPDIR or /tmp)");
+          "one under $TMPDIR or /tmp, removed at the end)");
 ABSL_FLAG(std::string, json, "", "Also write the JSON summary to this file");
 
 // Set by the parent when it starts a worker.
@@ -128,10 +134,16 @@ int main(int argc, char** argv) {
               << std::endl;
     return 2;
   }
-  if (options.work_dir.empty()) options.work_dir = MakeWorkDir();
+  const bool own_work_dir = options.work_dir.empty();
+  if (own_work_dir) options.work_dir = MakeWorkDir();
   if (options.work_dir.empty()) {
     std::cerr << "attn-soak: cannot create a work directory" << std::endl;
     return 2;
   }
-  return RunSoak(options);
+  const int exit_code = RunSoak(options);
+  if (own_work_dir) {
+    std::error_code ignored;
+    std::filesystem::remove_all(options.work_dir, ignored);
+  }
+  return exit_code;
 }

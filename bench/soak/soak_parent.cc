@@ -222,7 +222,19 @@ class Soak {
     auto rss = ReadRssBytes(server_pid_);
     if (!rss.ok()) return;
     rss_.push_back({at, *rss});
+    summary_.rss_samples_bytes.push_back(*rss);
     summary_.rss_peak_bytes = std::max(summary_.rss_peak_bytes, *rss);
+  }
+
+  // Live sessions (GetServerInfo), for the progress lines.
+  void SampleSessions() {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    v1::ServerInfo info;
+    const grpc::Status status = client_->stub()->GetServerInfo(
+        &context, v1::GetServerInfoRequest(), &info);
+    tally_.Record(Rpc::kGetServerInfo, status);
+    if (status.ok()) live_sessions_ = info.active_sessions();
   }
 
   bool ServerExited() {
@@ -266,19 +278,20 @@ class Soak {
       }
       if (now >= next_sample) {
         SampleRss(now - start);
+        SampleSessions();
         next_sample += absl::Seconds(1);
         if (ServerExited()) break;
       }
       if (now >= next_progress) {
         std::cout << absl::StrFormat(
-                         "attn-soak: t=%.0fs server RSS %s, workers started "
-                         "%d, killed %d",
+                         "attn-soak: t=%.0fs server RSS %s, %d sessions, "
+                         "workers started %d, killed %d",
                          absl::ToDoubleSeconds(now - start),
                          rss_.empty() ? "n/a"
                                       : absl::StrFormat(
                                             "%.1f MiB",
                                             rss_.back().bytes / 1048576.0),
-                         summary_.workers_started, summary_.workers_killed)
+                         live_sessions_, summary_.workers_started, summary_.workers_killed)
                   << std::endl;
         next_progress += absl::Seconds(10);
       }
@@ -472,6 +485,7 @@ class Soak {
   std::vector<std::string> reports_;
   std::vector<std::string> worker_failures_;
   std::vector<RssSample> rss_;
+  int64_t live_sessions_ = 0;
   RpcTally tally_;
   SoakSummary summary_;
 };

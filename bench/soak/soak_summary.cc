@@ -152,6 +152,10 @@ std::string SummaryJson(const SoakSummary& summary, const RpcTally& tally) {
     checks.push_back(absl::StrCat(JsonString(check.name), ": ",
                                   JsonString(OutcomeName(check.outcome))));
   }
+  std::vector<std::string> rss_series;
+  for (int64_t bytes : summary.rss_samples_bytes) {
+    rss_series.push_back(absl::StrFormat("%.2f", bytes / 1048576.0));
+  }
   std::vector<std::string> violations;
   for (const std::string& sample : tally.samples()) {
     violations.push_back(JsonString(sample));
@@ -177,6 +181,7 @@ std::string SummaryJson(const SoakSummary& summary, const RpcTally& tally) {
       absl::StrFormat(", \"rss_growth\": %.4f", growth),
       ", \"rss_peak_bytes\": ", summary.rss_peak_bytes,
       ", \"rss_after_cleanup_bytes\": ", summary.rss_after_cleanup_bytes,
+      ", \"rss_mib_each_second\": [", absl::StrJoin(rss_series, ", "), "]",
       ", \"violations_count\": ", tally.violations(),
       ", \"failed_steps\": ", tally.failed_steps(),
       ", \"failed_steps_applied\": ", tally.failed_steps_applied(),

@@ -32,6 +32,7 @@ struct SoakSummary {
   int64_t rss_end_bytes = -1;
   int64_t rss_peak_bytes = -1;
   int64_t rss_after_cleanup_bytes = -1;
+  std::vector<int64_t> rss_samples_bytes;  // one a second during the load
   std::vector<CheckResult> checks;
 
   bool passed() const;
