@@ -1,5 +1,5 @@
-// attn-soak: lists every live session. The one place that calls
-// ListSessions, so that paging (page_size / page_token) is added here only.
+// attn-soak: lists every live session, following ListSessions' pages. The
+// one place that calls ListSessions.
 #ifndef ATTENTION_BENCH_SOAK_LIST_SESSIONS_H_
 #define ATTENTION_BENCH_SOAK_LIST_SESSIONS_H_
 
@@ -12,9 +12,9 @@
 
 namespace attention::soak {
 
-// Appends every live session to `sessions`; each page (today one call: the
-// RPC is unpaginated) must finish by `deadline`. On failure returns the
-// failing call's status, `sessions` holding the pages read before it.
+// Appends every live session to `sessions`, following next_page_token; every
+// page must come by `deadline`. On failure returns the failing call's
+// status, `sessions` holding the pages read before it.
 grpc::Status ListAllSessions(v1::AttentionService::Stub* stub,
                              absl::Time deadline,
                              std::vector<v1::SessionInfo>* sessions);

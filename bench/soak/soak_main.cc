@@ -30,7 +30,7 @@ ABSL_FLAG(std::string, server_binary, "",
           "attention-server to start on 127.0.0.1 (a free port) for the run "
           "and stop with SIGTERM at the end; preferred over --target");
 ABSL_FLAG(std::string, server_flags,
-          "--backend=cpu --threads=2 --kv_cache_bytes=8388608 "
+          "--backend=cpu --threads=2 --kv_cache_bytes=3145728 "
           "--kv_block_bytes=16384 --max_message_bytes=1048576 "
           "--max_session_tokens=4096 --session_idle_timeout=10s "
           "--metrics_port=-1 --log_level=error",
@@ -48,7 +48,7 @@ ABSL_FLAG(std::string, target, "",
           "host:port of a running server (instead of --server_binary)");
 ABSL_FLAG(int, server_pid, 0, "pid of the --target server, for the RSS check");
 ABSL_FLAG(absl::Duration, duration, absl::Seconds(60), "Length of the load");
-ABSL_FLAG(absl::Duration, warmup, absl::Seconds(20),
+ABSL_FLAG(absl::Duration, warmup, absl::Seconds(30),
           "RSS at the end of the warm-up is the reference of the RSS check; "
           "make it longer than the server's --session_idle_timeout (the "
           "number of live sessions settles only then)");

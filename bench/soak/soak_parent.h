@@ -29,7 +29,7 @@ struct SoakOptions {
   absl::Duration duration = absl::Seconds(60);
   // RSS is compared between the end of the warm-up and the end of the load
   // (median of the samples in the last `rss_window` of each).
-  absl::Duration warmup = absl::Seconds(20);
+  absl::Duration warmup = absl::Seconds(30);
   absl::Duration rss_window = absl::Seconds(10);
   double max_rss_growth = 0.05;
   int workers = 3;

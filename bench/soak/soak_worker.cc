@@ -371,8 +371,7 @@ class Mixer {
   void Attention() {
     // 8 heads x 32 x 1024 float32 weights fill a 1 MiB message by
     // themselves: with the output the answer is too large to send
-    // (RESOURCE_EXHAUSTED); twice as many queries are refused at once
-    // (INVALID_ARGUMENT).
+    // (RESOURCE_EXHAUSTED), and twice as many queries even more so.
     const bool huge = Chance(0.01);
     const int64_t kv_heads = OneOf({1, 2});
     const int64_t heads = huge ? 8 : kv_heads * OneOf({1, 2, 4});
