@@ -48,8 +48,8 @@ absl::StatusOr<int64_t> FillKvPoolOnce(client::AttentionClient& client) {
     if (absl::Status deleted = session.Delete(); !deleted.ok()) return deleted;
   }
   if (status.code() != absl::StatusCode::kResourceExhausted) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the pool never filled: ", status.ToString()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the pool never filled: ", status.ToString()));
   }
   return most_used;
 }

@@ -1,7 +1,7 @@
 #include "bench/soak/process.h"
 
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,12 +44,20 @@ absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
     env_pointers.push_back(const_cast<char*>(entry.c_str()));
   }
   env_pointers.push_back(nullptr);
-  pid_t pid = -1;
-  const int error = posix_spawn(&pid, argv[0].c_str(), nullptr, nullptr,
-                                argv_pointers.data(), env_pointers.data());
-  if (error != 0) {
+  // fork + exec rather than posix_spawn, to set PR_SET_PDEATHSIG: if
+  // attn-soak dies (a ctest timeout, a crash), its server and workers die
+  // with it. Only async-signal-safe calls run in the child.
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
     return absl::InternalError(
-        absl::StrCat("cannot start ", argv[0], ": ", std::strerror(error)));
+        absl::StrCat("cannot start ", argv[0], ": ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);  // died before prctl
+    execve(argv_pointers[0], argv_pointers.data(), env_pointers.data());
+    _exit(127);
   }
   return pid;
 }

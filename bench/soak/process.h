@@ -14,7 +14,9 @@
 namespace attention::soak {
 
 // Starts argv[0] with `argv` and this process's environment plus
-// `extra_env` ("NAME=value" entries, which take precedence).
+// `extra_env` ("NAME=value" entries, which take precedence). The child is
+// killed when the calling thread exits. A program that cannot be executed
+// exits 127.
 absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv,
                             const std::vector<std::string>& extra_env = {});
 

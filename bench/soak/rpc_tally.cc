@@ -60,7 +60,8 @@ void RpcTally::Record(Rpc rpc, const grpc::Status& status) {
   const int code = ClampCode(static_cast<int>(status.error_code()));
   absl::MutexLock lock(&mu_);
   ++counts_[static_cast<int>(rpc)][code];
-  if (code != 0) AddExample(static_cast<int>(rpc), code, status.error_message());
+  if (code != 0)
+    AddExample(static_cast<int>(rpc), code, status.error_message());
   if (!IsDocumentedCode(rpc, status.error_code())) {
     ++violations_;
     AddSample(absl::StrCat(RpcName(rpc), " answered ", CodeName(code), ": ",

@@ -23,9 +23,7 @@ using Rpc = server::RpcMethod;
 inline constexpr int kNumRpcs = server::kNumRpcMethods;
 inline constexpr int kNumCodes = server::kNumGrpcCodes;
 
-inline absl::string_view RpcName(Rpc rpc) {
-  return server::RpcMethodName(rpc);
-}
+inline absl::string_view RpcName(Rpc rpc) { return server::RpcMethodName(rpc); }
 inline absl::string_view CodeName(int code) {
   return server::GrpcCodeName(static_cast<grpc::StatusCode>(code));
 }
@@ -85,8 +83,7 @@ class RpcTally {
   int64_t failed_steps_applied_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> samples_ ABSL_GUARDED_BY(mu_);
   std::array<std::array<std::vector<std::string>, kNumCodes>, kNumRpcs>
-      examples_
-      ABSL_GUARDED_BY(mu_);
+      examples_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attention::soak

@@ -13,9 +13,9 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <system_error>
 #include <iostream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -107,8 +107,8 @@ int main(int argc, char** argv) {
 
   attention::soak::SoakOptions options;
   options.server_binary = absl::GetFlag(FLAGS_server_binary);
-  options.server_flags = absl::StrSplit(absl::GetFlag(FLAGS_server_flags), ' ',
-                                        absl::SkipEmpty());
+  options.server_flags =
+      absl::StrSplit(absl::GetFlag(FLAGS_server_flags), ' ', absl::SkipEmpty());
   options.malloc_arena_max = absl::GetFlag(FLAGS_malloc_arena_max);
   options.target = absl::GetFlag(FLAGS_target);
   options.server_pid = absl::GetFlag(FLAGS_server_pid);

@@ -100,6 +100,7 @@ class Soak {
     CollectReports();
     summary_.checks.push_back(CheckAlive());
     summary_.checks.push_back(CheckCodes());
+    summary_.checks.push_back(CheckCoverage());
     summary_.checks.push_back(CheckCleanup());
     summary_.checks.push_back(CheckRss());
     summary_.checks.push_back(CheckWorkers());
@@ -122,8 +123,7 @@ class Soak {
       const std::string port_file = options_.work_dir + "/server.port";
       std::remove(port_file.c_str());
       std::vector<std::string> argv = {options_.server_binary,
-                                       "--listen_address=127.0.0.1",
-                                       "--port=0",
+                                       "--listen_address=127.0.0.1", "--port=0",
                                        "--port_file=" + port_file};
       argv.insert(argv.end(), options_.server_flags.begin(),
                   options_.server_flags.end());
@@ -212,8 +212,8 @@ class Soak {
   // A worker that ended by itself must have exited 0.
   void NoteExit(const Worker& worker, int status) {
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      worker_failures_.push_back(absl::StrCat(
-          "worker ", worker.pid, ": ", DescribeWaitStatus(status)));
+      worker_failures_.push_back(absl::StrCat("worker ", worker.pid, ": ",
+                                              DescribeWaitStatus(status)));
     }
   }
 
@@ -253,8 +253,8 @@ class Soak {
     const bool kills = options_.kill_interval > absl::ZeroDuration();
     std::exponential_distribution<double> kill_gap(
         kills ? 1.0 / absl::ToDoubleSeconds(options_.kill_interval) : 1.0);
-    absl::Time next_kill = kills ? start + absl::Seconds(kill_gap(rng_))
-                                 : absl::InfiniteFuture();
+    absl::Time next_kill =
+        kills ? start + absl::Seconds(kill_gap(rng_)) : absl::InfiniteFuture();
     absl::Time next_sample = start;
     absl::Time next_progress = start + absl::Seconds(10);
     for (int i = 0; i < options_.workers; ++i) StartWorker(end);
@@ -287,11 +287,12 @@ class Soak {
                          "attn-soak: t=%.0fs server RSS %s, %d sessions, "
                          "workers started %d, killed %d",
                          absl::ToDoubleSeconds(now - start),
-                         rss_.empty() ? "n/a"
-                                      : absl::StrFormat(
-                                            "%.1f MiB",
-                                            rss_.back().bytes / 1048576.0),
-                         live_sessions_, summary_.workers_started, summary_.workers_killed)
+                         rss_.empty()
+                             ? "n/a"
+                             : absl::StrFormat("%.1f MiB",
+                                               rss_.back().bytes / 1048576.0),
+                         live_sessions_, summary_.workers_started,
+                         summary_.workers_killed)
                   << std::endl;
         next_progress += absl::Seconds(10);
       }
@@ -309,9 +310,9 @@ class Soak {
     for (const Worker& worker : workers_) {
       // Signal 0 sends nothing: the worker gets until the deadline to stop
       // by itself, then SIGKILL.
-      const int status = StopChild(worker.pid, 0,
-                                   std::max(deadline - absl::Now(),
-                                            absl::ZeroDuration()));
+      const int status =
+          StopChild(worker.pid, 0,
+                    std::max(deadline - absl::Now(), absl::ZeroDuration()));
       NoteExit(worker, status);
     }
     workers_.clear();
@@ -355,13 +356,30 @@ class Soak {
 
   CheckResult CheckCodes() {
     int64_t calls = 0;
-    for (int r = 0; r < kNumRpcs; ++r) calls += tally_.calls(static_cast<Rpc>(r));
-    CheckResult check{"status_codes", Outcome::kPass,
-                      absl::StrCat(tally_.violations(),
-                                   " undocumented answers in ", calls,
-                                   " calls (see VIOLATION lines)")};
+    for (int r = 0; r < kNumRpcs; ++r)
+      calls += tally_.calls(static_cast<Rpc>(r));
+    CheckResult check{
+        "status_codes", Outcome::kPass,
+        absl::StrCat(tally_.violations(), " undocumented answers in ", calls,
+                     " calls (see VIOLATION lines)")};
     if (tally_.violations() > 0 || calls == 0) check.outcome = Outcome::kFail;
     return check;
+  }
+
+  // Every RPC answered OK at least once (the mix reached it).
+  CheckResult CheckCoverage() {
+    std::vector<std::string> missing;
+    for (int r = 0; r < kNumRpcs; ++r) {
+      if (tally_.count(static_cast<Rpc>(r), 0) == 0) {
+        missing.push_back(std::string(RpcName(static_cast<Rpc>(r))));
+      }
+    }
+    if (missing.empty()) {
+      return {"coverage", Outcome::kPass,
+              absl::StrCat("all ", kNumRpcs, " RPCs answered OK")};
+    }
+    return {"coverage", Outcome::kFail,
+            absl::StrCat("never OK: ", absl::StrJoin(missing, ", "))};
   }
 
   // Deletes every session that was not there before the load (workers
@@ -380,14 +398,14 @@ class Soak {
         if (baseline_sessions_.contains(session.session_id())) continue;
         const absl::Status deleted =
             client_->DeleteSession(session.session_id());
-        tally_.Record(Rpc::kDeleteSession,
-                      grpc::Status(static_cast<grpc::StatusCode>(deleted.code()),
-                                   std::string(deleted.message())));
+        tally_.Record(
+            Rpc::kDeleteSession,
+            grpc::Status(static_cast<grpc::StatusCode>(deleted.code()),
+                         std::string(deleted.message())));
         if (deleted.ok()) ++summary_.sessions_left_behind;
       }
       info = client_->GetServerInfo();
-      if (info.ok() &&
-          info->active_sessions() == baseline_.active_sessions() &&
+      if (info.ok() && info->active_sessions() == baseline_.active_sessions() &&
           info->kv_cache_used_bytes() == baseline_.kv_cache_used_bytes()) {
         check.outcome = Outcome::kPass;
         break;
@@ -416,8 +434,9 @@ class Soak {
   CheckResult CheckRss() {
     CheckResult check{"rss_growth", Outcome::kSkip, ""};
     if (server_pid_ <= 0) {
-      check.detail = "no server pid (start the server with --server_binary "
-                     "or give --server_pid)";
+      check.detail =
+          "no server pid (start the server with --server_binary "
+          "or give --server_pid)";
       return check;
     }
     if (summary_.rss_warmup_bytes <= 0 || summary_.rss_end_bytes <= 0 ||
@@ -425,11 +444,11 @@ class Soak {
       check.detail = "the run ended before the warm-up did";
       return check;
     }
-    const double growth =
-        static_cast<double>(summary_.rss_end_bytes) / summary_.rss_warmup_bytes -
-        1;
-    check.outcome = growth < options_.max_rss_growth ? Outcome::kPass
-                                                     : Outcome::kFail;
+    const double growth = static_cast<double>(summary_.rss_end_bytes) /
+                              summary_.rss_warmup_bytes -
+                          1;
+    check.outcome =
+        growth < options_.max_rss_growth ? Outcome::kPass : Outcome::kFail;
     check.detail = absl::StrFormat(
         "VmRSS %.1f MiB at %s -> %.1f MiB at %s: %+.2f%% (limit %+.0f%%; "
         "medians of 1 s samples over %s)",
@@ -437,15 +456,17 @@ class Soak {
         absl::FormatDuration(options_.warmup),
         summary_.rss_end_bytes / 1048576.0,
         absl::FormatDuration(summary_.duration), 100 * growth,
-        100 * options_.max_rss_growth, absl::FormatDuration(options_.rss_window));
+        100 * options_.max_rss_growth,
+        absl::FormatDuration(options_.rss_window));
     return check;
   }
 
   CheckResult CheckWorkers() {
-    CheckResult check{"workers", Outcome::kPass,
-                      absl::StrCat(summary_.workers_started, " started, ",
-                                   summary_.workers_killed,
-                                   " killed with SIGKILL, the others exited 0")};
+    CheckResult check{
+        "workers", Outcome::kPass,
+        absl::StrCat(summary_.workers_started, " started, ",
+                     summary_.workers_killed,
+                     " killed with SIGKILL, the others exited 0")};
     if (!worker_failures_.empty()) {
       check.outcome = Outcome::kFail;
       check.detail = absl::StrJoin(worker_failures_, "; ");
@@ -455,7 +476,8 @@ class Soak {
 
   // SIGTERM: the server drains and must exit 0.
   CheckResult StopServer() {
-    CheckResult check{"server_exit", Outcome::kSkip, "not started by attn-soak"};
+    CheckResult check{"server_exit", Outcome::kSkip,
+                      "not started by attn-soak"};
     if (!owns_server_) {
       if (!server_exit_.empty()) {
         check.outcome = Outcome::kFail;

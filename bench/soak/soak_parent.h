@@ -39,7 +39,7 @@ struct SoakOptions {
   uint64_t seed = 1;
   // Fill the KV pool once before the load (see pool_filler.h).
   bool fill_pool = true;
-  std::string work_dir;  // for the port file and the worker reports
+  std::string work_dir;   // for the port file and the worker reports
   std::string json_path;  // also write the JSON summary here
 };
 

@@ -10,10 +10,10 @@ namespace attention::soak {
 namespace {
 
 constexpr Rpc kAllRpcs[kNumRpcs] = {
-    Rpc::kCreateSession, Rpc::kGetSession,      Rpc::kListSessions,
-    Rpc::kDeleteSession, Rpc::kForkSession,     Rpc::kTruncateSession,
-    Rpc::kPrefill,       Rpc::kDecodeStep,      Rpc::kDecode,
-    Rpc::kBatchDecode,   Rpc::kAttention,       Rpc::kGetServerInfo};
+    Rpc::kCreateSession, Rpc::kGetSession,  Rpc::kListSessions,
+    Rpc::kDeleteSession, Rpc::kForkSession, Rpc::kTruncateSession,
+    Rpc::kPrefill,       Rpc::kDecodeStep,  Rpc::kDecode,
+    Rpc::kBatchDecode,   Rpc::kAttention,   Rpc::kGetServerInfo};
 
 absl::string_view OutcomeName(CheckResult::Outcome outcome) {
   switch (outcome) {
@@ -185,11 +185,11 @@ std::string SummaryJson(const SoakSummary& summary, const RpcTally& tally) {
       ", \"violations_count\": ", tally.violations(),
       ", \"failed_steps\": ", tally.failed_steps(),
       ", \"failed_steps_applied\": ", tally.failed_steps_applied(),
-      ", \"calls_per_s\": {", absl::StrJoin(rates, ", "), "}",
-      ", \"codes\": {", absl::StrJoin(codes, ", "), "}",
-      ", \"code_totals\": {", absl::StrJoin(totals, ", "), "}",
-      ", \"checks\": {", absl::StrJoin(checks, ", "), "}",
-      ", \"violations\": [", absl::StrJoin(violations, ", "), "]}");
+      ", \"calls_per_s\": {", absl::StrJoin(rates, ", "), "}", ", \"codes\": {",
+      absl::StrJoin(codes, ", "), "}", ", \"code_totals\": {",
+      absl::StrJoin(totals, ", "), "}", ", \"checks\": {",
+      absl::StrJoin(checks, ", "), "}", ", \"violations\": [",
+      absl::StrJoin(violations, ", "), "]}");
 }
 
 }  // namespace attention::soak

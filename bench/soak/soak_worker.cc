@@ -56,11 +56,11 @@ enum class Op {
   kFailedStepProbe,
 };
 constexpr std::pair<Op, int> kWeights[] = {
-    {Op::kCreate, 8},      {Op::kPrefill, 12},    {Op::kDecodeStep, 20},
-    {Op::kDecodeStream, 8}, {Op::kBatchDecode, 8}, {Op::kFork, 4},
-    {Op::kTruncate, 5},    {Op::kDelete, 4},      {Op::kList, 1},
-    {Op::kGet, 5},         {Op::kServerInfo, 2},  {Op::kAttention, 8},
-    {Op::kInvalid, 3},     {Op::kFailedStepProbe, 2}};
+    {Op::kCreate, 8},       {Op::kPrefill, 12},       {Op::kDecodeStep, 20},
+    {Op::kDecodeStream, 8}, {Op::kBatchDecode, 8},    {Op::kFork, 4},
+    {Op::kTruncate, 5},     {Op::kDelete, 4},         {Op::kList, 1},
+    {Op::kGet, 5},          {Op::kServerInfo, 2},     {Op::kAttention, 8},
+    {Op::kInvalid, 3},      {Op::kFailedStepProbe, 2}};
 
 // One thread of the mix.
 class Mixer {
@@ -208,12 +208,12 @@ class Mixer {
     request.set_session_id(session.id);
     request.set_layer(static_cast<int>(Uniform(0, spec.num_layers() - 1)));
     const v1::DType dtype = RandomDType();
-    *request.mutable_q() = RandomTensor(
-        {tokens, spec.num_q_heads(), spec.head_dim()}, dtype);
-    *request.mutable_k() = RandomTensor(
-        {tokens, spec.num_kv_heads(), spec.head_dim()}, dtype);
-    *request.mutable_v() = RandomTensor(
-        {tokens, spec.num_kv_heads(), ValueDim(spec)}, dtype);
+    *request.mutable_q() =
+        RandomTensor({tokens, spec.num_q_heads(), spec.head_dim()}, dtype);
+    *request.mutable_k() =
+        RandomTensor({tokens, spec.num_kv_heads(), spec.head_dim()}, dtype);
+    *request.mutable_v() =
+        RandomTensor({tokens, spec.num_kv_heads(), ValueDim(spec)}, dtype);
     if (Chance(0.2)) request.set_output_dtype(RandomDType());
     request.set_return_lse(Chance(0.2));
     return request;
@@ -363,7 +363,8 @@ class Mixer {
 
   void ServerInfo() {
     v1::ServerInfo info;
-    Call(Rpc::kGetServerInfo, &Stub::GetServerInfo, v1::GetServerInfoRequest(), &info);
+    Call(Rpc::kGetServerInfo, &Stub::GetServerInfo, v1::GetServerInfoRequest(),
+         &info);
   }
 
   // Stateless attention with every option; now and then one whose weights
@@ -426,14 +427,16 @@ class Mixer {
         auto request = AppendRequest<v1::DecodeRequest>(*session, 1);
         request.set_layer(session->spec.num_layers());
         v1::AttentionResult result;
-        ExpectFailure(Rpc::kDecodeStep,
-                      Call(Rpc::kDecodeStep, &Stub::DecodeStep, request, &result),
-                      "a layer past num_layers");
+        ExpectFailure(
+            Rpc::kDecodeStep,
+            Call(Rpc::kDecodeStep, &Stub::DecodeStep, request, &result),
+            "a layer past num_layers");
         return;
       }
       case 2: {
         auto request = AppendRequest<v1::PrefillRequest>(*session, 2);
-        *request.mutable_k() = AppendRequest<v1::PrefillRequest>(*session, 3).k();
+        *request.mutable_k() =
+            AppendRequest<v1::PrefillRequest>(*session, 3).k();
         v1::AttentionResult result;
         ExpectFailure(Rpc::kPrefill,
                       Call(Rpc::kPrefill, &Stub::Prefill, request, &result),
@@ -456,16 +459,17 @@ class Mixer {
         auto request = AppendRequest<v1::DecodeRequest>(*session, 1);
         const float nan = std::numeric_limits<float>::quiet_NaN();
         std::string data(static_cast<size_t>(session->spec.num_q_heads() *
-                                              session->spec.head_dim()) *
+                                             session->spec.head_dim()) *
                              sizeof(float),
                          '\0');
         std::memcpy(data.data(), &nan, sizeof(nan));
         request.mutable_q()->set_dtype(v1::DTYPE_FLOAT32);
         request.mutable_q()->set_data(std::move(data));
         v1::AttentionResult result;
-        ExpectFailure(Rpc::kDecodeStep,
-                      Call(Rpc::kDecodeStep, &Stub::DecodeStep, request, &result),
-                      "a NaN query");
+        ExpectFailure(
+            Rpc::kDecodeStep,
+            Call(Rpc::kDecodeStep, &Stub::DecodeStep, request, &result),
+            "a NaN query");
         return;
       }
     }
@@ -478,9 +482,8 @@ class Mixer {
     v1::SessionInfo info;
     const grpc::Status status = Call(Rpc::kGetSession, &Stub::GetSession,
                                      request, &info, /*faults=*/false);
-    return status.ok() && info.layer_lengths_size() > 0
-               ? info.layer_lengths(0)
-               : -1;
+    return status.ok() && info.layer_lengths_size() > 0 ? info.layer_lengths(0)
+                                                        : -1;
   }
 
   // A decode step with a deadline of 50 us to 1 ms on a session of this
@@ -552,8 +555,7 @@ bool WriteReport(const RpcTally& tally, const std::string& path) {
 }  // namespace
 
 int RunWorker(const WorkerOptions& options) {
-  auto channel =
-      client::CreateChannel(options.target, client::ClientOptions());
+  auto channel = client::CreateChannel(options.target, client::ClientOptions());
   auto stub = v1::AttentionService::NewStub(channel);
   RpcTally tally;
   SessionPool pool(static_cast<size_t>(options.threads) * 3);
