@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/call_cost.h"
 #include "core/client_string.h"
 #include "core/request_validation.h"
@@ -211,7 +212,7 @@ absl::Status AttentionEngine::CheckCallCost(double flops) const {
     return absl::OkStatus();
   }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "this call asks for ", absl::SixDigits(flops),
+      "this call asks for ", absl::StrFormat("%.0f", flops),
       " floating-point operations, over this server's per-call limit of ",
       options_.max_call_flops,
       " (--max_call_flops); send fewer tokens per call (a prefill split into "
