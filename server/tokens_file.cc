@@ -59,6 +59,12 @@ TokenDigest DigestToken(absl::string_view token) {
   return digest;
 }
 
+std::string DigestTokenHex(absl::string_view token) {
+  const TokenDigest digest = DigestToken(token);
+  return absl::BytesToHexString(absl::string_view(
+      reinterpret_cast<const char*>(digest.data()), digest.size()));
+}
+
 absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(
     absl::string_view text) {
   std::vector<TokenEntry> entries;

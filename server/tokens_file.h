@@ -30,6 +30,8 @@ struct TokenEntry {
 
 // SHA-256 of `token`.
 TokenDigest DigestToken(absl::string_view token);
+// The same as the tokens file writes it: 64 lower-case hex digits.
+std::string DigestTokenHex(absl::string_view token);
 
 // Parses the file's text. INVALID_ARGUMENT naming the line and what is
 // wrong (never quoting the line, which could hold a token pasted by

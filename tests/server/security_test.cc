@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/escaping.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
@@ -27,12 +26,6 @@ namespace {
 using client::AttentionClient;
 using client::ClientOptions;
 using client::SessionHandle;
-
-std::string Hex(absl::string_view token) {
-  const server::TokenDigest digest = server::DigestToken(token);
-  return absl::BytesToHexString(absl::string_view(
-      reinterpret_cast<const char*>(digest.data()), digest.size()));
-}
 
 // Polls `condition` every 100 ms for up to `timeout`.
 template <typename Condition>
@@ -210,8 +203,8 @@ class TokenTest : public SecurityTest {
   static std::string TokensFile(absl::string_view bob_token) {
     return absl::StrCat(
         "# tenant  sha256(token)  max_sessions  max_kv_bytes\n",
-        "alice ", Hex("alice-token"), "  2  8192\n",
-        "bob   ", Hex(bob_token), "  -  -   # no limits\n");
+        "alice ", server::DigestTokenHex("alice-token"), "  2  8192\n",
+        "bob   ", server::DigestTokenHex(bob_token), "  -  -   # no limits\n");
   }
 
   std::unique_ptr<AttentionClient> WithToken(const std::string& token) {

@@ -4,7 +4,6 @@
 
 #include <string>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -15,10 +14,7 @@ constexpr char kTestDigest[] =
     "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 
 TEST(TokensFileTest, DigestIsSha256) {
-  const TokenDigest digest = DigestToken("test");
-  EXPECT_EQ(absl::BytesToHexString(absl::string_view(
-                reinterpret_cast<const char*>(digest.data()), digest.size())),
-            kTestDigest);
+  EXPECT_EQ(DigestTokenHex("test"), kTestDigest);
 }
 
 TEST(TokensFileTest, ParsesTenantsQuotasAndComments) {
