@@ -4,15 +4,13 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/read_file.h"
 #include "core/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -30,14 +28,7 @@ int ClampToInt(int64_t value) {
 absl::StatusOr<std::string> ReadPem(const std::string& path,
                                     absl::string_view what) {
   if (path.empty()) return std::string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot read the ", what, " ", path, ": ", std::strerror(errno)));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return ReadFile(path, what);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(

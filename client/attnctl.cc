@@ -16,11 +16,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,6 +37,7 @@
 #include "client/attention_client.h"
 #include "core/dtype.h"
 #include "core/kv_size.h"
+#include "core/read_file.h"
 #include "core/session_spec.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
@@ -99,14 +98,9 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> MakeClient() {
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file);
       !path.empty()) {
-    std::ifstream in(path);
-    if (!in) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot read --auth_token_file ", path));
-    }
-    std::stringstream text;
-    text << in.rdbuf();
-    options.auth_token = std::string(absl::StripAsciiWhitespace(text.str()));
+    absl::StatusOr<std::string> token = ReadFile(path, "--auth_token_file");
+    if (!token.ok()) return token.status();
+    options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
   }
   return AttentionClient::Open(absl::GetFlag(FLAGS_target), options);
 }

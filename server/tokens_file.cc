@@ -2,11 +2,8 @@
 
 #include <openssl/sha.h>
 
-#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
@@ -14,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/read_file.h"
 #include "core/status_macros.h"
 
 namespace attention::server {
@@ -119,14 +117,8 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(
 
 absl::StatusOr<std::vector<TokenEntry>> LoadTokensFile(
     const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot read the tokens file ", path, ": ", std::strerror(errno)));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<std::vector<TokenEntry>> entries = ParseTokensFile(text.str());
+  ATTN_ASSIGN_OR_RETURN(const std::string text, ReadFile(path, "tokens file"));
+  absl::StatusOr<std::vector<TokenEntry>> entries = ParseTokensFile(text);
   if (!entries.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens file ", path, ": ", entries.status().message()));

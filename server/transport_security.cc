@@ -4,13 +4,11 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/read_file.h"
 #include "core/status_macros.h"
 
 namespace attention::server {
@@ -19,14 +17,8 @@ namespace {
 // Checks that `path` can be read and holds a PEM block, so that a typo
 // fails at start-up instead of in every handshake.
 absl::Status CheckPemFile(const std::string& path, const char* what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot read the ", what, " ", path, ": ", std::strerror(errno)));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!absl::StrContains(text.str(), "-----BEGIN ")) {
+  ATTN_ASSIGN_OR_RETURN(const std::string text, ReadFile(path, what));
+  if (!absl::StrContains(text, "-----BEGIN ")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the ", what, " ", path, " holds no PEM block (-----BEGIN ...)"));
   }
