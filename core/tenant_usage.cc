@@ -79,9 +79,9 @@ void TenantUsage::Unreserve(int64_t blocks) {
 
 TenantStats TenantUsage::stats() const {
   absl::MutexLock lock(&mu_);
-  return TenantStats{.sessions = sessions_,
-                     .kv_bytes = static_cast<int64_t>(refs_.size()) *
-                                 block_bytes_};
+  return TenantStats{
+      .sessions = sessions_,
+      .kv_bytes = static_cast<int64_t>(refs_.size()) * block_bytes_};
 }
 
 }  // namespace attention

@@ -15,7 +15,7 @@ using grpc::experimental::InterceptionHookPoints;
 
 // Method path prefixes the interceptor leaves alone.
 constexpr absl::string_view kExempt[] = {
-    "/grpc.health.v1.Health/",         // probes carry no token
+    "/grpc.health.v1.Health/",          // probes carry no token
     "/attention.v1.AttentionService/",  // handlers authenticate themselves
 };
 
@@ -25,8 +25,8 @@ class AuthInterceptor final : public grpc::experimental::Interceptor {
                   const Authenticator* authenticator)
       : info_(info), authenticator_(authenticator) {}
 
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods)
-      override {
+  void Intercept(
+      grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
       grpc::ServerContextBase* context = info_->server_context();
@@ -39,8 +39,7 @@ class AuthInterceptor final : public grpc::experimental::Interceptor {
                                 std::string(tenant.status().message()));
         grpc_call_cancel_with_status(context->c_call(),
                                      GRPC_STATUS_UNAUTHENTICATED,
-                                     refused_.error_message().c_str(),
-                                     nullptr);
+                                     refused_.error_message().c_str(), nullptr);
       }
     }
     if (!refused_.ok() && methods->QueryInterceptionHookPoint(

@@ -23,8 +23,8 @@ absl::string_view View(const grpc::string_ref& ref) {
   return absl::string_view(ref.data(), ref.size());
 }
 
-bool SameFile(const struct stat& info, const struct timespec& mtime,
-              off_t size, ino_t inode) {
+bool SameFile(const struct stat& info, const struct timespec& mtime, off_t size,
+              ino_t inode) {
   return info.st_mtim.tv_sec == mtime.tv_sec &&
          info.st_mtim.tv_nsec == mtime.tv_nsec && info.st_size == size &&
          info.st_ino == inode;
@@ -84,15 +84,15 @@ absl::StatusOr<Tenant> Authenticator::Authenticate(
       return absl::UnauthenticatedError(
           "the authorization metadata must be 'Bearer <token>'");
     }
-    const TokenDigest digest =
-        DigestToken(absl::StripAsciiWhitespace(value.substr(kBearerPrefix.size())));
+    const TokenDigest digest = DigestToken(
+        absl::StripAsciiWhitespace(value.substr(kBearerPrefix.size())));
     absl::MutexLock lock(&mu_);
     // Every digest is compared, in constant time, so that the time taken
     // says nothing about which (or whether one) matched.
     const TokenEntry* found = nullptr;
     for (const TokenEntry& entry : entries_) {
-      const bool match = CRYPTO_memcmp(entry.digest.data(), digest.data(),
-                                       digest.size()) == 0;
+      const bool match =
+          CRYPTO_memcmp(entry.digest.data(), digest.data(), digest.size()) == 0;
       if (match && found == nullptr) found = &entry;
     }
     if (found == nullptr) {
@@ -120,8 +120,7 @@ absl::StatusOr<Tenant> Authenticator::Authenticate(
 absl::StatusOr<Tenant> Authenticator::Authenticate(
     const grpc::ServerContextBase& context) const {
   if (!enabled()) return DefaultTenant();
-  const std::shared_ptr<const grpc::AuthContext> auth =
-      context.auth_context();
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   return Authenticate(context.client_metadata(), auth.get());
 }
 

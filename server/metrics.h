@@ -18,7 +18,7 @@
 //   attention_kv_blocks_capacity                     gauge    }
 //   attention_shared_kv_chunks_total                 counter  }
 //   attention_tenant_sessions{tenant}                gauge    } (tenants of
-//   attention_tenant_kv_bytes{tenant}                gauge    } the tokens file)
+//   attention_tenant_kv_bytes{tenant}                gauge    } tokens file)
 //   attention_build_info{version,backend,device}     gauge, always 1
 //
 // Recording is on the serving hot path, so it takes no lock and allocates

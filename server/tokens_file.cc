@@ -42,7 +42,8 @@ absl::StatusOr<std::optional<int64_t>> ParseLimit(int line,
   if (field == "-") return std::nullopt;
   int64_t value = 0;
   if (!absl::SimpleAtoi(field, &value) || value < 0) {
-    return LineError(line, absl::StrCat(name, " is neither '-' (no limit) "
+    return LineError(line, absl::StrCat(name,
+                                        " is neither '-' (no limit) "
                                         "nor an integer >= 0"));
   }
   return value;

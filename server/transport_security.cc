@@ -58,8 +58,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     ATTN_RETURN_IF_ERROR(
         CheckPemFile(options.client_ca_file, "TLS client CA file"));
   }
-  const auto refresh_seconds = static_cast<unsigned int>(
-      absl::ToInt64Seconds(options.refresh_interval));
+  const auto refresh_seconds =
+      static_cast<unsigned int>(absl::ToInt64Seconds(options.refresh_interval));
   auto provider =
       std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
           options.key_file, options.cert_file, options.client_ca_file,

@@ -2,6 +2,8 @@
 // tenant's session answers exactly as an unknown one, and per-tenant quotas
 // (sessions, KV bytes with shared fork blocks counted once) refuse what
 // would pass them, change nothing, and recover after deletes.
+#include "core/tenant.h"
+
 #include <memory>
 #include <random>
 #include <string>
@@ -11,7 +13,6 @@
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/engine.h"
-#include "core/tenant.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_tensors.h"
 

@@ -70,9 +70,8 @@ TEST_F(AuthenticatorTest, TokensNameTheirTenant) {
 }
 
 TEST_F(AuthenticatorTest, AFailedReloadKeepsThePreviousTenants) {
-  auto authenticator =
-      Authenticator::Create({.tokens_file = file_,
-                             .reload_interval = absl::ZeroDuration()});
+  auto authenticator = Authenticator::Create(
+      {.tokens_file = file_, .reload_interval = absl::ZeroDuration()});
   ASSERT_TRUE(authenticator.ok());
   ASSERT_TRUE(testing::WriteFileAtomically(file_, "team x - -\n"));
   EXPECT_EQ((*authenticator)->Reload().code(),
@@ -87,10 +86,9 @@ TEST_F(AuthenticatorTest, AFailedReloadKeepsThePreviousTenants) {
 }
 
 TEST_F(AuthenticatorTest, AMissingOrBadFileFailsCreation) {
-  EXPECT_EQ(Authenticator::Create({.tokens_file = dir_ + "/missing"})
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      Authenticator::Create({.tokens_file = dir_ + "/missing"}).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AuthenticatorModesTest, ClientCertificateAndNone) {

@@ -6,8 +6,8 @@
 // takes effect without a restart.
 #include <filesystem>
 #include <memory>
-#include <system_error>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -117,16 +117,14 @@ TEST_F(SecurityTest, PlaintextClientAgainstTlsServerFails) {
   // A client that does not trust the server's CA refuses it.
   auto other_ca = MakeCa(dir_, "other-ca");
   ATTN_ASSERT_OK(other_ca);
-  EXPECT_EQ(Client(*server, TrustingCa(*other_ca))
-                ->GetServerInfo()
-                .status()
-                .code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      Client(*server, TrustingCa(*other_ca))->GetServerInfo().status().code(),
+      absl::StatusCode::kUnavailable);
 }
 
 TEST_F(SecurityTest, MutualTlsRefusesMissingOrForeignClientCertificates) {
-  auto alice = MakeCertificate(ca_, dir_, "alice", "alice",
-                               CertificateUse::kClient);
+  auto alice =
+      MakeCertificate(ca_, dir_, "alice", "alice", CertificateUse::kClient);
   ATTN_ASSERT_OK(alice);
   auto rogue_ca = MakeCa(dir_, "rogue-ca");
   ATTN_ASSERT_OK(rogue_ca);
@@ -202,9 +200,9 @@ class TokenTest : public SecurityTest {
 
   static std::string TokensFile(absl::string_view bob_token) {
     return absl::StrCat(
-        "# tenant  sha256(token)  max_sessions  max_kv_bytes\n",
-        "alice ", server::DigestTokenHex("alice-token"), "  2  8192\n",
-        "bob   ", server::DigestTokenHex(bob_token), "  -  -   # no limits\n");
+        "# tenant  sha256(token)  max_sessions  max_kv_bytes\n", "alice ",
+        server::DigestTokenHex("alice-token"), "  2  8192\n", "bob   ",
+        server::DigestTokenHex(bob_token), "  -  -   # no limits\n");
   }
 
   std::unique_ptr<AttentionClient> WithToken(const std::string& token) {
@@ -233,8 +231,7 @@ TEST_F(TokenTest, MissingOrWrongTokenIsUnauthenticatedButHealthWorks) {
     ATTN_EXPECT_CODE(stream->Finish(), absl::StatusCode::kUnauthenticated);
     const ReflectionListing reflection = ListServicesByReflection(
         client->channel(), token.empty() ? "" : "Bearer " + token);
-    EXPECT_EQ(reflection.status.error_code(),
-              grpc::StatusCode::UNAUTHENTICATED)
+    EXPECT_EQ(reflection.status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
         << reflection.status.error_message();
     // Probes carry no token.
     auto health = client->CheckHealth("attention.v1.AttentionService");
@@ -242,7 +239,8 @@ TEST_F(TokenTest, MissingOrWrongTokenIsUnauthenticatedButHealthWorks) {
     EXPECT_EQ(*health, client::ServingStatus::kServing);
   }
   // The message never quotes the token.
-  const absl::Status wrong = WithToken("secret-guess")->GetServerInfo().status();
+  const absl::Status wrong =
+      WithToken("secret-guess")->GetServerInfo().status();
   EXPECT_EQ(wrong.message().find("secret-guess"), std::string::npos);
   const ReflectionListing reflection =
       ListServicesByReflection(alice_->channel(), "Bearer alice-token");
@@ -314,8 +312,8 @@ TEST_F(TokenTest, TenantsNeverSeeEachOthersSessions) {
   }
   for (const absl::Status& status : refused) {
     EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
-    const std::string shown = absl::StrCat(
-        "session '", mine->id(), "' not found");
+    const std::string shown =
+        absl::StrCat("session '", mine->id(), "' not found");
     EXPECT_NE(status.message().find(shown), std::string::npos) << status;
   }
   const std::string expected = absl::StrCat(
@@ -345,8 +343,7 @@ TEST_F(TokenTest, QuotasRefuseAndRecoverAfterDeletes) {
   const Tokens sixteen = RandomTokens(spec, 16, 3);
   ATTN_ASSERT_OK(first->Prefill(0, sixteen.q, sixteen.k, sixteen.v));
   const Tokens one = RandomTokens(spec, 1, 4);
-  const absl::Status full =
-      second->Prefill(0, one.q, one.k, one.v).status();
+  const absl::Status full = second->Prefill(0, one.q, one.k, one.v).status();
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_NE(full.message().find("uses 8192 bytes"), std::string::npos) << full;
   EXPECT_NE(full.message().find("max_kv_bytes of 8192"), std::string::npos)

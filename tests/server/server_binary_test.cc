@@ -191,14 +191,15 @@ TEST(ServerBinaryTest, BadFlagsFailToStart) {
 }
 
 TEST(ServerBinaryTest, SighupRereadsTheTokensFile) {
-  const std::string tokens = absl::StrCat(::testing::TempDir(),
-                                          "/attention-server-tokens-", getpid());
+  const std::string tokens =
+      absl::StrCat(::testing::TempDir(), "/attention-server-tokens-", getpid());
   const auto write_tokens = [&](absl::string_view digest) {
     std::ofstream out(tokens, std::ios::trunc);
     out << "team " << digest << " - -\n";
   };
   // SHA-256 of "test" and of "fresh-token".
-  write_tokens("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+  write_tokens(
+      "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
   std::vector<std::string> flags = kSmallServer;
   flags.push_back("--auth_tokens_file=" + tokens);
   flags.push_back("--auth_reload_interval=0s");  // SIGHUP only
@@ -217,7 +218,8 @@ TEST(ServerBinaryTest, SighupRereadsTheTokensFile) {
   EXPECT_TRUE(info_with("test").ok());
   EXPECT_EQ(info_with("fresh-token").code(),
             absl::StatusCode::kUnauthenticated);
-  write_tokens("5e2040ab40dda85da03488a044e0fe9b344d6479f9e26ae74d72d9e784e1d0c0");
+  write_tokens(
+      "5e2040ab40dda85da03488a044e0fe9b344d6479f9e26ae74d72d9e784e1d0c0");
   server.Signal(SIGHUP);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   while (!info_with("fresh-token").ok() && absl::Now() < deadline) {

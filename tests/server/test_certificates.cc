@@ -20,8 +20,8 @@ absl::Status Run(const std::string& dir, const std::string& command) {
   const std::string log = absl::StrCat(dir, "/openssl.log");
   const std::string full = absl::StrCat(command, " >", log, " 2>&1");
   if (std::system(full.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("`", command, "` failed: ",
-                                            ReadFileOrEmpty(log)));
+    return absl::InternalError(
+        absl::StrCat("`", command, "` failed: ", ReadFileOrEmpty(log)));
   }
   return absl::OkStatus();
 }
@@ -47,12 +47,12 @@ absl::StatusOr<CertificateFiles> MakeCa(const std::string& dir,
                                         const std::string& name) {
   CertificateFiles ca{absl::StrCat(dir, "/", name, ".crt"),
                       absl::StrCat(dir, "/", name, ".key")};
-  if (absl::Status status = Run(
-          dir, absl::StrCat(kNewKey, " -x509 -days 2 -subj /CN=", name,
-                            " -addext basicConstraints=critical,CA:TRUE"
-                            " -addext keyUsage=critical,keyCertSign,cRLSign"
-                            " -keyout ",
-                            ca.key, " -out ", ca.cert));
+  if (absl::Status status =
+          Run(dir, absl::StrCat(kNewKey, " -x509 -days 2 -subj /CN=", name,
+                                " -addext basicConstraints=critical,CA:TRUE"
+                                " -addext keyUsage=critical,keyCertSign,cRLSign"
+                                " -keyout ",
+                                ca.key, " -out ", ca.cert));
       !status.ok()) {
     return status;
   }
@@ -86,10 +86,10 @@ absl::StatusOr<CertificateFiles> MakeCertificate(const CertificateFiles& ca,
     return status;
   }
   if (absl::Status status = Run(
-          dir, absl::StrCat("openssl x509 -req -days 2 -in ", request,
-                            " -CA ", ca.cert, " -CAkey ", ca.key,
-                            " -set_serial ", entropy() & 0x7fffffff,
-                            " -extfile ", extensions, " -out ", files.cert));
+          dir, absl::StrCat("openssl x509 -req -days 2 -in ", request, " -CA ",
+                            ca.cert, " -CAkey ", ca.key, " -set_serial ",
+                            entropy() & 0x7fffffff, " -extfile ", extensions,
+                            " -out ", files.cert));
       !status.ok()) {
     return status;
   }

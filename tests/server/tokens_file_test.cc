@@ -19,9 +19,8 @@ TEST(TokensFileTest, DigestIsSha256) {
 
 TEST(TokensFileTest, ParsesTenantsQuotasAndComments) {
   const std::string text = absl::StrCat(
-      "# tenant sha256 max_sessions max_kv_bytes\n\n",
-      "team-a  ", kTestDigest, "  100  4294967296\n",
-      "batch\t",
+      "# tenant sha256 max_sessions max_kv_bytes\n\n", "team-a  ", kTestDigest,
+      "  100  4294967296\n", "batch\t",
       "60303AE22B998861BCE3B28F33EEC1BE758A213C86C93C076DBE9F558C11C752",
       " - -  # no limits\r\n");
   auto entries = ParseTokensFile(text);
