@@ -121,22 +121,8 @@ DecodeResult MeasureDecode(CpuBackend& backend, int64_t length, int reps) {
   layout.head_dim = kHeadDim;
   layout.value_dim = kHeadDim;
   layout.tokens_per_block = defaults.kv_block_bytes / layout.bytes_per_token();
-  const int64_t num_blocks =
-      (length + layout.tokens_per_block - 1) / layout.tokens_per_block;
-  absl::StatusOr<std::unique_ptr<BlockPool>> pool = BlockPool::Create(
-      &backend, num_blocks * defaults.kv_block_bytes, defaults.kv_block_bytes);
-  if (!pool.ok()) Die(pool.status(), "block pool");
-  std::vector<BlockId> ids;
-  if (absl::Status s = (*pool)->Allocate(num_blocks, &ids); !s.ok()) {
-    Die(s, "allocate blocks");
-  }
-  std::vector<std::byte*> blocks;
-  std::vector<const std::byte*> k_blocks, v_blocks;
-  for (BlockId id : ids) {
-    blocks.push_back((*pool)->data(id));
-    k_blocks.push_back(blocks.back());
-    v_blocks.push_back(blocks.back() + layout.value_offset_bytes());
-  }
+  PagedBlocks paged(backend, layout, length, defaults.kv_block_bytes,
+                    kSection);
 
   // Fill the history through the backend, reusing one random fp16 chunk
   // (the values do not matter for speed, only that they are finite).
@@ -155,7 +141,7 @@ DecodeResult MeasureDecode(CpuBackend& backend, int64_t length, int reps) {
     write.start = start;
     write.k = ViewOf(DType::kFloat16, {n, kKvHeads, kHeadDim}, chunk.data());
     write.v = write.k;
-    write.blocks = blocks;
+    write.blocks = paged.blocks;
     if (absl::Status s = backend.WriteKv(write); !s.ok()) Die(s, "write KV");
   }
 
@@ -165,7 +151,7 @@ DecodeResult MeasureDecode(CpuBackend& backend, int64_t length, int reps) {
   std::vector<float> output(kHeads * kHeadDim);
   AttentionProblem problem;
   problem.q = q_view;
-  problem.kv = PagedKvView(layout, length, k_blocks, v_blocks);
+  problem.kv = PagedKvView(layout, length, paged.k_blocks, paged.v_blocks);
   problem.mask.causal = true;
   problem.mask.query_start = length - 1;
   problem.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
@@ -211,7 +197,6 @@ DecodeResult MeasureDecode(CpuBackend& backend, int64_t length, int reps) {
   result.stream_gbps = kv_bytes / Median(stream_s) / 1e9;
   result.heap_gbps = kv_bytes / Median(heap_s) / 1e9;
   result.ratio = Median(ratios);
-  (*pool)->UnrefAll(ids);
   return result;
 }
 

@@ -64,22 +64,8 @@ void RunSparseBench(const BenchOptions& options, BenchReport* report) {
   layout.value_dim = kHeadDim;
   layout.index_dim = kIndexDim;
   layout.tokens_per_block = defaults.kv_block_bytes / layout.bytes_per_token();
-  const int64_t num_blocks =
-      (kLength + layout.tokens_per_block - 1) / layout.tokens_per_block;
-  auto pool = BlockPool::Create(&backend, num_blocks * defaults.kv_block_bytes,
-                                defaults.kv_block_bytes);
-  if (!pool.ok()) Die(pool.status(), "block pool");
-  std::vector<BlockId> ids;
-  if (absl::Status s = (*pool)->Allocate(num_blocks, &ids); !s.ok()) {
-    Die(s, "allocate");
-  }
-  std::vector<std::byte*> blocks;
-  std::vector<const std::byte*> k_blocks, v_blocks;
-  for (BlockId id : ids) {
-    blocks.push_back((*pool)->data(id));
-    k_blocks.push_back(blocks.back());
-    v_blocks.push_back(blocks.back() + layout.value_offset_bytes());
-  }
+  PagedBlocks paged(backend, layout, kLength, defaults.kv_block_bytes,
+                    kSection);
   constexpr int64_t kChunk = 2048;
   const std::vector<uint16_t> kv = RandomHalf(kChunk * kKvHeads * kHeadDim, 1);
   for (int64_t start = 0; start < kLength; start += kChunk) {
@@ -90,7 +76,7 @@ void RunSparseBench(const BenchOptions& options, BenchReport* report) {
     write.k = ViewOf(DType::kFloat16, {kChunk, kKvHeads, kHeadDim}, kv.data());
     write.v = write.k;
     write.index_k = ViewOf(DType::kFloat16, {kChunk, kIndexDim}, index.data());
-    write.blocks = blocks;
+    write.blocks = paged.blocks;
     if (absl::Status s = backend.WriteKv(write); !s.ok()) Die(s, "write");
   }
   const std::vector<uint16_t> q = RandomHalf(kHeads * kHeadDim, 2);
@@ -99,7 +85,7 @@ void RunSparseBench(const BenchOptions& options, BenchReport* report) {
   std::vector<float> output(kHeads * kHeadDim);
   AttentionProblem dense;
   dense.q = ViewOf(DType::kFloat16, {1, kHeads, kHeadDim}, q.data());
-  dense.kv = PagedKvView(layout, kLength, k_blocks, v_blocks);
+  dense.kv = PagedKvView(layout, kLength, paged.k_blocks, paged.v_blocks);
   dense.mask.causal = true;
   dense.mask.query_start = kLength - 1;
   dense.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
@@ -130,7 +116,6 @@ void RunSparseBench(const BenchOptions& options, BenchReport* report) {
     sparse_s.push_back(sp);
     ratios.push_back(d / sp);
   }
-  (*pool)->UnrefAll(ids);
   const std::string shape = "T=32768 H=32 H_kv=8 d=128 fp16";
   report->AddRow(kSection, absl::StrCat("dense decode ", shape),
                  Median(dense_s) * 1e3, "ms");
