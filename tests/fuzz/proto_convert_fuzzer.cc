@@ -6,9 +6,10 @@
 // Input: byte 0 picks the request type (low 3 bits) and whether the
 // request's own session ids are kept (bit 7; otherwise they are replaced by
 // a live session's id so that calls get past the lookup); byte 1 picks one
-// of a few fixed session specs and whether that session is prefilled;
-// the rest is the serialized request. Inputs whose work would be large are
-// skipped so the fuzzer stays fast. Checks, besides not crashing: failed
+// of three fixed session specs (low 2 bits, modulo 3) and whether that
+// session is first prefilled (bit 7) with 1-8 tokens (bits 4-6); the rest
+// is the serialized request. Inputs whose work would be large are skipped
+// so the fuzzer stays fast. Checks, besides not crashing: failed
 // calls change nothing, successful ones change what they should, a
 // resolved spec survives the proto round trip, and every block is free
 // once every session is deleted.
@@ -89,11 +90,11 @@ bool SmallEnough(const v1::Tensor& q, const v1::Tensor& k,
          kMaxWork;
 }
 
-// The fixed session specs byte 1 chooses from.
+// The fixed session specs byte 1 chooses from (`which` % 3).
 SessionSpec FixedSpec(int which) {
   SessionSpec spec;
   spec.max_tokens = kMaxTokens;
-  switch (which % 3) {
+  switch (which) {
     case 0:
       spec.num_layers = 2;
       spec.num_q_heads = 2;
@@ -161,10 +162,10 @@ class ProtoConvertFuzzer {
     const int payload_size = static_cast<int>(size - 2);
 
     absl::StatusOr<SessionInfo> session = engine_->CreateSession(
-        FixedSpec(session_choice), absl::ZeroDuration());
+        FixedSpec((session_choice & 0x3) % 3), absl::ZeroDuration());
     Check(session.ok(), session.status().ToString());
     session_ = *session;
-    if (session_choice & 0x80) Prefill(session_choice & 0x7);
+    if (session_choice & 0x80) PrefillSession(((session_choice >> 4) & 0x7) + 1);
 
     switch (selector & 0x7) {
       case 0:
@@ -213,10 +214,9 @@ class ProtoConvertFuzzer {
     if (!keep_ids_) *id = session_.session_id;
   }
 
-  // Appends `tokens` tokens of fixed values to every layer of the session.
-  void Prefill(int tokens) {
+  // Appends `t` tokens of fixed values to every layer of the session.
+  void PrefillSession(int64_t t) {
     const SessionSpec& spec = session_.spec;
-    const int64_t t = tokens + 1;
     std::vector<float> q(t * spec.num_q_heads * spec.head_dim, 0.25f);
     std::vector<float> k(t * spec.num_kv_heads * spec.head_dim, -0.5f);
     std::vector<float> v(t * spec.num_kv_heads * spec.value_dim, 1.0f);
