@@ -9,8 +9,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <string>
@@ -27,6 +25,7 @@
 #include "core/tensor.h"
 #include "fuzzer/FuzzedDataProvider.h"
 #include "tests/core/reference_attention.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace attention::fuzz {
 namespace {
@@ -37,16 +36,6 @@ constexpr int64_t kMaxTokens = 48;  // the server default and limit here
 constexpr int kMaxLiveSessions = 6;
 constexpr int kMaxOps = 64;
 constexpr int64_t kMaxPrefill = 9;
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "engine_ops_fuzzer: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-void Check(bool ok, const std::string& what) {
-  if (!ok) Fail(what);
-}
 
 // Rounds `values` to `dtype` and back, as the KV cache stores them.
 std::vector<float> StoredAs(DType dtype, const std::vector<float>& values) {

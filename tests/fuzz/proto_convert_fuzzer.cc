@@ -15,8 +15,6 @@
 // once every session is deleted.
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <string>
@@ -32,6 +30,7 @@
 #include "core/session_spec.h"
 #include "core/tensor.h"
 #include "server/proto_convert.h"
+#include "tests/fuzz/fuzz_check.h"
 
 namespace attention::fuzz {
 namespace {
@@ -42,16 +41,6 @@ constexpr int64_t kMaxTokens = 64;
 // Skip calls with more multiply-adds than this (or tensors larger).
 constexpr int64_t kMaxWork = int64_t{1} << 20;
 constexpr int64_t kMaxElements = int64_t{1} << 15;
-
-[[noreturn]] void Fail(const std::string& what) {
-  std::fprintf(stderr, "proto_convert_fuzzer: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
-
-void Check(bool ok, const std::string& what) {
-  if (!ok) Fail(what);
-}
 
 // Product of `dims` (each clamped to >= 1), saturating at int64 max.
 int64_t SaturatingProduct(std::initializer_list<int64_t> dims) {
