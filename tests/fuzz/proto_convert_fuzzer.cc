@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.pb.h"
+#include "google/protobuf/stubs/logging.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/engine.h"
 #include "core/session_spec.h"
@@ -114,9 +115,13 @@ SessionSpec FixedSpec(int which) {
   return spec;
 }
 
-class ProtoConvertFuzzer {
- public:
-  ProtoConvertFuzzer() {
+// The engine every input runs on, created once (a CpuBackend reads
+// /proc/cpuinfo, too slow for every input); each input deletes every
+// session it creates.
+AttentionEngine& SharedEngine() {
+  static AttentionEngine* const engine = [] {
+    // Invalid UTF-8 in string fields is logged by protobuf; quiet.
+    google::protobuf::SetLogHandler(nullptr);
     EngineOptions options;
     options.kv_cache_bytes = kPoolBlocks * kBlockBytes;
     options.kv_block_bytes = kBlockBytes;
@@ -128,11 +133,18 @@ class ProtoConvertFuzzer {
     options.sessions.limits.max_layers = 8;
     options.sessions.limits.max_heads = 16;
     options.sessions.limits.max_head_dim = 64;
-    auto engine = AttentionEngine::Create(
-        std::make_unique<CpuBackend>(/*num_threads=*/1), options);
-    Check(engine.ok(), engine.status().ToString());
-    engine_ = *std::move(engine);
-  }
+    absl::StatusOr<std::unique_ptr<AttentionEngine>> created =
+        AttentionEngine::Create(
+            std::make_unique<CpuBackend>(/*num_threads=*/1), options);
+    Check(created.ok(), created.status().ToString());
+    return created->release();  // lives as long as the process
+  }();
+  return *engine;
+}
+
+class ProtoConvertFuzzer {
+ public:
+  ProtoConvertFuzzer() : engine_(&SharedEngine()) {}
 
   ~ProtoConvertFuzzer() {
     for (const SessionInfo& info : engine_->ListSessions()) {
@@ -404,7 +416,7 @@ class ProtoConvertFuzzer {
     (void)engine_->DeleteSession(id);
   }
 
-  std::unique_ptr<AttentionEngine> engine_;
+  AttentionEngine* const engine_;
   SessionInfo session_;
   bool keep_ids_ = false;
 };
