@@ -121,7 +121,8 @@ struct ModelSession {
 struct PlannedAppend {
   int session = -1;  // index into sessions_, -1 = an unknown id
   int layer = 0;
-  bool corrupt = false;  // made invalid on purpose
+  // Made invalid on purpose: how, or empty.
+  std::string corrupt;
   std::vector<float> q, k, v;
   std::vector<std::byte> destination;
   int64_t destination_offset = 0;
@@ -324,19 +325,19 @@ class EngineOpsFuzzer {
     switch (in_.ConsumeIntegralInRange<int>(0, 23)) {
       case 0:  // a layer past the end
         r.layer = spec.num_layers;
-        plan.corrupt = true;
+        plan.corrupt = "layer past the end";
         break;
       case 1:  // a wrong head count
         r.q.shape[1] += 1;
-        plan.corrupt = true;
+        plan.corrupt = "wrong q head count";
         break;
       case 2:  // bytes that do not match the shape
         r.k.size_bytes -= 4;
-        plan.corrupt = true;
+        plan.corrupt = "k bytes not matching its shape";
         break;
       case 3:  // not finite
         plan.v[0] = std::nanf("");
-        plan.corrupt = true;
+        plan.corrupt = "NaN in v";
         break;
       default:
         break;
@@ -350,8 +351,9 @@ class EngineOpsFuzzer {
       r.output_destination = absl::MakeSpan(
           plan.destination.data() + plan.destination_offset, bytes);
       if (in_.ConsumeIntegralInRange<int>(0, 15) == 0) {
-        r.output_destination = r.output_destination.subspan(2);
-        plan.corrupt = true;
+        // One byte short (never empty: an empty destination means none).
+        r.output_destination = r.output_destination.first(bytes - 1);
+        plan.corrupt = "destination too small";
       }
     }
     return plan;
@@ -438,7 +440,9 @@ class EngineOpsFuzzer {
   // Whether a failed append's status is one it may fail with.
   bool AllowedFailure(const PlannedAppend& plan, const absl::Status& status) {
     if (plan.session < 0) return absl::IsNotFound(status);
-    if (plan.corrupt && absl::IsInvalidArgument(status)) return true;
+    if (!plan.corrupt.empty() && absl::IsInvalidArgument(status)) {
+      return true;
+    }
     const ModelSession& s = sessions_[plan.session];
     const int64_t end = s.length(plan.layer) + plan.request.q.shape[0];
     if (end > s.spec.max_tokens) return absl::IsOutOfRange(status);
@@ -456,7 +460,8 @@ class EngineOpsFuzzer {
     absl::StatusOr<AttentionOutput> out = engine_.Append(plan.request);
     Touch(plan.session, /*sure=*/true);
     if (out.ok()) {
-      Check(plan.session >= 0 && !plan.corrupt, "bad append succeeded");
+      Check(plan.session >= 0 && plan.corrupt.empty(),
+            absl::StrCat("bad append succeeded: ", plan.corrupt));
       Commit(plan, *out);
     } else {
       Check(AllowedFailure(plan, out.status()),
@@ -488,8 +493,9 @@ class EngineOpsFuzzer {
       if (out.ok()) {
         Check(static_cast<int>(out->size()) == n, "batch result count");
         for (int i = 0; i < n; ++i) {
-          Check(plans[i].session >= 0 && !plans[i].corrupt && !repeated[i],
-                "bad batch succeeded");
+          Check(plans[i].session >= 0 && plans[i].corrupt.empty() &&
+                    !repeated[i],
+                absl::StrCat("bad batch succeeded: ", plans[i].corrupt));
           Commit(plans[i], (*out)[i]);
         }
       } else {
@@ -511,8 +517,9 @@ class EngineOpsFuzzer {
     for (int i = 0; i < n; ++i) {
       Touch(plans[i].session, /*sure=*/true);
       if (out[i].ok()) {
-        Check(plans[i].session >= 0 && !plans[i].corrupt && !repeated[i],
-              "bad step succeeded");
+        Check(plans[i].session >= 0 && plans[i].corrupt.empty() &&
+                  !repeated[i],
+              absl::StrCat("bad step succeeded: ", plans[i].corrupt));
         Commit(plans[i], *out[i]);
       } else {
         Check((repeated[i] && absl::IsAborted(out[i].status())) ||
