@@ -197,8 +197,7 @@ void ConvertDType(DType src_dtype, const std::byte* src, int64_t count,
                   DType dst_dtype, std::byte* dst) {
   if (src_dtype == dst_dtype) {
     if (count > 0) {
-      std::memcpy(dst, src,
-                  static_cast<size_t>(count * DTypeSize(src_dtype)));
+      std::memcpy(dst, src, static_cast<size_t>(count * DTypeSize(src_dtype)));
     }
     return;
   }

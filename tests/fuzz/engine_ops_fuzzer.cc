@@ -228,8 +228,8 @@ class EngineOpsFuzzer {
       }
       if (in_.ConsumeBool()) {
         for (int h = 0; h < spec.num_q_heads; ++h) {
-          layer.sink_logits.push_back(
-              in_.ConsumeIntegralInRange<int>(-24, 24) / 8.0f);
+          layer.sink_logits.push_back(in_.ConsumeIntegralInRange<int>(-24, 24) /
+                                      8.0f);
         }
       }
       spec.layers.push_back(std::move(layer));
@@ -265,8 +265,7 @@ class EngineOpsFuzzer {
     absl::StatusOr<SessionInfo> info = engine_.CreateSession(spec, timeout);
     if (!info.ok()) {
       Check(info.status().code() == absl::StatusCode::kInvalidArgument ||
-                (info.status().code() ==
-                     absl::StatusCode::kResourceExhausted &&
+                (info.status().code() == absl::StatusCode::kResourceExhausted &&
                  before == kMaxLiveSessions),
             absl::StrCat("CreateSession: ", info.status().ToString()));
       return;
@@ -282,8 +281,8 @@ class EngineOpsFuzzer {
     ModelSession session;
     session.id = info->session_id;
     session.spec = resolved;
-    session.timeout = timeout == absl::ZeroDuration() ? absl::Seconds(100)
-                                                      : timeout;
+    session.timeout =
+        timeout == absl::ZeroDuration() ? absl::Seconds(100) : timeout;
     session.k.resize(resolved.num_layers);
     session.v.resize(resolved.num_layers);
     session.group = next_group_++;
@@ -344,8 +343,8 @@ class EngineOpsFuzzer {
     }
     if (in_.ConsumeBool()) {
       // Caller-owned output, sometimes not 4-byte aligned.
-      const int64_t bytes = t * spec.num_q_heads * spec.value_dim *
-                            DTypeSize(r.output_dtype);
+      const int64_t bytes =
+          t * spec.num_q_heads * spec.value_dim * DTypeSize(r.output_dtype);
       plan.destination_offset = in_.ConsumeBool() ? 0 : 2;
       plan.destination.resize(bytes + plan.destination_offset + 4);
       r.output_destination = absl::MakeSpan(
@@ -416,8 +415,8 @@ class EngineOpsFuzzer {
     for (int64_t i = 0; i < n; ++i) {
       Check(std::abs(got[i] - want.output[i]) <= tolerance,
             absl::StrCat("output[", i, "] = ", got[i], ", reference ",
-                         want.output[i], " (session ", plan.session,
-                         " layer ", plan.layer, ")"));
+                         want.output[i], " (session ", plan.session, " layer ",
+                         plan.layer, ")"));
     }
     Check(output.lse.has_value() == r.return_lse, "lse presence");
     if (output.lse.has_value()) {
@@ -425,10 +424,9 @@ class EngineOpsFuzzer {
       Check(output.lse->num_elements() == rows, "lse size");
       for (int64_t i = 0; i < rows; ++i) {
         const double lse = output.lse->float_data()[i];
-        Check(std::abs(lse - want.lse[i]) <=
-                  1e-4 * (1.0 + std::abs(want.lse[i])),
-              absl::StrCat("lse[", i, "] = ", lse, ", reference ",
-                           want.lse[i]));
+        Check(
+            std::abs(lse - want.lse[i]) <= 1e-4 * (1.0 + std::abs(want.lse[i])),
+            absl::StrCat("lse[", i, "] = ", lse, ", reference ", want.lse[i]));
       }
     }
     const std::vector<float> k = StoredAs(s.spec.kv_dtype, plan.k);
@@ -493,17 +491,16 @@ class EngineOpsFuzzer {
       if (out.ok()) {
         Check(static_cast<int>(out->size()) == n, "batch result count");
         for (int i = 0; i < n; ++i) {
-          Check(plans[i].session >= 0 && plans[i].corrupt.empty() &&
-                    !repeated[i],
-                absl::StrCat("bad batch succeeded: ", plans[i].corrupt));
+          Check(
+              plans[i].session >= 0 && plans[i].corrupt.empty() && !repeated[i],
+              absl::StrCat("bad batch succeeded: ", plans[i].corrupt));
           Commit(plans[i], (*out)[i]);
         }
       } else {
         // Some step must be entitled to the failure.
         bool explained = false;
         for (int i = 0; i < n; ++i) {
-          explained |= repeated[i] ||
-                       AllowedFailure(plans[i], out.status()) ||
+          explained |= repeated[i] || AllowedFailure(plans[i], out.status()) ||
                        absl::IsResourceExhausted(out.status());
         }
         Check(explained,
@@ -517,15 +514,14 @@ class EngineOpsFuzzer {
     for (int i = 0; i < n; ++i) {
       Touch(plans[i].session, /*sure=*/true);
       if (out[i].ok()) {
-        Check(plans[i].session >= 0 && plans[i].corrupt.empty() &&
-                  !repeated[i],
+        Check(plans[i].session >= 0 && plans[i].corrupt.empty() && !repeated[i],
               absl::StrCat("bad step succeeded: ", plans[i].corrupt));
         Commit(plans[i], *out[i]);
       } else {
-        Check((repeated[i] && absl::IsAborted(out[i].status())) ||
-                  AllowedFailure(plans[i], out[i].status()),
-              absl::StrCat("AppendEach[", i, "]: ",
-                           out[i].status().ToString()));
+        Check(
+            (repeated[i] && absl::IsAborted(out[i].status())) ||
+                AllowedFailure(plans[i], out[i].status()),
+            absl::StrCat("AppendEach[", i, "]: ", out[i].status().ToString()));
       }
     }
   }
@@ -534,8 +530,8 @@ class EngineOpsFuzzer {
     const int parent = PickSession();
     if (parent < 0) return;
     const int64_t before = engine_.stats().active_sessions;
-    absl::StatusOr<SessionInfo> info = engine_.ForkSession(
-        sessions_[parent].id);
+    absl::StatusOr<SessionInfo> info =
+        engine_.ForkSession(sessions_[parent].id);
     Touch(parent, /*sure=*/true);
     if (!info.ok()) {
       Check(absl::IsResourceExhausted(info.status()) &&
@@ -606,11 +602,9 @@ class EngineOpsFuzzer {
     const std::vector<SessionInfo> live = engine_.ListSessions();
     for (int i = static_cast<int>(sessions_.size()) - 1; i >= 0; --i) {
       const ModelSession& s = sessions_[i];
-      const bool present =
-          std::any_of(live.begin(), live.end(),
-                      [&](const SessionInfo& info) {
-                        return info.session_id == s.id;
-                      });
+      const bool present = std::any_of(
+          live.begin(), live.end(),
+          [&](const SessionInfo& info) { return info.session_id == s.id; });
       const bool must_expire = FuzzClock() - s.last_maybe > s.timeout;
       const bool must_stay = FuzzClock() - s.last_sure <= s.timeout;
       Check(!(present && must_expire), "an idle session was not expired");
@@ -633,25 +627,24 @@ class EngineOpsFuzzer {
     std::vector<int64_t> groups;
     bool shared = false;
     for (const ModelSession& s : sessions_) {
-      auto it = std::find_if(live.begin(), live.end(),
-                             [&](const SessionInfo& info) {
-                               return info.session_id == s.id;
-                             });
+      auto it = std::find_if(
+          live.begin(), live.end(),
+          [&](const SessionInfo& info) { return info.session_id == s.id; });
       Check(it != live.end(), "a session vanished");
       std::vector<int64_t> lengths;
       for (int l = 0; l < s.spec.num_layers; ++l) {
         lengths.push_back(s.length(l));
       }
-      Check(it->layer_lengths == lengths,
-            absl::StrCat("layer lengths [",
-                         absl::StrJoin(it->layer_lengths, ","),
-                         "], model [", absl::StrJoin(lengths, ","), "]"));
+      Check(
+          it->layer_lengths == lengths,
+          absl::StrCat("layer lengths [", absl::StrJoin(it->layer_lengths, ","),
+                       "], model [", absl::StrJoin(lengths, ","), "]"));
       Check(it->kv_cache_bytes % kBlockBytes == 0, "partial block");
       const int64_t blocks = it->kv_cache_bytes / kBlockBytes;
       referenced_blocks += blocks;
       most_blocks = std::max(most_blocks, blocks);
-      shared |= std::find(groups.begin(), groups.end(), s.group) !=
-                groups.end();
+      shared |=
+          std::find(groups.begin(), groups.end(), s.group) != groups.end();
       groups.push_back(s.group);
     }
     const EngineStats stats = engine_.stats();
@@ -663,8 +656,8 @@ class EngineOpsFuzzer {
     // Forks share blocks, so sessions of one group may count a block twice.
     if (shared) {
       Check(used >= most_blocks && used <= referenced_blocks,
-            absl::StrCat(used, " blocks used, sessions reference ",
-                         most_blocks, "..", referenced_blocks));
+            absl::StrCat(used, " blocks used, sessions reference ", most_blocks,
+                         "..", referenced_blocks));
     } else {
       Check(used == referenced_blocks,
             absl::StrCat(used, " blocks used, sessions reference ",

@@ -25,11 +25,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.pb.h"
-#include "google/protobuf/stubs/logging.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/engine.h"
 #include "core/session_spec.h"
 #include "core/tensor.h"
+#include "google/protobuf/stubs/logging.h"
 #include "server/proto_convert.h"
 #include "tests/fuzz/fuzz_check.h"
 
@@ -76,8 +76,7 @@ bool SmallEnough(const v1::Tensor& q, const v1::Tensor& k,
     return false;
   }
   const int64_t dim = std::max(Dim(q, 2), Dim(v, 2));
-  return SaturatingProduct({Dim(q, 0), Dim(k, 0), Dim(q, 1), dim}) <=
-         kMaxWork;
+  return SaturatingProduct({Dim(q, 0), Dim(k, 0), Dim(q, 1), dim}) <= kMaxWork;
 }
 
 // The fixed session specs byte 1 chooses from (`which` % 3).
@@ -90,10 +89,9 @@ SessionSpec FixedSpec(int which) {
       spec.num_q_heads = 2;
       spec.num_kv_heads = 1;
       spec.head_dim = 4;
-      spec.layers = {LayerSpec{},
-                     LayerSpec{.window = 4,
-                               .num_sink_tokens = 1,
-                               .sink_logits = {0.5f, -0.5f}}};
+      spec.layers = {LayerSpec{}, LayerSpec{.window = 4,
+                                            .num_sink_tokens = 1,
+                                            .sink_logits = {0.5f, -0.5f}}};
       break;
     case 1:
       spec.num_layers = 1;
@@ -109,7 +107,8 @@ SessionSpec FixedSpec(int which) {
       spec.num_kv_heads = 1;
       spec.head_dim = 2;
       spec.kv_dtype = DType::kBFloat16;
-      spec.layers = {LayerSpec{.window = 3, .num_sink_tokens = 0, .sink_logits = {}}};
+      spec.layers = {
+          LayerSpec{.window = 3, .num_sink_tokens = 0, .sink_logits = {}}};
       break;
   }
   return spec;
@@ -134,8 +133,8 @@ AttentionEngine& SharedEngine() {
     options.sessions.limits.max_heads = 16;
     options.sessions.limits.max_head_dim = 64;
     absl::StatusOr<std::unique_ptr<AttentionEngine>> created =
-        AttentionEngine::Create(
-            std::make_unique<CpuBackend>(/*num_threads=*/1), options);
+        AttentionEngine::Create(std::make_unique<CpuBackend>(/*num_threads=*/1),
+                                options);
     Check(created.ok(), created.status().ToString());
     return created->release();  // lives as long as the process
   }();
@@ -166,11 +165,13 @@ class ProtoConvertFuzzer {
         FixedSpec((session_choice & 0x3) % 3), absl::ZeroDuration());
     Check(session.ok(), session.status().ToString());
     session_ = *session;
-    if (session_choice & 0x80) PrefillSession(((session_choice >> 4) & 0x7) + 1);
+    if (session_choice & 0x80)
+      PrefillSession(((session_choice >> 4) & 0x7) + 1);
 
     switch (selector & 0x7) {
       case 0:
-        if (v1::CreateSessionRequest r; r.ParseFromArray(payload, payload_size)) {
+        if (v1::CreateSessionRequest r;
+            r.ParseFromArray(payload, payload_size)) {
           CreateSession(r);
         }
         break;
@@ -186,8 +187,7 @@ class ProtoConvertFuzzer {
         break;
       case 3:
       case 4:
-        if (v1::BatchDecodeRequest r;
-            r.ParseFromArray(payload, payload_size)) {
+        if (v1::BatchDecodeRequest r; r.ParseFromArray(payload, payload_size)) {
           BatchDecode(r, /*atomic=*/(selector & 0x7) == 3);
         }
         break;
@@ -250,9 +250,8 @@ class ProtoConvertFuzzer {
   void CheckUnchanged(const std::string& before, const absl::Status& status,
                       const char* call) {
     Check(!status.ok(), "CheckUnchanged on success");
-    Check(State() == before,
-          absl::StrCat(call, " failed (", status.ToString(),
-                       ") but changed the engine"));
+    Check(State() == before, absl::StrCat(call, " failed (", status.ToString(),
+                                          ") but changed the engine"));
   }
 
   void CheckResult(const AttentionOutput& output, int64_t elements) {
@@ -335,8 +334,8 @@ class ProtoConvertFuzzer {
       v1::DecodeRequest& step = *request.mutable_steps(i);
       SetId(step.mutable_session_id());
       if (!SmallEnough(step.q(), step.k(), step.v())) return;
-      absl::StatusOr<AppendRequest> converted = server::AppendRequestFromProto(
-          step, absl::StrCat("steps[", i, "]"));
+      absl::StatusOr<AppendRequest> converted =
+          server::AppendRequestFromProto(step, absl::StrCat("steps[", i, "]"));
       if (!converted.ok()) return;
       steps.push_back(*std::move(converted));
     }
@@ -377,13 +376,13 @@ class ProtoConvertFuzzer {
     }
     absl::StatusOr<AttentionOutput> out = engine_->Attend(*request);
     if (!out.ok()) return;
-    CheckResult(*out, request->q.shape[0] * request->q.shape[1] *
-                          request->v.shape[2]);
+    CheckResult(
+        *out, request->q.shape[0] * request->q.shape[1] * request->v.shape[2]);
     if (request->return_weights) {
       Check(out->weights.has_value() &&
-                out->weights->num_elements() ==
-                    request->q.shape[1] * request->q.shape[0] *
-                        request->k.shape[0],
+                out->weights->num_elements() == request->q.shape[1] *
+                                                    request->q.shape[0] *
+                                                    request->k.shape[0],
             "weights shape");
     }
   }
