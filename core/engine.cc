@@ -135,6 +135,18 @@ absl::StatusOr<SessionInfo> AttentionEngine::ForkSession(
   return fork->Info();
 }
 
+absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
+    const std::string& id) {
+  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id));
+  return SessionExport::Start(backend_.get(), *session, options_.version);
+}
+
+absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(
+    const SnapshotHeader& header, const ImportOptions& options) {
+  return SessionImport::Begin(&sessions_, pool_.get(), backend_.get(), header,
+                              options);
+}
+
 absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
     const std::string& id, int64_t length) {
   if (length < 0) {

@@ -36,7 +36,10 @@
 #include "core/call_control.h"
 #include "core/block_pool.h"
 #include "core/session.h"
+#include "core/session_export.h"
+#include "core/session_import.h"
 #include "core/session_manager.h"
+#include "core/session_snapshot.h"
 #include "core/session_spec.h"
 #include "core/tensor.h"
 
@@ -56,6 +59,8 @@ struct EngineOptions {
   // 32 heads of 128 dims in one call: seconds on a CPU, milliseconds on a
   // GPU.
   int64_t max_call_flops = int64_t{1} << 41;
+  // Recorded in session snapshots (SnapshotHeader::server_version).
+  std::string version;
   SessionManagerOptions sessions;
 };
 
@@ -162,6 +167,17 @@ class AttentionEngine {
   // Cuts every layer longer than `length` back to it; all layers or none.
   absl::StatusOr<SessionInfo> TruncateSession(const std::string& id,
                                               int64_t length);
+
+  // A consistent snapshot of session `id` (see core/session_export.h for
+  // what it costs). NOT_FOUND for an unknown id. The export must be
+  // destroyed before the engine.
+  absl::StatusOr<std::unique_ptr<SessionExport>> ExportSession(
+      const std::string& id);
+  // Starts restoring a session from a snapshot whose header is `header`
+  // (see core/session_import.h for the protocol and its errors). The import
+  // must be destroyed before the engine.
+  absl::StatusOr<std::unique_ptr<SessionImport>> BeginImport(
+      const SnapshotHeader& header, const ImportOptions& options);
 
   // Prefill / DecodeStep: appends the request's K/V to the layer and returns
   // causal attention of its queries over the layer's visible history.

@@ -56,6 +56,16 @@ class Session {
     return layers_[index];
   }
 
+  // A session restored from a snapshot: `layers` (one per layer of the
+  // resolved `spec`, e.g. from LayerKvCache::Restore) become its caches;
+  // its idle clock starts at `last_used`.
+  static std::unique_ptr<Session> FromLayers(std::string id, SessionSpec spec,
+                                             const KvBlockLayout& layout,
+                                             BlockPool* pool,
+                                             absl::Duration idle_timeout,
+                                             absl::Time last_used,
+                                             std::vector<LayerKvCache> layers);
+
   // A new session `id` with the same spec and history, sharing blocks.
   std::unique_ptr<Session> Fork(std::string id, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -72,6 +82,8 @@ class Session {
   // now - last_used > idle_timeout.
   void Touch(absl::Time now);
   bool Expired(absl::Time now) const;
+  // When the idle clock last restarted.
+  absl::Time last_used() const;
   // A call (or an open Decode stream) uses the session from BeginUse to
   // EndUse: it never expires meanwhile, and EndUse restarts its idle clock,
   // so idle time counts from the end of the last call. Use SessionRef.

@@ -49,22 +49,8 @@ std::string SessionManager::NewSessionId() {
   return absl::BytesToHexString(bytes);
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    const SessionSpec& spec, absl::Duration idle_timeout) {
-  ATTN_ASSIGN_OR_RETURN(SessionSpec resolved,
-                        ResolveSessionSpec(spec, options_.limits));
-  if (idle_timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("idle_timeout_seconds must be >= 0");
-  }
-  if (idle_timeout == absl::ZeroDuration()) {
-    idle_timeout = options_.default_idle_timeout;
-  }
-  if (idle_timeout > options_.max_idle_timeout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "idle_timeout_seconds ", absl::ToInt64Seconds(idle_timeout),
-        " exceeds the server maximum of ",
-        absl::ToInt64Seconds(options_.max_idle_timeout)));
-  }
+absl::StatusOr<KvBlockLayout> SessionManager::LayoutFor(
+    const SessionSpec& resolved) const {
   KvBlockLayout layout;
   layout.dtype = resolved.kv_dtype;
   layout.num_kv_heads = resolved.num_kv_heads;
@@ -81,6 +67,35 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
         (token_bytes + 255) / 256 * 256));
   }
   layout.tokens_per_block = pool_->block_bytes() / token_bytes;
+  return layout;
+}
+
+absl::Status SessionManager::Adopt(std::shared_ptr<Session> session) {
+  return Insert(std::move(session));
+}
+
+bool SessionManager::Contains(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.contains(id);
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
+    const SessionSpec& spec, absl::Duration idle_timeout) {
+  ATTN_ASSIGN_OR_RETURN(SessionSpec resolved,
+                        ResolveSessionSpec(spec, options_.limits));
+  if (idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("idle_timeout_seconds must be >= 0");
+  }
+  if (idle_timeout == absl::ZeroDuration()) {
+    idle_timeout = options_.default_idle_timeout;
+  }
+  if (idle_timeout > options_.max_idle_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "idle_timeout_seconds ", absl::ToInt64Seconds(idle_timeout),
+        " exceeds the server maximum of ",
+        absl::ToInt64Seconds(options_.max_idle_timeout)));
+  }
+  ATTN_ASSIGN_OR_RETURN(const KvBlockLayout layout, LayoutFor(resolved));
   auto session =
       std::make_shared<Session>(NewSessionId(), std::move(resolved), layout,
                                 pool_, idle_timeout, options_.now());
@@ -90,6 +105,12 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
 
 absl::Status SessionManager::Insert(std::shared_ptr<Session> session) {
   absl::MutexLock lock(&mu_);
+  if (sessions_.contains(session->id())) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "a session with id ", QuoteClientString(session->id()),
+        " already exists on this server; import without keep_session_id to "
+        "get a new id, or delete the existing session first"));
+  }
   if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the server holds its maximum of ", options_.max_sessions,

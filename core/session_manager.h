@@ -74,6 +74,18 @@ class SessionManager {
   // (as Create).
   absl::StatusOr<std::shared_ptr<Session>> Fork(const std::string& id);
 
+  // Adds a session built elsewhere (a snapshot import) under its own id.
+  // ALREADY_EXISTS when that id is live; RESOURCE_EXHAUSTED as Create.
+  absl::Status Adopt(std::shared_ptr<Session> session);
+  // Whether `id` names a live session (it may expire right after).
+  bool Contains(const std::string& id) const;
+  // A fresh unguessable id (128 random bits, hex).
+  std::string NewSessionId();
+  // The block layout of a session with the resolved `spec` in this pool.
+  // INVALID_ARGUMENT when one token's K/V is larger than a block.
+  absl::StatusOr<KvBlockLayout> LayoutFor(const SessionSpec& spec) const;
+  const SessionManagerOptions& options() const { return options_; }
+
   // Removes every session idle for longer than its timeout at `now`;
   // returns how many it removed.
   int64_t ExpireIdle(absl::Time now);
@@ -88,7 +100,6 @@ class SessionManager {
   const std::function<absl::Time()>* clock() const { return &options_.now; }
 
  private:
-  std::string NewSessionId();
   absl::Status Insert(std::shared_ptr<Session> session);
   using Table = absl::btree_map<std::string, std::shared_ptr<Session>>;
   // Removes `it` from the table, moving the session to `removed` (freed

@@ -13,6 +13,7 @@
 #include "server/grpc_call_control.h"
 #include "server/proto_convert.h"
 #include "server/reply_size.h"
+#include "server/session_transfer.h"
 #include "server/request_scope.h"
 #include "server/status_convert.h"
 
@@ -351,6 +352,51 @@ grpc::Status AttentionServiceImpl::Attention(
         CheckReplySize(StatelessReplyBytes(stateless), max_message_bytes_));
     ATTN_ASSIGN_OR_RETURN(AttentionOutput output, engine_->Attend(stateless));
     AttentionOutputToProto(output, response);
+    return absl::OkStatus();
+  }()));
+}
+
+grpc::Status AttentionServiceImpl::ExportSession(
+    grpc::ServerContext* context, const v1::ExportSessionRequest* request,
+    grpc::ServerWriter<v1::SessionChunk>* writer) {
+  RequestScope scope(metrics_, &in_flight_, RpcMethod::kExportSession,
+                     request->session_id());
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionExport> session_export,
+                          engine_->ExportSession(request->session_id()));
+    ATTN_ASSIGN_OR_RETURN(
+        const int64_t bytes,
+        WriteSessionExport(
+            *session_export, [&](v1::SessionChunk& record) -> absl::Status {
+              if (context->IsCancelled() || !writer->Write(record)) {
+                return absl::CancelledError(
+                    "the client cancelled the export or went away");
+              }
+              return absl::OkStatus();
+            }));
+    if (metrics_ != nullptr) metrics_->RecordExport(bytes);
+    return absl::OkStatus();
+  }()));
+}
+
+grpc::Status AttentionServiceImpl::ImportSession(
+    grpc::ServerContext* context, grpc::ServerReader<v1::SessionChunk>* reader,
+    v1::SessionInfo* response) {
+  RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    if (draining_.load(std::memory_order_acquire)) return Draining();
+    ATTN_ASSIGN_OR_RETURN(
+        const ImportResult result,
+        ReadSessionImport(*engine_, ImportOptions{},
+                          [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+                            if (context->IsCancelled()) {
+                              return absl::CancelledError(
+                                  "the client cancelled the import");
+                            }
+                            return reader->Read(record);
+                          }));
+    if (metrics_ != nullptr) metrics_->RecordImport(result.kv_bytes);
+    SessionInfoToProto(result.info, response);
     return absl::OkStatus();
   }()));
 }

@@ -270,6 +270,30 @@ absl::Status CudaBackend::CopyBlock(const std::byte* src, std::byte* dst,
   return status.ok() ? sync : status;
 }
 
+absl::Status CudaBackend::ReadBlock(const std::byte* src, std::byte* dst,
+                                    int64_t bytes) {
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadBlock: byte count must be >= 0, got ", bytes));
+  }
+  if (bytes == 0) return absl::OkStatus();
+  if (!IsArenaMemory(src, bytes)) {
+    return absl::InvalidArgumentError(
+        "ReadBlock: the source must be a KV block in this backend's GPU "
+        "memory");
+  }
+  ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
+                            "selecting the GPU");
+  ATTN_ASSIGN_OR_RETURN(cuda::StreamPool::Lease ctx, streams_->Acquire());
+  const absl::Status status =
+      CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                                 cudaMemcpyDeviceToHost, ctx->stream),
+                 "reading a KV block");
+  const absl::Status sync =
+      CudaStatus(cudaStreamSynchronize(ctx->stream), "reading a KV block");
+  return status.ok() ? sync : status;
+}
+
 absl::Status CudaBackend::Attend(absl::Span<const AttentionProblem> problems) {
   return AttendImpl(problems, nullptr);
 }

@@ -90,6 +90,10 @@ class CudaBackend final : public AttentionBackend {
   // INVALID_ARGUMENT unless both ranges lie in arenas of this backend.
   absl::Status CopyBlock(const std::byte* src, std::byte* dst,
                          int64_t bytes) override;
+  // INVALID_ARGUMENT unless `src` lies in an arena of this backend; `dst`
+  // is host memory.
+  absl::Status ReadBlock(const std::byte* src, std::byte* dst,
+                         int64_t bytes) override;
 
   absl::Status Attend(absl::Span<const AttentionProblem> problems) override;
 
