@@ -23,6 +23,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,10 +46,24 @@ struct ClientOptions {
   int64_t max_receive_message_bytes = int64_t{64} << 20;
   // Deadline of each unary call; infinite = none. Streams have none.
   absl::Duration call_timeout = absl::InfiniteDuration();
+  // Retry policy (gRPC service config, see kRetryServiceConfig): calls that
+  // are safe to repeat (GetSession, ListSessions, TruncateSession,
+  // Attention, GetServerInfo, ExportSession) are retried on UNAVAILABLE,
+  // e.g. while a server restarts with --snapshot_dir and restores its
+  // sessions, up to retry_max_attempts attempts in all with exponential
+  // backoff from 0.2 s to 5 s (about 15 s at 5 attempts; the server
+  // reports UNAVAILABLE until its sessions are back). Appends are never
+  // retried automatically: after an UNAVAILABLE Prefill/DecodeStep, read
+  // GetSession's layer_lengths and resend what is missing. 1 = no retries.
+  int retry_max_attempts = 5;
 };
 
+// The gRPC service config CreateChannel installs for `max_attempts` (2..5;
+// gRPC caps attempts at 5).
+std::string RetryServiceConfig(int max_attempts);
+
 // An insecure channel to `target` ("host:port") with the options' message
-// size limits.
+// size limits and retry policy.
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
                                              const ClientOptions& options);
 
@@ -192,6 +207,19 @@ class AttentionClient {
   absl::StatusOr<v1::AttentionResult> Attention(
       const v1::AttentionRequest& request);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  // Streams session `session_id`'s snapshot (attention.proto, SessionChunk)
+  // to `sink`, record by record; the first error of `sink` cancels the
+  // export and is returned.
+  absl::Status ExportSession(
+      absl::string_view session_id,
+      const std::function<absl::Status(const v1::SessionChunk&)>& sink);
+  // Creates a session from the snapshot records `source` yields (it fills
+  // the record and returns true, or false after the last one). With
+  // `keep_session_id` the session keeps the snapshot's id. The server
+  // validates everything; on any error nothing is created.
+  absl::StatusOr<v1::SessionInfo> ImportSession(
+      const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& source,
+      bool keep_session_id = false);
   // grpc.health.v1.Health/Check; `service` empty = the whole server.
   absl::StatusOr<ServingStatus> CheckHealth(const std::string& service = "");
 
