@@ -62,6 +62,9 @@ ABSL_FLAG(int64_t, context, 131072, "plan: context length in tokens.");
 ABSL_FLAG(int32_t, prompt_tokens, 8, "demo: prompt length.");
 ABSL_FLAG(int32_t, decode_steps, 8, "demo: streamed decode steps per layer.");
 ABSL_FLAG(uint32_t, seed, 1, "demo: random seed of the synthetic q/k/v.");
+ABSL_FLAG(bool, keep_session, false,
+          "demo: keep the session instead of deleting it (its id is "
+          "printed).");
 ABSL_FLAG(std::string, session, "", "export: the session to export.");
 ABSL_FLAG(std::string, out, "", "export: the snapshot file to write.");
 ABSL_FLAG(std::string, in, "", "import: the snapshot file to read.");
@@ -415,6 +418,10 @@ int RunDemo() {
     exit_code = 1;
   }
 
+  if (absl::GetFlag(FLAGS_keep_session)) {
+    std::cout << "kept session " << session->id() << std::endl;
+    return exit_code;
+  }
   if (absl::Status deleted = session->Delete(); !deleted.ok()) {
     return Fail(deleted, "DeleteSession");
   }
