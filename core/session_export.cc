@@ -54,24 +54,10 @@ SessionExport::SessionExport(AttentionBackend* backend,
 }
 
 absl::StatusOr<bool> SessionExport::NextChunk(SnapshotChunk* chunk) {
-  // Find the next carried row.
-  CarriedRanges ranges;
-  while (true) {
-    if (layer_ >= static_cast<int>(layers_.size())) return false;
-    ranges = CarriedPositions(header_.layer_lengths[layer_],
-                              header_.spec.layers[layer_].num_sink_tokens,
-                              header_.first_positions[layer_]);
-    if (position_ >= ranges.sink_end && position_ < ranges.window_start) {
-      position_ = ranges.window_start;
-    }
-    if (position_ < ranges.length) break;
-    ++layer_;
-    position_ = 0;
-  }
+  int64_t range_end = 0;
+  if (!SeekCarriedRow(header_, &layer_, &position_, &range_end)) return false;
   const LayerKvCache& layer = layers_[layer_];
   const KvBlockLayout& layout = layer.layout();
-  const int64_t range_end =
-      position_ < ranges.sink_end ? ranges.sink_end : ranges.length;
   const int64_t token_bytes = layout.bytes_per_token();
   const int64_t count =
       std::min(range_end - position_,

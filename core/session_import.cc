@@ -198,18 +198,7 @@ SessionImport::SessionImport(SessionManager* manager, BlockPool* pool,
 }
 
 void SessionImport::Advance() {
-  while (layer_ < header_.spec.num_layers) {
-    const CarriedRanges ranges =
-        CarriedPositions(header_.layer_lengths[layer_],
-                         header_.spec.layers[layer_].num_sink_tokens,
-                         header_.first_positions[layer_]);
-    if (position_ >= ranges.sink_end && position_ < ranges.window_start) {
-      position_ = ranges.window_start;
-    }
-    if (position_ < ranges.length) return;
-    ++layer_;
-    position_ = 0;
-  }
+  SeekCarriedRow(header_, &layer_, &position_, &range_end_);
 }
 
 absl::Status SessionImport::AddChunk(const SnapshotChunk& chunk) {
@@ -233,17 +222,11 @@ absl::Status SessionImport::AddChunk(const SnapshotChunk& chunk) {
         "; send the chunks in the order ExportSession wrote "
         "them"));
   }
-  const CarriedRanges ranges =
-      CarriedPositions(header_.layer_lengths[layer_],
-                       header_.spec.layers[layer_].num_sink_tokens,
-                       header_.first_positions[layer_]);
-  const int64_t range_end =
-      position_ < ranges.sink_end ? ranges.sink_end : ranges.length;
-  if (chunk.num_tokens < 1 || chunk.num_tokens > range_end - position_) {
+  if (chunk.num_tokens < 1 || chunk.num_tokens > range_end_ - position_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "snapshot data chunk ", num_chunks_, " has ", chunk.num_tokens,
         " rows from position ", position_, " of layer ", layer_,
-        ", but the carried range there ends at ", range_end));
+        ", but the carried range there ends at ", range_end_));
   }
   const int64_t heads = layout_.num_kv_heads;
   const int64_t element = DTypeSize(layout_.dtype);

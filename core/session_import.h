@@ -78,7 +78,7 @@ class SessionImport {
                 KvBlockLayout layout, std::string id,
                 absl::Duration idle_timeout, absl::Time last_used,
                 std::vector<LayerKvCache> layers);
-  // Moves the cursor past finished ranges and layers.
+  // Moves the cursor to the next carried row (SeekCarriedRow).
   void Advance();
 
   SessionManager* const manager_;
@@ -94,9 +94,10 @@ class SessionImport {
   SnapshotChecksum checksum_;
   int64_t num_chunks_ = 0;
   int64_t remaining_tokens_ = 0;
-  // The next row expected.
+  // The next row expected, and the end of its carried range.
   int layer_ = 0;
   int64_t position_ = 0;
+  int64_t range_end_ = 0;
   bool finished_ = false;
 };
 

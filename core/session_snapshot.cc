@@ -43,6 +43,26 @@ CarriedRanges CarriedPositions(int64_t length, int32_t num_sink_tokens,
   return ranges;
 }
 
+bool SeekCarriedRow(const SnapshotHeader& header, int* layer, int64_t* position,
+                    int64_t* range_end) {
+  for (; *layer < header.spec.num_layers; ++*layer, *position = 0) {
+    const CarriedRanges ranges =
+        CarriedPositions(header.layer_lengths[*layer],
+                         header.spec.layers[*layer].num_sink_tokens,
+                         header.first_positions[*layer]);
+    if (*position < ranges.sink_end) {
+      *range_end = ranges.sink_end;
+      return true;
+    }
+    *position = std::max(*position, ranges.window_start);
+    if (*position < ranges.length) {
+      *range_end = ranges.length;
+      return true;
+    }
+  }
+  return false;
+}
+
 void SnapshotChecksum::AddInt(int64_t value) {
   unsigned char bytes[8];
   for (int i = 0; i < 8; ++i) {

@@ -78,6 +78,15 @@ struct CarriedRanges {
 CarriedRanges CarriedPositions(int64_t length, int32_t num_sink_tokens,
                                int64_t first_position);
 
+// The chunk order of a snapshot with `header`: moves (layer, position) to
+// the next carried row at or after it, past the gap between a window
+// layer's ranges and past finished layers, and sets `range_end` to the end
+// of the carried range holding it. False (layer = num_layers) once every
+// row has been passed. REQUIRES: the header's per-layer vectors have
+// num_layers entries.
+bool SeekCarriedRow(const SnapshotHeader& header, int* layer, int64_t* position,
+                    int64_t* range_end);
+
 // Running CRC-32C of the canonical record encoding (see the proto).
 class SnapshotChecksum {
  public:
