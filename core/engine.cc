@@ -137,7 +137,8 @@ absl::StatusOr<SessionInfo> AttentionEngine::ForkSession(
 
 absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
     const std::string& id) {
-  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id));
+  // Not a use of the session: the snapshot keeps its idle deadline.
+  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(id));
   return SessionExport::Start(backend_.get(), *session, options_.version);
 }
 

@@ -169,8 +169,9 @@ class AttentionEngine {
                                               int64_t length);
 
   // A consistent snapshot of session `id` (see core/session_export.h for
-  // what it costs). NOT_FOUND for an unknown id. The export must be
-  // destroyed before the engine.
+  // what it costs). NOT_FOUND for an unknown id. Reading a session does not
+  // restart its idle clock: the snapshot records its idle deadline. The
+  // export must be destroyed before the engine.
   absl::StatusOr<std::unique_ptr<SessionExport>> ExportSession(
       const std::string& id);
   // Starts restoring a session from a snapshot whose header is `header`

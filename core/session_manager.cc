@@ -153,6 +153,16 @@ absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id) {
   return SessionRef(it->second, &options_.now);
 }
 
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(
+    const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second->Expired(options_.now())) {
+    return SessionNotFound(id);
+  }
+  return it->second;
+}
+
 std::vector<std::shared_ptr<Session>> SessionManager::List(
     const std::string& after, int64_t limit) const {
   absl::MutexLock lock(&mu_);

@@ -62,6 +62,10 @@ class SessionManager {
   // then.
   absl::StatusOr<SessionRef> Get(const std::string& id);
 
+  // The session, without using it (its idle clock keeps running): what an
+  // export reads. NOT_FOUND for an unknown or expired id.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& id) const;
+
   // Up to `limit` live sessions whose ids come after `after`, in increasing
   // id order ("" starts at the first).
   std::vector<std::shared_ptr<Session>> List(const std::string& after,
