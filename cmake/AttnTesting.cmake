@@ -1,5 +1,6 @@
 # attn_add_test(NAME SOURCES src... LIBS lib... [LABELS label...])
-# One GoogleTest executable; each TEST becomes a CTest test.
+# One GoogleTest executable; each TEST becomes a CTest test. Targets
+# labelled gpu are collected in the global property ATTN_GPU_TEST_TARGETS.
 function(attn_add_test name)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -8,6 +9,10 @@ function(attn_add_test name)
   set(labels ${ARG_LABELS})
   if(NOT labels)
     set(labels unit)
+  endif()
+  if("gpu" IN_LIST labels)
+    # The GPU check bundle (scripts/gpu-bundle.sh) ships every such test.
+    set_property(GLOBAL APPEND PROPERTY ATTN_GPU_TEST_TARGETS ${name})
   endif()
   gtest_discover_tests(${name} PROPERTIES LABELS "${labels}"
                        DISCOVERY_TIMEOUT 60)

@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/client_string.h"
 #include "grpcpp/support/status.h"
 #include "server/log.h"
 #include "server/metrics.h"
@@ -40,7 +41,7 @@ class RequestScope {
       : metrics_(metrics),
         in_flight_(in_flight),
         method_(method),
-        session_id_(session_id),
+        session_id_(std::string(session_id.substr(0, kMaxQuotedClientBytes))),
         start_(absl::Now()) {
     in_flight_->Enter();
   }
@@ -49,9 +50,10 @@ class RequestScope {
   RequestScope(const RequestScope&) = delete;
   RequestScope& operator=(const RequestScope&) = delete;
 
-  // Starts timing the next request of a stream.
+  // Starts timing the next request of a stream. Logs keep at most a short
+  // prefix of the client's session id.
   void Restart(absl::string_view session_id) {
-    session_id_ = std::string(session_id);
+    session_id_ = std::string(session_id.substr(0, kMaxQuotedClientBytes));
     start_ = absl::Now();
   }
 

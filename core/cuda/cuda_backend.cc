@@ -10,6 +10,7 @@
 #include "core/cuda/attend_plan.h"
 #include "core/cuda/attention_kernels.h"
 #include "core/cuda/cuda_status.h"
+#include "core/cuda/device_probe.h"
 #include "core/cuda/kv_write_kernels.h"
 #include "core/cuda/stream_pool.h"
 #include "core/dtype.h"
@@ -51,13 +52,9 @@ class CudaBackend::Arena final : public DeviceArena {
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const CudaBackendOptions& options) {
-  int count = 0;
-  if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
-    return Unavailable("no CUDA device: cudaGetDeviceCount failed", e);
-  }
-  if (count == 0) {
-    return absl::UnavailableError("no CUDA device: the driver reports none");
-  }
+  const cuda::DeviceProbe probe = cuda::ProbeDevices();
+  ATTN_RETURN_IF_ERROR(probe.status);
+  const int count = probe.device_count;
   if (options.device < 0 || options.device >= count) {
     return absl::UnavailableError(absl::StrCat(
         "CUDA device ", options.device, " does not exist (", count, " found)"));

@@ -1,7 +1,7 @@
 // Growable scratch buffers of the CUDA backend: page-locked host memory for
 // staging copies, and plain device memory (cudaMalloc, never managed
 // memory). Both keep their largest size so steady-state calls allocate
-// nothing.
+// nothing, and grow geometrically (see growable_buffer.h).
 #ifndef ATTENTION_CORE_CUDA_DEVICE_BUFFERS_H_
 #define ATTENTION_CORE_CUDA_DEVICE_BUFFERS_H_
 
@@ -9,47 +9,27 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "core/cuda/growable_buffer.h"
 
 namespace attention {
 namespace cuda {
 
-// Thread-safety: none; each buffer belongs to one stream context.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  ~PinnedBuffer();
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-  // Makes capacity() >= bytes; the contents are not kept when it grows.
-  // RESOURCE_EXHAUSTED when the host cannot pin that much memory.
-  absl::Status Reserve(int64_t bytes);
-  std::byte* data() const { return data_; }
-  int64_t capacity() const { return capacity_; }
-
- private:
-  std::byte* data_ = nullptr;
-  int64_t capacity_ = 0;
+// cudaHostAlloc / cudaFreeHost. RESOURCE_EXHAUSTED when the host cannot pin
+// that much memory.
+struct PinnedAllocator {
+  static absl::Status Allocate(int64_t bytes, std::byte** data);
+  static void Free(std::byte* data);
 };
 
-// Thread-safety: none; each buffer belongs to one stream context.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer();
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  // Makes capacity() >= bytes; the contents are not kept when it grows.
-  // RESOURCE_EXHAUSTED when the GPU has no room for it.
-  absl::Status Reserve(int64_t bytes);
-  std::byte* data() const { return data_; }
-  int64_t capacity() const { return capacity_; }
-
- private:
-  std::byte* data_ = nullptr;
-  int64_t capacity_ = 0;
+// cudaMalloc / cudaFree on the current device. RESOURCE_EXHAUSTED when the
+// GPU has no room.
+struct DeviceAllocator {
+  static absl::Status Allocate(int64_t bytes, std::byte** data);
+  static void Free(std::byte* data);
 };
+
+using PinnedBuffer = GrowableBuffer<PinnedAllocator>;
+using DeviceBuffer = GrowableBuffer<DeviceAllocator>;
 
 }  // namespace cuda
 }  // namespace attention

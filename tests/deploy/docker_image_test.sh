@@ -3,7 +3,8 @@
 # and runs it:
 #   1. a Debian bookworm root filesystem made by debootstrap (minbase) from
 #      the mirror in this machine's apt sources, cached per day under
-#      $ATTN_IMAGE_CACHE (default /var/cache/attention-service);
+#      $ATTN_IMAGE_CACHE (default /var/cache/attention-service) by
+#      debian_rootfs.sh;
 #   2. imported as docker.io/library/debian:bookworm and :bookworm-slim, so
 #      that the Dockerfile's FROM lines resolve without a registry;
 #   3. `buildah bud` of the Dockerfile (the build stage compiles the server
@@ -46,68 +47,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fail "cannot install ${missing[*]} with apt-get"
 fi
 
-# --- the Debian mirror of this machine's apt sources -----------------------
-# Prints "URI SUITE" for every Debian source (one-line and deb822 formats).
-apt_sources() {
-  local file
-  for file in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [ -f "$file" ] || continue
-    awk '$1 == "deb" { i = 2; if ($2 ~ /^\[/) { while ($i !~ /\]$/) i++; i++ }
-                       print $i, $(i + 1) }' "$file"
-  done
-  for file in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$file" ] || continue
-    awk 'BEGIN { RS = ""; FS = "\n" }
-         { uris = ""; suites = ""; types = ""
-           for (i = 1; i <= NF; i++) {
-             if ($i ~ /^URIs:/) uris = substr($i, 6)
-             if ($i ~ /^Suites:/) suites = substr($i, 8)
-             if ($i ~ /^Types:/) types = substr($i, 7) }
-           if (types !~ /(^| )deb( |$)/) next
-           n = split(uris, u, " "); m = split(suites, s, " ")
-           for (a = 1; a <= n; a++) for (b = 1; b <= m; b++) print u[a], s[b] }' "$file"
-  done
-}
-MIRROR=$(apt_sources | awk '$2 == "bookworm" { print $1; exit }')
-SECURITY=$(apt_sources | awk '$2 == "bookworm-security" { print $1; exit }')
-[ -n "$MIRROR" ] || fail "no 'bookworm' suite in /etc/apt/sources.list{,.d}"
-log "Debian mirror: $MIRROR (security: ${SECURITY:-none})"
-
-# --- 1. base root filesystem, cached per day -------------------------------
-KEY=bookworm-minbase-$(date -u +%Y%m%d)
-ROOTFS_TAR=$CACHE/debian-$KEY.tar
-mkdir -p "$CACHE"
+# --- 1. base root filesystem, cached per day (debian_rootfs.sh) -----------
 T_ALL=$(date +%s)
-if [ -f "$ROOTFS_TAR" ]; then
-  log "base rootfs: cached $ROOTFS_TAR"
-else
-  phase_start "debootstrap --variant=minbase bookworm"
-  work=$(mktemp -d "$CACHE/rootfs.XXXXXX")
-  trap 'rm -rf "$work"' EXIT
-  debootstrap --variant=minbase bookworm "$work/rootfs" "$MIRROR" \
-    >"$work/debootstrap.log" 2>&1 ||
-    { tail -n 30 "$work/debootstrap.log" >&2; fail "debootstrap failed"; }
-  # The sources of Debian's own images: release, updates and security.
-  rm -f "$work/rootfs/etc/apt/sources.list"
-  {
-    printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\n' "$MIRROR"
-    printf 'Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
-    if [ -n "$SECURITY" ]; then
-      printf '\nTypes: deb\nURIs: %s\nSuites: bookworm-security\n' "$SECURITY"
-      printf 'Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
-    fi
-  } >"$work/rootfs/etc/apt/sources.list.d/debian.sources"
-  rm -rf "$work/rootfs/var/lib/apt/lists/"* "$work/rootfs/var/cache/apt/"*.bin \
-         "$work/rootfs/var/cache/apt/archives/"*.deb
-  tar -C "$work/rootfs" --numeric-owner -cf "$ROOTFS_TAR.tmp" .
-  mv "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
-  rm -rf "$work"
-  trap - EXIT
-  # Keep only today's root filesystem.
-  find "$CACHE" -maxdepth 1 -name 'debian-bookworm-minbase-*.tar' \
-    ! -name "debian-$KEY.tar" -delete
-  phase_end
-fi
+phase_start "base rootfs (debootstrap --variant=minbase bookworm, cached per day)"
+ROOTFS_TAR=$(bash "$SRC/tests/deploy/debian_rootfs.sh" "$CACHE")
+KEY=$(basename "$ROOTFS_TAR" .tar)
+KEY=${KEY#debian-}
+phase_end
 
 # --- 2. import as debian:bookworm and debian:bookworm-slim -----------------
 image_key() {

@@ -1,7 +1,10 @@
 // Runs the attention-server executable itself: start on an ephemeral port,
 // serve, stop on SIGTERM with exit code 0; bad flags and a busy port fail;
-// with --snapshot_dir, sessions survive a SIGTERM restart bitwise, and a
-// kill -9 during the snapshot leaves each session whole or absent.
+// the backend choice without a GPU (auto falls back to the CPU and says why,
+// cuda refuses to start); with --snapshot_dir, sessions survive a SIGTERM
+// restart bitwise, and a kill -9 during the snapshot leaves each session
+// whole or absent.
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -14,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,16 +40,25 @@ class ServerProcess {
     port_file_ = absl::StrCat(::testing::TempDir(), "/attention-server-port-",
                               getpid(), "-", counter_++);
     std::remove(port_file_.c_str());
+    output_file_ = port_file_ + ".out";
     std::vector<std::string> args = {ATTN_SERVER_BINARY,
                                      "--port_file=" + port_file_};
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid_, ATTN_SERVER_BINARY, nullptr, nullptr, argv.data(),
+    // stdout and stderr go to one file, read by output().
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO,
+                                     output_file_.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    if (posix_spawn(&pid_, ATTN_SERVER_BINARY, &actions, nullptr, argv.data(),
                     environ) != 0) {
       pid_ = -1;
     }
+    posix_spawn_file_actions_destroy(&actions);
   }
   ~ServerProcess() {
     if (pid_ > 0 && !exited_) {
@@ -53,6 +66,7 @@ class ServerProcess {
       Wait();
     }
     std::remove(port_file_.c_str());
+    std::remove(output_file_.c_str());
   }
 
   bool started() const { return pid_ > 0; }
@@ -78,6 +92,14 @@ class ServerProcess {
 
   void Signal(int signal_number) { kill(pid_, signal_number); }
 
+  // What the server wrote to stdout and stderr so far.
+  std::string output() const {
+    std::ifstream in(output_file_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
   // The raw wait status once the process has exited.
   int Wait() {
     if (!exited_) {
@@ -91,6 +113,7 @@ class ServerProcess {
  private:
   static inline int counter_ = 0;
   std::string port_file_;
+  std::string output_file_;
   pid_t pid_ = -1;
   bool exited_ = false;
   int status_ = 0;
@@ -168,6 +191,68 @@ TEST(ServerBinaryTest, BadFlagsFailToStart) {
     ASSERT_TRUE(WIFEXITED(status)) << flag;
     EXPECT_NE(WEXITSTATUS(status), 0) << flag;
   }
+}
+
+// The flags of kSmallServer with another --backend.
+std::vector<std::string> WithBackend(const std::string& backend) {
+  std::vector<std::string> flags = kSmallServer;
+  for (std::string& flag : flags) {
+    if (flag.rfind("--backend=", 0) == 0) flag = "--backend=" + backend;
+  }
+  return flags;
+}
+
+TEST(ServerBinaryTest, AutoFallsBackToCpuAndSaysWhy) {
+  ServerProcess server(WithBackend("auto"));
+  ASSERT_TRUE(server.started());
+  const int port = server.WaitForPort();
+  ASSERT_GT(port, 0) << server.output();
+  auto client =
+      client::AttentionClient::Connect(absl::StrCat("127.0.0.1:", port));
+  auto info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  if (info->backend() == "cuda") {
+    server.Signal(SIGTERM);
+    server.Wait();
+    GTEST_SKIP() << "a CUDA device is usable here: " << info->device();
+  }
+  EXPECT_EQ(info->backend(), "cpu");
+  server.Signal(SIGTERM);
+  EXPECT_EQ(WEXITSTATUS(server.Wait()), 0);
+  // The start-up line and the structured log give the reason: no CUDA
+  // backend in this build, or the CUDA probe's reason (no device, driver
+  // too old, ...), each ending in "using cpu".
+  const std::string output = server.output();
+  const bool has_cuda_reason =
+      output.find("backend=cpu (cuda requested by auto but no device is "
+                  "usable: ") != std::string::npos;
+  const bool has_no_cuda_reason =
+      output.find("backend=cpu (auto: this build has no CUDA backend; "
+                  "using cpu)") != std::string::npos;
+  EXPECT_TRUE(has_cuda_reason || has_no_cuda_reason) << output;
+  EXPECT_NE(output.find("event=server_started"), std::string::npos) << output;
+  EXPECT_NE(output.find("backend_reason="), std::string::npos) << output;
+}
+
+TEST(ServerBinaryTest, CudaWithoutDeviceFailsAtStartUp) {
+  ServerProcess server(WithBackend("cuda"));
+  ASSERT_TRUE(server.started());
+  if (server.WaitForPort() > 0) {
+    server.Signal(SIGTERM);
+    server.Wait();
+    GTEST_SKIP() << "a CUDA device is usable here";
+  }
+  const int status = server.Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_NE(WEXITSTATUS(status), 0);
+  const std::string output = server.output();
+  EXPECT_NE(output.find("cannot start: UNAVAILABLE: cuda backend requested "
+                        "but "),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("use --backend=cpu or --backend=auto"),
+            std::string::npos)
+      << output;
 }
 
 TEST(ServerBinaryTest, BusyPortFailsToStart) {

@@ -1,7 +1,8 @@
-// GPU tests of CudaBackend (CTest label `gpu`). Every test skips when no
-// usable CUDA device exists. The CPU backend is the oracle: fp32 results
-// must agree within 1e-5 (relative, floor 1), fp16/bf16 KV storage within a
-// few units of their rounding. On the GPU itself results must be bitwise
+// GPU tests of CudaBackend (CTest label `gpu`). Every test skips when the
+// machine has no CUDA device, and fails when one exists that the backend
+// cannot use. The CPU backend is the oracle: fp32 results must agree within
+// 1e-5 (relative, floor 1), fp16/bf16 KV storage within a few units of their
+// rounding. On the GPU itself results must be bitwise
 // reproducible: decode == prefill == chunked prefill, independent of the
 // batch and of concurrent callers.
 #include "core/cuda/cuda_backend.h"
@@ -22,6 +23,7 @@
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cuda/cuda_backend_factory.h"
+#include "core/cuda/device_probe.h"
 #include "core/engine.h"
 #include "core/kv_view.h"
 #include "core/status_macros.h"
@@ -206,7 +208,14 @@ class CudaBackendTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
         CudaBackend::Create(CudaBackendOptions());
     if (!backend.ok()) {
-      GTEST_SKIP() << "no usable CUDA device: " << backend.status();
+      // A device the backend cannot use (no kernels for its architecture,
+      // a driver too old for the runtime) is a failure; only a machine
+      // without a device skips.
+      if (cuda::ProbeDevices().device_present) {
+        FAIL() << "a CUDA device exists but the backend cannot use it: "
+               << backend.status();
+      }
+      GTEST_SKIP() << backend.status();
     }
     gpu_ = *std::move(backend);
     cpu_ = std::make_unique<CpuBackend>(2);
@@ -229,6 +238,9 @@ TEST(CudaBackendFactoryTest, CreatesBackendOrExplainsWhyNot) {
     EXPECT_EQ(backend.status().code(), absl::StatusCode::kUnavailable)
         << backend.status();
     EXPECT_FALSE(backend.status().message().empty());
+    EXPECT_FALSE(cuda::ProbeDevices().device_present)
+        << "a CUDA device exists but the backend cannot use it: "
+        << backend.status();
   }
 }
 
