@@ -96,8 +96,10 @@ int Main() {
       RunKernelBench(options, &report);
     } else if (section == "serving") {
       RunServingBench(options, &report);
+    } else if (section == "mobility") {
+      RunMobilityBench(options, &report);
     } else {
-      std::fprintf(stderr, "unknown section '%s' (kernel, serving)\n",
+      std::fprintf(stderr, "unknown section '%s' (kernel, serving, mobility)\n",
                    std::string(section).c_str());
       return 2;
     }

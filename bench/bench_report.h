@@ -58,6 +58,9 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report);
 // Serving: DecodeStep vs a bare echo RPC, batched vs one-at-a-time decode
 // streams (bench/serving_bench.cc).
 void RunServingBench(const BenchOptions& options, BenchReport* report);
+// Session mobility: ExportSession + ImportSession vs a bare echo of the
+// same bytes, and the --snapshot_dir snapshot and restore times.
+void RunMobilityBench(const BenchOptions& options, BenchReport* report);
 
 }  // namespace attention::bench
 

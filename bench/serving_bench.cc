@@ -80,6 +80,7 @@ constexpr int64_t kShortContext = 16;
 constexpr int64_t kBatchContext = 2048;
 constexpr int kStreams = 64;
 constexpr char kSection[] = "serving";
+constexpr char kMobilitySection[] = "mobility";
 
 double MicrosBetween(Clock::time_point begin, Clock::time_point end) {
   return std::chrono::duration<double, std::micro>(end - begin).count();
@@ -851,15 +852,16 @@ absl::Status MeasureSessionTransfer(const Harness& h) {
   const double echo_gbps = 2 * gb * rounds / echo_s;
   BenchReport& r = *h.report;
   const std::string size = absl::StrCat(kv_bytes >> 20, " MiB session");
-  r.AddRow(kSection, absl::StrCat("ExportSession, ", size), export_gbps,
+  r.AddRow(kMobilitySection, absl::StrCat("ExportSession, ", size), export_gbps,
            "GB/s");
-  r.AddRow(kSection, absl::StrCat("ImportSession, ", size), import_gbps,
+  r.AddRow(kMobilitySection, absl::StrCat("ImportSession, ", size), import_gbps,
            "GB/s");
-  r.AddRow(kSection, "export then import (bytes moved / time)", transfer_gbps,
-           "GB/s");
-  r.AddRow(kSection, "echo stream of the same bytes, up then down", echo_gbps,
-           "GB/s");
-  r.AddRow(kSection, "session transfer / echo", transfer_gbps / echo_gbps, "x");
+  r.AddRow(kMobilitySection, "export then import (bytes moved / time)",
+           transfer_gbps, "GB/s");
+  r.AddRow(kMobilitySection, "echo stream of the same bytes, up then down",
+           echo_gbps, "GB/s");
+  r.AddRow(kMobilitySection, "session transfer / echo",
+           transfer_gbps / echo_gbps, "x");
   r.AddFigure("session_export_gbps", export_gbps);
   r.AddFigure("session_import_gbps", import_gbps);
   r.AddFigure("session_transfer_gbps", transfer_gbps);
@@ -883,6 +885,7 @@ absl::Status MeasureSnapshot(const BenchOptions& options, BenchReport* report) {
   EngineOptions engine_options;
   engine_options.kv_cache_bytes = total + (int64_t{64} << 20);
   engine_options.sessions.limits.max_tokens_limit = tokens;
+  engine_options.sessions.limits.default_max_tokens = tokens;
   engine_options.sessions.reap_interval = absl::ZeroDuration();
   double save_s = 0, restore_s = 0;
   int64_t written = 0, restored = 0;
@@ -918,10 +921,10 @@ absl::Status MeasureSnapshot(const BenchOptions& options, BenchReport* report) {
   }
   const std::string what =
       absl::StrCat(total >> 20, " MiB in ", sessions, " sessions");
-  report->AddRow(kSection, absl::StrCat("snapshot to disk (fsync), ", what),
-                 save_s, "s");
-  report->AddRow(kSection, absl::StrCat("restore at start, ", what), restore_s,
-                 "s");
+  report->AddRow(kMobilitySection,
+                 absl::StrCat("snapshot to disk (fsync), ", what), save_s, "s");
+  report->AddRow(kMobilitySection, absl::StrCat("restore at start, ", what),
+                 restore_s, "s");
   report->AddFigure("snapshot_seconds", save_s);
   report->AddFigure("restore_seconds", restore_s);
   report->AddFigure("snapshot_mib", static_cast<double>(total >> 20));
@@ -989,8 +992,6 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
                                           absl::StrCat("_ctx", kShortContext)));
   ATTN_RETURN_IF_ERROR(MeasureBatching(harness, bases, counter));
   ATTN_RETURN_IF_ERROR(MeasureApis(harness, bases[0]));
-  ATTN_RETURN_IF_ERROR(MeasureSessionTransfer(harness));
-  ATTN_RETURN_IF_ERROR(MeasureSnapshot(options, report));
 
   report->AddRow(kSection, "set-up: prefilling the base contexts", setup_s,
                  "s");
@@ -1001,7 +1002,42 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
   return absl::OkStatus();
 }
 
+absl::Status RunMobility(const BenchOptions& options, BenchReport* report) {
+  SyncEchoService sync_echo;
+  server::ServerOptions server_options;
+  server_options.listen_address = "127.0.0.1";
+  server_options.port = 0;
+  server_options.backend = "cpu";
+  server_options.threads = options.threads;
+  server_options.kv_cache_bytes = int64_t{1} << 30;
+  server_options.max_session_tokens = 1 << 20;
+  server_options.drain_timeout = absl::Seconds(1);
+  const std::vector<grpc::Service*> extra = {&sync_echo};
+  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<server::AttentionServer> server,
+                        server::AttentionServer::Start(server_options, extra));
+  std::unique_ptr<client::AttentionClient> client =
+      client::AttentionClient::Connect(server->local_target());
+  ATTN_RETURN_IF_ERROR(client->WaitForConnected(absl::Seconds(10)));
+  std::unique_ptr<echo::Echo::Stub> echo_stub =
+      echo::Echo::NewStub(client->channel());
+  const Harness harness{server.get(), client.get(), echo_stub.get(),
+                        nullptr,      &options,     report};
+  ATTN_RETURN_IF_ERROR(MeasureSessionTransfer(harness));
+  client.reset();
+  server->Shutdown();
+  return MeasureSnapshot(options, report);
+}
+
 }  // namespace
+
+void RunMobilityBench(const BenchOptions& options, BenchReport* report) {
+  std::fprintf(stderr, "attn-bench: mobility section...\n");
+  if (absl::Status status = RunMobility(options, report); !status.ok()) {
+    std::fprintf(stderr, "attn-bench: mobility section failed: %s\n",
+                 status.ToString().c_str());
+    report->AddFact("mobility_error", status.ToString());
+  }
+}
 
 void RunServingBench(const BenchOptions& options, BenchReport* report) {
   std::fprintf(stderr, "attn-bench: serving section...\n");
