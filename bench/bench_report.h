@@ -13,6 +13,9 @@ namespace attention::bench {
 struct BenchOptions {
   bool quick = false;  // the CI-sized run: < 2 minutes on 2 cores in all
   int threads = 0;     // 0 = one per hardware thread
+  // Mobility section: MiB of sessions to snapshot and restore; 0 = the
+  // default (1 GiB, 256 MiB quick).
+  int64_t snapshot_mib = 0;
 };
 
 class BenchReport {
