@@ -49,10 +49,12 @@ Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
       last_used_ns_(absl::ToUnixNanos(now)),
       layers_(std::move(layers)) {}
 
-std::unique_ptr<Session> Session::FromLayers(
-    std::string id, SessionSpec spec, const KvBlockLayout& layout,
-    BlockPool* pool, absl::Duration idle_timeout, absl::Time last_used,
-    std::vector<LayerKvCache> layers) {
+std::unique_ptr<Session> Session::FromLayers(std::string id, SessionSpec spec,
+                                             const KvBlockLayout& layout,
+                                             BlockPool* pool,
+                                             absl::Duration idle_timeout,
+                                             absl::Time last_used,
+                                             std::vector<LayerKvCache> layers) {
   return std::unique_ptr<Session>(new Session(std::move(id), std::move(spec),
                                               layout, pool, idle_timeout,
                                               last_used, std::move(layers)));

@@ -257,10 +257,9 @@ void AttentionServer::Shutdown() {
   const absl::Time drain_start = absl::Now();
   const absl::Time snapshot_deadline = drain_start + options_.drain_timeout;
   // With a snapshot to write, calls get the first half of the drain.
-  const absl::Time deadline =
-      options_.snapshot_dir.empty()
-          ? snapshot_deadline
-          : drain_start + options_.drain_timeout / 2;
+  const absl::Time deadline = options_.snapshot_dir.empty()
+                                  ? snapshot_deadline
+                                  : drain_start + options_.drain_timeout / 2;
   SetServing(false);
   service_->StartDraining();
   Log(LogLevel::kInfo, "drain_started",

@@ -13,8 +13,8 @@
 #include "server/grpc_call_control.h"
 #include "server/proto_convert.h"
 #include "server/reply_size.h"
-#include "server/session_transfer.h"
 #include "server/request_scope.h"
+#include "server/session_transfer.h"
 #include "server/status_convert.h"
 
 namespace attention::server {

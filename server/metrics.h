@@ -189,8 +189,7 @@ class ServerMetrics {
   void RecordImport(int64_t bytes);
   // The snapshot on drain: sessions written and not written, and how long
   // it took (attention_snapshot_duration_seconds is the last one's).
-  void RecordSnapshot(int64_t written, int64_t failed,
-                      absl::Duration duration);
+  void RecordSnapshot(int64_t written, int64_t failed, absl::Duration duration);
   // The restore at start-up: sessions restored, files found corrupt.
   void RecordRestore(int64_t restored, int64_t corrupt);
 

@@ -395,8 +395,7 @@ TEST(ServerBinaryTest, KillDuringTheSnapshotLeavesSessionsWholeOrAbsent) {
   // Killed at several moments after the first snapshot file appears: while
   // writing a file, between files, around the renames.
   for (int delay_ms : {0, 3, 10, 25, 60}) {
-    SCOPED_TRACE(absl::StrCat("kill -9 ", delay_ms,
-                              " ms into the snapshot"));
+    SCOPED_TRACE(absl::StrCat("kill -9 ", delay_ms, " ms into the snapshot"));
     const std::string dir = FreshDir("binary-kill");
     std::vector<std::string> with_dir = flags;
     with_dir.push_back("--snapshot_dir=" + dir);
