@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/snapshot_store.h"
 #include "tests/server/test_server.h"
 
 namespace attention::testing {
@@ -269,6 +270,77 @@ TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
   }
   EXPECT_EQ(left, std::vector<std::string>{"0123456789abcdef.session.corrupt"});
   second->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Files damaged after the snapshot (cut short, a flipped byte) are moved
+// aside and counted; the others are restored; the start goes on.
+TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
+  const std::string dir = TempDir("snapshot-damaged");
+  server::ServerOptions options = TestServerOptions();
+  auto first = StartTestServer(options);
+  ATTN_ASSERT_OK(first);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto session = (*first)->client->OpenSession(HybridSpec());
+    ATTN_ASSERT_OK(session);
+    Fill(*session, RandomTokens(session->spec(), 80, 60 + i), 80);
+    ids.push_back(session->id());
+  }
+  const server::SaveAllResult saved = server::SaveAllSessions(
+      (*first)->server->engine(), dir, absl::Now() + absl::Minutes(1));
+  EXPECT_EQ(saved.written, 3);
+  EXPECT_EQ(saved.failed, 0);
+  first->reset();
+  const std::string cut = dir + "/" + ids[0] + ".session";
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) / 2);
+  const std::string flipped = dir + "/" + ids[1] + ".session";
+  {
+    std::fstream file(flipped, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(
+        static_cast<std::streamoff>(std::filesystem::file_size(flipped) / 2));
+    char byte = 0;
+    file.read(&byte, 1);
+    file.seekp(
+        static_cast<std::streamoff>(std::filesystem::file_size(flipped) / 2));
+    byte = static_cast<char>(byte ^ 0x20);
+    file.write(&byte, 1);
+  }
+  options.snapshot_dir = dir;
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  ATTN_EXPECT_CODE((*second)->client->GetSession(ids[0]),
+                   absl::StatusCode::kNotFound);
+  ATTN_EXPECT_CODE((*second)->client->GetSession(ids[1]),
+                   absl::StatusCode::kNotFound);
+  ATTN_EXPECT_OK((*second)->client->GetSession(ids[2]));
+  EXPECT_TRUE(std::filesystem::exists(cut + ".corrupt"));
+  EXPECT_TRUE(std::filesystem::exists(flipped + ".corrupt"));
+  EXPECT_TRUE(absl::StrContains((*second)->server->metrics().TextExposition(),
+                                "attention_snapshots_corrupt_total 2"));
+  auto info = (*second)->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->active_sessions(), 1);
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A snapshot that runs out of time counts what it could not write and
+// leaves no file behind for it.
+TEST(SnapshotDirTest, SessionsPastTheDeadlineAreCountedAndLeaveNoFile) {
+  const std::string dir = TempDir("snapshot-late");
+  auto server = StartTestServer();
+  ATTN_ASSERT_OK(server);
+  for (int i = 0; i < 2; ++i) {
+    auto session = (*server)->client->OpenSession(HybridSpec());
+    ATTN_ASSERT_OK(session);
+    Fill(*session, RandomTokens(session->spec(), 30, 70 + i), 30);
+  }
+  const server::SaveAllResult saved = server::SaveAllSessions(
+      (*server)->server->engine(), dir, absl::Now() - absl::Seconds(1));
+  EXPECT_EQ(saved.written, 0);
+  EXPECT_EQ(saved.failed, 2);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
 }
 
