@@ -14,6 +14,14 @@
 //                      the request's CallControl withdrew the call
 //   INTERNAL           device failure
 //
+// Every session belongs to a tenant (core/tenant.h): the one whose call
+// created it. Methods naming a session take the calling tenant (default:
+// DefaultTenant()) and answer another tenant's session exactly as an
+// unknown one (NOT_FOUND, same message). A tenant's quota adds
+// RESOURCE_EXHAUSTED naming the quota, the usage and the limit: sessions
+// (CreateSession, ForkSession) and KV bytes (appends, checked before any
+// work).
+//
 // A call withdrawn through its CallControl stops within one KV chunk of
 // work and, like any failed call, changes nothing: appends are committed
 // only after a last check of the control, once nothing else can fail.
@@ -41,6 +49,8 @@
 #include "core/session_manager.h"
 #include "core/session_snapshot.h"
 #include "core/session_spec.h"
+#include "core/tenant.h"
+#include "core/tenant_usage.h"
 #include "core/tensor.h"
 
 namespace attention {
@@ -89,6 +99,8 @@ struct AppendRequest {
   absl::Span<std::byte> output_destination;
   // Optional: withdraws the call (see call_control.h). Must outlive it.
   const CallControl* control = nullptr;
+  // The calling tenant; null = DefaultTenant(). Must outlive the call.
+  const Tenant* tenant = nullptr;
 };
 
 // Stateless attention (attention.v1.AttentionRequest).
@@ -149,31 +161,44 @@ class AttentionEngine {
   const AttentionBackend& backend() const { return *backend_; }
   const EngineOptions& options() const { return options_; }
 
-  absl::StatusOr<SessionInfo> CreateSession(const SessionSpec& spec,
-                                            absl::Duration idle_timeout);
-  absl::StatusOr<SessionInfo> GetSession(const std::string& id);
-  // Up to `page_size` (>= 1) sessions whose ids follow `after` ("" = from
-  // the first), in increasing id order: page through all sessions by
-  // passing the last id of one page as `after` of the next.
-  std::vector<SessionInfo> ListSessions(const std::string& after,
-                                        int64_t page_size) const;
+  absl::StatusOr<SessionInfo> CreateSession(
+      const SessionSpec& spec, absl::Duration idle_timeout,
+      const Tenant& tenant = DefaultTenant());
+  absl::StatusOr<SessionInfo> GetSession(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
+  // Up to `page_size` (>= 1) of `tenant`'s sessions whose ids follow
+  // `after` ("" = from the first), in increasing id order: page through all
+  // of them by passing the last id of one page as `after` of the next.
+  std::vector<SessionInfo> ListSessions(
+      const std::string& after, int64_t page_size,
+      const Tenant& tenant = DefaultTenant()) const;
   // Holds session `id` in use until the hold goes (a Decode stream holds
   // every session it has used while it is open): it cannot expire
   // meanwhile, but DeleteSession still frees it at once. NOT_FOUND for an
   // unknown id.
-  absl::StatusOr<SessionHold> HoldSession(const std::string& id);
-  absl::Status DeleteSession(const std::string& id);
-  absl::StatusOr<SessionInfo> ForkSession(const std::string& id);
+  absl::StatusOr<SessionHold> HoldSession(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
+  absl::Status DeleteSession(const std::string& id,
+                             const Tenant& tenant = DefaultTenant());
+  absl::StatusOr<SessionInfo> ForkSession(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
   // Cuts every layer longer than `length` back to it; all layers or none.
-  absl::StatusOr<SessionInfo> TruncateSession(const std::string& id,
-                                              int64_t length);
+  absl::StatusOr<SessionInfo> TruncateSession(
+      const std::string& id, int64_t length,
+      const Tenant& tenant = DefaultTenant());
 
-  // A consistent snapshot of session `id` (see core/session_export.h for
-  // what it costs). NOT_FOUND for an unknown id. Reading a session does not
-  // restart its idle clock: the snapshot records its idle deadline. The
+  // Every tenant's sessions, paged as ListSessions: what the server itself
+  // snapshots when it drains (SessionInfo::owner says whose each is).
+  std::vector<SessionInfo> ListAllSessions(const std::string& after,
+                                           int64_t page_size) const;
+
+  // A consistent snapshot of `tenant`'s session `id` (see
+  // core/session_export.h for what it costs); its header names the owner.
+  // NOT_FOUND for an unknown id or another tenant's. Reading a session does
+  // not restart its idle clock: the snapshot records its idle deadline. The
   // export must be destroyed before the engine.
   absl::StatusOr<std::unique_ptr<SessionExport>> ExportSession(
-      const std::string& id);
+      const std::string& id, const Tenant& tenant = DefaultTenant());
   // Starts restoring a session from a snapshot whose header is `header`
   // (see core/session_import.h for the protocol and its errors). The import
   // must be destroyed before the engine.
@@ -202,6 +227,8 @@ class AttentionEngine {
   absl::StatusOr<AttentionOutput> Attend(const StatelessRequest& request);
 
   EngineStats stats() const;
+  // What the sessions of the tenant named `name` hold now.
+  TenantStats tenant_stats(const std::string& name) const;
 
  private:
   AttentionEngine(std::unique_ptr<AttentionBackend> backend,

@@ -15,13 +15,19 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 LayerKvCache::LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
-                           const LayerSpec& mask)
-    : pool_(pool), layout_(layout), mask_(mask) {}
+                           const LayerSpec& mask, TenantUsage* usage)
+    : pool_(pool), usage_(usage), layout_(layout), mask_(mask) {}
 
-LayerKvCache::~LayerKvCache() { pool_->UnrefAll(table_); }
+LayerKvCache::~LayerKvCache() { Release(table_); }
+
+void LayerKvCache::Release(absl::Span<const BlockId> ids) {
+  pool_->UnrefAll(ids);
+  if (usage_ != nullptr) usage_->UnrefAll(ids);
+}
 
 LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
     : pool_(other.pool_),
+      usage_(other.usage_),
       layout_(other.layout_),
       mask_(std::move(other.mask_)),
       length_(other.length_),
@@ -33,13 +39,14 @@ LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
 }
 
 LayerKvCache LayerKvCache::Fork() const {
-  LayerKvCache copy(pool_, layout_, mask_);
+  LayerKvCache copy(pool_, layout_, mask_, usage_);
   copy.length_ = length_;
   copy.first_held_ = first_held_;
   copy.table_ = table_;
   for (BlockId id : table_) {
     if (id != kNoBlock) pool_->Ref(id);
   }
+  if (usage_ != nullptr) usage_->RefAll(table_);
   return copy;
 }
 
@@ -68,18 +75,17 @@ int64_t LayerKvCache::RestoreBlocks(const KvBlockLayout& layout,
   return blocks;
 }
 
-absl::StatusOr<LayerKvCache> LayerKvCache::Restore(BlockPool* pool,
-                                                   const KvBlockLayout& layout,
-                                                   const LayerSpec& mask,
-                                                   int64_t length,
-                                                   int64_t first_position) {
+absl::StatusOr<LayerKvCache> LayerKvCache::Restore(
+    BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
+    int64_t length, int64_t first_position, TenantUsage* usage) {
   const int64_t tpb = layout.tokens_per_block;
   const CarriedRanges ranges =
       CarriedPositions(length, mask.num_sink_tokens, first_position);
   std::vector<BlockId> blocks;
   ATTN_RETURN_IF_ERROR(pool->Allocate(
       RestoreBlocks(layout, mask, length, first_position), &blocks));
-  LayerKvCache layer(pool, layout, mask);
+  LayerKvCache layer(pool, layout, mask, usage);
+  if (usage != nullptr) usage->RefAll(blocks);
   layer.length_ = length;
   layer.first_held_ =
       ranges.window_start > ranges.sink_end ? ranges.window_start : 0;
@@ -155,6 +161,14 @@ KvView LayerKvCache::PendingAppend::view() const {
   return PagedKvView(layout_, new_length(), k_view_, v_view_);
 }
 
+int64_t LayerKvCache::BlocksToStage(int64_t count) const {
+  const int64_t tpb = layout_.tokens_per_block;
+  const bool copy_tail = length_ % tpb != 0 &&
+                         pool_->RefCount(table_[length_ / tpb]) > 1;
+  return CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size()) +
+         (copy_tail ? 1 : 0);
+}
+
 absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
     int64_t count) {
   const int64_t tpb = layout_.tokens_per_block;
@@ -165,11 +179,10 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
 
   // The block holding the current end is written in place unless another
   // session shares it, in which case the new tokens go to a private copy.
-  const bool partial_tail = length_ % tpb != 0;
   const int64_t tail = length_ / tpb;
-  const bool copy_tail = partial_tail && pool_->RefCount(table_[tail]) > 1;
   const int64_t new_blocks =
       CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size());
+  const bool copy_tail = BlocksToStage(count) > new_blocks;
   if (absl::Status status = pool_->Allocate(new_blocks + (copy_tail ? 1 : 0),
                                             &pending.allocated_);
       !status.ok()) {
@@ -202,7 +215,8 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
 void LayerKvCache::Commit(PendingAppend pending) {
   table_ = std::move(pending.table_);
   length_ = pending.new_length();
-  pool_->UnrefAll(pending.replaced_);
+  if (usage_ != nullptr) usage_->RefAll(pending.allocated_);
+  Release(pending.replaced_);
   pending.committed_ = true;
   DropUnneededBlocks();
 }
@@ -216,7 +230,7 @@ void LayerKvCache::DropUnneededBlocks() {
     const bool before_window = (b + 1) * tpb <= first_needed;
     if (!before_window) break;
     if (!holds_sink && table_[b] != kNoBlock) {
-      pool_->Unref(table_[b]);
+      Release(absl::MakeConstSpan(&table_[b], 1));
       table_[b] = kNoBlock;
     }
   }
@@ -262,7 +276,7 @@ absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
 void LayerKvCache::Truncate(int64_t length) {
   if (length >= length_) return;
   const int64_t keep = CeilDiv(length, layout_.tokens_per_block);
-  pool_->UnrefAll(absl::MakeConstSpan(table_).subspan(keep));
+  Release(absl::MakeConstSpan(table_).subspan(keep));
   table_.resize(keep);
   length_ = length;
   first_held_ = std::min(first_held_, length);

@@ -19,9 +19,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/block_pool.h"
 #include "core/kv_view.h"
 #include "core/session_spec.h"
+#include "core/tenant_usage.h"
 
 namespace attention {
 
@@ -29,8 +31,10 @@ namespace attention {
 class LayerKvCache {
  public:
   // `pool` must outlive the cache. `mask` is the layer's resolved spec.
+  // `usage`, when not null, is told of every block reference the cache
+  // gains or drops (the owning tenant's accounting) and must outlive it.
   LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
-               const LayerSpec& mask);
+               const LayerSpec& mask, TenantUsage* usage = nullptr);
   ~LayerKvCache();  // drops every block reference
 
   LayerKvCache(LayerKvCache&& other) noexcept;
@@ -45,14 +49,15 @@ class LayerKvCache {
   // tokens holding blocks for the positions a snapshot carries,
   // CarriedPositions(length, mask.num_sink_tokens, first_position), with
   // unspecified contents. The caller writes every carried row through
-  // restore_blocks(), then calls CompleteRestore(). RESOURCE_EXHAUSTED
-  // (nothing taken) when the pool cannot supply RestoreBlocks(...) blocks.
+  // restore_blocks(), then calls CompleteRestore(). `usage` (the owning
+  // tenant's accounting, as in the constructor) is told of the blocks at
+  // once; checking them against the tenant's quota is the caller's
+  // (TenantUsage::Reserve before). RESOURCE_EXHAUSTED (nothing taken) when
+  // the pool cannot supply RestoreBlocks(...) blocks.
   // REQUIRES: 0 <= first_position <= length.
-  static absl::StatusOr<LayerKvCache> Restore(BlockPool* pool,
-                                              const KvBlockLayout& layout,
-                                              const LayerSpec& mask,
-                                              int64_t length,
-                                              int64_t first_position);
+  static absl::StatusOr<LayerKvCache> Restore(
+      BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
+      int64_t length, int64_t first_position, TenantUsage* usage);
   // Blocks Restore takes for those arguments.
   static int64_t RestoreBlocks(const KvBlockLayout& layout,
                                const LayerSpec& mask, int64_t length,
@@ -105,6 +110,10 @@ class LayerKvCache {
     bool committed_ = false;
   };
 
+  // Blocks PrepareAppend(count) would take from the pool: new blocks plus
+  // a private copy of a shared tail block.
+  int64_t BlocksToStage(int64_t count) const;
+
   // Stages `count` >= 1 new tokens. RESOURCE_EXHAUSTED when the pool cannot
   // supply the blocks; INTERNAL when a copy-on-write copy fails. Nothing
   // changes on error.
@@ -130,8 +139,11 @@ class LayerKvCache {
   // First position a future query (at >= length) may read, with slack.
   int64_t FirstNeededPosition(int64_t length) const;
   void DropUnneededBlocks();
+  // Drops one reference (pool and tenant) to each id that is not kNoBlock.
+  void Release(absl::Span<const BlockId> ids);
 
   BlockPool* pool_;
+  TenantUsage* usage_;
   KvBlockLayout layout_;
   LayerSpec mask_;
   int64_t length_ = 0;

@@ -7,11 +7,11 @@ namespace {
 
 std::vector<LayerKvCache> EmptyLayers(const SessionSpec& spec,
                                       const KvBlockLayout& layout,
-                                      BlockPool* pool) {
+                                      BlockPool* pool, TenantUsage* usage) {
   std::vector<LayerKvCache> layers;
   layers.reserve(spec.num_layers);
   for (const LayerSpec& layer : spec.layers) {
-    layers.emplace_back(pool, layout, layer);
+    layers.emplace_back(pool, layout, layer, usage);
   }
   return layers;
 }
@@ -33,14 +33,17 @@ int64_t SessionMetadataBytes(const SessionSpec& spec) {
 }
 
 Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
-                 BlockPool* pool, absl::Duration idle_timeout, absl::Time now)
-    : Session(std::move(id), spec, layout, pool, idle_timeout, now,
-              EmptyLayers(spec, layout, pool)) {}
+                 BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
+                 std::shared_ptr<TenantUsage> usage)
+    : Session(std::move(id), spec, layout, pool, idle_timeout, now, usage,
+              EmptyLayers(spec, layout, pool, usage.get())) {}
 
 Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
                  BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
+                 std::shared_ptr<TenantUsage> usage,
                  std::vector<LayerKvCache> layers)
     : id_(std::move(id)),
+      usage_(std::move(usage)),
       spec_(std::move(spec)),
       layout_(layout),
       pool_(pool),
@@ -49,15 +52,13 @@ Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
       last_used_ns_(absl::ToUnixNanos(now)),
       layers_(std::move(layers)) {}
 
-std::unique_ptr<Session> Session::FromLayers(std::string id, SessionSpec spec,
-                                             const KvBlockLayout& layout,
-                                             BlockPool* pool,
-                                             absl::Duration idle_timeout,
-                                             absl::Time last_used,
-                                             std::vector<LayerKvCache> layers) {
-  return std::unique_ptr<Session>(new Session(std::move(id), std::move(spec),
-                                              layout, pool, idle_timeout,
-                                              last_used, std::move(layers)));
+std::unique_ptr<Session> Session::FromLayers(
+    std::string id, SessionSpec spec, const KvBlockLayout& layout,
+    BlockPool* pool, absl::Duration idle_timeout, absl::Time last_used,
+    std::shared_ptr<TenantUsage> usage, std::vector<LayerKvCache> layers) {
+  return std::unique_ptr<Session>(
+      new Session(std::move(id), std::move(spec), layout, pool, idle_timeout,
+                  last_used, std::move(usage), std::move(layers)));
 }
 
 std::unique_ptr<Session> Session::Fork(std::string id, absl::Time now) const {
@@ -65,13 +66,14 @@ std::unique_ptr<Session> Session::Fork(std::string id, absl::Time now) const {
   layers.reserve(layers_.size());
   for (const LayerKvCache& layer : layers_) layers.push_back(layer.Fork());
   return std::unique_ptr<Session>(new Session(std::move(id), spec_, layout_,
-                                              pool_, idle_timeout_, now,
+                                              pool_, idle_timeout_, now, usage_,
                                               std::move(layers)));
 }
 
 SessionInfo Session::Info() const {
   SessionInfo info;
   info.session_id = id_;
+  info.owner = owner();
   info.spec = spec_;
   absl::MutexLock lock(&mu_);
   int64_t blocks = 0;

@@ -23,6 +23,7 @@ std::unique_ptr<SessionExport> SessionExport::Start(
   }
   SnapshotHeader header;
   header.session_id = session.id();
+  header.owner = session.owner();
   header.spec = spec;
   header.kv_dtype = spec.kv_dtype;
   header.server_version = std::string(server_version);

@@ -136,7 +136,27 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
     id = manager->NewSessionId();
   }
 
-  // Admission from the header's sizes, before any data arrives.
+  // Admission from the header's sizes, before any data arrives: the
+  // owner's quotas first, then the pool.
+  Tenant tenant = options.tenant;
+  if (options.keep_owner) {
+    tenant.name = header.owner.empty() ? kDefaultTenantName : header.owner;
+    tenant.quota =
+        options.owner_quota ? options.owner_quota(tenant.name) : TenantQuota{};
+  }
+  std::shared_ptr<TenantUsage> usage = manager->UsageOf(tenant.name);
+  if (tenant.quota.max_sessions.has_value() &&
+      usage->stats().sessions >= *tenant.quota.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant ", QuoteClientString(tenant.name),
+        " is at its quota max_sessions: usage ", usage->stats().sessions,
+        " sessions, limit ", *tenant.quota.max_sessions,
+        "; delete sessions of the tenant before importing"));
+  }
+  // Held while the layers take their blocks (they count them at once), so
+  // that concurrent appends of the tenant cannot pass max_kv_bytes with it.
+  ATTN_RETURN_IF_ERROR(usage->Reserve(blocks, tenant.quota));
+  const BlockReservation reservation(usage.get(), blocks);
   const BlockPoolStats stats = pool->stats();
   const int64_t free_blocks = stats.blocks_total - stats.blocks_used;
   if (blocks > free_blocks) {
@@ -153,10 +173,11 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
   for (int i = 0; i < spec.num_layers; ++i) {
     // A concurrent allocation can still take the blocks: the staged layers
     // are then released with `layers`.
-    ATTN_ASSIGN_OR_RETURN(LayerKvCache layer,
-                          LayerKvCache::Restore(pool, layout, spec.layers[i],
-                                                header.layer_lengths[i],
-                                                header.first_positions[i]));
+    ATTN_ASSIGN_OR_RETURN(
+        LayerKvCache layer,
+        LayerKvCache::Restore(pool, layout, spec.layers[i],
+                              header.layer_lengths[i],
+                              header.first_positions[i], usage.get()));
     layers.push_back(std::move(layer));
   }
 
@@ -169,9 +190,9 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
       options.keep_idle_deadline
           ? absl::FromUnixMillis(header.idle_deadline_unix_ms) - idle_timeout
           : config.now();
-  auto import = std::unique_ptr<SessionImport>(
-      new SessionImport(manager, pool, backend, header, layout, std::move(id),
-                        idle_timeout, last_used, std::move(layers)));
+  auto import = std::unique_ptr<SessionImport>(new SessionImport(
+      manager, pool, backend, header, layout, std::move(id), idle_timeout,
+      last_used, std::move(tenant), std::move(usage), std::move(layers)));
   import->remaining_tokens_ = tokens;
   import->Advance();
   return import;
@@ -181,6 +202,7 @@ SessionImport::SessionImport(SessionManager* manager, BlockPool* pool,
                              AttentionBackend* backend, SnapshotHeader header,
                              KvBlockLayout layout, std::string id,
                              absl::Duration idle_timeout, absl::Time last_used,
+                             Tenant tenant, std::shared_ptr<TenantUsage> usage,
                              std::vector<LayerKvCache> layers)
     : manager_(manager),
       pool_(pool),
@@ -190,6 +212,8 @@ SessionImport::SessionImport(SessionManager* manager, BlockPool* pool,
       id_(std::move(id)),
       idle_timeout_(idle_timeout),
       last_used_(last_used),
+      tenant_(std::move(tenant)),
+      usage_(std::move(usage)),
       layers_(std::move(layers)) {
   checksum_.AddHeader(header_);
   for (const LayerKvCache& layer : layers_) {
@@ -304,8 +328,8 @@ absl::StatusOr<SessionInfo> SessionImport::Finish(
   for (LayerKvCache& layer : layers_) layer.CompleteRestore();
   std::shared_ptr<Session> session =
       Session::FromLayers(id_, header_.spec, layout_, pool_, idle_timeout_,
-                          last_used_, std::move(layers_));
-  ATTN_RETURN_IF_ERROR(manager_->Adopt(session));
+                          last_used_, usage_, std::move(layers_));
+  ATTN_RETURN_IF_ERROR(manager_->Adopt(session, tenant_.quota));
   return session->Info();
 }
 

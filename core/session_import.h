@@ -1,20 +1,21 @@
 // SessionImport: a session being restored from a snapshot
 // (core/session_snapshot.h), staged until its trailer has been checked.
 //
-// Begin validates the header completely and takes every KV block the
-// session needs up front (RESOURCE_EXHAUSTED before any data when the pool
-// cannot hold it); AddChunk validates each data chunk (order, sizes,
-// finiteness) and writes it into the staged blocks; Finish checks that
-// every carried row arrived and that the checksum matches, and only then
-// adds the session to the server. Like LayerKvCache::PendingAppend, the
+// Begin validates the header completely, checks the owning tenant's quotas
+// and takes every KV block the session needs up front (RESOURCE_EXHAUSTED
+// before any data when the pool or the tenant's max_kv_bytes cannot hold
+// it, or the tenant is at max_sessions); AddChunk validates each data chunk
+// (order, sizes, finiteness) and writes it into the staged blocks; Finish
+// checks that every carried row arrived and that the checksum matches, and only
+// then adds the session to the server. Like LayerKvCache::PendingAppend, the
 // destructor is the rollback: dropping an unfinished import returns its
 // blocks, so a failed import leaves no session, block or byte behind.
 //
 // Errors: INVALID_ARGUMENT for a record that is malformed, out of order or
 // inconsistent with the header (or a spec this server does not accept);
 // DATA_LOSS for a missing record or a checksum mismatch; ALREADY_EXISTS for
-// a kept id that is live; RESOURCE_EXHAUSTED for the KV pool or the session
-// limits.
+// a kept id that is live; RESOURCE_EXHAUSTED for the KV pool, the session
+// limits or the tenant's quotas.
 //
 // Thread-safety: not thread-safe (one writer). Must be destroyed before the
 // engine it came from.
@@ -23,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +38,8 @@
 #include "core/session.h"
 #include "core/session_manager.h"
 #include "core/session_snapshot.h"
+#include "core/tenant.h"
+#include "core/tenant_usage.h"
 
 namespace attention {
 
@@ -46,8 +50,15 @@ struct ImportOptions {
   // Keep the snapshot's idle deadline (a restore at start-up) instead of
   // restarting the idle clock (ImportSession).
   bool keep_idle_deadline = false;
-  // Owner tenant hook: once sessions have owners, the restore passes the
-  // snapshot's owner here and Finish sets it on the session.
+  // The tenant the session will belong to (ImportSession: the caller), whose
+  // quotas (max_sessions, max_kv_bytes) the import is checked against.
+  Tenant tenant = DefaultTenant();
+  // Give the session back to the snapshot's owner (a restore at start-up)
+  // instead of `tenant`; `owner_quota` then gives that tenant's quota
+  // (unset: none). A snapshot without an owner restores to the default
+  // tenant.
+  bool keep_owner = false;
+  std::function<TenantQuota(const std::string& owner)> owner_quota;
 };
 
 class SessionImport {
@@ -77,6 +88,7 @@ class SessionImport {
                 AttentionBackend* backend, SnapshotHeader header,
                 KvBlockLayout layout, std::string id,
                 absl::Duration idle_timeout, absl::Time last_used,
+                Tenant tenant, std::shared_ptr<TenantUsage> usage,
                 std::vector<LayerKvCache> layers);
   // Moves the cursor to the next carried row (SeekCarriedRow).
   void Advance();
@@ -89,6 +101,9 @@ class SessionImport {
   const std::string id_;
   const absl::Duration idle_timeout_;
   const absl::Time last_used_;
+  const Tenant tenant_;
+  // The owner's accounting; before the layers, which report to it.
+  const std::shared_ptr<TenantUsage> usage_;
   std::vector<LayerKvCache> layers_;  // staged; freed unless finished
   std::vector<std::vector<std::byte*>> blocks_;
   SnapshotChecksum checksum_;

@@ -107,6 +107,7 @@ void SnapshotChecksum::AddHeader(const SnapshotHeader& header) {
   AddInt(header.idle_timeout_ms);
   AddInt(header.idle_deadline_unix_ms);
   AddInt(header.kv_bytes);
+  AddBytes(header.owner);
 }
 
 void SnapshotChecksum::AddChunk(const SnapshotChunk& chunk) {

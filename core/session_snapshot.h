@@ -45,8 +45,8 @@ struct SnapshotHeader {
   int64_t idle_timeout_ms = 0;
   int64_t idle_deadline_unix_ms = 0;
   int64_t kv_bytes = 0;  // k + v bytes of all chunks
-  // Hook for the owner tenant (proto field 11) once sessions have owners:
-  // add it here, to the checksum encoding and to the proto mapping.
+  // The name of the tenant that owned the session (Session::owner()).
+  std::string owner;
 };
 
 // Rows [start, start + num_tokens) of one layer, in the storage dtype:

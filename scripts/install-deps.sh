@@ -7,6 +7,9 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev python3-numpy
+  # SHA-256 of bearer tokens; the security tests make certificates with the
+  # openssl command.
+  libssl-dev openssl
   # Tests of deploy/: promtool + a real Prometheus, the image build.
   prometheus buildah debootstrap iproute2 python3
 )

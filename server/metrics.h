@@ -26,6 +26,8 @@
 //   attention_snapshot_duration_seconds              gauge    } on start
 //   attention_sessions_restored_total                counter  }
 //   attention_snapshots_corrupt_total                counter  }
+//   attention_tenant_sessions{tenant}                gauge    } (tenants of
+//   attention_tenant_kv_bytes{tenant}                gauge    } tokens file)
 //   attention_build_info{version,backend,device}     gauge, always 1
 //
 // Recording is on the serving hot path, so it takes no lock and allocates
@@ -100,6 +102,14 @@ absl::string_view RpcMethodName(RpcMethod method);
 inline constexpr int kNumGrpcCodes = 17;
 absl::string_view GrpcCodeName(grpc::StatusCode code);
 
+// One tenant's usage, exported with a `tenant` label (only for tenants the
+// tokens file names, so that the label's values stay few).
+struct TenantMetricsState {
+  std::string tenant;
+  int64_t sessions = 0;
+  int64_t kv_bytes = 0;
+};
+
 // Engine state exported at scrape time. The *_total fields must never
 // decrease over the life of a process (they are exported as counters).
 struct MetricsState {
@@ -115,6 +125,9 @@ struct MetricsState {
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_capacity = 0;
   int64_t shared_kv_chunks_total = 0;
+  // attention_tenant_sessions / attention_tenant_kv_bytes {tenant}; the
+  // families are left out when empty.
+  std::vector<TenantMetricsState> tenants;
 };
 
 inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {

@@ -23,6 +23,7 @@ void SnapshotHeaderToProto(const SnapshotHeader& header,
   out->set_idle_timeout_ms(header.idle_timeout_ms);
   out->set_idle_deadline_unix_ms(header.idle_deadline_unix_ms);
   out->set_kv_bytes(header.kv_bytes);
+  out->set_owner(header.owner);
 }
 
 absl::StatusOr<SnapshotHeader> SnapshotHeaderFromProto(
@@ -42,6 +43,7 @@ absl::StatusOr<SnapshotHeader> SnapshotHeaderFromProto(
   out.idle_timeout_ms = header.idle_timeout_ms();
   out.idle_deadline_unix_ms = header.idle_deadline_unix_ms();
   out.kv_bytes = header.kv_bytes();
+  out.owner = header.owner();
   return out;
 }
 

@@ -94,9 +94,9 @@ bool HasSuffix(const std::string& name, absl::string_view suffix) {
 absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
                                     const std::string& id,
                                     const std::string& path,
-                                    absl::Time deadline) {
+                                    absl::Time deadline, const Tenant& owner) {
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionExport> session_export,
-                        engine.ExportSession(id));
+                        engine.ExportSession(id, owner));
   const std::string temporary = absl::StrCat(path, kTemporarySuffix);
   const int fd =
       ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -142,11 +142,15 @@ SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
                               absl::Time deadline) {
   const absl::Time start = absl::Now();
   SaveAllResult result;
-  std::vector<std::string> ids;
+  // (id, owner) of every tenant's sessions.
+  std::vector<std::pair<std::string, Tenant>> ids;
   for (std::string after;;) {
-    std::vector<SessionInfo> page = engine.ListSessions(after, 1000);
+    std::vector<SessionInfo> page = engine.ListAllSessions(after, 1000);
     if (page.empty()) break;
-    for (const SessionInfo& info : page) ids.push_back(info.session_id);
+    for (const SessionInfo& info : page) {
+      ids.emplace_back(info.session_id,
+                       Tenant{.name = info.owner, .quota = {}});
+    }
     after = page.back().session_id;
   }
   if (absl::Status status = EnsureDirectory(dir); !status.ok()) {
@@ -158,9 +162,10 @@ SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
     result.duration = absl::Now() - start;
     return result;
   }
-  for (const std::string& id : ids) {
+  for (const auto& [id, owner] : ids) {
     const std::string path = absl::StrCat(dir, "/", id, kSessionSuffix);
-    absl::StatusOr<int64_t> bytes = SaveSession(engine, id, path, deadline);
+    absl::StatusOr<int64_t> bytes =
+        SaveSession(engine, id, path, deadline, owner);
     if (bytes.ok()) {
       ++result.written;
       result.bytes += *bytes;
@@ -187,8 +192,7 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
   ImportOptions options;
   options.keep_session_id = true;
   options.keep_idle_deadline = true;
-  // Owner tenant hook: once sessions have owners, the header carries the
-  // owner and `options` passes it on here.
+  options.keep_owner = true;
   ATTN_ASSIGN_OR_RETURN(
       const ImportResult result,
       ReadSessionImport(

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/engine.h"
+#include "core/tenant.h"
 
 namespace attention::server {
 
@@ -30,19 +31,22 @@ struct SaveAllResult {
   absl::Duration duration;
 };
 
-// Writes every live session of `engine` to `dir` (created if missing),
-// stopping at `deadline`: the sessions left are counted as failed.
+// Writes every live session of `engine`, of every tenant, to `dir` (created
+// if missing), stopping at `deadline`: the sessions left are counted as
+// failed.
 SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
                               absl::Time deadline);
 
-// Writes one session's snapshot to `path` (temporary name, fsync, rename;
-// the caller fsyncs the directory). Returns the K/V bytes written.
-// NOT_FOUND for an unknown session; INTERNAL for a file system error;
-// DEADLINE_EXCEEDED (no file left) when `deadline` passes.
+// Writes the snapshot of `owner`'s session `id` to `path` (temporary name,
+// fsync, rename; the caller fsyncs the directory). Returns the K/V bytes
+// written. NOT_FOUND for an unknown session (or another tenant's);
+// INTERNAL for a file system error; DEADLINE_EXCEEDED (no file left) when
+// `deadline` passes.
 absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
                                     const std::string& id,
                                     const std::string& path,
-                                    absl::Time deadline);
+                                    absl::Time deadline,
+                                    const Tenant& owner = DefaultTenant());
 
 struct RestoreAllResult {
   int64_t restored = 0;
@@ -52,7 +56,8 @@ struct RestoreAllResult {
   int64_t bytes = 0;
 };
 
-// Restores every `*.session` file of `dir` with its id and idle deadline,
+// Restores every `*.session` file of `dir` with its id, idle deadline and
+// owner tenant,
 // removing each file once restored, deleting leftover `*.tmp` files and
 // logging every file it moves aside. A missing directory is created; a
 // directory that cannot be read is logged and restores nothing. Never
@@ -60,7 +65,9 @@ struct RestoreAllResult {
 RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
                                     const std::string& dir);
 
-// Imports one snapshot file (with its id and idle deadline).
+// Imports one snapshot file (with its id, idle deadline and owner tenant;
+// the sessions were admitted under their tenants' quotas before, so none is
+// applied again).
 // INVALID_ARGUMENT or DATA_LOSS for a malformed file; others as
 // ImportSession.
 absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,

@@ -350,6 +350,9 @@ TEST_F(MalformedSnapshotTest, CorruptedBytesFailTheChecksum) {
   s.header.idle_deadline_unix_ms += 1;
   ExpectRejected(s, absl::StatusCode::kDataLoss, "checksum");
   s = good_;
+  s.header.owner = "mallory";  // the owner is checksummed too
+  ExpectRejected(s, absl::StatusCode::kDataLoss, "checksum");
+  s = good_;
   s.trailer.num_chunks += 1;
   ExpectRejected(s, absl::StatusCode::kDataLoss, "chunks");
 }
@@ -447,6 +450,42 @@ TEST_F(MalformedSnapshotTest, PoolExhaustionIsUpFront) {
   // BeginImport alone refuses it, before any data.
   EXPECT_EQ(small->BeginImport(good_.header, {}).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(MalformedSnapshotTest, TenantQuotasAreUpFrontAndRestoresKeepTheOwner) {
+  EXPECT_EQ(good_.header.owner, kDefaultTenantName);
+  ImportOptions options;
+  options.tenant.name = "small";
+  options.tenant.quota.max_kv_bytes = 4096;
+  auto refused = Import(*engine_, good_, options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("max_kv_bytes of 4096"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(engine_->tenant_stats("small").kv_bytes, 0);
+  EXPECT_EQ(engine_->stats().pool.used_bytes, used_);
+  options.tenant.quota = TenantQuota{.max_sessions = 0, .max_kv_bytes = {}};
+  EXPECT_EQ(Import(*engine_, good_, options).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(engine_->stats().active_sessions, sessions_);
+
+  // A restore gives the session to the header's owner, not to `tenant`.
+  Snapshot s = good_;
+  s.header.owner = "alice";
+  Reseal(s);
+  options.keep_owner = true;
+  auto restored = Import(*engine_, s, options);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->owner, "alice");
+  const Tenant alice{.name = "alice", .quota = {}};
+  EXPECT_TRUE(engine_->GetSession(restored->session_id, alice).ok());
+  EXPECT_EQ(engine_->GetSession(restored->session_id).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->tenant_stats("alice").sessions, 1);
+  EXPECT_EQ(engine_->tenant_stats("alice").kv_bytes,
+            engine_->stats().pool.used_bytes - used_);
+  EXPECT_EQ(engine_->tenant_stats("small").sessions, 0);
 }
 
 TEST_F(MalformedSnapshotTest, AbandonedImportReturnsItsBlocks) {
