@@ -144,6 +144,30 @@ absl::StatusOr<SessionInfo> AttentionEngine::ForkSession(
   return fork->Info();
 }
 
+std::vector<SessionInfo> AttentionEngine::ListAllSessions(
+    const std::string& after, int64_t page_size) const {
+  std::vector<SessionInfo> infos;
+  for (const std::shared_ptr<Session>& session :
+       sessions_.ListAllTenants(after, page_size)) {
+    infos.push_back(session->Info());
+  }
+  return infos;
+}
+
+absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
+    const std::string& id, const Tenant& tenant) {
+  // Not a use of the session: the snapshot keeps its idle deadline.
+  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                        sessions_.Find(id, tenant));
+  return SessionExport::Start(backend_.get(), *session, options_.version);
+}
+
+absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(
+    const SnapshotHeader& header, const ImportOptions& options) {
+  return SessionImport::Begin(&sessions_, pool_.get(), backend_.get(), header,
+                              options);
+}
+
 absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
     const std::string& id, int64_t length, const Tenant& tenant) {
   if (length < 0) {
