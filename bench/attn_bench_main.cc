@@ -17,11 +17,14 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench_report.h"
 
+ABSL_FLAG(int64_t, snapshot_mib, 0,
+          "mobility: MiB of sessions to snapshot and restore (0 = 1024, "
+          "256 with --quick); the pool takes as much memory, twice.");
 ABSL_FLAG(bool, quick, false,
           "CI-sized run: smaller repetitions, < 2 minutes on 2 cores");
 ABSL_FLAG(int, threads, 0, "Worker threads (0 = one per hardware thread)");
 ABSL_FLAG(std::string, sections, "kernel,serving",
-          "Comma-separated sections to run: kernel, serving, sparse");
+          "Comma-separated sections to run: kernel, serving, mobility, sparse");
 ABSL_FLAG(std::string, json, "", "Also write the JSON summary to this file");
 
 namespace attention::bench {
@@ -85,6 +88,7 @@ int Main() {
   BenchOptions options;
   options.quick = absl::GetFlag(FLAGS_quick);
   options.threads = absl::GetFlag(FLAGS_threads);
+  options.snapshot_mib = absl::GetFlag(FLAGS_snapshot_mib);
   if (options.threads <= 0) {
     options.threads = static_cast<int>(std::thread::hardware_concurrency());
   }
@@ -96,10 +100,13 @@ int Main() {
       RunKernelBench(options, &report);
     } else if (section == "serving") {
       RunServingBench(options, &report);
+    } else if (section == "mobility") {
+      RunMobilityBench(options, &report);
     } else if (section == "sparse") {
       RunSparseBench(options, &report);
     } else {
-      std::fprintf(stderr, "unknown section '%s' (kernel, serving, sparse)\n",
+      std::fprintf(stderr,
+                   "unknown section '%s' (kernel, serving, mobility, sparse)\n",
                    std::string(section).c_str());
       return 2;
     }

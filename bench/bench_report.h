@@ -13,6 +13,9 @@ namespace attention::bench {
 struct BenchOptions {
   bool quick = false;  // the CI-sized run: < 2 minutes on 2 cores in all
   int threads = 0;     // 0 = one per hardware thread
+  // Mobility section: MiB of sessions to snapshot and restore; 0 = the
+  // default (1 GiB, 256 MiB quick).
+  int64_t snapshot_mib = 0;
 };
 
 class BenchReport {
@@ -58,6 +61,9 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report);
 // Serving: DecodeStep vs a bare echo RPC, batched vs one-at-a-time decode
 // streams (bench/serving_bench.cc).
 void RunServingBench(const BenchOptions& options, BenchReport* report);
+// Session mobility: ExportSession + ImportSession vs a bare echo of the
+// same bytes, and the --snapshot_dir snapshot and restore times.
+void RunMobilityBench(const BenchOptions& options, BenchReport* report);
 
 // Top-k sparse decode against dense decode at T = 32768, k = 2048
 // (sparse_bench.cc).

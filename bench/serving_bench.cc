@@ -30,6 +30,7 @@
 // of forks. The full run prefills 64 distinct contexts.
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/server_callback.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -54,13 +56,16 @@
 #include "bench/bench_echo.grpc.pb.h"
 #include "bench/bench_report.h"
 #include "client/attention_client.h"
+#include "core/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "core/engine.h"
+#include "core/session_snapshot.h"
 #include "core/session_spec.h"
 #include "core/status_macros.h"
 #include "core/tensor.h"
 #include "server/attention_server.h"
 #include "server/server_options.h"
+#include "server/snapshot_store.h"
 
 namespace attention::bench {
 namespace {
@@ -75,6 +80,7 @@ constexpr int64_t kShortContext = 16;
 constexpr int64_t kBatchContext = 2048;
 constexpr int kStreams = 64;
 constexpr char kSection[] = "serving";
+constexpr char kMobilitySection[] = "mobility";
 
 double MicrosBetween(Clock::time_point begin, Clock::time_point end) {
   return std::chrono::duration<double, std::micro>(end - begin).count();
@@ -699,6 +705,236 @@ absl::Status MeasureApis(const Harness& h, const std::string& session) {
   return absl::OkStatus();
 }
 
+// ---------------------------------------------------------------------------
+// (d) Session mobility.
+
+// A session of `tokens` tokens of random float16 history, created through
+// the snapshot import path (prefilling a context this long would take
+// minutes of attention on 2 cores; the K/V bytes are what matters here).
+// The 1 MiB of random rows repeats.
+absl::StatusOr<std::string> SyntheticSession(AttentionEngine& engine,
+                                             int64_t tokens, uint32_t seed) {
+  SessionSpec spec = BenchSpec();
+  spec.max_tokens = tokens;
+  SnapshotHeader header;
+  ATTN_ASSIGN_OR_RETURN(
+      header.spec, ResolveSessionSpec(spec, engine.options().sessions.limits));
+  header.kv_dtype = header.spec.kv_dtype;
+  header.layer_lengths = {tokens};
+  header.first_positions = {0};
+  header.idle_timeout_ms = 3600 * 1000;
+  header.idle_deadline_unix_ms = absl::ToUnixMillis(absl::Now()) + 3600 * 1000;
+  const int64_t row_bytes = int64_t{kKvHeads} * kHeadDim * 2;
+  header.kv_bytes = tokens * 2 * row_bytes;
+  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionImport> import,
+                        engine.BeginImport(header, ImportOptions{}));
+  SnapshotChecksum checksum;
+  checksum.AddHeader(header);
+  const int64_t per_chunk = kSnapshotChunkTargetBytes / (2 * row_bytes);
+  const std::string rows =
+      RandomHalfBytes(per_chunk * kKvHeads * kHeadDim, seed);
+  SnapshotChunk chunk;
+  int64_t chunks = 0;
+  for (int64_t start = 0; start < tokens; start += per_chunk) {
+    chunk.layer = 0;
+    chunk.start = start;
+    chunk.num_tokens = std::min(per_chunk, tokens - start);
+    chunk.k.assign(rows, 0, chunk.num_tokens * row_bytes);
+    chunk.v = chunk.k;
+    ATTN_RETURN_IF_ERROR(import->AddChunk(chunk));
+    checksum.AddChunk(chunk);
+    ++chunks;
+  }
+  ATTN_ASSIGN_OR_RETURN(
+      SessionInfo info,
+      import->Finish({.num_chunks = chunks, .checksum = checksum.value()}));
+  return info.session_id;
+}
+
+struct TransferTimes {
+  double export_s = 0, import_s = 0;
+};
+
+// ExportSession of `session` into memory, then ImportSession of the
+// records; the copy is deleted again.
+absl::StatusOr<TransferTimes> ExportImportRound(const Harness& h,
+                                                const std::string& session) {
+  TransferTimes times;
+  std::vector<v1::SessionChunk> records;
+  const Clock::time_point start = Clock::now();
+  ATTN_RETURN_IF_ERROR(
+      h.client->ExportSession(session, [&](const v1::SessionChunk& record) {
+        records.push_back(record);
+        return absl::OkStatus();
+      }));
+  const Clock::time_point exported = Clock::now();
+  size_t next = 0;
+  ATTN_ASSIGN_OR_RETURN(
+      v1::SessionInfo copy,
+      h.client->ImportSession(
+          [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+            if (next == records.size()) return false;
+            record->Swap(&records[next++]);
+            return true;
+          }));
+  const Clock::time_point imported = Clock::now();
+  ATTN_RETURN_IF_ERROR(h.client->DeleteSession(copy.session_id()));
+  times.export_s = MicrosBetween(start, exported) * 1e-6;
+  times.import_s = MicrosBetween(exported, imported) * 1e-6;
+  return times;
+}
+
+// The same bytes through the bare echo stream, pipelined like a gRPC
+// stream: `messages` requests of `bytes` up (answers empty), then
+// `messages` empty requests answered with `bytes` down.
+absl::StatusOr<double> EchoTransferSeconds(const Harness& h, int64_t messages,
+                                           int64_t bytes) {
+  const Clock::time_point start = Clock::now();
+  for (bool upload : {true, false}) {
+    echo::EchoRequest request;
+    if (upload) {
+      request.set_payload(std::string(static_cast<size_t>(bytes), 'x'));
+    } else {
+      request.set_response_bytes(bytes);
+    }
+    grpc::ClientContext context;
+    auto stream = h.echo->EchoStream(&context);
+    std::thread writer([&] {
+      for (int64_t m = 0; m < messages; ++m) {
+        if (!stream->Write(request)) break;
+      }
+      stream->WritesDone();
+    });
+    echo::EchoResponse response;
+    int64_t received = 0;
+    while (stream->Read(&response)) ++received;
+    writer.join();
+    ATTN_RETURN_IF_ERROR(client::FromGrpcStatus(stream->Finish()));
+    if (received != messages) {
+      return absl::InternalError("the echo stream lost messages");
+    }
+  }
+  return MicrosBetween(start, Clock::now()) * 1e-6;
+}
+
+absl::Status MeasureSessionTransfer(const Harness& h) {
+  // float16, 8 KV heads of 128: 4 KiB of K/V per token.
+  const int64_t tokens = h.options->quick ? 16384 : 65536;
+  ATTN_ASSIGN_OR_RETURN(
+      const std::string session,
+      SyntheticSession(h.server->engine(), tokens, /*seed=*/77));
+  const int64_t kv_bytes = tokens * 2 * kKvHeads * kHeadDim * 2;
+  const int64_t chunk_bytes = kSnapshotChunkTargetBytes;
+  const int64_t messages = kv_bytes / chunk_bytes;
+  const int rounds = h.options->quick ? 3 : 5;
+  ATTN_RETURN_IF_ERROR(ExportImportRound(h, session).status());  // warm-up
+  ATTN_RETURN_IF_ERROR(EchoTransferSeconds(h, 4, chunk_bytes).status());
+  double export_s = 0, import_s = 0, echo_s = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (int side = 0; side < 2; ++side) {
+      if ((side + round) % 2 == 0) {
+        ATTN_ASSIGN_OR_RETURN(TransferTimes times,
+                              ExportImportRound(h, session));
+        export_s += times.export_s;
+        import_s += times.import_s;
+      } else {
+        ATTN_ASSIGN_OR_RETURN(double seconds,
+                              EchoTransferSeconds(h, messages, chunk_bytes));
+        echo_s += seconds;
+      }
+    }
+  }
+  ATTN_RETURN_IF_ERROR(h.server->engine().DeleteSession(session));
+  const double gb = static_cast<double>(kv_bytes) * 1e-9;
+  const double export_gbps = gb * rounds / export_s;
+  const double import_gbps = gb * rounds / import_s;
+  const double transfer_gbps = 2 * gb * rounds / (export_s + import_s);
+  const double echo_gbps = 2 * gb * rounds / echo_s;
+  BenchReport& r = *h.report;
+  const std::string size = absl::StrCat(kv_bytes >> 20, " MiB session");
+  r.AddRow(kMobilitySection, absl::StrCat("ExportSession, ", size), export_gbps,
+           "GB/s");
+  r.AddRow(kMobilitySection, absl::StrCat("ImportSession, ", size), import_gbps,
+           "GB/s");
+  r.AddRow(kMobilitySection, "export then import (bytes moved / time)",
+           transfer_gbps, "GB/s");
+  r.AddRow(kMobilitySection, "echo stream of the same bytes, up then down",
+           echo_gbps, "GB/s");
+  r.AddRow(kMobilitySection, "session transfer / echo",
+           transfer_gbps / echo_gbps, "x");
+  r.AddFigure("session_export_gbps", export_gbps);
+  r.AddFigure("session_import_gbps", import_gbps);
+  r.AddFigure("session_transfer_gbps", transfer_gbps);
+  r.AddFigure("session_transfer_echo_gbps", echo_gbps);
+  r.AddFigure("session_transfer_vs_echo_ratio", transfer_gbps / echo_gbps);
+  return absl::OkStatus();
+}
+
+// Snapshot to disk and restore, as --snapshot_dir does on drain and start,
+// of `total` bytes of sessions (16 sessions), on engines of their own.
+absl::Status MeasureSnapshot(const BenchOptions& options, BenchReport* report) {
+  // 4 GiB (--snapshot_mib=4096) needs 4 GiB of pool (twice, one after the
+  // other) and 4 GiB of page cache: 1 GiB (256 MiB quick) by default on the
+  // 24 GiB shared development machine.
+  const int64_t total =
+      options.snapshot_mib > 0
+          ? options.snapshot_mib << 20
+          : (options.quick ? int64_t{256} << 20 : int64_t{1} << 30);
+  const int sessions = 16;
+  const int64_t tokens = total / sessions / (2 * kKvHeads * kHeadDim * 2);
+  const std::string dir =
+      absl::StrCat(std::filesystem::temp_directory_path().string(),
+                   "/attn-bench-snapshot-", ::getpid());
+  std::filesystem::remove_all(dir);
+  EngineOptions engine_options;
+  engine_options.kv_cache_bytes = total + (int64_t{64} << 20);
+  engine_options.sessions.limits.max_tokens_limit = tokens;
+  engine_options.sessions.limits.default_max_tokens = tokens;
+  engine_options.sessions.reap_interval = absl::ZeroDuration();
+  double save_s = 0, restore_s = 0;
+  int64_t written = 0, restored = 0;
+  {
+    ATTN_ASSIGN_OR_RETURN(
+        std::unique_ptr<AttentionEngine> engine,
+        AttentionEngine::Create(std::make_unique<CpuBackend>(options.threads),
+                                engine_options));
+    for (int i = 0; i < sessions; ++i) {
+      ATTN_RETURN_IF_ERROR(SyntheticSession(*engine, tokens, 100 + i).status());
+    }
+    const server::SaveAllResult saved =
+        server::SaveAllSessions(*engine, dir, absl::Now() + absl::Minutes(10));
+    save_s = absl::ToDoubleSeconds(saved.duration);
+    written = saved.written;
+  }
+  {
+    ATTN_ASSIGN_OR_RETURN(
+        std::unique_ptr<AttentionEngine> engine,
+        AttentionEngine::Create(std::make_unique<CpuBackend>(options.threads),
+                                engine_options));
+    const Clock::time_point start = Clock::now();
+    const server::RestoreAllResult result =
+        server::RestoreAllSessions(*engine, dir);
+    restore_s = MicrosBetween(start, Clock::now()) * 1e-6;
+    restored = result.restored;
+  }
+  std::filesystem::remove_all(dir);
+  if (written != sessions || restored != sessions) {
+    return absl::InternalError(absl::StrCat("snapshot wrote ", written,
+                                            " and restored ", restored, " of ",
+                                            sessions, " sessions"));
+  }
+  const std::string what =
+      absl::StrCat(total >> 20, " MiB in ", sessions, " sessions");
+  report->AddRow(kMobilitySection,
+                 absl::StrCat("snapshot to disk (fsync), ", what), save_s, "s");
+  report->AddRow(kMobilitySection, absl::StrCat("restore at start, ", what),
+                 restore_s, "s");
+  report->AddFigure("snapshot_seconds", save_s);
+  report->AddFigure("restore_seconds", restore_s);
+  report->AddFigure("snapshot_mib", static_cast<double>(total >> 20));
+  return absl::OkStatus();
+}
+
 absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
   const Clock::time_point section_start = Clock::now();
   BatchCounter counter;
@@ -770,7 +1006,42 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
   return absl::OkStatus();
 }
 
+absl::Status RunMobility(const BenchOptions& options, BenchReport* report) {
+  SyncEchoService sync_echo;
+  server::ServerOptions server_options;
+  server_options.listen_address = "127.0.0.1";
+  server_options.port = 0;
+  server_options.backend = "cpu";
+  server_options.threads = options.threads;
+  server_options.kv_cache_bytes = int64_t{1} << 30;
+  server_options.max_session_tokens = 1 << 20;
+  server_options.drain_timeout = absl::Seconds(1);
+  const std::vector<grpc::Service*> extra = {&sync_echo};
+  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<server::AttentionServer> server,
+                        server::AttentionServer::Start(server_options, extra));
+  std::unique_ptr<client::AttentionClient> client =
+      client::AttentionClient::Connect(server->local_target());
+  ATTN_RETURN_IF_ERROR(client->WaitForConnected(absl::Seconds(10)));
+  std::unique_ptr<echo::Echo::Stub> echo_stub =
+      echo::Echo::NewStub(client->channel());
+  const Harness harness{server.get(), client.get(), echo_stub.get(),
+                        nullptr,      &options,     report};
+  ATTN_RETURN_IF_ERROR(MeasureSessionTransfer(harness));
+  client.reset();
+  server->Shutdown();
+  return MeasureSnapshot(options, report);
+}
+
 }  // namespace
+
+void RunMobilityBench(const BenchOptions& options, BenchReport* report) {
+  std::fprintf(stderr, "attn-bench: mobility section...\n");
+  if (absl::Status status = RunMobility(options, report); !status.ok()) {
+    std::fprintf(stderr, "attn-bench: mobility section failed: %s\n",
+                 status.ToString().c_str());
+    report->AddFact("mobility_error", status.ToString());
+  }
+}
 
 void RunServingBench(const BenchOptions& options, BenchReport* report) {
   std::fprintf(stderr, "attn-bench: serving section...\n");

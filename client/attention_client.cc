@@ -4,6 +4,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 #include <utility>
@@ -50,6 +51,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
 
 grpc::ChannelArguments ChannelArguments(const ClientOptions& options) {
   grpc::ChannelArguments arguments;
+  if (options.retry_max_attempts > 1) {
+    arguments.SetServiceConfigJSON(
+        RetryServiceConfig(options.retry_max_attempts));
+  }
   arguments.SetMaxSendMessageSize(ClampToInt(options.max_send_message_bytes));
   arguments.SetMaxReceiveMessageSize(
       ClampToInt(options.max_receive_message_bytes));
@@ -60,6 +65,21 @@ grpc::ChannelArguments ChannelArguments(const ClientOptions& options) {
 }
 
 }  // namespace
+
+std::string RetryServiceConfig(int max_attempts) {
+  return absl::StrCat(
+      R"({"methodConfig": [{"name": [)",
+      R"({"service": "attention.v1.AttentionService", "method": "GetSession"},)",
+      R"({"service": "attention.v1.AttentionService", "method": "ListSessions"},)",
+      R"({"service": "attention.v1.AttentionService", "method": "TruncateSession"},)",
+      R"({"service": "attention.v1.AttentionService", "method": "Attention"},)",
+      R"({"service": "attention.v1.AttentionService", "method": "GetServerInfo"},)",
+      R"({"service": "attention.v1.AttentionService", "method": "ExportSession"}],)",
+      R"("retryPolicy": {"maxAttempts": )", std::clamp(max_attempts, 2, 5),
+      R"(, "initialBackoff": "0.2s", "maxBackoff": "5s",)",
+      R"( "backoffMultiplier": 2,)",
+      R"( "retryableStatusCodes": ["UNAVAILABLE"]}}]})");
+}
 
 bool UsesTls(const ClientOptions& options) {
   return options.tls || !options.tls_ca_file.empty() ||
@@ -274,6 +294,59 @@ AttentionClient::AttentionClient(std::shared_ptr<grpc::Channel> channel,
     : channel_(std::move(channel)),
       options_(options),
       stub_(v1::AttentionService::NewStub(channel_)) {}
+
+absl::Status AttentionClient::ExportSession(
+    absl::string_view session_id,
+    const std::function<absl::Status(const v1::SessionChunk&)>& sink) {
+  grpc::ClientContext context;
+  // A stream: the token, but no per-call deadline.
+  if (!options_.auth_token.empty()) {
+    context.AddMetadata("authorization", Authorization());
+  }
+  v1::ExportSessionRequest request;
+  request.set_session_id(std::string(session_id));
+  std::unique_ptr<grpc::ClientReader<v1::SessionChunk>> reader =
+      stub_->ExportSession(&context, request);
+  v1::SessionChunk record;
+  while (reader->Read(&record)) {
+    if (absl::Status status = sink(record); !status.ok()) {
+      context.TryCancel();
+      (void)reader->Finish();
+      return status;
+    }
+  }
+  return FromGrpcStatus(reader->Finish());
+}
+
+absl::StatusOr<v1::SessionInfo> AttentionClient::ImportSession(
+    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& source,
+    bool keep_session_id) {
+  grpc::ClientContext context;
+  if (!options_.auth_token.empty()) {
+    context.AddMetadata("authorization", Authorization());
+  }
+  v1::SessionInfo info;
+  std::unique_ptr<grpc::ClientWriter<v1::SessionChunk>> writer =
+      stub_->ImportSession(&context, &info);
+  v1::SessionChunk record;
+  for (bool first = true;; first = false) {
+    record.Clear();
+    absl::StatusOr<bool> more = source(&record);
+    if (!more.ok()) {
+      context.TryCancel();
+      (void)writer->Finish();
+      return more.status();
+    }
+    if (!*more) break;
+    if (first && keep_session_id) record.set_keep_session_id(true);
+    // A failed write means the server has already answered (Finish says).
+    if (!writer->Write(record)) break;
+  }
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) return FromGrpcStatus(status);
+  return info;
+}
 
 std::unique_ptr<AttentionClient> AttentionClient::Connect(
     const std::string& target, ClientOptions options) {

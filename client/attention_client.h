@@ -23,6 +23,7 @@
 #include <grpcpp/support/sync_stream.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,6 +46,16 @@ struct ClientOptions {
   int64_t max_receive_message_bytes = int64_t{64} << 20;
   // Deadline of each unary call; infinite = none. Streams have none.
   absl::Duration call_timeout = absl::InfiniteDuration();
+  // Retry policy (gRPC service config, see RetryServiceConfig): calls that
+  // are safe to repeat (GetSession, ListSessions, TruncateSession,
+  // Attention, GetServerInfo, ExportSession) are retried on UNAVAILABLE,
+  // e.g. while a server restarts with --snapshot_dir and restores its
+  // sessions, up to retry_max_attempts attempts in all with exponential
+  // backoff from 0.2 s to 5 s (about 15 s at 5 attempts; the server
+  // reports UNAVAILABLE until its sessions are back). Appends are never
+  // retried automatically: after an UNAVAILABLE Prefill/DecodeStep, read
+  // GetSession's layer_lengths and resend what is missing. 1 = no retries.
+  int retry_max_attempts = 5;
 
   // Transport security. Plaintext unless `tls` is set or any tls_* field
   // is: then TLS, verifying the server against tls_ca_file (PEM; empty =
@@ -61,12 +72,17 @@ struct ClientOptions {
   std::string auth_token;
 };
 
+// The gRPC service config the channels install for `max_attempts` (2..5;
+// gRPC caps attempts at 5).
+std::string RetryServiceConfig(int max_attempts);
+
 // True when `options` ask for TLS.
 bool UsesTls(const ClientOptions& options);
 
-// A channel to `target` ("host:port") with the options' message size limits
-// and transport security. INVALID_ARGUMENT when a TLS file cannot be read,
-// or only one of tls_cert_file and tls_key_file is set.
+// A channel to `target` ("host:port") with the options' message size
+// limits, retry policy and transport security. INVALID_ARGUMENT when a TLS
+// file cannot be read, or only one of tls_cert_file and tls_key_file is
+// set.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     const std::string& target, const ClientOptions& options);
 
@@ -222,6 +238,19 @@ class AttentionClient {
   absl::StatusOr<v1::AttentionResult> Attention(
       const v1::AttentionRequest& request);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  // Streams session `session_id`'s snapshot (attention.proto, SessionChunk)
+  // to `sink`, record by record; the first error of `sink` cancels the
+  // export and is returned.
+  absl::Status ExportSession(
+      absl::string_view session_id,
+      const std::function<absl::Status(const v1::SessionChunk&)>& sink);
+  // Creates a session from the snapshot records `source` yields (it fills
+  // the record and returns true, or false after the last one). With
+  // `keep_session_id` the session keeps the snapshot's id. The server
+  // validates everything; on any error nothing is created.
+  absl::StatusOr<v1::SessionInfo> ImportSession(
+      const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& source,
+      bool keep_session_id = false);
   // grpc.health.v1.Health/Check; `service` empty = the whole server.
   absl::StatusOr<ServingStatus> CheckHealth(const std::string& service = "");
 

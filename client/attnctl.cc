@@ -16,8 +16,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,6 +98,14 @@ ABSL_FLAG(int32_t, index_heads, 0, "plan: index query heads of top-k layers.");
 ABSL_FLAG(int32_t, prompt_tokens, 8, "demo: prompt length.");
 ABSL_FLAG(int32_t, decode_steps, 8, "demo: streamed decode steps per layer.");
 ABSL_FLAG(uint32_t, seed, 1, "demo: random seed of the synthetic q/k/v.");
+ABSL_FLAG(bool, keep_session, false,
+          "demo: keep the session instead of deleting it (its id is "
+          "printed).");
+ABSL_FLAG(std::string, session, "", "export: the session to export.");
+ABSL_FLAG(std::string, out, "", "export: the snapshot file to write.");
+ABSL_FLAG(std::string, in, "", "import: the snapshot file to read.");
+ABSL_FLAG(bool, keep_id, false,
+          "import: keep the exported session id (fails if it is taken).");
 
 namespace attention::attnctl {
 namespace {
@@ -561,6 +571,10 @@ int RunDemo() {
     exit_code = 1;
   }
 
+  if (absl::GetFlag(FLAGS_keep_session)) {
+    std::cout << "kept session " << session->id() << std::endl;
+    return exit_code;
+  }
   if (absl::Status deleted = session->Delete(); !deleted.ok()) {
     return Fail(deleted, "DeleteSession");
   }
@@ -568,8 +582,139 @@ int RunDemo() {
   return exit_code;
 }
 
+// ---------------------------------------------------------------------------
+// export / import
+//
+// The file holds the snapshot records (attention.v1.SessionChunk), each
+// preceded by its serialized length as 4 bytes little-endian: the format of
+// attention-server --snapshot_dir files, so an exported file can also be
+// put into a snapshot directory.
+
+// Sessions with at least this many K/V bytes get a progress line.
+constexpr int64_t kProgressBytes = int64_t{16} << 20;
+
+// Rewrites one progress line on stderr (at most every 1%).
+class Progress {
+ public:
+  Progress(absl::string_view verb, int64_t total)
+      : verb_(verb), total_(total) {}
+  void Add(int64_t bytes) {
+    done_ += bytes;
+    if (total_ < kProgressBytes) return;
+    const int64_t percent = done_ * 100 / total_;
+    if (percent == shown_) return;
+    shown_ = percent;
+    std::cerr << "\r" << verb_ << " " << HumanBytes(done_) << " of "
+              << HumanBytes(total_) << " (" << percent << "%)" << std::flush;
+    if (done_ >= total_) std::cerr << std::endl;
+  }
+
+ private:
+  std::string verb_;
+  int64_t total_;
+  int64_t done_ = 0;
+  int64_t shown_ = -1;
+};
+
+int RunExport() {
+  const std::string id = absl::GetFlag(FLAGS_session);
+  const std::string path = absl::GetFlag(FLAGS_out);
+  if (id.empty() || path.empty()) {
+    std::cerr << "attnctl export: give --session=ID and --out=FILE"
+              << std::endl;
+    return 1;
+  }
+  auto made = MakeClient();
+  if (!made.ok()) return Fail(made.status(), "connecting");
+  std::unique_ptr<AttentionClient> client = *std::move(made);
+  const std::string temporary = path + ".tmp";
+  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+  if (!out) {
+    std::cerr << "attnctl export: cannot write " << temporary << std::endl;
+    return 1;
+  }
+  std::optional<Progress> progress;
+  std::string bytes;
+  absl::Status status = client->ExportSession(
+      id, [&](const v1::SessionChunk& record) -> absl::Status {
+        if (record.has_header()) {
+          progress.emplace("exported", record.header().kv_bytes());
+        }
+        record.SerializeToString(&bytes);
+        const uint32_t size = static_cast<uint32_t>(bytes.size());
+        const char prefix[4] = {
+            static_cast<char>(size), static_cast<char>(size >> 8),
+            static_cast<char>(size >> 16), static_cast<char>(size >> 24)};
+        out.write(prefix, 4);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        if (!out) return absl::InternalError("cannot write " + temporary);
+        if (record.has_data() && progress.has_value()) {
+          progress->Add(record.data().k().size() + record.data().v().size());
+        }
+        return absl::OkStatus();
+      });
+  out.close();
+  if (status.ok() && std::rename(temporary.c_str(), path.c_str()) != 0) {
+    status = absl::InternalError("cannot rename " + temporary + " to " + path);
+  }
+  if (!status.ok()) {
+    std::remove(temporary.c_str());
+    return Fail(status, "ExportSession");
+  }
+  std::cout << "exported session " << id << " to " << path << std::endl;
+  return 0;
+}
+
+int RunImport() {
+  const std::string path = absl::GetFlag(FLAGS_in);
+  if (path.empty()) {
+    std::cerr << "attnctl import: give --in=FILE" << std::endl;
+    return 1;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::cerr << "attnctl import: cannot read " << path << std::endl;
+    return 1;
+  }
+  auto made = MakeClient();
+  if (!made.ok()) return Fail(made.status(), "connecting");
+  std::unique_ptr<AttentionClient> client = *std::move(made);
+  std::optional<Progress> progress;
+  std::string bytes;
+  auto info = client->ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        unsigned char prefix[4];
+        if (!in.read(reinterpret_cast<char*>(prefix), 4)) {
+          if (in.gcount() == 0) return false;
+          return absl::DataLossError(path + " ends inside a record");
+        }
+        const uint32_t size = prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) |
+                              (static_cast<uint32_t>(prefix[3]) << 24);
+        if (size > (64u << 20)) {
+          return absl::InvalidArgumentError(path +
+                                            " is not a session snapshot");
+        }
+        bytes.resize(size);
+        if (!in.read(bytes.data(), size) || !record->ParseFromString(bytes)) {
+          return absl::DataLossError(path + " holds a damaged record");
+        }
+        if (record->has_header()) {
+          progress.emplace("imported", record->header().kv_bytes());
+        } else if (record->has_data() && progress.has_value()) {
+          progress->Add(record->data().k().size() + record->data().v().size());
+        }
+        return true;
+      },
+      absl::GetFlag(FLAGS_keep_id));
+  if (!info.ok()) return Fail(info.status(), "ImportSession");
+  std::cout << "imported session " << info->session_id() << " ("
+            << HumanBytes(info->kv_cache_bytes()) << " of KV blocks)"
+            << std::endl;
+  return 0;
+}
+
 int Usage() {
-  std::cerr << "usage: attnctl info|demo|plan|health [flags]   "
+  std::cerr << "usage: attnctl info|demo|plan|health|export|import [flags]   "
                "(attnctl --help for flags)"
             << std::endl;
   return 1;
@@ -587,7 +732,11 @@ int main(int argc, char** argv) {
       "  attnctl plan     KV-cache bytes per token and per context "
       "(--preset or --num_layers ...)\n"
       "  attnctl health   grpc.health.v1 check (exit 0 serving, 2 cannot "
-      "connect, 3 RPC failed, 4 not serving)");
+      "connect, 3 RPC failed, 4 not serving)\n"
+      "  attnctl export   --session=ID --out=FILE: a session's snapshot to a "
+      "file\n"
+      "  attnctl import   --in=FILE [--keep_id]: a session from a snapshot "
+      "file");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) return attention::attnctl::Usage();
   const std::string command = args[1];
@@ -595,6 +744,8 @@ int main(int argc, char** argv) {
   if (command == "demo") return attention::attnctl::RunDemo();
   if (command == "plan") return attention::attnctl::RunPlan();
   if (command == "health") return attention::attnctl::RunHealth();
+  if (command == "export") return attention::attnctl::RunExport();
+  if (command == "import") return attention::attnctl::RunImport();
   std::cerr << "attnctl: unknown command \"" << command << "\"" << std::endl;
   return attention::attnctl::Usage();
 }

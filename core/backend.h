@@ -81,6 +81,11 @@ class AttentionBackend {
   virtual absl::Status CopyBlock(const std::byte* src, std::byte* dst,
                                  int64_t bytes) = 0;
 
+  // Copies `bytes` of block memory at `src` to host memory at `dst` (reading
+  // a session snapshot). INTERNAL on device failure.
+  virtual absl::Status ReadBlock(const std::byte* src, std::byte* dst,
+                                 int64_t bytes) = 0;
+
   // Computes every problem in the order documented in attention_problem.h.
   // The problems are independent and may run in parallel; their outputs must
   // not overlap. Returns INVALID_ARGUMENT when a visible logit overflows or

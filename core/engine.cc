@@ -72,6 +72,19 @@ const Tenant& TenantOf(const AppendRequest& request) {
   return request.tenant != nullptr ? *request.tenant : DefaultTenant();
 }
 
+// The snapshot format (session_snapshot.h) carries separate K and V rows
+// and no index keys: MLA shared-latent and top-k sessions do not move yet.
+absl::Status CheckTransferable(const SessionSpec& spec) {
+  bool topk = false;
+  for (const LayerSpec& layer : spec.layers) topk |= layer.topk > 0;
+  if (spec.kv_layout == KvLayout::kSharedLatent || topk) {
+    return absl::FailedPreconditionError(
+        "exporting or importing MLA shared-latent or top-k sparse sessions "
+        "is not supported yet; recompute the session on the target server");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
@@ -143,6 +156,32 @@ absl::StatusOr<SessionInfo> AttentionEngine::ForkSession(
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> fork,
                         sessions_.Fork(id, tenant));
   return fork->Info();
+}
+
+std::vector<SessionInfo> AttentionEngine::ListAllSessions(
+    const std::string& after, int64_t page_size) const {
+  std::vector<SessionInfo> infos;
+  for (const std::shared_ptr<Session>& session :
+       sessions_.ListAllTenants(after, page_size)) {
+    infos.push_back(session->Info());
+  }
+  return infos;
+}
+
+absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
+    const std::string& id, const Tenant& tenant) {
+  // Not a use of the session: the snapshot keeps its idle deadline.
+  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
+                        sessions_.Find(id, tenant));
+  ATTN_RETURN_IF_ERROR(CheckTransferable(session->spec()));
+  return SessionExport::Start(backend_.get(), *session, options_.version);
+}
+
+absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(
+    const SnapshotHeader& header, const ImportOptions& options) {
+  ATTN_RETURN_IF_ERROR(CheckTransferable(header.spec));
+  return SessionImport::Begin(&sessions_, pool_.get(), backend_.get(), header,
+                              options);
 }
 
 absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(

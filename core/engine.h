@@ -44,7 +44,10 @@
 #include "core/call_control.h"
 #include "core/block_pool.h"
 #include "core/session.h"
+#include "core/session_export.h"
+#include "core/session_import.h"
 #include "core/session_manager.h"
+#include "core/session_snapshot.h"
 #include "core/session_spec.h"
 #include "core/tenant.h"
 #include "core/tenant_usage.h"
@@ -66,6 +69,8 @@ struct EngineOptions {
   // 32 heads of 128 dims in one call: seconds on a CPU, milliseconds on a
   // GPU.
   int64_t max_call_flops = int64_t{1} << 41;
+  // Recorded in session snapshots (SnapshotHeader::server_version).
+  std::string version;
   SessionManagerOptions sessions;
 };
 
@@ -198,6 +203,27 @@ class AttentionEngine {
   absl::StatusOr<SessionInfo> TruncateSession(
       const std::string& id, int64_t length,
       const Tenant& tenant = DefaultTenant());
+
+  // Every tenant's sessions, paged as ListSessions: what the server itself
+  // snapshots when it drains (SessionInfo::owner says whose each is).
+  std::vector<SessionInfo> ListAllSessions(const std::string& after,
+                                           int64_t page_size) const;
+
+  // A consistent snapshot of `tenant`'s session `id` (see
+  // core/session_export.h for what it costs); its header names the owner.
+  // NOT_FOUND for an unknown id or another tenant's. Reading a session does
+  // not restart its idle clock: the snapshot records its idle deadline.
+  // FAILED_PRECONDITION for an MLA shared-latent or top-k session (the
+  // snapshot format has no place for them yet). The export must be
+  // destroyed before the engine.
+  absl::StatusOr<std::unique_ptr<SessionExport>> ExportSession(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
+  // Starts restoring a session from a snapshot whose header is `header`
+  // (see core/session_import.h for the protocol and its errors;
+  // FAILED_PRECONDITION for an MLA shared-latent or top-k spec). The import
+  // must be destroyed before the engine.
+  absl::StatusOr<std::unique_ptr<SessionImport>> BeginImport(
+      const SnapshotHeader& header, const ImportOptions& options);
 
   // Prefill / DecodeStep: appends the request's K/V to the layer and returns
   // causal attention of its queries over the layer's visible history.

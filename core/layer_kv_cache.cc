@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/session_snapshot.h"
+#include "core/status_macros.h"
 #include "core/visibility.h"
 
 namespace attention {
@@ -30,20 +32,86 @@ LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
       layout_(other.layout_),
       mask_(std::move(other.mask_)),
       length_(other.length_),
+      first_held_(other.first_held_),
       table_(std::move(other.table_)) {
   other.table_.clear();
   other.length_ = 0;
+  other.first_held_ = 0;
 }
 
 LayerKvCache LayerKvCache::Fork() const {
   LayerKvCache copy(pool_, layout_, mask_, usage_);
   copy.length_ = length_;
+  copy.first_held_ = first_held_;
   copy.table_ = table_;
   for (BlockId id : table_) {
     if (id != kNoBlock) pool_->Ref(id);
   }
   if (usage_ != nullptr) usage_->RefAll(table_);
   return copy;
+}
+
+namespace {
+
+// Whether logical block `b` holds a carried position.
+bool BlockCarried(int64_t b, int64_t tpb, const CarriedRanges& ranges) {
+  const int64_t begin = b * tpb;
+  const int64_t end = begin + tpb;
+  return (begin < ranges.sink_end) ||
+         (end > ranges.window_start && begin < ranges.length);
+}
+
+}  // namespace
+
+int64_t LayerKvCache::RestoreBlocks(const KvBlockLayout& layout,
+                                    const LayerSpec& mask, int64_t length,
+                                    int64_t first_position) {
+  const int64_t tpb = layout.tokens_per_block;
+  const CarriedRanges ranges =
+      CarriedPositions(length, mask.num_sink_tokens, first_position);
+  int64_t blocks = 0;
+  for (int64_t b = 0; b < CeilDiv(length, tpb); ++b) {
+    if (BlockCarried(b, tpb, ranges)) ++blocks;
+  }
+  return blocks;
+}
+
+absl::StatusOr<LayerKvCache> LayerKvCache::Restore(
+    BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
+    int64_t length, int64_t first_position, TenantUsage* usage) {
+  const int64_t tpb = layout.tokens_per_block;
+  const CarriedRanges ranges =
+      CarriedPositions(length, mask.num_sink_tokens, first_position);
+  std::vector<BlockId> blocks;
+  ATTN_RETURN_IF_ERROR(pool->Allocate(
+      RestoreBlocks(layout, mask, length, first_position), &blocks));
+  LayerKvCache layer(pool, layout, mask, usage);
+  if (usage != nullptr) usage->RefAll(blocks);
+  layer.length_ = length;
+  layer.first_held_ =
+      ranges.window_start > ranges.sink_end ? ranges.window_start : 0;
+  size_t next = 0;
+  for (int64_t b = 0; b < CeilDiv(length, tpb); ++b) {
+    layer.table_.push_back(BlockCarried(b, tpb, ranges) ? blocks[next++]
+                                                        : kNoBlock);
+  }
+  return layer;
+}
+
+std::vector<std::byte*> LayerKvCache::restore_blocks() const {
+  std::vector<std::byte*> blocks;
+  blocks.reserve(table_.size());
+  for (BlockId id : table_) {
+    blocks.push_back(id == kNoBlock ? nullptr : pool_->data(id));
+  }
+  return blocks;
+}
+
+int64_t LayerKvCache::FirstHeldPosition() const {
+  // The rows from the start of the last run of blocks still held.
+  int64_t b = static_cast<int64_t>(table_.size());
+  while (b > 0 && table_[b - 1] != kNoBlock) --b;
+  return std::max(first_held_, b * layout_.tokens_per_block);
 }
 
 int64_t LayerKvCache::referenced_blocks() const {
@@ -177,6 +245,18 @@ absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
   // A query at `length` sees keys (length - window, length) besides sinks.
   const int64_t tpb = layout_.tokens_per_block;
   const int64_t first_visible = std::max<int64_t>(0, length - mask_.window + 1);
+  // A restored layer holds no rows in [num_sink_tokens, first_held_).
+  if (std::max<int64_t>(first_visible, mask_.num_sink_tokens) <
+      std::min(first_held_, length)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("truncating to ", length,
+                     " tokens needs keys from position ", first_visible,
+                     ", which this sliding-window layer (window ", mask_.window,
+                     ") did not keep when it was restored from a snapshot "
+                     "(it holds positions from ",
+                     first_held_, "); the shortest possible length is ",
+                     std::min(first_held_ + mask_.window - 1, length_)));
+  }
   for (int64_t b = first_visible / tpb; b <= (length - 1) / tpb; ++b) {
     if (table_[b] != kNoBlock) continue;
     // Keys from the first retained block on are still here.
@@ -201,6 +281,7 @@ void LayerKvCache::Truncate(int64_t length) {
   Release(absl::MakeConstSpan(table_).subspan(keep));
   table_.resize(keep);
   length_ = length;
+  first_held_ = std::min(first_held_, length);
 }
 
 KvView LayerKvCache::view(std::vector<const std::byte*>* k_storage,

@@ -45,6 +45,34 @@ class LayerKvCache {
   // A copy sharing every block (each gains a reference).
   LayerKvCache Fork() const;
 
+  // Restoring a snapshot (core/session_snapshot.h): a layer of `length`
+  // tokens holding blocks for the positions a snapshot carries,
+  // CarriedPositions(length, mask.num_sink_tokens, first_position), with
+  // unspecified contents. The caller writes every carried row through
+  // restore_blocks(), then calls CompleteRestore(). `usage` (the owning
+  // tenant's accounting, as in the constructor) is told of the blocks at
+  // once; checking them against the tenant's quota is the caller's
+  // (TenantUsage::Reserve before). RESOURCE_EXHAUSTED (nothing taken) when
+  // the pool cannot supply RestoreBlocks(...) blocks.
+  // REQUIRES: 0 <= first_position <= length.
+  static absl::StatusOr<LayerKvCache> Restore(
+      BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
+      int64_t length, int64_t first_position, TenantUsage* usage);
+  // Blocks Restore takes for those arguments.
+  static int64_t RestoreBlocks(const KvBlockLayout& layout,
+                               const LayerSpec& mask, int64_t length,
+                               int64_t first_position);
+  // Base address of every block (nullptr where none), for KvWrite while
+  // restoring. REQUIRES: this layer shares no block (fresh from Restore).
+  std::vector<std::byte*> restore_blocks() const;
+  // Drops the blocks this server's window slack does not keep.
+  void CompleteRestore() { DropUnneededBlocks(); }
+
+  // The first position past the sinks whose row this layer still holds
+  // (0 when it holds every row): what a snapshot of it carries
+  // (SnapshotHeader::first_positions).
+  int64_t FirstHeldPosition() const;
+
   int64_t length() const { return length_; }
   const KvBlockLayout& layout() const { return layout_; }
   const LayerSpec& mask() const { return mask_; }
@@ -119,6 +147,10 @@ class LayerKvCache {
   KvBlockLayout layout_;
   LayerSpec mask_;
   int64_t length_ = 0;
+  // Positions in [num_sink_tokens, first_held_) may have no row even where
+  // their block exists (a restored window layer carries only what it
+  // still needs); 0 for a layer built by appends.
+  int64_t first_held_ = 0;
   std::vector<BlockId> table_;
 };
 

@@ -63,6 +63,15 @@ Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
       last_used_ns_(absl::ToUnixNanos(now)),
       layers_(std::move(layers)) {}
 
+std::unique_ptr<Session> Session::FromLayers(
+    std::string id, SessionSpec spec, const KvBlockLayout& layout,
+    BlockPool* pool, absl::Duration idle_timeout, absl::Time last_used,
+    std::shared_ptr<TenantUsage> usage, std::vector<LayerKvCache> layers) {
+  return std::unique_ptr<Session>(
+      new Session(std::move(id), std::move(spec), layout, pool, idle_timeout,
+                  last_used, std::move(usage), std::move(layers)));
+}
+
 std::unique_ptr<Session> Session::Fork(std::string id, absl::Time now) const {
   std::vector<LayerKvCache> layers;
   layers.reserve(layers_.size());
@@ -75,6 +84,7 @@ std::unique_ptr<Session> Session::Fork(std::string id, absl::Time now) const {
 SessionInfo Session::Info() const {
   SessionInfo info;
   info.session_id = id_;
+  info.owner = owner();
   info.spec = spec_;
   absl::MutexLock lock(&mu_);
   int64_t blocks = 0;
@@ -95,6 +105,10 @@ void Session::EndUse(absl::Time now) {
   // Touch first: a reaper that sees the count drop also sees the new time.
   Touch(now);
   users_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+absl::Time Session::last_used() const {
+  return absl::FromUnixNanos(last_used_ns_.load(std::memory_order_relaxed));
 }
 
 bool Session::Expired(absl::Time now) const {

@@ -22,6 +22,8 @@ namespace attention {
 // A snapshot of a session's state (attention.v1.SessionInfo).
 struct SessionInfo {
   std::string session_id;
+  // The owning tenant's name (not part of the proto message).
+  std::string owner;
   SessionSpec spec;
   std::vector<int64_t> layer_lengths;
   int64_t kv_cache_bytes = 0;
@@ -70,6 +72,15 @@ class Session {
     return layers_[index];
   }
 
+  // A restored session of the tenant `usage` accounts for (not null), e.g.
+  // from a snapshot: `layers` (one per layer of the resolved `spec`, from
+  // LayerKvCache::Restore with the same `usage`) become its caches; its
+  // idle clock starts at `last_used`.
+  static std::unique_ptr<Session> FromLayers(
+      std::string id, SessionSpec spec, const KvBlockLayout& layout,
+      BlockPool* pool, absl::Duration idle_timeout, absl::Time last_used,
+      std::shared_ptr<TenantUsage> usage, std::vector<LayerKvCache> layers);
+
   // A new session `id` of the same tenant with the same spec and history,
   // sharing blocks.
   std::unique_ptr<Session> Fork(std::string id, absl::Time now) const
@@ -87,6 +98,8 @@ class Session {
   // now - last_used > idle_timeout.
   void Touch(absl::Time now);
   bool Expired(absl::Time now) const;
+  // When the idle clock last restarted.
+  absl::Time last_used() const;
   // A call (or an open Decode stream) uses the session from BeginUse to
   // EndUse: it never expires meanwhile, and EndUse restarts its idle clock,
   // so idle time counts from the end of the last call. Use SessionRef.

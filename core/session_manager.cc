@@ -58,23 +58,8 @@ std::shared_ptr<TenantUsage> SessionManager::UsageOf(const std::string& name) {
   return usage;
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    const SessionSpec& spec, absl::Duration idle_timeout,
-    const Tenant& tenant) {
-  ATTN_ASSIGN_OR_RETURN(SessionSpec resolved,
-                        ResolveSessionSpec(spec, options_.limits));
-  if (idle_timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("idle_timeout_seconds must be >= 0");
-  }
-  if (idle_timeout == absl::ZeroDuration()) {
-    idle_timeout = options_.default_idle_timeout;
-  }
-  if (idle_timeout > options_.max_idle_timeout) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "idle_timeout_seconds ", absl::ToInt64Seconds(idle_timeout),
-        " exceeds the server maximum of ",
-        absl::ToInt64Seconds(options_.max_idle_timeout)));
-  }
+absl::StatusOr<KvBlockLayout> SessionManager::LayoutFor(
+    const SessionSpec& resolved) const {
   KvBlockLayout layout;
   layout.dtype = resolved.kv_dtype;
   layout.num_kv_heads = resolved.num_kv_heads;
@@ -99,6 +84,37 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
   }
   // A dense layer's layout; top-k layers refit theirs (LayerLayout).
   layout.tokens_per_block = pool_->block_bytes() / layout.bytes_per_token();
+  return layout;
+}
+
+absl::Status SessionManager::Adopt(std::shared_ptr<Session> session,
+                                   const TenantQuota& quota) {
+  return Insert(std::move(session), quota);
+}
+
+bool SessionManager::Contains(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  return sessions_.contains(id);
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
+    const SessionSpec& spec, absl::Duration idle_timeout,
+    const Tenant& tenant) {
+  ATTN_ASSIGN_OR_RETURN(SessionSpec resolved,
+                        ResolveSessionSpec(spec, options_.limits));
+  if (idle_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("idle_timeout_seconds must be >= 0");
+  }
+  if (idle_timeout == absl::ZeroDuration()) {
+    idle_timeout = options_.default_idle_timeout;
+  }
+  if (idle_timeout > options_.max_idle_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "idle_timeout_seconds ", absl::ToInt64Seconds(idle_timeout),
+        " exceeds the server maximum of ",
+        absl::ToInt64Seconds(options_.max_idle_timeout)));
+  }
+  ATTN_ASSIGN_OR_RETURN(const KvBlockLayout layout, LayoutFor(resolved));
   auto session = std::make_shared<Session>(
       NewSessionId(), std::move(resolved), layout, pool_, idle_timeout,
       options_.now(), UsageOf(tenant.name));
@@ -109,6 +125,12 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
 absl::Status SessionManager::Insert(std::shared_ptr<Session> session,
                                     const TenantQuota& quota) {
   absl::MutexLock lock(&mu_);
+  if (sessions_.contains(session->id())) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "a session with id ", QuoteClientString(session->id()),
+        " already exists on this server; import without keep_session_id to "
+        "get a new id, or delete the existing session first"));
+  }
   if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the server holds its maximum of ", options_.max_sessions,
@@ -157,6 +179,18 @@ absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
   return SessionRef(it->second, &options_.now);
 }
 
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(
+    const std::string& id, const Tenant& tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(id);
+  // Another tenant's session is answered exactly as a missing one.
+  if (it == sessions_.end() || it->second->owner() != tenant.name ||
+      it->second->Expired(options_.now())) {
+    return SessionNotFound(id);
+  }
+  return it->second;
+}
+
 std::vector<std::shared_ptr<Session>> SessionManager::List(
     const std::string& after, int64_t limit, const Tenant& tenant) const {
   absl::MutexLock lock(&mu_);
@@ -165,6 +199,18 @@ std::vector<std::shared_ptr<Session>> SessionManager::List(
        it != sessions_.end() && static_cast<int64_t>(sessions.size()) < limit;
        ++it) {
     if (it->second->owner() == tenant.name) sessions.push_back(it->second);
+  }
+  return sessions;
+}
+
+std::vector<std::shared_ptr<Session>> SessionManager::ListAllTenants(
+    const std::string& after, int64_t limit) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Session>> sessions;
+  for (auto it = sessions_.upper_bound(after);
+       it != sessions_.end() && static_cast<int64_t>(sessions.size()) < limit;
+       ++it) {
+    sessions.push_back(it->second);
   }
   return sessions;
 }

@@ -74,11 +74,20 @@ class SessionManager {
   absl::StatusOr<SessionRef> Get(const std::string& id,
                                  const Tenant& tenant = DefaultTenant());
 
+  // The session, without using it (its idle clock keeps running): what an
+  // export reads. NOT_FOUND as Get.
+  absl::StatusOr<std::shared_ptr<Session>> Find(
+      const std::string& id, const Tenant& tenant = DefaultTenant()) const;
+
   // Up to `limit` of `tenant`'s live sessions whose ids come after `after`,
   // in increasing id order ("" starts at the first).
   std::vector<std::shared_ptr<Session>> List(
       const std::string& after, int64_t limit,
       const Tenant& tenant = DefaultTenant()) const;
+
+  // As List, over every tenant's sessions (a drain snapshot).
+  std::vector<std::shared_ptr<Session>> ListAllTenants(const std::string& after,
+                                                       int64_t limit) const;
 
   // Removes the session at once. NOT_FOUND as Get.
   absl::Status Delete(const std::string& id,
@@ -92,6 +101,23 @@ class SessionManager {
   // What the sessions of the tenant named `name` hold now (zeros for a
   // tenant without sessions).
   TenantStats tenant_stats(const std::string& name) const;
+
+  // Adds a session built elsewhere (a snapshot import, whose layers report
+  // to UsageOf(its owner)) under its own id, counted against `quota` (its
+  // tenant's). ALREADY_EXISTS when that id is live; RESOURCE_EXHAUSTED as
+  // Create. Nothing changes on error.
+  absl::Status Adopt(std::shared_ptr<Session> session,
+                     const TenantQuota& quota);
+  // The accounting of tenant `name`, created on first use.
+  std::shared_ptr<TenantUsage> UsageOf(const std::string& name);
+  // Whether `id` names a live session (it may expire right after).
+  bool Contains(const std::string& id) const;
+  // A fresh unguessable id (128 random bits, hex).
+  std::string NewSessionId();
+  // The block layout of a session with the resolved `spec` in this pool.
+  // INVALID_ARGUMENT when one token's K/V is larger than a block.
+  absl::StatusOr<KvBlockLayout> LayoutFor(const SessionSpec& spec) const;
+  const SessionManagerOptions& options() const { return options_; }
 
   // Removes every session idle for longer than its timeout at `now`;
   // returns how many it removed.
@@ -107,9 +133,6 @@ class SessionManager {
   const std::function<absl::Time()>* clock() const { return &options_.now; }
 
  private:
-  std::string NewSessionId();
-  // The accounting of tenant `name`, created on first use.
-  std::shared_ptr<TenantUsage> UsageOf(const std::string& name);
   absl::Status Insert(std::shared_ptr<Session> session,
                       const TenantQuota& quota);
   using Table = absl::btree_map<std::string, std::shared_ptr<Session>>;

@@ -10,6 +10,9 @@ PACKAGES=(
   # SHA-256 of bearer tokens; the security tests make certificates with the
   # openssl command.
   libssl-dev openssl
+  # The fuzz targets (scripts/fuzz.sh): clang, libFuzzer and the sanitizer
+  # runtimes, FuzzedDataProvider.h.
+  clang libclang-rt-14-dev
   # Tests of deploy/: promtool + a real Prometheus, the image build.
   prometheus buildah debootstrap iproute2 python3
 )

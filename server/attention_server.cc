@@ -23,6 +23,7 @@
 #include "server/auth_interceptor.h"
 #include "server/log.h"
 #include "server/parse_error_interceptor.h"
+#include "server/snapshot_store.h"
 #include "server/transport_security.h"
 
 #ifndef ATTN_SERVER_VERSION
@@ -185,6 +186,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   engine_options.sessions.max_metadata_bytes =
       options.max_session_metadata_bytes;
   engine_options.max_call_flops = options.max_call_flops;
+  engine_options.version = ServerVersion();
   auto engine =
       AttentionEngine::Create(std::move(choice->backend), engine_options);
   if (!engine.ok()) return engine.status();
@@ -213,6 +215,21 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   server->metrics_->SetStateProvider([engine_ptr, authenticator_ptr] {
     return CurrentMetricsState(*engine_ptr, *authenticator_ptr);
   });
+
+  if (!options.snapshot_dir.empty()) {
+    // Before anything serves: health reports SERVING only afterwards.
+    const absl::Time start = absl::Now();
+    const RestoreAllResult restored =
+        RestoreAllSessions(*engine_ptr, options.snapshot_dir);
+    server->metrics_->RecordRestore(restored.restored, restored.corrupt);
+    Log(LogLevel::kInfo, "sessions_restored",
+        {{"dir", options.snapshot_dir},
+         {"restored", restored.restored},
+         {"corrupt", restored.corrupt},
+         {"rejected", restored.rejected},
+         {"kv_bytes", restored.bytes},
+         {"duration_ms", absl::ToInt64Milliseconds(absl::Now() - start)}});
+  }
 
   DecodeBatcherOptions batcher_options = BatcherOptions(options);
   ServerMetrics* const metrics_ptr = server->metrics_.get();
@@ -301,7 +318,12 @@ void AttentionServer::Shutdown() {
   shut_down_ = true;
   // Load balancers watching health stop routing here first; sessions living
   // here keep being served while their calls and streams finish.
-  const absl::Time deadline = absl::Now() + options_.drain_timeout;
+  const absl::Time drain_start = absl::Now();
+  const absl::Time snapshot_deadline = drain_start + options_.drain_timeout;
+  // With a snapshot to write, calls get the first half of the drain.
+  const absl::Time deadline = options_.snapshot_dir.empty()
+                                  ? snapshot_deadline
+                                  : drain_start + options_.drain_timeout / 2;
   SetServing(false);
   service_->StartDraining();
   Log(LogLevel::kInfo, "drain_started",
@@ -315,6 +337,19 @@ void AttentionServer::Shutdown() {
   server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
   Log(left > 0 ? LogLevel::kWarning : LogLevel::kInfo, "drain_finished",
       {{"cancelled_calls", left}});
+  if (!options_.snapshot_dir.empty()) {
+    // No call runs any more: the sessions are at rest.
+    const SaveAllResult saved =
+        SaveAllSessions(*engine_, options_.snapshot_dir, snapshot_deadline);
+    metrics_->RecordSnapshot(saved.written, saved.failed, saved.duration);
+    Log(saved.failed > 0 ? LogLevel::kError : LogLevel::kInfo,
+        "snapshot_written",
+        {{"dir", options_.snapshot_dir},
+         {"sessions", saved.written},
+         {"failed", saved.failed},
+         {"kv_bytes", saved.bytes},
+         {"duration_ms", absl::ToInt64Milliseconds(saved.duration)}});
+  }
 }
 
 int AttentionServer::metrics_port() const {

@@ -14,6 +14,7 @@
 #include "server/proto_convert.h"
 #include "server/reply_size.h"
 #include "server/request_scope.h"
+#include "server/session_transfer.h"
 #include "server/status_convert.h"
 
 namespace attention::server {
@@ -393,6 +394,55 @@ grpc::Status AttentionServiceImpl::Attention(
         CheckReplySize(StatelessReplyBytes(stateless), max_message_bytes_));
     ATTN_ASSIGN_OR_RETURN(AttentionOutput output, engine_->Attend(stateless));
     AttentionOutputToProto(output, response);
+    return absl::OkStatus();
+  }()));
+}
+
+grpc::Status AttentionServiceImpl::ExportSession(
+    grpc::ServerContext* context, const v1::ExportSessionRequest* request,
+    grpc::ServerWriter<v1::SessionChunk>* writer) {
+  RequestScope scope(metrics_, &in_flight_, RpcMethod::kExportSession,
+                     request->session_id());
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
+    ATTN_ASSIGN_OR_RETURN(
+        std::unique_ptr<SessionExport> session_export,
+        engine_->ExportSession(request->session_id(), tenant));
+    ATTN_ASSIGN_OR_RETURN(
+        const int64_t bytes,
+        WriteSessionExport(
+            *session_export, [&](v1::SessionChunk& record) -> absl::Status {
+              if (context->IsCancelled() || !writer->Write(record)) {
+                return absl::CancelledError(
+                    "the client cancelled the export or went away");
+              }
+              return absl::OkStatus();
+            }));
+    if (metrics_ != nullptr) metrics_->RecordExport(bytes);
+    return absl::OkStatus();
+  }()));
+}
+
+grpc::Status AttentionServiceImpl::ImportSession(
+    grpc::ServerContext* context, grpc::ServerReader<v1::SessionChunk>* reader,
+    v1::SessionInfo* response) {
+  RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    if (draining_.load(std::memory_order_acquire)) return Draining();
+    ImportOptions options;
+    ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
+    ATTN_ASSIGN_OR_RETURN(
+        const ImportResult result,
+        ReadSessionImport(
+            *engine_, std::move(options),
+            [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+              if (context->IsCancelled()) {
+                return absl::CancelledError("the client cancelled the import");
+              }
+              return reader->Read(record);
+            }));
+    if (metrics_ != nullptr) metrics_->RecordImport(result.kv_bytes);
+    SessionInfoToProto(result.info, response);
     return absl::OkStatus();
   }()));
 }

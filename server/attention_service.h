@@ -96,6 +96,16 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
   grpc::Status Attention(grpc::ServerContext* context,
                          const v1::AttentionRequest* request,
                          v1::AttentionResult* response) override;
+  // Streams the session's snapshot: header, data chunks of about 1 MiB,
+  // trailer (server/session_transfer.h).
+  grpc::Status ExportSession(
+      grpc::ServerContext* context, const v1::ExportSessionRequest* request,
+      grpc::ServerWriter<v1::SessionChunk>* writer) override;
+  // Creates a session from a snapshot stream; nothing stays behind when it
+  // fails. UNAVAILABLE while draining.
+  grpc::Status ImportSession(grpc::ServerContext* context,
+                             grpc::ServerReader<v1::SessionChunk>* reader,
+                             v1::SessionInfo* response) override;
   grpc::Status GetServerInfo(grpc::ServerContext* context,
                              const v1::GetServerInfoRequest* request,
                              v1::ServerInfo* response) override;

@@ -86,6 +86,11 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "On SIGTERM/SIGINT, how long in-flight calls and open Decode "
           "streams may take to finish (keep it below the orchestrator's "
           "grace period, 30s in Kubernetes).");
+ABSL_FLAG(std::string, snapshot_dir, "",
+          "When set: on SIGTERM/SIGINT, once calls have finished (first half "
+          "of --drain_timeout), every session is written to this directory "
+          "(one file each, crash-safe); at start, the sessions found there "
+          "are restored with their ids before the server reports SERVING.");
 ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(200),
           "Continuous batching: longest time the first decode step of a "
           "batch waits for concurrent steps (e.g. 200us; 0 = no waiting, "
@@ -125,6 +130,7 @@ ServerOptions OptionsFromFlags() {
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   options.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.snapshot_dir = absl::GetFlag(FLAGS_snapshot_dir);
   options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_queued_decode_steps =

@@ -26,6 +26,7 @@ constexpr std::array<absl::string_view, kNumRpcMethods> kMethodNames = {
     "CreateSession", "GetSession",      "ListSessions", "DeleteSession",
     "ForkSession",   "TruncateSession", "Prefill",      "DecodeStep",
     "Decode",        "BatchDecode",     "Attention",    "GetServerInfo",
+    "ExportSession", "ImportSession",
 };
 
 // Indexed by grpc::StatusCode.
@@ -178,6 +179,27 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
     decode_batch_.Observe(std::max<int64_t>(0, size));
   }
 
+  void AddSnapshotCounts(int64_t exported, int64_t exported_bytes,
+                         int64_t imported, int64_t imported_bytes) {
+    exported_.fetch_add(exported, std::memory_order_relaxed);
+    exported_bytes_.fetch_add(exported_bytes, std::memory_order_relaxed);
+    imported_.fetch_add(imported, std::memory_order_relaxed);
+    imported_bytes_.fetch_add(imported_bytes, std::memory_order_relaxed);
+  }
+
+  void RecordSnapshot(int64_t written, int64_t failed,
+                      absl::Duration duration) {
+    snapshot_written_.fetch_add(written, std::memory_order_relaxed);
+    snapshot_failed_.fetch_add(failed, std::memory_order_relaxed);
+    snapshot_duration_ns_.store(absl::ToInt64Nanoseconds(duration),
+                                std::memory_order_relaxed);
+  }
+
+  void RecordRestore(int64_t restored, int64_t corrupt) {
+    restored_.fetch_add(restored, std::memory_order_relaxed);
+    corrupt_.fetch_add(corrupt, std::memory_order_relaxed);
+  }
+
   void AddStreams(int64_t delta) {
     streams_active_.fetch_add(delta, std::memory_order_relaxed);
   }
@@ -230,6 +252,44 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
     families.push_back(Scalar(
         "attention_streams_active", "Open Decode streams.", MetricType::Gauge,
         static_cast<double>(streams_active_.load(std::memory_order_relaxed))));
+
+    const auto load = [](const std::atomic<int64_t>& value) {
+      return static_cast<double>(value.load(std::memory_order_relaxed));
+    };
+    families.push_back(Scalar("attention_sessions_exported_total",
+                              "Sessions exported (ExportSession).",
+                              MetricType::Counter, load(exported_)));
+    families.push_back(Scalar("attention_session_export_bytes_total",
+                              "K/V bytes of exported sessions.",
+                              MetricType::Counter, load(exported_bytes_)));
+    families.push_back(Scalar("attention_sessions_imported_total",
+                              "Sessions imported (ImportSession).",
+                              MetricType::Counter, load(imported_)));
+    families.push_back(Scalar("attention_session_import_bytes_total",
+                              "K/V bytes of imported sessions.",
+                              MetricType::Counter, load(imported_bytes_)));
+    families.push_back(
+        Scalar("attention_snapshot_sessions_written_total",
+               "Sessions written to --snapshot_dir while draining.",
+               MetricType::Counter, load(snapshot_written_)));
+    families.push_back(
+        Scalar("attention_snapshot_sessions_failed_total",
+               "Sessions the snapshot on drain could not write (error or "
+               "--drain_timeout).",
+               MetricType::Counter, load(snapshot_failed_)));
+    families.push_back(Scalar(
+        "attention_snapshot_duration_seconds",
+        "How long the last snapshot of every session to --snapshot_dir took.",
+        MetricType::Gauge, load(snapshot_duration_ns_) * 1e-9));
+    families.push_back(
+        Scalar("attention_sessions_restored_total",
+               "Sessions restored from --snapshot_dir at start-up.",
+               MetricType::Counter, load(restored_)));
+    families.push_back(Scalar(
+        "attention_snapshots_corrupt_total",
+        "Snapshot files that failed validation at start-up (moved aside as "
+        "*.corrupt).",
+        MetricType::Counter, load(corrupt_)));
 
     // Holding the lock while the provider runs is what lets
     // SetStateProvider promise that a replaced provider is no longer used.
@@ -319,6 +379,15 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
   std::array<MethodCounters, kNumRpcMethods> methods_;
   AtomicHistogram<kBatchBounds.size()> decode_batch_{kBatchBounds};
   alignas(64) std::atomic<int64_t> streams_active_{0};
+  std::atomic<int64_t> exported_{0};
+  std::atomic<int64_t> exported_bytes_{0};
+  std::atomic<int64_t> imported_{0};
+  std::atomic<int64_t> imported_bytes_{0};
+  std::atomic<int64_t> snapshot_written_{0};
+  std::atomic<int64_t> snapshot_failed_{0};
+  std::atomic<int64_t> snapshot_duration_ns_{0};
+  std::atomic<int64_t> restored_{0};
+  std::atomic<int64_t> corrupt_{0};
 
   mutable absl::Mutex provider_mu_;
   std::function<MetricsState()> provider_ ABSL_GUARDED_BY(provider_mu_);
@@ -382,6 +451,23 @@ void ServerMetrics::RecordRequest(RpcMethod method, grpc::StatusCode code,
 
 void ServerMetrics::ObserveDecodeBatch(int64_t size) {
   collector_->ObserveDecodeBatch(size);
+}
+
+void ServerMetrics::RecordExport(int64_t bytes) {
+  collector_->AddSnapshotCounts(1, bytes, 0, 0);
+}
+
+void ServerMetrics::RecordImport(int64_t bytes) {
+  collector_->AddSnapshotCounts(0, 0, 1, bytes);
+}
+
+void ServerMetrics::RecordSnapshot(int64_t written, int64_t failed,
+                                   absl::Duration duration) {
+  collector_->RecordSnapshot(written, failed, duration);
+}
+
+void ServerMetrics::RecordRestore(int64_t restored, int64_t corrupt) {
+  collector_->RecordRestore(restored, corrupt);
 }
 
 void ServerMetrics::StreamOpened() { collector_->AddStreams(1); }

@@ -17,6 +17,15 @@
 //   attention_kv_blocks_used                         gauge    }
 //   attention_kv_blocks_capacity                     gauge    }
 //   attention_shared_kv_chunks_total                 counter  }
+//   attention_sessions_exported_total                counter  } session
+//   attention_session_export_bytes_total             counter  } snapshots:
+//   attention_sessions_imported_total                counter  } Export/
+//   attention_session_import_bytes_total             counter  } ImportSession,
+//   attention_snapshot_sessions_written_total        counter  } --snapshot_dir
+//   attention_snapshot_sessions_failed_total         counter  } on drain and
+//   attention_snapshot_duration_seconds              gauge    } on start
+//   attention_sessions_restored_total                counter  }
+//   attention_snapshots_corrupt_total                counter  }
 //   attention_tenant_sessions{tenant}                gauge    } (tenants of
 //   attention_tenant_kv_bytes{tenant}                gauge    } tokens file)
 //   attention_build_info{version,backend,device}     gauge, always 1
@@ -82,8 +91,10 @@ enum class RpcMethod : int {
   kBatchDecode,
   kAttention,
   kGetServerInfo,
+  kExportSession,
+  kImportSession,
 };
-inline constexpr int kNumRpcMethods = 12;
+inline constexpr int kNumRpcMethods = 14;
 absl::string_view RpcMethodName(RpcMethod method);
 
 // gRPC's canonical code name ("OK", "INVALID_ARGUMENT", ...), the `code`
@@ -184,6 +195,16 @@ class ServerMetrics {
   // steps the server gathered into one AppendBatch. Record each engine
   // batch once (not both the call and the gathered batch it joined).
   void ObserveDecodeBatch(int64_t size);
+
+  // Session snapshots. A finished export or import (ExportSession,
+  // ImportSession, a --snapshot_dir file) of `bytes` K/V bytes.
+  void RecordExport(int64_t bytes);
+  void RecordImport(int64_t bytes);
+  // The snapshot on drain: sessions written and not written, and how long
+  // it took (attention_snapshot_duration_seconds is the last one's).
+  void RecordSnapshot(int64_t written, int64_t failed, absl::Duration duration);
+  // The restore at start-up: sessions restored, files found corrupt.
+  void RecordRestore(int64_t restored, int64_t corrupt);
 
   // Open Decode streams (attention_streams_active). Calls must pair up.
   void StreamOpened();

@@ -79,6 +79,11 @@ struct ServerOptions {
   // get up to this long to finish (inside Kubernetes' default 30 s grace)
   // before the rest are cancelled.
   absl::Duration drain_timeout = absl::Seconds(25);
+  // When set, the drain ends by writing every session to this directory
+  // (server/snapshot_store.h), and Start restores the sessions found there
+  // before it serves. In-flight calls then get the first half of
+  // drain_timeout and the snapshot the rest.
+  std::string snapshot_dir;
   // Continuous batching of decode steps (server/decode_batcher.h): how long
   // the first step of a batch waits for concurrent steps (0 = no waiting,
   // whatever is queued is still batched), the most steps per engine batch,

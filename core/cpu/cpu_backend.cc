@@ -194,6 +194,12 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::ReadBlock(const std::byte* src, std::byte* dst,
+                                   int64_t bytes) {
+  // Block memory is host memory: the same copy.
+  return CopyBlock(src, dst, bytes);
+}
+
 absl::Status CpuBackend::CopyBlock(const std::byte* src, std::byte* dst,
                                    int64_t bytes) {
   if (bytes < 0 || (bytes > 0 && (src == nullptr || dst == nullptr))) {

@@ -81,6 +81,8 @@ class CpuBackend final : public AttentionBackend {
 
   absl::Status CopyBlock(const std::byte* src, std::byte* dst,
                          int64_t bytes) override;
+  absl::Status ReadBlock(const std::byte* src, std::byte* dst,
+                         int64_t bytes) override;
 
   absl::Status Attend(absl::Span<const AttentionProblem> problems) override;
 

@@ -253,28 +253,43 @@ absl::Status CudaBackend::WriteKv(const KvWrite& write) {
   return status.ok() ? sync : status;
 }
 
-absl::Status CudaBackend::CopyBlock(const std::byte* src, std::byte* dst,
-                                    int64_t bytes) {
+absl::Status CudaBackend::CopyFromArena(const std::byte* src, std::byte* dst,
+                                        int64_t bytes, bool to_host,
+                                        absl::string_view what) {
   if (bytes < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("CopyBlock: byte count must be >= 0, got ", bytes));
+        absl::StrCat(what, ": byte count must be >= 0, got ", bytes));
   }
   if (bytes == 0) return absl::OkStatus();
-  if (!IsArenaMemory(src, bytes) || !IsArenaMemory(dst, bytes)) {
-    return absl::InvalidArgumentError(
-        "CopyBlock: source and destination must be KV blocks in this "
-        "backend's GPU memory");
+  if (!IsArenaMemory(src, bytes) || (!to_host && !IsArenaMemory(dst, bytes))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", to_host ? "the source" : "source and destination",
+        " must be KV blocks in this backend's GPU memory"));
   }
   ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
                             "selecting the GPU");
   ATTN_ASSIGN_OR_RETURN(cuda::StreamPool::Lease ctx, streams_->Acquire());
+  const std::string doing =
+      to_host ? "reading a KV block" : "copying a KV block";
   const absl::Status status =
       CudaStatus(cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes),
-                                 cudaMemcpyDeviceToDevice, ctx->stream),
-                 "copying a KV block");
+                                 to_host ? cudaMemcpyDeviceToHost
+                                         : cudaMemcpyDeviceToDevice,
+                                 ctx->stream),
+                 doing);
   const absl::Status sync =
-      CudaStatus(cudaStreamSynchronize(ctx->stream), "copying a KV block");
+      CudaStatus(cudaStreamSynchronize(ctx->stream), doing);
   return status.ok() ? sync : status;
+}
+
+absl::Status CudaBackend::CopyBlock(const std::byte* src, std::byte* dst,
+                                    int64_t bytes) {
+  return CopyFromArena(src, dst, bytes, /*to_host=*/false, "CopyBlock");
+}
+
+absl::Status CudaBackend::ReadBlock(const std::byte* src, std::byte* dst,
+                                    int64_t bytes) {
+  return CopyFromArena(src, dst, bytes, /*to_host=*/true, "ReadBlock");
 }
 
 absl::Status CudaBackend::Attend(absl::Span<const AttentionProblem> problems) {

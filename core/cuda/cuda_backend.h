@@ -94,6 +94,10 @@ class CudaBackend final : public AttentionBackend {
   // INVALID_ARGUMENT unless both ranges lie in arenas of this backend.
   absl::Status CopyBlock(const std::byte* src, std::byte* dst,
                          int64_t bytes) override;
+  // INVALID_ARGUMENT unless `src` lies in an arena of this backend; `dst`
+  // is host memory.
+  absl::Status ReadBlock(const std::byte* src, std::byte* dst,
+                         int64_t bytes) override;
 
   absl::Status Attend(absl::Span<const AttentionProblem> problems) override;
 
@@ -113,6 +117,12 @@ class CudaBackend final : public AttentionBackend {
   absl::Status AttendImpl(absl::Span<const AttentionProblem> problems,
                           float* kernel_ms);
   void ForgetArena(const std::byte* base);
+  // Copies `bytes` of arena memory at `src` to `dst` (arena memory, or host
+  // memory when `to_host`) and waits for it. `what` ("CopyBlock",
+  // "ReadBlock") names the call in errors.
+  absl::Status CopyFromArena(const std::byte* src, std::byte* dst,
+                             int64_t bytes, bool to_host,
+                             absl::string_view what);
 
   const int device_ordinal_;
   const std::string device_;

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -154,6 +155,35 @@ TEST_F(AttentionClientTest, ServerErrorsKeepCodeAndMessage) {
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
   EXPECT_FALSE(result.status().message().empty());
+}
+
+// The documented retry policy: an idempotent call made while the server
+// restarts (UNAVAILABLE) is retried until the new server answers; with
+// retries off it fails at once.
+TEST(AttentionClientRetryTest, IdempotentCallsRetryWhileTheServerRestarts) {
+  auto first = StartTestServer();
+  ATTN_ASSERT_OK(first);
+  server::ServerOptions options = TestServerOptions();
+  options.port = (*first)->server->port();
+  const std::string target = (*first)->server->local_target();
+  auto client = client::AttentionClient::Connect(target);
+  client::ClientOptions no_retries;
+  no_retries.retry_max_attempts = 1;
+  auto impatient = client::AttentionClient::Connect(target, no_retries);
+  ATTN_ASSERT_OK(client->GetServerInfo());
+  ATTN_ASSERT_OK(impatient->GetServerInfo());
+  first->reset();  // drains and stops
+  ATTN_EXPECT_CODE(impatient->GetServerInfo(), absl::StatusCode::kUnavailable);
+  std::unique_ptr<TestServer> second;
+  std::thread restart([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    auto started = StartTestServer(options);
+    ATTN_ASSERT_OK(started);
+    second = *std::move(started);
+  });
+  auto info = client->GetServerInfo();
+  restart.join();
+  ATTN_EXPECT_OK(info);
 }
 
 }  // namespace

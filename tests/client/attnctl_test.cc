@@ -2,6 +2,7 @@
 // info / demo / health against a real server.
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -162,6 +163,39 @@ TEST_F(AttnctlServerTest, DemoIsBitwiseExactAndCleansUp) {
   ATTN_ASSERT_OK(info);
   EXPECT_EQ(info->active_sessions(), 0);
   EXPECT_EQ(info->kv_cache_used_bytes(), 0);
+}
+
+TEST_F(AttnctlServerTest, ExportThenImportCopiesTheSession) {
+  const CommandResult demo = RunAttnctl("demo --keep_session " + target_);
+  ASSERT_EQ(demo.exit_code, 0) << demo.output;
+  const size_t at = demo.output.find("kept session ");
+  ASSERT_NE(at, std::string::npos) << demo.output;
+  const std::string id = demo.output.substr(at + 13, 32);
+  const std::string file =
+      absl::StrCat(::testing::TempDir(), "/attnctl-export-", getpid());
+  const CommandResult exported = RunAttnctl(
+      absl::StrCat("export --session=", id, " --out=", file, " ", target_));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const CommandResult imported =
+      RunAttnctl(absl::StrCat("import --in=", file, " ", target_));
+  ASSERT_EQ(imported.exit_code, 0) << imported.output;
+  EXPECT_NE(imported.output.find("imported session "), std::string::npos);
+  auto sessions = server_->client->ListSessions();
+  ATTN_ASSERT_OK(sessions);
+  ASSERT_EQ(sessions->size(), 2u);
+  EXPECT_EQ((*sessions)[0].layer_lengths(0), (*sessions)[1].layer_lengths(0));
+  // The id is taken: --keep_id fails and changes nothing.
+  const CommandResult kept =
+      RunAttnctl(absl::StrCat("import --keep_id --in=", file, " ", target_));
+  EXPECT_NE(kept.exit_code, 0);
+  EXPECT_NE(kept.output.find("ALREADY_EXISTS"), std::string::npos)
+      << kept.output;
+  // A file that is not a snapshot.
+  const CommandResult bad =
+      RunAttnctl(absl::StrCat("import --in=", ATTNCTL_BINARY, " ", target_));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_EQ(server_->client->ListSessions()->size(), 2u);
+  std::remove(file.c_str());
 }
 
 TEST_F(AttnctlServerTest, HealthExitCodes) {

@@ -106,9 +106,47 @@ TEST(ServerMetricsTest, ExposesEveryFamilyWithItsType) {
       {"attention_kv_blocks_used", "gauge"},
       {"attention_kv_blocks_capacity", "gauge"},
       {"attention_shared_kv_chunks_total", "counter"},
+      {"attention_sessions_exported_total", "counter"},
+      {"attention_session_export_bytes_total", "counter"},
+      {"attention_sessions_imported_total", "counter"},
+      {"attention_session_import_bytes_total", "counter"},
+      {"attention_snapshot_sessions_written_total", "counter"},
+      {"attention_snapshot_sessions_failed_total", "counter"},
+      {"attention_snapshot_duration_seconds", "gauge"},
+      {"attention_sessions_restored_total", "counter"},
+      {"attention_snapshots_corrupt_total", "counter"},
       {"attention_build_info", "gauge"},
   };
   EXPECT_EQ(ExposedTypes(metrics->TextExposition()), expected);
+}
+
+TEST(ServerMetricsTest, SnapshotCountersAddUp) {
+  auto metrics = MakeMetrics();
+  ASSERT_NE(metrics, nullptr);
+  metrics->RecordExport(1000);
+  metrics->RecordExport(24);
+  metrics->RecordImport(512);
+  metrics->RecordSnapshot(3, 1, absl::Milliseconds(1500));
+  metrics->RecordRestore(2, 1);
+  const auto families = metrics->Collect();
+  const auto value = [&](const std::string& name) {
+    const MetricFamily* family = FindFamily(families, name);
+    EXPECT_NE(family, nullptr) << name;
+    if (family == nullptr || family->metric.empty()) return -1.0;
+    const ClientMetric& metric = family->metric[0];
+    return family->type == prometheus::MetricType::Counter
+               ? metric.counter.value
+               : metric.gauge.value;
+  };
+  EXPECT_EQ(value("attention_sessions_exported_total"), 2);
+  EXPECT_EQ(value("attention_session_export_bytes_total"), 1024);
+  EXPECT_EQ(value("attention_sessions_imported_total"), 1);
+  EXPECT_EQ(value("attention_session_import_bytes_total"), 512);
+  EXPECT_EQ(value("attention_snapshot_sessions_written_total"), 3);
+  EXPECT_EQ(value("attention_snapshot_sessions_failed_total"), 1);
+  EXPECT_DOUBLE_EQ(value("attention_snapshot_duration_seconds"), 1.5);
+  EXPECT_EQ(value("attention_sessions_restored_total"), 2);
+  EXPECT_EQ(value("attention_snapshots_corrupt_total"), 1);
 }
 
 TEST(ServerMetricsTest, PrecreatesEveryMethodAndCodeAtZero) {

@@ -3,7 +3,8 @@
 // TLS and mutual TLS refuse what they must, certificates rotate without a
 // restart, bearer tokens authenticate (health needs none), tenants never see
 // each other's sessions, quotas refuse and recover, and a tokens-file edit
-// takes effect without a restart.
+// takes effect without a restart; snapshots carry their owner, exports
+// and imports act for the caller's tenant and restores for the owner.
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/tokens_file.h"
@@ -381,6 +383,131 @@ TEST_F(TokenTest, TokensFileEditTakesEffectWithoutRestart) {
   absl::SleepFor(absl::Milliseconds(300));  // the watcher saw it too
   ATTN_EXPECT_OK(renewed->GetServerInfo());
   ATTN_EXPECT_OK(alice_->GetServerInfo());
+}
+
+// The records of `client`'s export of session `id`.
+absl::StatusOr<std::vector<v1::SessionChunk>> Export(AttentionClient& client,
+                                                     const std::string& id) {
+  std::vector<v1::SessionChunk> records;
+  ATTN_RETURN_IF_ERROR(
+      client.ExportSession(id, [&](const v1::SessionChunk& record) {
+        records.push_back(record);
+        return absl::OkStatus();
+      }));
+  return records;
+}
+
+absl::StatusOr<v1::SessionInfo> Import(
+    AttentionClient& client, const std::vector<v1::SessionChunk>& records) {
+  size_t next = 0;
+  return client.ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == records.size()) return false;
+        *record = records[next++];
+        return true;
+      },
+      /*keep_session_id=*/false);
+}
+
+TEST_F(TokenTest, SnapshotsCarryTheirTenantAndCountTowardsTheImporter) {
+  // 1 KV head of 64 dims: 512 bytes a token, 8 tokens a 4 KiB block.
+  const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
+  auto mine = alice_->OpenSession(spec);
+  ATTN_ASSERT_OK(mine);
+  const Tokens sixteen = RandomTokens(spec, 16, 5);
+  ATTN_ASSERT_OK(mine->Prefill(0, sixteen.q_rows(0, 8), sixteen.k_rows(0, 8),
+                               sixteen.v_rows(0, 8)));
+
+  // Bob cannot export alice's session: the same answer as an unknown id.
+  const absl::Status foreign = Export(*bob_, mine->id()).status();
+  EXPECT_EQ(foreign.code(), absl::StatusCode::kNotFound) << foreign;
+  const std::string unknown_message(
+      Export(*bob_, "0123456789abcdef0123456789abcdef").status().message());
+  EXPECT_EQ(foreign.message(),
+            absl::StrCat("session '", mine->id(), "'",
+                         unknown_message.substr(
+                             unknown_message.find("' not found") + 1)));
+
+  auto records = Export(*alice_, mine->id());
+  ATTN_ASSERT_OK(records);
+  ASSERT_TRUE(records->front().has_header());
+  EXPECT_EQ(records->front().header().owner(), "alice");
+
+  // An import belongs to the importing tenant, whatever the header says.
+  auto bobs = Import(*bob_, *records);
+  ATTN_ASSERT_OK(bobs);
+  ATTN_EXPECT_OK(bob_->GetSession(bobs->session_id()));
+  ATTN_EXPECT_CODE(alice_->GetSession(bobs->session_id()),
+                   absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob_->GetServerInfo()->tenant_sessions(), 1);
+
+  // It counts towards alice's quotas when she imports: 2 sessions, 8 KiB.
+  auto copy = Import(*alice_, *records);
+  ATTN_ASSERT_OK(copy);
+  auto info = alice_->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->tenant_sessions(), 2);
+  EXPECT_EQ(info->tenant_kv_bytes(), 8192);
+  const absl::Status third = Import(*alice_, *records).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_NE(third.message().find("max_sessions"), std::string::npos) << third;
+
+  // Checked from the header, before any data: alice's KV quota is full.
+  ATTN_ASSERT_OK(alice_->DeleteSession(copy->session_id()));
+  ATTN_ASSERT_OK(mine->Prefill(0, sixteen.q_rows(8, 8), sixteen.k_rows(8, 8),
+                               sixteen.v_rows(8, 8)));
+  const int64_t used_blocks = server_->engine().stats().pool.blocks_used;
+  const absl::Status full = Import(*alice_, *records).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("max_kv_bytes of 8192"), std::string::npos)
+      << full;
+  EXPECT_NE(full.message().find("uses 8192 bytes"), std::string::npos) << full;
+  // Nothing stays behind.
+  info = alice_->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->tenant_sessions(), 1);
+  EXPECT_EQ(info->tenant_kv_bytes(), 8192);
+  EXPECT_EQ(server_->engine().stats().pool.blocks_used, used_blocks);
+  EXPECT_EQ(alice_->ListSessions()->size(), 1u);
+}
+
+TEST_F(TokenTest, SnapshotDirRestoresEverySessionToItsOwner) {
+  server::ServerOptions options = TestServerOptions();
+  options.auth_tokens_file = tokens_file_;
+  options.snapshot_dir = absl::StrCat(dir_, "/snapshots");
+  auto first = Start(options);
+  ASSERT_NE(first, nullptr);
+  ClientOptions alice_options;
+  alice_options.auth_token = "alice-token";
+  ClientOptions bob_options;
+  bob_options.auth_token = "bob-token";
+  const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
+  std::string id;
+  {
+    auto alice = Client(*first, alice_options);
+    auto session = alice->OpenSession(spec);
+    ATTN_ASSERT_OK(session);
+    const Tokens tokens = RandomTokens(spec, 5, 6);
+    ATTN_ASSERT_OK(session->Prefill(0, tokens.q, tokens.k, tokens.v));
+    id = session->id();
+  }
+  first->Shutdown();
+  first.reset();
+
+  auto second = Start(options);
+  ASSERT_NE(second, nullptr);
+  auto alice = Client(*second, alice_options);
+  auto bob = Client(*second, bob_options);
+  auto restored = alice->GetSession(id);
+  ATTN_ASSERT_OK(restored);
+  EXPECT_EQ(restored->layer_lengths(0), 5);
+  ATTN_EXPECT_CODE(bob->GetSession(id), absl::StatusCode::kNotFound);
+  ATTN_EXPECT_CODE(Export(*bob, id), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(bob->ListSessions()->empty());
+  auto info = alice->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->tenant_sessions(), 1);
+  EXPECT_EQ(info->tenant_kv_bytes(), 4096);
 }
 
 }  // namespace

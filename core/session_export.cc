@@ -1,0 +1,117 @@
+#include "core/session_export.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "core/status_macros.h"
+
+namespace attention {
+
+std::unique_ptr<SessionExport> SessionExport::Start(
+    AttentionBackend* backend, Session& session,
+    absl::string_view server_version) {
+  const SessionSpec& spec = session.spec();
+  std::vector<LayerKvCache> layers;
+  layers.reserve(spec.num_layers);
+  {
+    absl::MutexLock lock(&session.mu());
+    for (int i = 0; i < spec.num_layers; ++i) {
+      layers.push_back(session.layer(i).Fork());
+    }
+  }
+  SnapshotHeader header;
+  header.session_id = session.id();
+  header.owner = session.owner();
+  header.spec = spec;
+  header.kv_dtype = spec.kv_dtype;
+  header.server_version = std::string(server_version);
+  header.idle_timeout_ms = absl::ToInt64Milliseconds(session.idle_timeout());
+  header.idle_deadline_unix_ms =
+      absl::ToUnixMillis(session.last_used() + session.idle_timeout());
+  const int64_t token_bytes = session.layout().bytes_per_token();
+  for (int i = 0; i < spec.num_layers; ++i) {
+    const int64_t length = layers[i].length();
+    const int64_t first = layers[i].FirstHeldPosition();
+    header.layer_lengths.push_back(length);
+    header.first_positions.push_back(first);
+    header.kv_bytes +=
+        CarriedPositions(length, spec.layers[i].num_sink_tokens, first)
+            .tokens() *
+        token_bytes;
+  }
+  return std::unique_ptr<SessionExport>(
+      new SessionExport(backend, std::move(layers), std::move(header)));
+}
+
+SessionExport::SessionExport(AttentionBackend* backend,
+                             std::vector<LayerKvCache> layers,
+                             SnapshotHeader header)
+    : backend_(backend),
+      layers_(std::move(layers)),
+      header_(std::move(header)) {
+  checksum_.AddHeader(header_);
+}
+
+absl::StatusOr<bool> SessionExport::NextChunk(SnapshotChunk* chunk) {
+  int64_t range_end = 0;
+  if (!SeekCarriedRow(header_, &layer_, &position_, &range_end)) return false;
+  const LayerKvCache& layer = layers_[layer_];
+  const KvBlockLayout& layout = layer.layout();
+  const int64_t token_bytes = layout.bytes_per_token();
+  const int64_t count =
+      std::min(range_end - position_,
+               std::max<int64_t>(1, kSnapshotChunkTargetBytes / token_bytes));
+
+  const int64_t element = DTypeSize(layout.dtype);
+  const int64_t heads = layout.num_kv_heads;
+  const int64_t k_row = layout.head_dim * element;
+  const int64_t v_row = layout.value_dim * element;
+  chunk->layer = layer_;
+  chunk->start = position_;
+  chunk->num_tokens = count;
+  chunk->k.resize(static_cast<size_t>(count * heads * k_row));
+  chunk->v.resize(static_cast<size_t>(count * heads * v_row));
+
+  std::vector<const std::byte*> k_blocks;
+  std::vector<const std::byte*> v_blocks;
+  const KvView view = layer.view(&k_blocks, &v_blocks);
+  const int64_t tpb = layout.tokens_per_block;
+  block_.resize(static_cast<size_t>(layout.used_bytes()));
+  const int64_t value_offset = layout.value_offset_bytes();
+  for (int64_t pos = position_; pos < position_ + count;) {
+    const int64_t b = pos / tpb;
+    const std::byte* source = view.k_blocks[b];
+    if (source != block_source_) {
+      ATTN_RETURN_IF_ERROR(
+          backend_->ReadBlock(source, block_.data(), layout.used_bytes()));
+      block_source_ = source;
+    }
+    const int64_t end = std::min((b + 1) * tpb, position_ + count);
+    for (; pos < end; ++pos) {
+      const int64_t row = pos % tpb;
+      const int64_t t = pos - position_;
+      for (int64_t h = 0; h < heads; ++h) {
+        std::memcpy(chunk->k.data() + (t * heads + h) * k_row,
+                    block_.data() + (h * tpb + row) * k_row, k_row);
+        std::memcpy(chunk->v.data() + (t * heads + h) * v_row,
+                    block_.data() + value_offset + (h * tpb + row) * v_row,
+                    v_row);
+      }
+    }
+  }
+  position_ += count;
+  checksum_.AddChunk(*chunk);
+  ++num_chunks_;
+  return true;
+}
+
+SnapshotTrailer SessionExport::trailer() const {
+  SnapshotTrailer trailer;
+  trailer.num_chunks = num_chunks_;
+  trailer.checksum = checksum_.value();
+  return trailer;
+}
+
+}  // namespace attention

@@ -1,0 +1,336 @@
+#include "core/session_import.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "core/client_string.h"
+#include "core/status_macros.h"
+
+namespace attention {
+namespace {
+
+// Longest session id a snapshot may keep.
+constexpr size_t kMaxSessionIdBytes = 64;
+
+absl::Status Inconsistent(absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("the snapshot header is inconsistent: ", what,
+                   "; export the session again from the server that holds it"));
+}
+
+absl::Status ValidateSessionId(const std::string& id) {
+  const bool well_formed =
+      !id.empty() && id.size() <= kMaxSessionIdBytes &&
+      std::all_of(id.begin(), id.end(), [](char c) {
+        return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+               c == '_';
+      });
+  if (well_formed) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the snapshot's session id ", QuoteClientString(id),
+      " cannot be kept: ids are 1 to 64 letters, digits, '-' or '_'; import "
+      "without keep_session_id to get a new id"));
+}
+
+// Everything about the header that does not depend on the server's state.
+absl::Status ValidateHeader(const SnapshotHeader& header,
+                            const SpecLimits& limits) {
+  if (header.format_version != kSnapshotFormatVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("snapshot format version ", header.format_version,
+                     " is not supported: this server reads version ",
+                     kSnapshotFormatVersion, " (written by server version ",
+                     QuoteClientString(header.server_version),
+                     "); import it into a server of that version"));
+  }
+  absl::StatusOr<SessionSpec> resolved =
+      ResolveSessionSpec(header.spec, limits);
+  if (!resolved.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the snapshot's session spec is not accepted by this "
+                     "server: ",
+                     resolved.status().message()));
+  }
+  if (!(*resolved == header.spec)) {
+    return Inconsistent("its spec is not in resolved form");
+  }
+  const SessionSpec& spec = header.spec;
+  if (header.kv_dtype != spec.kv_dtype) {
+    return Inconsistent(absl::StrCat("kv_dtype ", DTypeName(header.kv_dtype),
+                                     " differs from the spec's ",
+                                     DTypeName(spec.kv_dtype)));
+  }
+  if (static_cast<int64_t>(header.layer_lengths.size()) != spec.num_layers ||
+      static_cast<int64_t>(header.first_positions.size()) != spec.num_layers) {
+    return Inconsistent(
+        absl::StrCat("it has ", header.layer_lengths.size(),
+                     " layer lengths and ", header.first_positions.size(),
+                     " first positions for ", spec.num_layers, " layers"));
+  }
+  for (int i = 0; i < spec.num_layers; ++i) {
+    const int64_t length = header.layer_lengths[i];
+    const int64_t first = header.first_positions[i];
+    const LayerSpec& layer = spec.layers[i];
+    if (length < 0 || length > spec.max_tokens) {
+      return Inconsistent(
+          absl::StrCat("layer ", i, " has length ", length,
+                       ", outside [0, max_tokens = ", spec.max_tokens, "]"));
+    }
+    // A window layer must carry every row a later query can see.
+    const int64_t last_needed =
+        layer.window > 0 ? std::max<int64_t>(0, length - layer.window + 1) : 0;
+    if (first < 0 || first > last_needed) {
+      return Inconsistent(absl::StrCat(
+          "layer ", i, " (window ", layer.window, ", length ", length,
+          ") has first position ", first, "; it must be in [0, ", last_needed,
+          "] so that every row a later query sees is carried"));
+    }
+  }
+  if (header.idle_timeout_ms < 0) {
+    return Inconsistent(
+        absl::StrCat("idle_timeout_ms is ", header.idle_timeout_ms));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
+    SessionManager* manager, BlockPool* pool, AttentionBackend* backend,
+    const SnapshotHeader& header, const ImportOptions& options) {
+  const SessionManagerOptions& config = manager->options();
+  ATTN_RETURN_IF_ERROR(ValidateHeader(header, config.limits));
+  const SessionSpec& spec = header.spec;
+  ATTN_ASSIGN_OR_RETURN(const KvBlockLayout layout, manager->LayoutFor(spec));
+
+  int64_t tokens = 0;
+  int64_t blocks = 0;
+  for (int i = 0; i < spec.num_layers; ++i) {
+    tokens += CarriedPositions(header.layer_lengths[i],
+                               spec.layers[i].num_sink_tokens,
+                               header.first_positions[i])
+                  .tokens();
+    blocks += LayerKvCache::RestoreBlocks(layout, spec.layers[i],
+                                          header.layer_lengths[i],
+                                          header.first_positions[i]);
+  }
+  if (header.kv_bytes != tokens * layout.bytes_per_token()) {
+    return Inconsistent(
+        absl::StrCat("kv_bytes is ", header.kv_bytes, " but its layers carry ",
+                     tokens, " rows of ", layout.bytes_per_token(), " bytes"));
+  }
+
+  std::string id;
+  if (options.keep_session_id) {
+    ATTN_RETURN_IF_ERROR(ValidateSessionId(header.session_id));
+    if (manager->Contains(header.session_id)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "a session with id ", QuoteClientString(header.session_id),
+          " already exists on this server; import without keep_session_id "
+          "to get a new id, or delete the existing session first"));
+    }
+    id = header.session_id;
+  } else {
+    id = manager->NewSessionId();
+  }
+
+  // Admission from the header's sizes, before any data arrives: the
+  // owner's quotas first, then the pool.
+  Tenant tenant = options.tenant;
+  if (options.keep_owner) {
+    tenant.name = header.owner.empty() ? kDefaultTenantName : header.owner;
+    tenant.quota =
+        options.owner_quota ? options.owner_quota(tenant.name) : TenantQuota{};
+  }
+  std::shared_ptr<TenantUsage> usage = manager->UsageOf(tenant.name);
+  if (tenant.quota.max_sessions.has_value() &&
+      usage->stats().sessions >= *tenant.quota.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant ", QuoteClientString(tenant.name),
+        " is at its quota max_sessions: usage ", usage->stats().sessions,
+        " sessions, limit ", *tenant.quota.max_sessions,
+        "; delete sessions of the tenant before importing"));
+  }
+  // Held while the layers take their blocks (they count them at once), so
+  // that concurrent appends of the tenant cannot pass max_kv_bytes with it.
+  ATTN_RETURN_IF_ERROR(usage->Reserve(blocks, tenant.quota));
+  const BlockReservation reservation(usage.get(), blocks);
+  const BlockPoolStats stats = pool->stats();
+  const int64_t free_blocks = stats.blocks_total - stats.blocks_used;
+  if (blocks > free_blocks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("importing this session needs ", blocks, " KV blocks (",
+                     blocks * stats.block_bytes, " bytes for ", header.kv_bytes,
+                     " bytes of K/V) but the pool has ", free_blocks,
+                     " free of ", stats.blocks_total,
+                     "; delete sessions, or import into a server with a larger "
+                     "--kv_cache_bytes"));
+  }
+  std::vector<LayerKvCache> layers;
+  layers.reserve(spec.num_layers);
+  for (int i = 0; i < spec.num_layers; ++i) {
+    // A concurrent allocation can still take the blocks: the staged layers
+    // are then released with `layers`.
+    ATTN_ASSIGN_OR_RETURN(
+        LayerKvCache layer,
+        LayerKvCache::Restore(pool, layout, spec.layers[i],
+                              header.layer_lengths[i],
+                              header.first_positions[i], usage.get()));
+    layers.push_back(std::move(layer));
+  }
+
+  absl::Duration idle_timeout = absl::Milliseconds(header.idle_timeout_ms);
+  if (idle_timeout == absl::ZeroDuration()) {
+    idle_timeout = config.default_idle_timeout;
+  }
+  idle_timeout = std::min(idle_timeout, config.max_idle_timeout);
+  const absl::Time last_used =
+      options.keep_idle_deadline
+          ? absl::FromUnixMillis(header.idle_deadline_unix_ms) - idle_timeout
+          : config.now();
+  auto import = std::unique_ptr<SessionImport>(new SessionImport(
+      manager, pool, backend, header, layout, std::move(id), idle_timeout,
+      last_used, std::move(tenant), std::move(usage), std::move(layers)));
+  import->remaining_tokens_ = tokens;
+  import->Advance();
+  return import;
+}
+
+SessionImport::SessionImport(SessionManager* manager, BlockPool* pool,
+                             AttentionBackend* backend, SnapshotHeader header,
+                             KvBlockLayout layout, std::string id,
+                             absl::Duration idle_timeout, absl::Time last_used,
+                             Tenant tenant, std::shared_ptr<TenantUsage> usage,
+                             std::vector<LayerKvCache> layers)
+    : manager_(manager),
+      pool_(pool),
+      backend_(backend),
+      header_(std::move(header)),
+      layout_(layout),
+      id_(std::move(id)),
+      idle_timeout_(idle_timeout),
+      last_used_(last_used),
+      tenant_(std::move(tenant)),
+      usage_(std::move(usage)),
+      layers_(std::move(layers)) {
+  checksum_.AddHeader(header_);
+  for (const LayerKvCache& layer : layers_) {
+    blocks_.push_back(layer.restore_blocks());
+  }
+}
+
+void SessionImport::Advance() {
+  SeekCarriedRow(header_, &layer_, &position_, &range_end_);
+}
+
+absl::Status SessionImport::AddChunk(const SnapshotChunk& chunk) {
+  if (finished_) {
+    return absl::FailedPreconditionError("the import has already finished");
+  }
+  if (layer_ >= header_.spec.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the snapshot has a data chunk (layer ", chunk.layer,
+                     ", position ", chunk.start,
+                     ") after every row its header announces; the next "
+                     "record must be the trailer"));
+  }
+  if (chunk.layer != layer_ || chunk.start != position_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot data chunk ", num_chunks_,
+        " is out of order: it starts at "
+        "layer ",
+        chunk.layer, " position ", chunk.start,
+        " but the next row expected is layer ", layer_, " position ", position_,
+        "; send the chunks in the order ExportSession wrote "
+        "them"));
+  }
+  if (chunk.num_tokens < 1 || chunk.num_tokens > range_end_ - position_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot data chunk ", num_chunks_, " has ", chunk.num_tokens,
+        " rows from position ", position_, " of layer ", layer_,
+        ", but the carried range there ends at ", range_end_));
+  }
+  const int64_t heads = layout_.num_kv_heads;
+  const int64_t element = DTypeSize(layout_.dtype);
+  const int64_t k_bytes = chunk.num_tokens * heads * layout_.head_dim * element;
+  const int64_t v_bytes =
+      chunk.num_tokens * heads * layout_.value_dim * element;
+  if (k_bytes + v_bytes > kSnapshotChunkMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot data chunk ", num_chunks_, " holds ", k_bytes + v_bytes,
+        " bytes, over the limit of ", kSnapshotChunkMaxBytes,
+        " per chunk; split it (ExportSession writes about ",
+        kSnapshotChunkTargetBytes, ")"));
+  }
+  if (static_cast<int64_t>(chunk.k.size()) != k_bytes ||
+      static_cast<int64_t>(chunk.v.size()) != v_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot data chunk ", num_chunks_, " has ", chunk.k.size(),
+        " bytes of k and ", chunk.v.size(), " of v; ", chunk.num_tokens,
+        " rows of ", heads, " KV heads in ", DTypeName(layout_.dtype), " take ",
+        k_bytes, " and ", v_bytes));
+  }
+  const auto* k = reinterpret_cast<const std::byte*>(chunk.k.data());
+  const auto* v = reinterpret_cast<const std::byte*>(chunk.v.data());
+  ATTN_RETURN_IF_ERROR(
+      CheckFinite(layout_.dtype, k, k_bytes / element, "snapshot k"));
+  ATTN_RETURN_IF_ERROR(
+      CheckFinite(layout_.dtype, v, v_bytes / element, "snapshot v"));
+
+  KvWrite write;
+  write.layout = layout_;
+  write.start = chunk.start;
+  write.k = TensorView{.dtype = layout_.dtype,
+                       .shape = {chunk.num_tokens, heads, layout_.head_dim},
+                       .data = k,
+                       .size_bytes = k_bytes};
+  write.v = TensorView{.dtype = layout_.dtype,
+                       .shape = {chunk.num_tokens, heads, layout_.value_dim},
+                       .data = v,
+                       .size_bytes = v_bytes};
+  write.blocks = blocks_[layer_];
+  ATTN_RETURN_IF_ERROR(backend_->WriteKv(write));
+  checksum_.AddChunk(chunk);
+  ++num_chunks_;
+  remaining_tokens_ -= chunk.num_tokens;
+  position_ += chunk.num_tokens;
+  Advance();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SessionInfo> SessionImport::Finish(
+    const SnapshotTrailer& trailer) {
+  if (finished_) {
+    return absl::FailedPreconditionError("the import has already finished");
+  }
+  finished_ = true;
+  if (layer_ < header_.spec.num_layers) {
+    return absl::DataLossError(absl::StrCat(
+        "the snapshot is truncated: its trailer came after ", num_chunks_,
+        " data chunks, but layer ", layer_, " still lacks rows from position ",
+        position_, " (", remaining_tokens_,
+        " rows missing in all); export the session again"));
+  }
+  if (trailer.num_chunks != num_chunks_) {
+    return absl::DataLossError(absl::StrCat(
+        "the snapshot trailer counts ", trailer.num_chunks, " data chunks but ",
+        num_chunks_,
+        " arrived; the stream or file is damaged, export the session again"));
+  }
+  if (trailer.checksum != checksum_.value()) {
+    return absl::DataLossError(absl::StrCat(
+        "the snapshot is corrupted: its checksum is ", trailer.checksum,
+        " but its records give ", checksum_.value(),
+        "; the stream or file is damaged, export the session again"));
+  }
+  for (LayerKvCache& layer : layers_) layer.CompleteRestore();
+  std::shared_ptr<Session> session =
+      Session::FromLayers(id_, header_.spec, layout_, pool_, idle_timeout_,
+                          last_used_, usage_, std::move(layers_));
+  ATTN_RETURN_IF_ERROR(manager_->Adopt(session, tenant_.quota));
+  return session->Info();
+}
+
+}  // namespace attention

@@ -1,0 +1,122 @@
+#include "core/session_snapshot.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/crc32c.h"
+
+namespace attention {
+namespace {
+
+// SessionChunk field numbers of the records (the proto's oneof).
+constexpr int64_t kHeaderRecord = 1;
+constexpr int64_t kDataRecord = 2;
+
+int64_t FloatBits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+// The proto enum value of a dtype (attention.v1.DType).
+int64_t DTypeNumber(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return 1;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 3;
+  }
+  return 0;
+}
+
+}  // namespace
+
+CarriedRanges CarriedPositions(int64_t length, int32_t num_sink_tokens,
+                               int64_t first_position) {
+  CarriedRanges ranges;
+  ranges.length = length;
+  ranges.sink_end = std::min<int64_t>(num_sink_tokens, length);
+  ranges.window_start =
+      std::clamp<int64_t>(first_position, ranges.sink_end, length);
+  return ranges;
+}
+
+bool SeekCarriedRow(const SnapshotHeader& header, int* layer, int64_t* position,
+                    int64_t* range_end) {
+  for (; *layer < header.spec.num_layers; ++*layer, *position = 0) {
+    const CarriedRanges ranges =
+        CarriedPositions(header.layer_lengths[*layer],
+                         header.spec.layers[*layer].num_sink_tokens,
+                         header.first_positions[*layer]);
+    if (*position < ranges.sink_end) {
+      *range_end = ranges.sink_end;
+      return true;
+    }
+    *position = std::max(*position, ranges.window_start);
+    if (*position < ranges.length) {
+      *range_end = ranges.length;
+      return true;
+    }
+  }
+  return false;
+}
+
+void SnapshotChecksum::AddInt(int64_t value) {
+  unsigned char bytes[8];
+  for (int i = 0; i < 8; ++i) {
+    bytes[i] =
+        static_cast<unsigned char>(static_cast<uint64_t>(value) >> (8 * i));
+  }
+  crc_ = Crc32cExtend(crc_, bytes, sizeof(bytes));
+}
+
+void SnapshotChecksum::AddBytes(absl::string_view bytes) {
+  AddInt(static_cast<int64_t>(bytes.size()));
+  crc_ = Crc32cExtend(crc_, bytes.data(), bytes.size());
+}
+
+void SnapshotChecksum::AddHeader(const SnapshotHeader& header) {
+  AddInt(kHeaderRecord);
+  AddInt(header.format_version);
+  AddBytes(header.session_id);
+  const SessionSpec& spec = header.spec;
+  AddInt(spec.num_layers);
+  AddInt(spec.num_q_heads);
+  AddInt(spec.num_kv_heads);
+  AddInt(spec.head_dim);
+  AddInt(spec.value_dim);
+  AddInt(DTypeNumber(spec.kv_dtype));
+  AddInt(FloatBits(spec.scale));
+  AddInt(static_cast<int64_t>(spec.layers.size()));
+  for (const LayerSpec& layer : spec.layers) {
+    AddInt(layer.window);
+    AddInt(layer.num_sink_tokens);
+    AddInt(static_cast<int64_t>(layer.sink_logits.size()));
+    for (float logit : layer.sink_logits) AddInt(FloatBits(logit));
+  }
+  AddInt(spec.max_tokens);
+  AddBytes(spec.model);
+  AddInt(static_cast<int64_t>(header.layer_lengths.size()));
+  for (int64_t length : header.layer_lengths) AddInt(length);
+  AddInt(static_cast<int64_t>(header.first_positions.size()));
+  for (int64_t first : header.first_positions) AddInt(first);
+  AddInt(DTypeNumber(header.kv_dtype));
+  AddBytes(header.server_version);
+  AddInt(header.idle_timeout_ms);
+  AddInt(header.idle_deadline_unix_ms);
+  AddInt(header.kv_bytes);
+  AddBytes(header.owner);
+}
+
+void SnapshotChecksum::AddChunk(const SnapshotChunk& chunk) {
+  AddInt(kDataRecord);
+  AddInt(chunk.layer);
+  AddInt(chunk.start);
+  AddInt(chunk.num_tokens);
+  AddBytes(chunk.k);
+  AddBytes(chunk.v);
+}
+
+}  // namespace attention

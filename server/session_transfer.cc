@@ -1,0 +1,155 @@
+#include "server/session_transfer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/proto_convert.h"
+
+namespace attention::server {
+
+void SnapshotHeaderToProto(const SnapshotHeader& header,
+                           v1::SessionSnapshotHeader* out) {
+  out->Clear();
+  out->set_format_version(header.format_version);
+  out->set_session_id(header.session_id);
+  SessionSpecToProto(header.spec, out->mutable_spec());
+  out->mutable_layer_lengths()->Add(header.layer_lengths.begin(),
+                                    header.layer_lengths.end());
+  out->mutable_first_positions()->Add(header.first_positions.begin(),
+                                      header.first_positions.end());
+  out->set_kv_dtype(DTypeToProto(header.kv_dtype));
+  out->set_server_version(header.server_version);
+  out->set_idle_timeout_ms(header.idle_timeout_ms);
+  out->set_idle_deadline_unix_ms(header.idle_deadline_unix_ms);
+  out->set_kv_bytes(header.kv_bytes);
+  out->set_owner(header.owner);
+}
+
+absl::StatusOr<SnapshotHeader> SnapshotHeaderFromProto(
+    const v1::SessionSnapshotHeader& header) {
+  SnapshotHeader out;
+  out.format_version = header.format_version();
+  out.session_id = header.session_id();
+  ATTN_ASSIGN_OR_RETURN(out.spec, SessionSpecFromProto(header.spec()));
+  out.layer_lengths.assign(header.layer_lengths().begin(),
+                           header.layer_lengths().end());
+  out.first_positions.assign(header.first_positions().begin(),
+                             header.first_positions().end());
+  ATTN_ASSIGN_OR_RETURN(
+      out.kv_dtype,
+      OptionalDTypeFromProto(header.kv_dtype(), "snapshot header kv_dtype"));
+  out.server_version = header.server_version();
+  out.idle_timeout_ms = header.idle_timeout_ms();
+  out.idle_deadline_unix_ms = header.idle_deadline_unix_ms();
+  out.kv_bytes = header.kv_bytes();
+  out.owner = header.owner();
+  return out;
+}
+
+void SwapSnapshotChunkToProto(SnapshotChunk* chunk,
+                              v1::SessionSnapshotData* out) {
+  out->set_layer(chunk->layer);
+  out->set_start(chunk->start);
+  out->set_num_tokens(chunk->num_tokens);
+  out->mutable_k()->swap(chunk->k);
+  out->mutable_v()->swap(chunk->v);
+}
+
+void SwapSnapshotChunkFromProto(v1::SessionSnapshotData* data,
+                                SnapshotChunk* chunk) {
+  chunk->layer = data->layer();
+  chunk->start = data->start();
+  chunk->num_tokens = data->num_tokens();
+  chunk->k.swap(*data->mutable_k());
+  chunk->v.swap(*data->mutable_v());
+}
+
+void SnapshotTrailerToProto(const SnapshotTrailer& trailer,
+                            v1::SessionSnapshotTrailer* out) {
+  out->set_num_chunks(trailer.num_chunks);
+  out->set_checksum(trailer.checksum);
+}
+
+SnapshotTrailer SnapshotTrailerFromProto(
+    const v1::SessionSnapshotTrailer& trailer) {
+  SnapshotTrailer out;
+  out.num_chunks = trailer.num_chunks();
+  out.checksum = trailer.checksum();
+  return out;
+}
+
+absl::StatusOr<int64_t> WriteSessionExport(
+    SessionExport& session_export,
+    const std::function<absl::Status(v1::SessionChunk&)>& write) {
+  v1::SessionChunk record;
+  SnapshotHeaderToProto(session_export.header(), record.mutable_header());
+  ATTN_RETURN_IF_ERROR(write(record));
+  SnapshotChunk chunk;
+  while (true) {
+    ATTN_ASSIGN_OR_RETURN(const bool more, session_export.NextChunk(&chunk));
+    if (!more) break;
+    v1::SessionSnapshotData* data = record.mutable_data();
+    SwapSnapshotChunkToProto(&chunk, data);
+    ATTN_RETURN_IF_ERROR(write(record));
+    // Take the buffers back for the next chunk.
+    chunk.k.swap(*data->mutable_k());
+    chunk.v.swap(*data->mutable_v());
+  }
+  SnapshotTrailerToProto(session_export.trailer(), record.mutable_trailer());
+  ATTN_RETURN_IF_ERROR(write(record));
+  return session_export.header().kv_bytes;
+}
+
+namespace {
+
+absl::Status Truncated(absl::string_view what) {
+  return absl::DataLossError(absl::StrCat(
+      "the snapshot stream ended ", what,
+      "; it is truncated: export the session again and send it whole"));
+}
+
+}  // namespace
+
+absl::StatusOr<ImportResult> ReadSessionImport(
+    AttentionEngine& engine, ImportOptions options,
+    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read) {
+  v1::SessionChunk record;
+  ATTN_ASSIGN_OR_RETURN(bool more, read(&record));
+  if (!more) return Truncated("before its header");
+  if (!record.has_header()) {
+    return absl::InvalidArgumentError(
+        "the first record of a snapshot stream must be its header; send the "
+        "records in the order ExportSession wrote them");
+  }
+  options.keep_session_id |= record.keep_session_id();
+  ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
+                        SnapshotHeaderFromProto(record.header()));
+  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionImport> import,
+                        engine.BeginImport(header, options));
+  SnapshotChunk chunk;
+  while (true) {
+    ATTN_ASSIGN_OR_RETURN(more, read(&record));
+    if (!more) return Truncated("before its trailer");
+    if (record.has_trailer()) break;
+    if (!record.has_data()) {
+      return absl::InvalidArgumentError(
+          "a snapshot stream has exactly one header, first; this record is "
+          "another header or empty");
+    }
+    SwapSnapshotChunkFromProto(record.mutable_data(), &chunk);
+    ATTN_RETURN_IF_ERROR(import->AddChunk(chunk));
+  }
+  const SnapshotTrailer trailer = SnapshotTrailerFromProto(record.trailer());
+  ATTN_ASSIGN_OR_RETURN(more, read(&record));
+  if (more) {
+    return absl::InvalidArgumentError(
+        "a snapshot stream ends with its trailer; a record follows it");
+  }
+  ImportResult result;
+  ATTN_ASSIGN_OR_RETURN(result.info, import->Finish(trailer));
+  result.kv_bytes = header.kv_bytes;
+  return result;
+}
+
+}  // namespace attention::server

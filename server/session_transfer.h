@@ -1,0 +1,60 @@
+// Session snapshots as attention.v1.SessionChunk streams: the 1:1 mapping
+// of core's snapshot records (core/session_snapshot.h) onto the proto
+// messages, and whole exports and imports over any stream of them (the
+// ExportSession/ImportSession RPCs, --snapshot_dir files).
+#ifndef ATTENTION_SERVER_SESSION_TRANSFER_H_
+#define ATTENTION_SERVER_SESSION_TRANSFER_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attention/v1/attention.pb.h"
+#include "core/engine.h"
+#include "core/session_snapshot.h"
+
+namespace attention::server {
+
+// Record mapping. The *FromProto functions take the proto's bytes fields
+// (swapping, no copy) and fail with INVALID_ARGUMENT for values core cannot
+// hold (an unknown dtype, a bad spec field).
+void SnapshotHeaderToProto(const SnapshotHeader& header,
+                           v1::SessionSnapshotHeader* out);
+absl::StatusOr<SnapshotHeader> SnapshotHeaderFromProto(
+    const v1::SessionSnapshotHeader& header);
+// Swaps `chunk`'s k and v into `out` (swap back to reuse the buffers).
+void SwapSnapshotChunkToProto(SnapshotChunk* chunk,
+                              v1::SessionSnapshotData* out);
+void SwapSnapshotChunkFromProto(v1::SessionSnapshotData* data,
+                                SnapshotChunk* chunk);
+void SnapshotTrailerToProto(const SnapshotTrailer& trailer,
+                            v1::SessionSnapshotTrailer* out);
+SnapshotTrailer SnapshotTrailerFromProto(
+    const v1::SessionSnapshotTrailer& trailer);
+
+// Writes `session_export` whole through `write`, one record per call (the
+// message is reused between calls; `write` may modify it). Returns the
+// K/V bytes sent; the first error of `write` or of the export.
+absl::StatusOr<int64_t> WriteSessionExport(
+    SessionExport& session_export,
+    const std::function<absl::Status(v1::SessionChunk&)>& write);
+
+struct ImportResult {
+  SessionInfo info;
+  int64_t kv_bytes = 0;
+};
+
+// Reads one snapshot from `read` and imports it into `engine`. `read`
+// fills the message and returns true, or returns false at the end of the
+// stream; the stream must end right after the trailer. A header record
+// with keep_session_id adds it to `options`. Errors: those of
+// SessionImport, plus INVALID_ARGUMENT for records in the wrong place and
+// DATA_LOSS for a stream that ends early; nothing is left behind.
+absl::StatusOr<ImportResult> ReadSessionImport(
+    AttentionEngine& engine, ImportOptions options,
+    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read);
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_SESSION_TRANSFER_H_

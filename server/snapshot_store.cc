@@ -1,0 +1,285 @@
+#include "server/snapshot_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/status_macros.h"
+#include "server/log.h"
+#include "server/session_transfer.h"
+
+namespace attention::server {
+namespace {
+
+constexpr char kSessionSuffix[] = ".session";
+constexpr char kTemporarySuffix[] = ".tmp";
+// Largest record a file may hold: a data chunk is at most 4 MiB, a header
+// with 1024 layers of 1024 sink logits about 4 MiB.
+constexpr uint32_t kMaxFileRecordBytes = 64 << 20;
+// Bytes gathered before one write(2).
+constexpr size_t kWriteBufferBytes = 4 << 20;
+
+absl::Status FileError(absl::string_view what, const std::string& path) {
+  return absl::InternalError(absl::StrCat(
+      what, " ", path, ": ", std::strerror(errno), "; check --snapshot_dir"));
+}
+
+absl::Status WriteAll(int fd, const std::string& bytes,
+                      const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return FileError("cannot write", path);
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return FileError("cannot open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return FileError("cannot fsync directory", dir);
+  return absl::OkStatus();
+}
+
+absl::Status EnsureDirectory(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST) {
+    return absl::OkStatus();
+  }
+  return FileError("cannot create directory", dir);
+}
+
+// Reads exactly `size` bytes; false at a clean end of file before any.
+absl::StatusOr<bool> ReadExactly(int fd, char* data, size_t size,
+                                 const std::string& path) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, data + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return FileError("cannot read", path);
+    }
+    if (n == 0) {
+      if (done == 0) return false;
+      return absl::DataLossError(absl::StrCat(
+          "snapshot file ", path, " ends inside a record; it is truncated"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+bool HasSuffix(const std::string& name, absl::string_view suffix) {
+  return absl::EndsWith(name, suffix);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
+                                    const std::string& id,
+                                    const std::string& path,
+                                    absl::Time deadline, const Tenant& owner) {
+  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionExport> session_export,
+                        engine.ExportSession(id, owner));
+  const std::string temporary = absl::StrCat(path, kTemporarySuffix);
+  const int fd =
+      ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return FileError("cannot create", temporary);
+  bool keep = false;
+  absl::Cleanup close_file = [&] {
+    ::close(fd);
+    if (!keep) ::unlink(temporary.c_str());
+  };
+  std::string buffer;
+  std::string serialized;
+  ATTN_ASSIGN_OR_RETURN(
+      const int64_t bytes,
+      WriteSessionExport(
+          *session_export, [&](v1::SessionChunk& record) -> absl::Status {
+            if (absl::Now() > deadline) {
+              return absl::DeadlineExceededError(
+                  "the snapshot ran out of --drain_timeout");
+            }
+            record.SerializeToString(&serialized);
+            const uint32_t size = static_cast<uint32_t>(serialized.size());
+            char prefix[4];
+            for (int i = 0; i < 4; ++i)
+              prefix[i] = static_cast<char>(size >> (8 * i));
+            buffer.append(prefix, 4);
+            buffer.append(serialized);
+            if (buffer.size() >= kWriteBufferBytes) {
+              ATTN_RETURN_IF_ERROR(WriteAll(fd, buffer, temporary));
+              buffer.clear();
+            }
+            return absl::OkStatus();
+          }));
+  ATTN_RETURN_IF_ERROR(WriteAll(fd, buffer, temporary));
+  if (::fsync(fd) != 0) return FileError("cannot fsync", temporary);
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    return FileError("cannot rename to", path);
+  }
+  keep = true;
+  return bytes;
+}
+
+SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
+                              absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  SaveAllResult result;
+  // (id, owner) of every tenant's sessions.
+  std::vector<std::pair<std::string, Tenant>> ids;
+  for (std::string after;;) {
+    std::vector<SessionInfo> page = engine.ListAllSessions(after, 1000);
+    if (page.empty()) break;
+    for (const SessionInfo& info : page) {
+      ids.emplace_back(info.session_id,
+                       Tenant{.name = info.owner, .quota = {}});
+    }
+    after = page.back().session_id;
+  }
+  if (absl::Status status = EnsureDirectory(dir); !status.ok()) {
+    Log(LogLevel::kError, "snapshot_failed",
+        {{"dir", dir},
+         {"sessions", static_cast<int64_t>(ids.size())},
+         {"message", status.message()}});
+    result.failed = static_cast<int64_t>(ids.size());
+    result.duration = absl::Now() - start;
+    return result;
+  }
+  for (const auto& [id, owner] : ids) {
+    const std::string path = absl::StrCat(dir, "/", id, kSessionSuffix);
+    absl::StatusOr<int64_t> bytes =
+        SaveSession(engine, id, path, deadline, owner);
+    if (bytes.ok()) {
+      ++result.written;
+      result.bytes += *bytes;
+    } else if (bytes.status().code() != absl::StatusCode::kNotFound) {
+      // A session deleted or expired meanwhile is simply gone.
+      ++result.failed;
+      Log(LogLevel::kError, "snapshot_session_failed",
+          {{"session", id}, {"message", bytes.status().message()}});
+    }
+  }
+  if (absl::Status status = SyncDirectory(dir); !status.ok()) {
+    Log(LogLevel::kError, "snapshot_failed",
+        {{"dir", dir}, {"message", status.message()}});
+  }
+  result.duration = absl::Now() - start;
+  return result;
+}
+
+absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
+                                       const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return FileError("cannot open", path);
+  absl::Cleanup close_file = [fd] { ::close(fd); };
+  ImportOptions options;
+  options.keep_session_id = true;
+  options.keep_idle_deadline = true;
+  options.keep_owner = true;
+  ATTN_ASSIGN_OR_RETURN(
+      const ImportResult result,
+      ReadSessionImport(
+          engine, options,
+          [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+            unsigned char prefix[4];
+            ATTN_ASSIGN_OR_RETURN(
+                const bool more,
+                ReadExactly(fd, reinterpret_cast<char*>(prefix), 4, path));
+            if (!more) return false;
+            const uint32_t size = prefix[0] | (prefix[1] << 8) |
+                                  (prefix[2] << 16) |
+                                  (static_cast<uint32_t>(prefix[3]) << 24);
+            if (size > kMaxFileRecordBytes) {
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "snapshot file ", path, " has a record of ", size,
+                  " bytes, over the limit of ", kMaxFileRecordBytes));
+            }
+            std::string bytes(size, '\0');
+            ATTN_ASSIGN_OR_RETURN(const bool whole,
+                                  ReadExactly(fd, bytes.data(), size, path));
+            if (!whole && size > 0) {
+              return absl::DataLossError(absl::StrCat("snapshot file ", path,
+                                                      " ends inside a record"));
+            }
+            if (!record->ParseFromString(bytes)) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("snapshot file ", path,
+                               " holds a record that is not a SessionChunk"));
+            }
+            return true;
+          }));
+  return result.kv_bytes;
+}
+
+RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
+                                    const std::string& dir) {
+  RestoreAllResult result;
+  if (absl::Status status = EnsureDirectory(dir); !status.ok()) {
+    Log(LogLevel::kError, "restore_failed",
+        {{"dir", dir}, {"message", status.message()}});
+    return result;
+  }
+  std::vector<std::string> names;
+  if (DIR* handle = ::opendir(dir.c_str()); handle != nullptr) {
+    while (const dirent* entry = ::readdir(handle))
+      names.push_back(entry->d_name);
+    ::closedir(handle);
+  } else {
+    Log(LogLevel::kError, "restore_failed",
+        {{"dir", dir}, {"message", std::strerror(errno)}});
+    return result;
+  }
+  for (const std::string& name : names) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    if (HasSuffix(name, absl::StrCat(kSessionSuffix, kTemporarySuffix))) {
+      // A snapshot interrupted before its rename: never complete.
+      ::unlink(path.c_str());
+      Log(LogLevel::kWarning, "snapshot_partial_removed", {{"file", path}});
+      continue;
+    }
+    if (!HasSuffix(name, kSessionSuffix)) continue;
+    absl::StatusOr<int64_t> bytes = RestoreSession(engine, path);
+    if (bytes.ok()) {
+      ++result.restored;
+      result.bytes += *bytes;
+      ::unlink(path.c_str());
+      continue;
+    }
+    const absl::StatusCode code = bytes.status().code();
+    const bool corrupt = code == absl::StatusCode::kInvalidArgument ||
+                         code == absl::StatusCode::kDataLoss;
+    const std::string aside =
+        absl::StrCat(path, corrupt ? ".corrupt" : ".rejected");
+    ::rename(path.c_str(), aside.c_str());
+    (corrupt ? result.corrupt : result.rejected) += 1;
+    Log(LogLevel::kError, corrupt ? "snapshot_corrupt" : "snapshot_rejected",
+        {{"file", path},
+         {"moved_to", aside},
+         {"code", absl::StatusCodeToString(code)},
+         {"message", bytes.status().message()}});
+  }
+  if (absl::Status status = SyncDirectory(dir); !status.ok()) {
+    Log(LogLevel::kWarning, "restore_sync_failed",
+        {{"dir", dir}, {"message", status.message()}});
+  }
+  return result;
+}
+
+}  // namespace attention::server

@@ -1,0 +1,502 @@
+// Session snapshots in core: export -> import round trips over every layer
+// kind, dtype, GQA shape and forks, bitwise continuation (also across block
+// sizes), consistency against racing appends, and every malformed snapshot
+// failing without leaving anything behind.
+#include "core/session_snapshot.h"
+
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/cpu/cpu_backend.h"
+#include "core/crc32c.h"
+#include "core/engine.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_tensors.h"
+
+namespace attention {
+namespace {
+
+using testing::HostTensor;
+using testing::RandomTensor;
+using testing::ToFloats;
+
+struct Shape4 {
+  int q_heads, kv_heads, head_dim, value_dim;
+};
+
+SessionSpec MakeSpec(const Shape4& s, DType dtype) {
+  SessionSpec spec;
+  spec.num_layers = 4;
+  spec.num_q_heads = s.q_heads;
+  spec.num_kv_heads = s.kv_heads;
+  spec.head_dim = s.head_dim;
+  spec.value_dim = s.value_dim;
+  spec.kv_dtype = dtype;
+  spec.max_tokens = 4096;
+  spec.model = "snapshot-test";
+  LayerSpec full;
+  LayerSpec window;
+  window.window = 37;
+  LayerSpec sinks;
+  sinks.window = 29;
+  sinks.num_sink_tokens = 5;
+  LayerSpec learned;
+  learned.window = 41;
+  for (int h = 0; h < s.q_heads; ++h) learned.sink_logits.push_back(0.25f * h);
+  spec.layers = {full, window, sinks, learned};
+  return spec;
+}
+
+std::unique_ptr<AttentionEngine> MakeEngine(int64_t kv_bytes,
+                                            int64_t block_bytes) {
+  EngineOptions options;
+  options.kv_cache_bytes = kv_bytes;
+  options.kv_block_bytes = block_bytes;
+  options.version = "test";
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto engine =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(2), options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return *std::move(engine);
+}
+
+struct Snapshot {
+  SnapshotHeader header;
+  std::vector<SnapshotChunk> chunks;
+  SnapshotTrailer trailer;
+};
+
+Snapshot Export(AttentionEngine& engine, const std::string& id) {
+  Snapshot snapshot;
+  auto session_export = engine.ExportSession(id);
+  EXPECT_TRUE(session_export.ok()) << session_export.status();
+  if (!session_export.ok()) return snapshot;
+  snapshot.header = (*session_export)->header();
+  while (true) {
+    SnapshotChunk chunk;
+    auto more = (*session_export)->NextChunk(&chunk);
+    EXPECT_TRUE(more.ok()) << more.status();
+    if (!more.ok() || !*more) break;
+    snapshot.chunks.push_back(std::move(chunk));
+  }
+  snapshot.trailer = (*session_export)->trailer();
+  return snapshot;
+}
+
+absl::StatusOr<SessionInfo> Import(AttentionEngine& engine,
+                                   const Snapshot& snapshot,
+                                   ImportOptions options = {}) {
+  auto import = engine.BeginImport(snapshot.header, options);
+  if (!import.ok()) return import.status();
+  for (const SnapshotChunk& chunk : snapshot.chunks) {
+    if (absl::Status status = (*import)->AddChunk(chunk); !status.ok()) {
+      return status;
+    }
+  }
+  return (*import)->Finish(snapshot.trailer);
+}
+
+// Recomputes the trailer after a deliberate change, so that a test reaches
+// the check behind the checksum.
+void Reseal(Snapshot& snapshot) {
+  SnapshotChecksum checksum;
+  checksum.AddHeader(snapshot.header);
+  for (const SnapshotChunk& chunk : snapshot.chunks) checksum.AddChunk(chunk);
+  snapshot.trailer.checksum = checksum.value();
+  snapshot.trailer.num_chunks = static_cast<int64_t>(snapshot.chunks.size());
+}
+
+struct Tokens {
+  HostTensor q, k, v;
+  Tokens(int64_t count, const Shape4& s, std::mt19937& rng, DType dtype)
+      : q(RandomTensor({count, s.q_heads, s.head_dim}, rng)),
+        k(RandomTensor({count, s.kv_heads, s.head_dim}, rng, dtype)),
+        v(RandomTensor({count, s.kv_heads, s.value_dim}, rng, dtype)) {}
+};
+
+// Appends rows [begin, end) of `t` to `layer` and returns the output.
+std::vector<float> Append(AttentionEngine& engine, const std::string& id,
+                          int layer, const Tokens& t, int64_t begin,
+                          int64_t end) {
+  AppendRequest r;
+  r.session_id = id;
+  r.layer = layer;
+  r.q = t.q.rows(begin, end);
+  r.k = t.k.rows(begin, end);
+  r.v = t.v.rows(begin, end);
+  auto out = engine.Append(r);
+  EXPECT_TRUE(out.ok()) << out.status();
+  return out.ok() ? ToFloats(out->output) : std::vector<float>{};
+}
+
+TEST(Crc32cTest, KnownValueAndIncremental) {
+  EXPECT_EQ(Crc32cExtend(0, "123456789", 9), 0xe3069283u);
+  const uint32_t part = Crc32cExtend(0, "1234", 4);
+  EXPECT_EQ(Crc32cExtend(part, "56789", 5), 0xe3069283u);
+  std::string long_text(1000, 'x');
+  uint32_t whole = Crc32cExtend(0, long_text.data(), long_text.size());
+  uint32_t pieces = Crc32cExtend(0, long_text.data(), 333);
+  pieces = Crc32cExtend(pieces, long_text.data() + 333, 667);
+  EXPECT_EQ(whole, pieces);
+}
+
+// Every layer kind, dtype and GQA shape; exported from one block size and
+// imported into another; the imported session then continues bitwise like
+// the original.
+TEST(SessionSnapshotTest, RoundTripContinuesBitwise) {
+  const Shape4 shapes[] = {{4, 2, 16, 8}, {4, 4, 8, 8}, {8, 1, 32, 16}};
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    for (const Shape4& shape : shapes) {
+      SCOPED_TRACE(::testing::Message()
+                   << DTypeName(dtype) << " H=" << shape.q_heads
+                   << " Hkv=" << shape.kv_heads);
+      std::mt19937 rng(7);
+      auto source = MakeEngine(int64_t{32} << 20, 4096);
+      auto target = MakeEngine(int64_t{32} << 20, 2048 + 1024);
+      const SessionSpec spec = MakeSpec(shape, dtype);
+      auto created = source->CreateSession(spec, absl::ZeroDuration());
+      ASSERT_TRUE(created.ok()) << created.status();
+      const std::string id = created->session_id;
+      Tokens t(300, shape, rng, dtype);
+      for (int layer = 0; layer < spec.num_layers; ++layer) {
+        // Different lengths per layer, in two calls.
+        Append(*source, id, layer, t, 0, 50 + 30 * layer);
+        Append(*source, id, layer, t, 50 + 30 * layer, 170 + 10 * layer);
+      }
+      const Snapshot snapshot = Export(*source, id);
+      EXPECT_EQ(snapshot.header.layer_lengths,
+                source->GetSession(id)->layer_lengths);
+      EXPECT_GT(snapshot.header.first_positions[1], 0)
+          << "a window layer carries only what it still holds";
+      auto imported = Import(*target, snapshot);
+      ASSERT_TRUE(imported.ok()) << imported.status();
+      EXPECT_NE(imported->session_id, id);
+      EXPECT_EQ(imported->spec, source->GetSession(id)->spec);
+      EXPECT_EQ(imported->layer_lengths, snapshot.header.layer_lengths);
+      for (int layer = 0; layer < spec.num_layers; ++layer) {
+        const int64_t length = 170 + 10 * layer;
+        EXPECT_EQ(Append(*target, imported->session_id, layer, t, length,
+                         length + 40),
+                  Append(*source, id, layer, t, length, length + 40))
+            << "layer " << layer;
+        EXPECT_EQ(Append(*target, imported->session_id, layer, t, length + 40,
+                         length + 41),
+                  Append(*source, id, layer, t, length + 40, length + 41));
+      }
+      // An imported session exports the same snapshot again (its own id).
+      const Snapshot again = Export(*target, imported->session_id);
+      EXPECT_EQ(again.header.layer_lengths,
+                source->GetSession(id)->layer_lengths);
+    }
+  }
+}
+
+TEST(SessionSnapshotTest, ForkExportsAsAFullSessionAndKeepIdWorks) {
+  const Shape4 shape{4, 2, 16, 8};
+  std::mt19937 rng(11);
+  auto source = MakeEngine(int64_t{16} << 20, 4096);
+  auto target = MakeEngine(int64_t{16} << 20, 4096);
+  const SessionSpec spec = MakeSpec(shape, DType::kFloat32);
+  const std::string parent =
+      source->CreateSession(spec, absl::Minutes(3))->session_id;
+  Tokens t(200, shape, rng, DType::kFloat32);
+  for (int layer = 0; layer < 4; ++layer)
+    Append(*source, parent, layer, t, 0, 120);
+  const std::string fork = source->ForkSession(parent)->session_id;
+  Append(*source, fork, 0, t, 120, 130);
+  const Snapshot snapshot = Export(*source, fork);
+  EXPECT_EQ(snapshot.header.session_id, fork);
+  EXPECT_EQ(snapshot.header.idle_timeout_ms, 180000);
+  ImportOptions keep;
+  keep.keep_session_id = true;
+  auto imported = Import(*target, snapshot, keep);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->session_id, fork);
+  EXPECT_EQ(imported->layer_lengths[0], 130);
+  EXPECT_EQ(Append(*target, fork, 0, t, 130, 140),
+            Append(*source, fork, 0, t, 130, 140));
+  // The id is now taken there: ALREADY_EXISTS, and nothing changes.
+  const int64_t used = target->stats().pool.used_bytes;
+  auto twice = Import(*target, snapshot, keep);
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(target->stats().pool.used_bytes, used);
+  EXPECT_EQ(target->stats().active_sessions, 1);
+}
+
+TEST(SessionSnapshotTest, ExportIsConsistentAgainstRacingAppends) {
+  const Shape4 shape{4, 2, 16, 8};
+  std::mt19937 rng(3);
+  auto engine = MakeEngine(int64_t{16} << 20, 4096);
+  const SessionSpec spec = MakeSpec(shape, DType::kFloat32);
+  const std::string id =
+      engine->CreateSession(spec, absl::ZeroDuration())->session_id;
+  Tokens t(200, shape, rng, DType::kFloat32);
+  for (int layer = 0; layer < 4; ++layer) Append(*engine, id, layer, t, 0, 100);
+  auto session_export = engine->ExportSession(id);
+  ASSERT_TRUE(session_export.ok());
+  // Appends after the export started (into the shared partial block too)
+  // and a truncation do not reach it.
+  for (int layer = 0; layer < 4; ++layer)
+    Append(*engine, id, layer, t, 100, 150);
+  Snapshot snapshot;
+  snapshot.header = (*session_export)->header();
+  SnapshotChunk chunk;
+  while (*(*session_export)->NextChunk(&chunk))
+    snapshot.chunks.push_back(chunk);
+  snapshot.trailer = (*session_export)->trailer();
+  session_export->reset();
+  EXPECT_EQ(snapshot.header.layer_lengths, std::vector<int64_t>(4, 100));
+  auto imported = Import(*engine, snapshot);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  // The copy continues from 100 exactly as the original did.
+  const std::string copy = imported->session_id;
+  auto fresh = engine->CreateSession(spec, absl::ZeroDuration());
+  for (int layer = 0; layer < 4; ++layer) {
+    Append(*engine, fresh->session_id, layer, t, 0, 100);
+    EXPECT_EQ(Append(*engine, copy, layer, t, 100, 150),
+              Append(*engine, fresh->session_id, layer, t, 100, 150));
+  }
+}
+
+TEST(SessionSnapshotTest, TruncateAfterImportRespectsWhatWasCarried) {
+  const Shape4 shape{4, 2, 16, 8};
+  std::mt19937 rng(5);
+  auto source = MakeEngine(int64_t{16} << 20, 4096);
+  auto target = MakeEngine(int64_t{16} << 20, 1024);
+  const SessionSpec spec = MakeSpec(shape, DType::kFloat32);
+  const std::string id =
+      source->CreateSession(spec, absl::ZeroDuration())->session_id;
+  Tokens t(300, shape, rng, DType::kFloat32);
+  for (int layer = 0; layer < 4; ++layer) Append(*source, id, layer, t, 0, 250);
+  const Snapshot snapshot = Export(*source, id);
+  auto imported = Import(*target, snapshot);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  // Far back: the window layers no longer hold those keys.
+  EXPECT_EQ(target->TruncateSession(imported->session_id, 100).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A short rollback works and replays bitwise.
+  ASSERT_TRUE(source->TruncateSession(id, 245).ok());
+  ASSERT_TRUE(target->TruncateSession(imported->session_id, 245).ok());
+  for (int layer = 0; layer < 4; ++layer) {
+    EXPECT_EQ(Append(*target, imported->session_id, layer, t, 245, 260),
+              Append(*source, id, layer, t, 245, 260));
+  }
+}
+
+class MalformedSnapshotTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine_ = MakeEngine(int64_t{16} << 20, 4096);
+    std::mt19937 rng(9);
+    const SessionSpec spec = MakeSpec(shape_, DType::kFloat32);
+    const std::string id =
+        engine_->CreateSession(spec, absl::ZeroDuration())->session_id;
+    Tokens t(2000, shape_, rng, DType::kFloat32);
+    for (int layer = 0; layer < 4; ++layer) {
+      Append(*engine_, id, layer, t, 0, layer == 0 ? 1500 : 200);
+    }
+    good_ = Export(*engine_, id);
+    ASSERT_GT(good_.chunks.size(), 3u);
+    used_ = engine_->stats().pool.used_bytes;
+    sessions_ = engine_->stats().active_sessions;
+  }
+
+  // `snapshot` fails with `code` and leaves nothing behind.
+  void ExpectRejected(const Snapshot& snapshot, absl::StatusCode code,
+                      const std::string& message_part) {
+    auto imported = Import(*engine_, snapshot);
+    EXPECT_EQ(imported.status().code(), code) << imported.status();
+    EXPECT_NE(imported.status().message().find(message_part), std::string::npos)
+        << imported.status();
+    EXPECT_EQ(engine_->stats().pool.used_bytes, used_);
+    EXPECT_EQ(engine_->stats().active_sessions, sessions_);
+  }
+
+  const Shape4 shape_{4, 2, 16, 8};
+  std::unique_ptr<AttentionEngine> engine_;
+  Snapshot good_;
+  int64_t used_ = 0;
+  int64_t sessions_ = 0;
+};
+
+TEST_F(MalformedSnapshotTest, TheGoodOneImports) {
+  ASSERT_TRUE(Import(*engine_, good_).ok());
+}
+
+TEST_F(MalformedSnapshotTest, Truncated) {
+  Snapshot s = good_;
+  s.chunks.pop_back();
+  ExpectRejected(s, absl::StatusCode::kDataLoss, "truncated");
+  Reseal(s);
+  ExpectRejected(s, absl::StatusCode::kDataLoss, "truncated");
+}
+
+TEST_F(MalformedSnapshotTest, Reordered) {
+  Snapshot s = good_;
+  std::swap(s.chunks[0], s.chunks[1]);
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "out of order");
+}
+
+TEST_F(MalformedSnapshotTest, CorruptedBytesFailTheChecksum) {
+  Snapshot s = good_;
+  s.chunks[2].k[17] ^= 0x04;
+  ExpectRejected(s, absl::StatusCode::kDataLoss, "checksum");
+  s = good_;
+  s.header.idle_deadline_unix_ms += 1;
+  ExpectRejected(s, absl::StatusCode::kDataLoss, "checksum");
+  s = good_;
+  s.header.owner = "mallory";  // the owner is checksummed too
+  ExpectRejected(s, absl::StatusCode::kDataLoss, "checksum");
+  s = good_;
+  s.trailer.num_chunks += 1;
+  ExpectRejected(s, absl::StatusCode::kDataLoss, "chunks");
+}
+
+TEST_F(MalformedSnapshotTest, Oversized) {
+  Snapshot s = good_;
+  // Layer 0 holds 1500 rows of 192 bytes; claim 1400 rows in one chunk...
+  SnapshotChunk& chunk = s.chunks[0];
+  chunk.num_tokens = 1400;
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "bytes");
+  // ...or one real chunk of more than 4 MiB.
+  auto big = MakeEngine(int64_t{64} << 20, 64 << 10);
+  SessionSpec spec;
+  spec.num_layers = 1;
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 8;
+  spec.head_dim = 64;
+  spec.max_tokens = 4096;
+  const std::string id =
+      big->CreateSession(spec, absl::ZeroDuration())->session_id;
+  std::mt19937 rng(1);
+  const Shape4 shape{8, 8, 64, 64};
+  Tokens t(1100, shape, rng, DType::kFloat32);
+  Append(*big, id, 0, t, 0, 1100);
+  Snapshot large = Export(*big, id);
+  ASSERT_GT(large.chunks.size(), 4u);
+  SnapshotChunk merged = large.chunks[0];
+  for (size_t i = 1; i < large.chunks.size(); ++i) {
+    merged.k += large.chunks[i].k;
+    merged.v += large.chunks[i].v;
+    merged.num_tokens += large.chunks[i].num_tokens;
+  }
+  large.chunks = {merged};
+  Reseal(large);
+  auto imported = Import(*big, large);
+  EXPECT_EQ(imported.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(imported.status().message().find("over the limit"),
+            std::string::npos);
+  EXPECT_EQ(big->stats().active_sessions, 1);
+}
+
+TEST_F(MalformedSnapshotTest, UnknownVersion) {
+  Snapshot s = good_;
+  s.header.format_version = 2;
+  Reseal(s);
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "version 2");
+}
+
+TEST_F(MalformedSnapshotTest, InconsistentHeaders) {
+  Snapshot s = good_;
+  s.header.kv_bytes += 4;
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "kv_bytes");
+  s = good_;
+  s.header.layer_lengths.pop_back();
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "layer lengths");
+  s = good_;
+  s.header.kv_dtype = DType::kFloat16;
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "kv_dtype");
+  s = good_;
+  s.header.first_positions[1] = 199;  // the window needs more
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "first position");
+  s = good_;
+  s.header.layer_lengths[0] = 5000;  // past max_tokens
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "max_tokens");
+  s = good_;
+  s.header.spec.num_q_heads = 3;  // not a multiple of the KV heads
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "spec");
+  s = good_;
+  s.header.spec.scale = 0.0f;  // not resolved
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "resolved");
+}
+
+TEST_F(MalformedSnapshotTest, BadChunks) {
+  Snapshot s = good_;
+  s.chunks[1].v.pop_back();
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "bytes of k");
+  s = good_;
+  s.chunks.push_back(s.chunks.back());
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "after every row");
+  s = good_;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(s.chunks[1].k.data(), &nan, 4);
+  Reseal(s);
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "finite");
+}
+
+TEST_F(MalformedSnapshotTest, PoolExhaustionIsUpFront) {
+  auto small = MakeEngine(int64_t{256} << 10, 4096);
+  auto imported = Import(*small, good_);
+  EXPECT_EQ(imported.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(imported.status().message().find("KV blocks"), std::string::npos)
+      << imported.status();
+  EXPECT_EQ(small->stats().pool.used_bytes, 0);
+  EXPECT_EQ(small->stats().active_sessions, 0);
+  // BeginImport alone refuses it, before any data.
+  EXPECT_EQ(small->BeginImport(good_.header, {}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+TEST_F(MalformedSnapshotTest, TenantQuotasAreUpFrontAndRestoresKeepTheOwner) {
+  EXPECT_EQ(good_.header.owner, kDefaultTenantName);
+  ImportOptions options;
+  options.tenant.name = "small";
+  options.tenant.quota.max_kv_bytes = 4096;
+  auto refused = Import(*engine_, good_, options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("max_kv_bytes of 4096"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(engine_->tenant_stats("small").kv_bytes, 0);
+  EXPECT_EQ(engine_->stats().pool.used_bytes, used_);
+  options.tenant.quota = TenantQuota{.max_sessions = 0, .max_kv_bytes = {}};
+  EXPECT_EQ(Import(*engine_, good_, options).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(engine_->stats().active_sessions, sessions_);
+
+  // A restore gives the session to the header's owner, not to `tenant`.
+  Snapshot s = good_;
+  s.header.owner = "alice";
+  Reseal(s);
+  options.keep_owner = true;
+  auto restored = Import(*engine_, s, options);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(restored->owner, "alice");
+  const Tenant alice{.name = "alice", .quota = {}};
+  EXPECT_TRUE(engine_->GetSession(restored->session_id, alice).ok());
+  EXPECT_EQ(engine_->GetSession(restored->session_id).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(engine_->tenant_stats("alice").sessions, 1);
+  EXPECT_EQ(engine_->tenant_stats("alice").kv_bytes,
+            engine_->stats().pool.used_bytes - used_);
+  EXPECT_EQ(engine_->tenant_stats("small").sessions, 0);
+}
+
+TEST_F(MalformedSnapshotTest, AbandonedImportReturnsItsBlocks) {
+  auto import = engine_->BeginImport(good_.header, {});
+  ASSERT_TRUE(import.ok());
+  ASSERT_TRUE((*import)->AddChunk(good_.chunks[0]).ok());
+  EXPECT_GT(engine_->stats().pool.used_bytes, used_);
+  import->reset();
+  EXPECT_EQ(engine_->stats().pool.used_bytes, used_);
+  EXPECT_EQ(engine_->stats().active_sessions, sessions_);
+}
+
+}  // namespace
+}  // namespace attention

@@ -1,0 +1,348 @@
+// ExportSession / ImportSession over gRPC and --snapshot_dir on an
+// in-process server: round trips that continue bitwise, every malformed
+// stream refused with nothing left behind, the snapshot on drain restored
+// at the next start, and a corrupt file moved aside.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/snapshot_store.h"
+#include "tests/server/test_server.h"
+
+namespace attention::testing {
+namespace {
+
+using Records = std::vector<v1::SessionChunk>;
+
+v1::SessionSpec HybridSpec(v1::DType kv_dtype = v1::DTYPE_FLOAT32) {
+  v1::SessionSpec spec = MakeSpec(3, 4, 2, 16, {0, 24, 16}, kv_dtype);
+  spec.mutable_layers(2)->set_num_sink_tokens(4);
+  for (int h = 0; h < 4; ++h) spec.mutable_layers(1)->add_sink_logits(0.5f * h);
+  return spec;
+}
+
+absl::StatusOr<Records> Export(client::AttentionClient& client,
+                               const std::string& id) {
+  Records records;
+  absl::Status status =
+      client.ExportSession(id, [&](const v1::SessionChunk& record) {
+        records.push_back(record);
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  return records;
+}
+
+absl::StatusOr<v1::SessionInfo> Import(client::AttentionClient& client,
+                                       const Records& records,
+                                       bool keep_id = false) {
+  size_t next = 0;
+  return client.ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == records.size()) return false;
+        *record = records[next++];
+        return true;
+      },
+      keep_id);
+}
+
+// Prefills `tokens` rows [0, length) into every layer.
+void Fill(client::SessionHandle& session, const Tokens& tokens,
+          int64_t length) {
+  for (int layer = 0; layer < session.spec().num_layers(); ++layer) {
+    ATTN_ASSERT_OK(session.Prefill(layer, tokens.q_rows(0, length),
+                                   tokens.k_rows(0, length),
+                                   tokens.v_rows(0, length)));
+  }
+}
+
+// Decode steps [from, to) on every layer; the outputs' bytes.
+std::vector<std::string> Continue(client::SessionHandle& session,
+                                  const Tokens& tokens, int64_t from,
+                                  int64_t to) {
+  std::vector<std::string> outputs;
+  for (int64_t t = from; t < to; ++t) {
+    for (int layer = 0; layer < session.spec().num_layers(); ++layer) {
+      auto result = session.DecodeStep(
+          layer, tokens.q_rows(t, 1), tokens.k_rows(t, 1), tokens.v_rows(t, 1));
+      EXPECT_TRUE(result.ok()) << result.status();
+      outputs.push_back(result.ok() ? result->output().data() : "");
+    }
+  }
+  return outputs;
+}
+
+class SessionSnapshotTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto a = StartTestServer();
+    ATTN_ASSERT_OK(a);
+    a_ = *std::move(a);
+    server::ServerOptions options = TestServerOptions();
+    options.kv_block_bytes = 8192;  // another block size
+    auto b = StartTestServer(options);
+    ATTN_ASSERT_OK(b);
+    b_ = *std::move(b);
+  }
+
+  std::unique_ptr<TestServer> a_, b_;
+};
+
+TEST_F(SessionSnapshotTest, ExportImportContinuesBitwise) {
+  for (v1::DType dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_BFLOAT16}) {
+    const v1::SessionSpec spec = HybridSpec(dtype);
+    auto original = a_->client->OpenSession(spec);
+    ATTN_ASSERT_OK(original);
+    const Tokens tokens = RandomTokens(original->spec(), 160, 21);
+    Fill(*original, tokens, 150);
+    auto records = Export(*a_->client, original->id());
+    ATTN_ASSERT_OK(records);
+    ASSERT_GE(records->size(), 3u);
+    EXPECT_TRUE(records->front().has_header());
+    EXPECT_TRUE(records->back().has_trailer());
+    EXPECT_EQ(records->front().header().server_version(),
+              a_->server->engine().options().version);
+    auto imported = Import(*b_->client, *records);
+    ATTN_ASSERT_OK(imported);
+    EXPECT_NE(imported->session_id(), original->id());
+    EXPECT_EQ(imported->layer_lengths().size(), 3);
+    client::SessionHandle copy(b_->client.get(), *imported);
+    EXPECT_EQ(Continue(copy, tokens, 150, 160),
+              Continue(*original, tokens, 150, 160));
+  }
+  const std::string metrics = b_->server->metrics().TextExposition();
+  EXPECT_TRUE(absl::StrContains(metrics, "attention_sessions_imported_total 2"))
+      << metrics;
+  EXPECT_TRUE(absl::StrContains(a_->server->metrics().TextExposition(),
+                                "attention_sessions_exported_total 2"));
+}
+
+TEST_F(SessionSnapshotTest, KeepIdAndUnknownSession) {
+  auto original = a_->client->OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(original);
+  Fill(*original, RandomTokens(original->spec(), 20, 3), 20);
+  auto records = Export(*a_->client, original->id());
+  ATTN_ASSERT_OK(records);
+  auto kept = Import(*b_->client, *records, /*keep_id=*/true);
+  ATTN_ASSERT_OK(kept);
+  EXPECT_EQ(kept->session_id(), original->id());
+  ATTN_EXPECT_CODE(Import(*b_->client, *records, /*keep_id=*/true),
+                   absl::StatusCode::kAlreadyExists);
+  ATTN_EXPECT_CODE(Export(*a_->client, "no-such-session"),
+                   absl::StatusCode::kNotFound);
+}
+
+TEST_F(SessionSnapshotTest, MalformedStreamsLeaveNothingBehind) {
+  auto original = a_->client->OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(original);
+  Fill(*original, RandomTokens(original->spec(), 200, 5), 200);
+  auto good = Export(*a_->client, original->id());
+  ATTN_ASSERT_OK(good);
+  ASSERT_GE(good->size(), 4u);
+  auto before = Snapshot(*b_->client, "");
+  const auto expect_refused = [&](const Records& records, absl::StatusCode code,
+                                  absl::string_view message_part) {
+    auto imported = Import(*b_->client, records);
+    EXPECT_EQ(imported.status().code(), code) << imported.status();
+    EXPECT_TRUE(absl::StrContains(imported.status().message(), message_part))
+        << imported.status();
+    auto info = b_->client->GetServerInfo();
+    ATTN_ASSERT_OK(info);
+    EXPECT_EQ(info->active_sessions(), 0);
+    EXPECT_EQ(info->kv_cache_used_bytes(), 0);
+  };
+  Records records = *good;
+  records.pop_back();  // no trailer
+  expect_refused(records, absl::StatusCode::kDataLoss, "truncated");
+  expect_refused({}, absl::StatusCode::kDataLoss, "truncated");
+  records = *good;
+  records.erase(records.begin() + 1);  // a data chunk missing
+  expect_refused(records, absl::StatusCode::kInvalidArgument, "out of order");
+  records = *good;
+  std::swap(records[1], records[2]);
+  expect_refused(records, absl::StatusCode::kInvalidArgument, "out of order");
+  records = *good;
+  (*records[1].mutable_data()->mutable_k())[5] ^= 0x10;
+  expect_refused(records, absl::StatusCode::kDataLoss, "checksum");
+  records = *good;
+  records.push_back(records.back());  // a record after the trailer
+  expect_refused(records, absl::StatusCode::kInvalidArgument, "trailer");
+  records = *good;
+  std::swap(records[0], records[1]);  // no header first
+  expect_refused(records, absl::StatusCode::kInvalidArgument, "header");
+  records = *good;
+  records[0].mutable_header()->set_format_version(7);
+  expect_refused(records, absl::StatusCode::kInvalidArgument, "version 7");
+  records = *good;
+  records[0].mutable_header()->set_kv_bytes(1);
+  expect_refused(records, absl::StatusCode::kInvalidArgument, "kv_bytes");
+  // Still importable after all that.
+  ATTN_EXPECT_OK(Import(*b_->client, *good));
+}
+
+TEST_F(SessionSnapshotTest, ImportRespectsThePool) {
+  server::ServerOptions options = TestServerOptions();
+  options.kv_cache_bytes = 64 << 10;
+  auto small = StartTestServer(options);
+  ATTN_ASSERT_OK(small);
+  auto original = a_->client->OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(original);
+  Fill(*original, RandomTokens(original->spec(), 400, 5), 400);
+  auto records = Export(*a_->client, original->id());
+  ATTN_ASSERT_OK(records);
+  ATTN_EXPECT_CODE(Import(*(*small)->client, *records),
+                   absl::StatusCode::kResourceExhausted);
+  auto info = (*small)->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->kv_cache_used_bytes(), 0);
+  EXPECT_EQ(info->active_sessions(), 0);
+}
+
+std::string TempDir(absl::string_view name) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/", name, "-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
+  const std::string dir = TempDir("snapshot-dir");
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  auto first = StartTestServer(options);
+  ATTN_ASSERT_OK(first);
+  std::vector<std::string> ids;
+  std::vector<Tokens> tokens;
+  std::vector<std::vector<std::string>> expected;
+  for (int i = 0; i < 3; ++i) {
+    auto session = (*first)->client->OpenSession(HybridSpec());
+    ATTN_ASSERT_OK(session);
+    tokens.push_back(RandomTokens(session->spec(), 120, 40 + i));
+    Fill(*session, tokens.back(), 100 + 5 * i);
+    ids.push_back(session->id());
+  }
+  // What the sessions would answer next, computed on forks that stay here.
+  for (int i = 0; i < 3; ++i) {
+    auto fork = (*first)->client->ForkSession(ids[i]);
+    ATTN_ASSERT_OK(fork);
+    client::SessionHandle handle((*first)->client.get(), *fork);
+    expected.push_back(Continue(handle, tokens[i], 100 + 5 * i, 115));
+    ATTN_ASSERT_OK(handle.Delete());
+  }
+  // Leftovers of an earlier crash: a partial file and a corrupt one.
+  std::ofstream(dir + "/deadbeef.session.tmp") << "partial";
+  std::ofstream(dir + "/0123456789abcdef.session") << "not a snapshot";
+  (*first)->server->Shutdown();
+  EXPECT_TRUE(absl::StrContains((*first)->server->metrics().TextExposition(),
+                                "attention_snapshot_sessions_written_total 3"));
+  for (const std::string& id : ids) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + id + ".session")) << id;
+  }
+  first->reset();
+
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  for (int i = 0; i < 3; ++i) {
+    auto info = (*second)->client->GetSession(ids[i]);
+    ATTN_ASSERT_OK(info);
+    client::SessionHandle handle((*second)->client.get(), *info);
+    EXPECT_EQ(Continue(handle, tokens[i], 100 + 5 * i, 115), expected[i]);
+  }
+  const std::string metrics = (*second)->server->metrics().TextExposition();
+  EXPECT_TRUE(absl::StrContains(metrics, "attention_sessions_restored_total 3"))
+      << metrics;
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_snapshots_corrupt_total 1"));
+  // Restored files are removed, the corrupt one moved aside, the partial
+  // one deleted.
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    left.push_back(entry.path().filename().string());
+  }
+  EXPECT_EQ(left, std::vector<std::string>{"0123456789abcdef.session.corrupt"});
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Files damaged after the snapshot (cut short, a flipped byte) are moved
+// aside and counted; the others are restored; the start goes on.
+TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
+  const std::string dir = TempDir("snapshot-damaged");
+  server::ServerOptions options = TestServerOptions();
+  auto first = StartTestServer(options);
+  ATTN_ASSERT_OK(first);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    auto session = (*first)->client->OpenSession(HybridSpec());
+    ATTN_ASSERT_OK(session);
+    Fill(*session, RandomTokens(session->spec(), 80, 60 + i), 80);
+    ids.push_back(session->id());
+  }
+  const server::SaveAllResult saved = server::SaveAllSessions(
+      (*first)->server->engine(), dir, absl::Now() + absl::Minutes(1));
+  EXPECT_EQ(saved.written, 3);
+  EXPECT_EQ(saved.failed, 0);
+  first->reset();
+  const std::string cut = dir + "/" + ids[0] + ".session";
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) / 2);
+  const std::string flipped = dir + "/" + ids[1] + ".session";
+  {
+    std::fstream file(flipped, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(
+        static_cast<std::streamoff>(std::filesystem::file_size(flipped) / 2));
+    char byte = 0;
+    file.read(&byte, 1);
+    file.seekp(
+        static_cast<std::streamoff>(std::filesystem::file_size(flipped) / 2));
+    byte = static_cast<char>(byte ^ 0x20);
+    file.write(&byte, 1);
+  }
+  options.snapshot_dir = dir;
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  ATTN_EXPECT_CODE((*second)->client->GetSession(ids[0]),
+                   absl::StatusCode::kNotFound);
+  ATTN_EXPECT_CODE((*second)->client->GetSession(ids[1]),
+                   absl::StatusCode::kNotFound);
+  ATTN_EXPECT_OK((*second)->client->GetSession(ids[2]));
+  EXPECT_TRUE(std::filesystem::exists(cut + ".corrupt"));
+  EXPECT_TRUE(std::filesystem::exists(flipped + ".corrupt"));
+  EXPECT_TRUE(absl::StrContains((*second)->server->metrics().TextExposition(),
+                                "attention_snapshots_corrupt_total 2"));
+  auto info = (*second)->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->active_sessions(), 1);
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A snapshot that runs out of time counts what it could not write and
+// leaves no file behind for it.
+TEST(SnapshotDirTest, SessionsPastTheDeadlineAreCountedAndLeaveNoFile) {
+  const std::string dir = TempDir("snapshot-late");
+  auto server = StartTestServer();
+  ATTN_ASSERT_OK(server);
+  for (int i = 0; i < 2; ++i) {
+    auto session = (*server)->client->OpenSession(HybridSpec());
+    ATTN_ASSERT_OK(session);
+    Fill(*session, RandomTokens(session->spec(), 30, 70 + i), 30);
+  }
+  const server::SaveAllResult saved = server::SaveAllSessions(
+      (*server)->server->engine(), dir, absl::Now() - absl::Seconds(1));
+  EXPECT_EQ(saved.written, 0);
+  EXPECT_EQ(saved.failed, 2);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace attention::testing
