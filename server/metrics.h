@@ -104,6 +104,9 @@ struct MetricsState {
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_capacity = 0;
   int64_t shared_kv_chunks_total = 0;
+  // attention_backend_failed (0 or 1) and attention_backend_scratch_bytes.
+  int64_t backend_failed = 0;
+  int64_t backend_scratch_bytes = 0;
 };
 
 inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {
@@ -119,6 +122,8 @@ inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {
   state.kv_blocks_used = stats.pool.blocks_used;
   state.kv_blocks_capacity = stats.pool.blocks_total;
   state.shared_kv_chunks_total = stats.shared_kv_chunks_total;
+  state.backend_failed = stats.backend_failed ? 1 : 0;
+  state.backend_scratch_bytes = stats.backend_scratch_bytes;
   return state;
 }
 
