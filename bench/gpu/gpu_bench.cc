@@ -156,8 +156,15 @@ absl::StatusOr<Timing> TimeAttend(CudaBackend& backend,
 }
 
 int Run(const Args& args) {
+  // Two callers at most; scratch for the largest prefill (T = 16384: q,
+  // its 16-bit copy and the float32 output) rather than the server's
+  // default of 8 x 512 MiB.
+  CudaBackendOptions options;
+  options.max_streams = 2;
+  options.scratch_bytes_per_stream = int64_t{2} << 30;
+  options.pinned_bytes_per_stream = int64_t{1} << 30;
   absl::StatusOr<std::unique_ptr<CudaBackend>> created =
-      CudaBackend::Create(CudaBackendOptions());
+      CudaBackend::Create(options);
   if (!created.ok()) {
     std::fprintf(stderr, "attention_gpu_bench: %s\n",
                  std::string(created.status().message()).c_str());

@@ -91,21 +91,26 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
       "%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
       prop.multiProcessorCount,
       static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
-  if (options.scratch_bytes_per_stream < (int64_t{1} << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scratch_bytes_per_stream must be at least 1 MiB, got ",
-                     options.scratch_bytes_per_stream));
+  if (options.scratch_bytes_per_stream < (int64_t{1} << 20) ||
+      options.pinned_bytes_per_stream < (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scratch_bytes_per_stream and pinned_bytes_per_stream must be at "
+        "least 1 MiB, got ",
+        options.scratch_bytes_per_stream, " and ",
+        options.pinned_bytes_per_stream));
   }
   // The scratch budget, reserved before any KV arena.
   absl::StatusOr<std::unique_ptr<cuda::StreamPool>> streams =
       cuda::StreamPool::Create(options.device, options.max_streams,
-                               options.scratch_bytes_per_stream);
+                               options.scratch_bytes_per_stream,
+                               options.pinned_bytes_per_stream);
   if (!streams.ok()) {
     return absl::Status(
         streams.status().code(),
         absl::StrCat("cannot reserve the CUDA backend's scratch memory (",
                      options.max_streams, " streams x ",
-                     options.scratch_bytes_per_stream,
+                     options.scratch_bytes_per_stream, " bytes, pinned ",
+                     options.pinned_bytes_per_stream,
                      " bytes): ", streams.status().message()));
   }
   return std::unique_ptr<CudaBackend>(
@@ -126,7 +131,7 @@ CudaBackend::CudaBackend(int device, std::string description, int num_sms,
 CudaBackend::~CudaBackend() = default;
 
 int64_t CudaBackend::scratch_bytes() const {
-  return streams_->num_contexts() * streams_->buffer_bytes();
+  return streams_->num_contexts() * streams_->scratch_bytes();
 }
 
 absl::StatusOr<std::unique_ptr<DeviceArena>> CudaBackend::AllocateArena(
@@ -211,12 +216,15 @@ absl::Status CudaBackend::WriteKv(const KvWrite& write) {
   const int64_t v_row =
       write.v.num_elements() / num_tokens * DTypeSize(write.v.dtype);
   const int64_t piece_tokens =
-      (streams_->buffer_bytes() - 3 * kAlign) / (k_row + v_row + 8);
+      (std::min(streams_->scratch_bytes(), streams_->pinned_bytes()) -
+       3 * kAlign) /
+      (k_row + v_row + 8);
   if (piece_tokens < 1) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "one token of keys and values (", k_row + v_row,
         " bytes) does not fit the CUDA backend's scratch buffer of ",
-        streams_->buffer_bytes(), " bytes"));
+        std::min(streams_->scratch_bytes(), streams_->pinned_bytes()),
+        " bytes"));
   }
   for (int64_t t = 0; t < num_tokens; t += piece_tokens) {
     const int64_t count = std::min(piece_tokens, num_tokens - t);
@@ -374,11 +382,11 @@ absl::Status CudaBackend::AttendImpl(
     return false;
   };
   cuda::AttendPlan::Limits limits;
-  limits.device_bytes = streams_->buffer_bytes();
-  limits.pinned_bytes = streams_->buffer_bytes();
+  limits.device_bytes = streams_->scratch_bytes();
+  limits.pinned_bytes = streams_->pinned_bytes();
   // States share the call's scratch with its inputs and outputs.
   limits.max_state_bytes =
-      std::min(options_.max_state_bytes, streams_->buffer_bytes() / 2);
+      std::min(options_.max_state_bytes, streams_->scratch_bytes() / 4);
   ATTN_ASSIGN_OR_RETURN(
       cuda::AttendPlan plan,
       cuda::AttendPlan::Create(problems, in_arena, num_sms_, limits));

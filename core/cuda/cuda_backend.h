@@ -12,14 +12,14 @@
 // therefore overlap on the GPU.
 //
 // Scratch budget. Create() makes all max_streams contexts at once, each
-// with scratch_bytes_per_stream of device scratch and as much pinned
-// staging memory, and never allocates or frees either afterwards (no
-// device-wide synchronisation while serving). The device part,
-// scratch_bytes() = max_streams * scratch_bytes_per_stream, is taken before
-// the KV arena is allocated, so --kv_cache_bytes must leave room for it. An
-// Attend call whose plan needs more than one context's scratch is refused
-// up front with RESOURCE_EXHAUSTED; WriteKv copies large writes in pieces
-// that fit.
+// with scratch_bytes_per_stream of device scratch and
+// pinned_bytes_per_stream of pinned staging memory, and never allocates or
+// frees either afterwards (no device-wide synchronisation while serving). The
+// device part, scratch_bytes() = max_streams * scratch_bytes_per_stream, is
+// taken before the KV arena is allocated, so --kv_cache_bytes must leave room
+// for it. An Attend call whose plan needs more than one context's scratch is
+// refused up front with RESOURCE_EXHAUSTED; WriteKv copies large writes in
+// pieces that fit.
 //
 // Kernels (attention_kernels.cu). fp16/bf16 KV with head_dim and value_dim
 // multiples of 8 up to 128 run on tensor cores (mma.sync m16n8k16, fp32
@@ -68,11 +68,14 @@ struct CudaBackendOptions {
   int device = 0;
   // Most concurrent calls on the GPU (stream contexts); more callers wait.
   int max_streams = 8;
-  // Device scratch and pinned staging memory of each stream context,
-  // reserved at start-up: the most one call may use.
-  int64_t scratch_bytes_per_stream = int64_t{128} << 20;
-  // Split-KV chunk states of one pass (a share of the scratch); 0 runs every
-  // problem in full mode (tests).
+  // Device scratch and pinned staging memory (inputs and outputs only) of
+  // each stream context, reserved at start-up: the most one call may use.
+  // The defaults serve any call the server's 64 MiB messages allow (q, a
+  // float32 output twice the size of a 16-bit reply, weights).
+  int64_t scratch_bytes_per_stream = int64_t{512} << 20;
+  int64_t pinned_bytes_per_stream = int64_t{256} << 20;
+  // Split-KV chunk states of one pass (at most a quarter of the scratch);
+  // 0 runs every problem in full mode (tests).
   int64_t max_state_bytes = int64_t{64} << 20;
 };
 

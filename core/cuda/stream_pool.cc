@@ -10,9 +10,9 @@ namespace attention {
 namespace cuda {
 
 absl::StatusOr<std::unique_ptr<StreamPool>> StreamPool::Create(
-    int device, int contexts, int64_t buffer_bytes) {
-  std::unique_ptr<StreamPool> pool(
-      new StreamPool(device, std::max(contexts, 1), buffer_bytes));
+    int device, int contexts, int64_t scratch_bytes, int64_t pinned_bytes) {
+  std::unique_ptr<StreamPool> pool(new StreamPool(device, std::max(contexts, 1),
+                                                  scratch_bytes, pinned_bytes));
   absl::MutexLock lock(&pool->mu_);
   for (int i = 0; i < pool->num_contexts_; ++i) {
     auto ctx = std::make_unique<StreamContext>();
@@ -26,8 +26,8 @@ absl::StatusOr<std::unique_ptr<StreamPool>> StreamPool::Create(
                               "creating a CUDA event");
     ATTN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&raw->kernels_stop),
                               "creating a CUDA event");
-    ATTN_RETURN_IF_ERROR(raw->scratch.Reserve(buffer_bytes));
-    ATTN_RETURN_IF_ERROR(raw->pinned.Reserve(buffer_bytes));
+    ATTN_RETURN_IF_ERROR(raw->scratch.Reserve(scratch_bytes));
+    ATTN_RETURN_IF_ERROR(raw->pinned.Reserve(pinned_bytes));
     pool->free_.push_back(raw);
   }
   return pool;

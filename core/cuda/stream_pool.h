@@ -34,12 +34,12 @@ struct StreamContext {
 // Thread-safety: Acquire may be called from any thread.
 class StreamPool {
  public:
-  // `contexts` contexts (at least 1), each with `buffer_bytes` of device
-  // scratch and of pinned staging memory. REQUIRES: `device` selected on
-  // the calling thread. RESOURCE_EXHAUSTED when the memory cannot be had,
-  // INTERNAL when a stream cannot be created.
+  // `contexts` contexts (at least 1), each with `scratch_bytes` of device
+  // scratch and `pinned_bytes` of pinned staging memory. REQUIRES: `device`
+  // selected on the calling thread. RESOURCE_EXHAUSTED when the memory cannot
+  // be had, INTERNAL when a stream cannot be created.
   static absl::StatusOr<std::unique_ptr<StreamPool>> Create(
-      int device, int contexts, int64_t buffer_bytes);
+      int device, int contexts, int64_t scratch_bytes, int64_t pinned_bytes);
   ~StreamPool();  // REQUIRES: no lease outstanding
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
@@ -66,17 +66,23 @@ class StreamPool {
   Lease Acquire();
 
   int num_contexts() const { return num_contexts_; }
-  // Scratch (and pinned staging) bytes of each context.
-  int64_t buffer_bytes() const { return buffer_bytes_; }
+  // Device scratch and pinned staging bytes of each context.
+  int64_t scratch_bytes() const { return scratch_bytes_; }
+  int64_t pinned_bytes() const { return pinned_bytes_; }
 
  private:
-  StreamPool(int device, int contexts, int64_t buffer_bytes)
-      : device_(device), num_contexts_(contexts), buffer_bytes_(buffer_bytes) {}
+  StreamPool(int device, int contexts, int64_t scratch_bytes,
+             int64_t pinned_bytes)
+      : device_(device),
+        num_contexts_(contexts),
+        scratch_bytes_(scratch_bytes),
+        pinned_bytes_(pinned_bytes) {}
   void Release(StreamContext* ctx);
 
   const int device_;
   const int num_contexts_;
-  const int64_t buffer_bytes_;
+  const int64_t scratch_bytes_;
+  const int64_t pinned_bytes_;
   absl::Mutex mu_;
   std::vector<std::unique_ptr<StreamContext>> all_ ABSL_GUARDED_BY(mu_);
   std::vector<StreamContext*> free_ ABSL_GUARDED_BY(mu_);

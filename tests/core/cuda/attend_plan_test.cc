@@ -324,7 +324,7 @@ TEST_F(AttendPlanTest, LongContextBatchHasNoCliff) {
   // Several passes, each within the state cap; every row block merged once.
   EXPECT_GE(plan->num_passes(), 8);  // 545 MB over 64 MiB passes
   EXPECT_EQ(plan->merge_items().size(), size_t{kSequences} * 8);
-  // It fits one stream's default scratch (CudaBackendOptions: 128 MiB).
+  // Well within one stream's default scratch (CudaBackendOptions: 512 MiB).
   EXPECT_LE(plan->device_bytes(), int64_t{128} << 20);
 
   // The same batch, twice as large, costs about twice as much: passes and
@@ -407,6 +407,24 @@ TEST_F(AttendPlanTest, RefusesACallOverTheScratchBudget) {
   limits.pinned_bytes = plan->pinned_bytes() - 1;
   EXPECT_EQ(Plan(132, limits).status().code(),
             absl::StatusCode::kResourceExhausted);
+}
+
+// CudaBackendOptions' default budget (512 MiB scratch, 256 MiB pinned per
+// stream) serves the largest prefill a 64 MiB request carries: q of 32M
+// bf16 elements, its float32 output (a 16-bit reply of 64 MiB).
+TEST_F(AttendPlanTest, DefaultBudgetServesTheLargestRequest) {
+  AddPaged(DType::kBFloat16, 32, 8, 128, 8192, 8192);
+  problems_.back().q.dtype = DType::kBFloat16;
+  AttendPlan::Limits limits;
+  limits.device_bytes = int64_t{512} << 20;
+  limits.pinned_bytes = int64_t{256} << 20;
+  absl::StatusOr<AttendPlan> plan = Plan(132, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The float32 q of the same size (16M elements) too.
+  problems_.clear();
+  AddPaged(DType::kBFloat16, 32, 8, 128, 4096, 8192);
+  plan = Plan(132, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
 }
 
 TEST_F(AttendPlanTest, RejectsShortBlockTablesAndTooManyHeads) {

@@ -202,11 +202,21 @@ void ExpectBitwise(const float* a, const float* b, size_t count,
   }
 }
 
+// A smaller scratch budget than the default (made again for every test):
+// ample for these tests' calls.
+CudaBackendOptions FixtureOptions() {
+  CudaBackendOptions options;
+  options.max_streams = 4;
+  options.scratch_bytes_per_stream = int64_t{128} << 20;
+  options.pinned_bytes_per_stream = int64_t{64} << 20;
+  return options;
+}
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
-        CudaBackend::Create(CudaBackendOptions());
+        CudaBackend::Create(FixtureOptions());
     if (!backend.ok()) {
       // A device the backend cannot use (no kernels for its architecture,
       // a driver too old for the runtime) is a failure; only a machine
@@ -892,11 +902,11 @@ std::unique_ptr<CudaBackend> MakeGpu(const CudaBackendOptions& options) {
 // batches that would otherwise run split-KV: close to the CPU, and bitwise
 // equal to split mode (and to split mode spread over several passes).
 TEST_F(CudaBackendTest, ForcedFullModeAndPassesMatchCpuAndSplitMode) {
-  CudaBackendOptions full_options;
+  CudaBackendOptions full_options = FixtureOptions();
   full_options.max_streams = 1;
   full_options.max_state_bytes = 0;
   std::unique_ptr<CudaBackend> full = MakeGpu(full_options);
-  CudaBackendOptions pass_options;
+  CudaBackendOptions pass_options = FixtureOptions();
   pass_options.max_streams = 1;
   pass_options.max_state_bytes = int64_t{96} << 10;  // a few blocks a pass
   std::unique_ptr<CudaBackend> passes = MakeGpu(pass_options);
@@ -1032,12 +1042,13 @@ TEST_F(CudaBackendTest, ErrorOrderMatchesCpu) {
 // Issue 16 item 2: the scratch budget is reserved at start-up and reported;
 // a call over it is refused up front; large KV writes go in pieces.
 TEST_F(CudaBackendTest, ScratchBudget) {
-  EXPECT_EQ(gpu_->scratch_bytes(),
-            CudaBackendOptions().max_streams *
-                CudaBackendOptions().scratch_bytes_per_stream);
+  EXPECT_EQ(
+      gpu_->scratch_bytes(),
+      FixtureOptions().max_streams * FixtureOptions().scratch_bytes_per_stream);
   CudaBackendOptions options;
   options.max_streams = 2;
   options.scratch_bytes_per_stream = int64_t{1} << 20;
+  options.pinned_bytes_per_stream = int64_t{1} << 20;
   std::unique_ptr<CudaBackend> small = MakeGpu(options);
   ASSERT_NE(small, nullptr);
   EXPECT_EQ(small->scratch_bytes(), int64_t{2} << 20);
