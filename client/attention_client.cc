@@ -5,10 +5,13 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <limits>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/read_file.h"
+#include "core/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace attention::client {
@@ -21,16 +24,67 @@ int ClampToInt(int64_t value) {
              : static_cast<int>(value);
 }
 
-}  // namespace
+// The contents of `path` (empty path: empty text).
+absl::StatusOr<std::string> ReadPem(const std::string& path,
+                                    absl::string_view what) {
+  if (path.empty()) return std::string();
+  return ReadFile(path, what);
+}
 
-std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
-                                             const ClientOptions& options) {
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
+    const ClientOptions& options) {
+  if (!UsesTls(options)) return grpc::InsecureChannelCredentials();
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a client certificate needs both tls_cert_file and tls_key_file");
+  }
+  grpc::SslCredentialsOptions ssl;
+  ATTN_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                        ReadPem(options.tls_ca_file, "TLS CA file"));
+  ATTN_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                        ReadPem(options.tls_cert_file, "TLS certificate"));
+  ATTN_ASSIGN_OR_RETURN(ssl.pem_private_key,
+                        ReadPem(options.tls_key_file, "TLS private key"));
+  return grpc::SslCredentials(ssl);
+}
+
+grpc::ChannelArguments ChannelArguments(const ClientOptions& options) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxSendMessageSize(ClampToInt(options.max_send_message_bytes));
   arguments.SetMaxReceiveMessageSize(
       ClampToInt(options.max_receive_message_bytes));
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
-                                   arguments);
+  if (UsesTls(options) && !options.tls_server_name.empty()) {
+    arguments.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return arguments;
+}
+
+}  // namespace
+
+bool UsesTls(const ClientOptions& options) {
+  return options.tls || !options.tls_ca_file.empty() ||
+         !options.tls_cert_file.empty() || !options.tls_key_file.empty() ||
+         !options.tls_server_name.empty();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
+    const std::string& target, const ClientOptions& options) {
+  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                        Credentials(options));
+  return grpc::CreateCustomChannel(target, credentials,
+                                   ChannelArguments(options));
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
+                                             const ClientOptions& options) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      OpenChannel(target, options);
+  if (channel.ok()) return *std::move(channel);
+  // TLS with no usable roots: every handshake, hence every call, fails.
+  grpc::SslCredentialsOptions unusable;
+  unusable.pem_root_certs = "-----BEGIN CERTIFICATE-----\n";
+  return grpc::CreateCustomChannel(target, grpc::SslCredentials(unusable),
+                                   ChannelArguments(options));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {
@@ -153,8 +207,13 @@ absl::Status SessionHandle::Delete() { return client_->DeleteSession(id()); }
 // ---------------------------------------------------------------------------
 // DecodeStream
 
-DecodeStream::DecodeStream(v1::AttentionService::Stub* stub)
-    : stream_(stub->Decode(&context_)) {}
+DecodeStream::DecodeStream(v1::AttentionService::Stub* stub,
+                           const std::string& authorization) {
+  if (!authorization.empty()) {
+    context_.AddMetadata("authorization", authorization);
+  }
+  stream_ = stub->Decode(&context_);
+}
 
 DecodeStream::~DecodeStream() {
   if (!final_status_.has_value()) {
@@ -216,6 +275,18 @@ std::unique_ptr<AttentionClient> AttentionClient::Connect(
                                            options);
 }
 
+absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Open(
+    const std::string& target, ClientOptions options) {
+  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                        OpenChannel(target, options));
+  return std::make_unique<AttentionClient>(std::move(channel), options);
+}
+
+std::string AttentionClient::Authorization() const {
+  if (options_.auth_token.empty()) return std::string();
+  return absl::StrCat("Bearer ", options_.auth_token);
+}
+
 absl::Status AttentionClient::WaitForConnected(absl::Duration timeout) {
   if (channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::OkStatus();
@@ -226,6 +297,9 @@ absl::Status AttentionClient::WaitForConnected(absl::Duration timeout) {
 }
 
 void AttentionClient::PrepareContext(grpc::ClientContext* context) const {
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata("authorization", Authorization());
+  }
   if (options_.call_timeout != absl::InfiniteDuration()) {
     context->set_deadline(
         absl::ToChronoTime(absl::Now() + options_.call_timeout));
@@ -383,7 +457,7 @@ absl::StatusOr<ServingStatus> AttentionClient::CheckHealth(
 }
 
 std::unique_ptr<DecodeStream> AttentionClient::OpenDecodeStream() {
-  return std::make_unique<DecodeStream>(stub_.get());
+  return std::make_unique<DecodeStream>(stub_.get(), Authorization());
 }
 
 absl::StatusOr<SessionHandle> AttentionClient::OpenSession(

@@ -45,10 +45,33 @@ struct ClientOptions {
   int64_t max_receive_message_bytes = int64_t{64} << 20;
   // Deadline of each unary call; infinite = none. Streams have none.
   absl::Duration call_timeout = absl::InfiniteDuration();
+
+  // Transport security. Plaintext unless `tls` is set or any tls_* field
+  // is: then TLS, verifying the server against tls_ca_file (PEM; empty =
+  // the system's roots) and, when tls_server_name is set, that name
+  // instead of the target's host. tls_cert_file + tls_key_file (PEM) are
+  // the client certificate of mutual TLS.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  // Bearer token sent with every call (`authorization: Bearer <token>`) to a
+  // server with --auth_tokens_file; empty = none. Health checks go without.
+  std::string auth_token;
 };
 
-// An insecure channel to `target` ("host:port") with the options' message
-// size limits.
+// True when `options` ask for TLS.
+bool UsesTls(const ClientOptions& options);
+
+// A channel to `target` ("host:port") with the options' message size limits
+// and transport security. INVALID_ARGUMENT when a TLS file cannot be read,
+// or only one of tls_cert_file and tls_key_file is set.
+absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
+    const std::string& target, const ClientOptions& options);
+
+// As OpenChannel; a TLS file error then fails every call of the channel
+// (UNAVAILABLE) instead.
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
                                              const ClientOptions& options);
 
@@ -131,7 +154,10 @@ class SessionHandle {
 // Finish) then return, and the steps before it stay applied.
 class DecodeStream {
  public:
-  explicit DecodeStream(v1::AttentionService::Stub* stub);
+  // `authorization`, when not empty, is sent as the stream's
+  // `authorization` metadata ("Bearer <token>").
+  explicit DecodeStream(v1::AttentionService::Stub* stub,
+                        const std::string& authorization = "");
   ~DecodeStream();  // cancels the stream if it was not finished
 
   DecodeStream(const DecodeStream&) = delete;
@@ -167,6 +193,9 @@ class AttentionClient {
   // A client on a new channel to `target` (connects lazily).
   static std::unique_ptr<AttentionClient> Connect(const std::string& target,
                                                   ClientOptions options = {});
+  // As Connect, with OpenChannel's errors (unreadable TLS files).
+  static absl::StatusOr<std::unique_ptr<AttentionClient>> Open(
+      const std::string& target, ClientOptions options = {});
 
   // OK once the channel is connected; DEADLINE_EXCEEDED when it is not
   // within `timeout`.
@@ -206,8 +235,10 @@ class AttentionClient {
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
-  // Applies options_.call_timeout.
+  // Applies options_.call_timeout and options_.auth_token.
   void PrepareContext(grpc::ClientContext* context) const;
+  // "Bearer <token>", or empty without a token.
+  std::string Authorization() const;
 
   std::shared_ptr<grpc::Channel> channel_;
   ClientOptions options_;

@@ -8,6 +8,10 @@
 //   attnctl health                    grpc.health.v1 check; exit codes like
 //                                     grpc_health_probe (0 serving, 2 cannot
 //                                     connect, 3 RPC failed, 4 not serving)
+//
+// Against a server with TLS: --tls_ca_file (and --tls_server_name when the
+// certificate names another host; --tls_cert_file/--tls_key_file for mutual
+// TLS). With bearer tokens: --auth_token_file (a file holding the token).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +27,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,12 +37,27 @@
 #include "client/attention_client.h"
 #include "core/dtype.h"
 #include "core/kv_size.h"
+#include "core/read_file.h"
 #include "core/session_spec.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
           "attention-server address (host:port).");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
           "Deadline for connecting and for each call.");
+ABSL_FLAG(bool, tls, false,
+          "Use TLS, verifying the server against the system's roots (implied "
+          "by any --tls_* file or name).");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA certificates that verify the server (turns on TLS).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM client certificate for mutual TLS (with --tls_key_file).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name the server certificate must carry, when not the target's "
+          "host.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the bearer token sent with every call (a file, so "
+          "that the token shows in no process list).");
 // plan
 ABSL_FLAG(std::string, preset, "",
           "plan: model preset (gpt-oss-120b, llama-3.3-70b, qwen2.5-7b); "
@@ -68,10 +88,21 @@ namespace v1 = ::attention::v1;
 using client::AttentionClient;
 using client::ClientOptions;
 
-std::unique_ptr<AttentionClient> MakeClient() {
+absl::StatusOr<std::unique_ptr<AttentionClient>> MakeClient() {
   ClientOptions options;
   options.call_timeout = absl::GetFlag(FLAGS_timeout);
-  return AttentionClient::Connect(absl::GetFlag(FLAGS_target), options);
+  options.tls = absl::GetFlag(FLAGS_tls);
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (const std::string path = absl::GetFlag(FLAGS_auth_token_file);
+      !path.empty()) {
+    absl::StatusOr<std::string> token = ReadFile(path, "--auth_token_file");
+    if (!token.ok()) return token.status();
+    options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+  }
+  return AttentionClient::Open(absl::GetFlag(FLAGS_target), options);
 }
 
 int Fail(const absl::Status& status, absl::string_view doing) {
@@ -99,7 +130,9 @@ std::string HumanBytes(int64_t bytes) {
 // info
 
 int RunInfo() {
-  auto client = MakeClient();
+  auto made = MakeClient();
+  if (!made.ok()) return Fail(made.status(), "connecting");
+  std::unique_ptr<AttentionClient> client = *std::move(made);
   auto info = client->GetServerInfo();
   if (!info.ok()) return Fail(info.status(), "GetServerInfo");
   std::cout << "version:            " << info->version() << "\n"
@@ -112,7 +145,18 @@ int RunInfo() {
             << " bytes (" << HumanBytes(info->kv_cache_used_bytes()) << ")\n"
             << "active sessions:    " << info->active_sessions() << "\n"
             << "max message bytes:  " << info->max_message_bytes() << " ("
-            << HumanBytes(info->max_message_bytes()) << ")" << std::endl;
+            << HumanBytes(info->max_message_bytes()) << ")\n"
+            << "tenant:             " << info->tenant() << "\n"
+            << "tenant sessions:    " << info->tenant_sessions()
+            << (info->has_tenant_max_sessions()
+                    ? absl::StrCat(" of ", info->tenant_max_sessions())
+                    : std::string())
+            << "\n"
+            << "tenant kv bytes:    " << info->tenant_kv_bytes()
+            << (info->has_tenant_max_kv_bytes()
+                    ? absl::StrCat(" of ", info->tenant_max_kv_bytes())
+                    : std::string())
+            << std::endl;
   return 0;
 }
 
@@ -120,7 +164,12 @@ int RunInfo() {
 // health
 
 int RunHealth() {
-  auto client = MakeClient();
+  auto made = MakeClient();
+  if (!made.ok()) {
+    std::cerr << "attnctl health: " << made.status() << std::endl;
+    return 2;
+  }
+  std::unique_ptr<AttentionClient> client = *std::move(made);
   const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
   if (absl::Status connected = client->WaitForConnected(timeout);
       !connected.ok()) {
@@ -284,7 +333,9 @@ std::vector<float> RandomValues(std::mt19937& rng, int64_t count) {
 }
 
 int RunDemo() {
-  auto client = MakeClient();
+  auto made = MakeClient();
+  if (!made.ok()) return Fail(made.status(), "connecting");
+  std::unique_ptr<AttentionClient> client = *std::move(made);
   const int32_t prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int32_t steps = absl::GetFlag(FLAGS_decode_steps);
   if (prompt < 1 || steps < 0) {

@@ -150,7 +150,10 @@ void ConvertToFloat(DType dtype, const std::byte* src, int64_t count,
                     float* dst) {
   switch (dtype) {
     case DType::kFloat32:
-      std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+      // memcpy needs non-null pointers even for zero bytes.
+      if (count > 0) {
+        std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+      }
       return;
     case DType::kFloat16:
       dtype_internal::ActiveKernels().half_to_float(src, count, dst);
@@ -174,7 +177,10 @@ void ConvertFromFloat(const float* src, int64_t count, DType dtype,
                       std::byte* dst) {
   switch (dtype) {
     case DType::kFloat32:
-      std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+      // memcpy needs non-null pointers even for zero bytes.
+      if (count > 0) {
+        std::memcpy(dst, src, static_cast<size_t>(count) * sizeof(float));
+      }
       return;
     case DType::kFloat16:
       dtype_internal::ActiveKernels().float_to_half(src, count, dst);
@@ -190,7 +196,9 @@ void ConvertFromFloat(const float* src, int64_t count, DType dtype,
 void ConvertDType(DType src_dtype, const std::byte* src, int64_t count,
                   DType dst_dtype, std::byte* dst) {
   if (src_dtype == dst_dtype) {
-    std::memcpy(dst, src, static_cast<size_t>(count * DTypeSize(src_dtype)));
+    if (count > 0) {
+      std::memcpy(dst, src, static_cast<size_t>(count * DTypeSize(src_dtype)));
+    }
     return;
   }
   // Through an aligned float buffer in small batches (widening is exact).

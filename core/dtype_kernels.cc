@@ -9,6 +9,8 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define ATTN_DTYPE_HAVE_AVX2 1
 #include <immintrin.h>
+
+#include "core/cpu_has_f16c.h"
 #endif
 
 namespace attention::dtype_internal {
@@ -254,7 +256,7 @@ const DTypeKernels* Avx2Kernels() {
   // __builtin_cpu_supports also checks that the OS saves the YMM state.
   static const bool supported = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && CpuHasF16c();
   }();
   return supported ? &kAvx2 : nullptr;
 #else

@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/call_cost.h"
 #include "core/client_string.h"
 #include "core/request_validation.h"
@@ -67,6 +68,10 @@ absl::Status ToOutputDestination(const Tensor& scratch,
   return absl::OkStatus();
 }
 
+const Tenant& TenantOf(const AppendRequest& request) {
+  return request.tenant != nullptr ? *request.tenant : DefaultTenant();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
@@ -98,50 +103,54 @@ AttentionEngine::AttentionEngine(std::unique_ptr<AttentionBackend> backend,
 AttentionEngine::~AttentionEngine() = default;
 
 absl::StatusOr<SessionInfo> AttentionEngine::CreateSession(
-    const SessionSpec& spec, absl::Duration idle_timeout) {
+    const SessionSpec& spec, absl::Duration idle_timeout,
+    const Tenant& tenant) {
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                        sessions_.Create(spec, idle_timeout));
+                        sessions_.Create(spec, idle_timeout, tenant));
   return session->Info();
 }
 
-absl::StatusOr<SessionInfo> AttentionEngine::GetSession(const std::string& id) {
-  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id));
+absl::StatusOr<SessionInfo> AttentionEngine::GetSession(const std::string& id,
+                                                        const Tenant& tenant) {
+  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
   return session->Info();
 }
 
 std::vector<SessionInfo> AttentionEngine::ListSessions(
-    const std::string& after, int64_t page_size) const {
+    const std::string& after, int64_t page_size, const Tenant& tenant) const {
   std::vector<SessionInfo> infos;
   for (const std::shared_ptr<Session>& session :
-       sessions_.List(after, page_size)) {
+       sessions_.List(after, page_size, tenant)) {
     infos.push_back(session->Info());
   }
   return infos;
 }
 
 absl::StatusOr<SessionHold> AttentionEngine::HoldSession(
-    const std::string& id) {
-  ATTN_ASSIGN_OR_RETURN(SessionRef ref, sessions_.Get(id));
+    const std::string& id, const Tenant& tenant) {
+  ATTN_ASSIGN_OR_RETURN(SessionRef ref, sessions_.Get(id, tenant));
   return SessionHold(ref.shared(), sessions_.clock());
 }
 
-absl::Status AttentionEngine::DeleteSession(const std::string& id) {
-  return sessions_.Delete(id);
+absl::Status AttentionEngine::DeleteSession(const std::string& id,
+                                            const Tenant& tenant) {
+  return sessions_.Delete(id, tenant);
 }
 
 absl::StatusOr<SessionInfo> AttentionEngine::ForkSession(
-    const std::string& id) {
-  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> fork, sessions_.Fork(id));
+    const std::string& id, const Tenant& tenant) {
+  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> fork,
+                        sessions_.Fork(id, tenant));
   return fork->Info();
 }
 
 absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
-    const std::string& id, int64_t length) {
+    const std::string& id, int64_t length, const Tenant& tenant) {
   if (length < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("truncate length must be >= 0, got ", length));
   }
-  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id));
+  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
   {
     absl::MutexLock lock(&session->mu());
     // Check every layer before touching any: all layers or none.
@@ -165,6 +174,9 @@ struct AttentionEngine::BatchStep {
   const AppendRequest* request = nullptr;
   QkvShape shape;
   std::optional<LayerKvCache::PendingAppend> pending;
+  // The tenant's quota reservation for the blocks `pending` takes, held
+  // until they are committed (or released).
+  BlockReservation reservation;
   double flops = 0;  // AttentionFlops of the step
   Tensor output;
   std::optional<Tensor> lse;
@@ -211,7 +223,7 @@ absl::Status AttentionEngine::CheckCallCost(double flops) const {
     return absl::OkStatus();
   }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "this call asks for ", absl::SixDigits(flops),
+      "this call asks for ", absl::StrFormat("%.0f", flops),
       " floating-point operations, over this server's per-call limit of ",
       options_.max_call_flops,
       " (--max_call_flops); send fewer tokens per call (a prefill split into "
@@ -308,7 +320,8 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   for (size_t i = 0; i < n; ++i) {
     const AppendRequest& request = requests[i];
     steps[i].request = &request;
-    absl::StatusOr<SessionRef> session = sessions_.Get(request.session_id);
+    absl::StatusOr<SessionRef> session =
+        sessions_.Get(request.session_id, TenantOf(request));
     if (!session.ok()) {
       ATTN_RETURN_IF_ERROR(fail(i, session.status()));
       continue;
@@ -351,10 +364,19 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   if (atomic && n > 1) ATTN_RETURN_IF_ERROR(CheckCallCost(batch_flops));
   for (size_t i = 0; i < n; ++i) {
     if (!live(i)) continue;
+    // The tenant's KV quota, before any block is taken.
+    Session& session = *steps[i].session;
+    LayerKvCache& layer = session.layer(steps[i].request->layer);
+    const int64_t blocks = layer.BlocksToStage(steps[i].shape.num_queries);
+    if (absl::Status status = session.usage().Reserve(
+            blocks, TenantOf(*steps[i].request).quota);
+        !status.ok()) {
+      ATTN_RETURN_IF_ERROR(fail(i, status));
+      continue;
+    }
+    steps[i].reservation = BlockReservation(&session.usage(), blocks);
     absl::StatusOr<LayerKvCache::PendingAppend> pending =
-        steps[i]
-            .session->layer(steps[i].request->layer)
-            .PrepareAppend(steps[i].shape.num_queries);
+        layer.PrepareAppend(steps[i].shape.num_queries);
     if (!pending.ok()) {
       ATTN_RETURN_IF_ERROR(fail(i, pending.status()));
       continue;
@@ -473,6 +495,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     BatchStep& step = steps[i];
     step.session->layer(step.request->layer).Commit(*std::move(step.pending));
     step.pending.reset();
+    step.reservation = BlockReservation();  // the blocks now count as used
     (step.request->required_tokens.has_value() ? decode_tokens_total_
                                                : prefill_tokens_total_)
         .fetch_add(step.shape.num_queries, std::memory_order_relaxed);
@@ -565,6 +588,10 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
   ATTN_ASSIGN_OR_RETURN(result.output,
                         ToOutputDType(std::move(output), request.output_dtype));
   return result;
+}
+
+TenantStats AttentionEngine::tenant_stats(const std::string& name) const {
+  return sessions_.tenant_stats(name);
 }
 
 EngineStats AttentionEngine::stats() const {

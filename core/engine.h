@@ -14,6 +14,14 @@
 //                      the request's CallControl withdrew the call
 //   INTERNAL           device failure
 //
+// Every session belongs to a tenant (core/tenant.h): the one whose call
+// created it. Methods naming a session take the calling tenant (default:
+// DefaultTenant()) and answer another tenant's session exactly as an
+// unknown one (NOT_FOUND, same message). A tenant's quota adds
+// RESOURCE_EXHAUSTED naming the quota, the usage and the limit: sessions
+// (CreateSession, ForkSession) and KV bytes (appends, checked before any
+// work).
+//
 // A call withdrawn through its CallControl stops within one KV chunk of
 // work and, like any failed call, changes nothing: appends are committed
 // only after a last check of the control, once nothing else can fail.
@@ -38,6 +46,8 @@
 #include "core/session.h"
 #include "core/session_manager.h"
 #include "core/session_spec.h"
+#include "core/tenant.h"
+#include "core/tenant_usage.h"
 #include "core/tensor.h"
 
 namespace attention {
@@ -84,6 +94,8 @@ struct AppendRequest {
   absl::Span<std::byte> output_destination;
   // Optional: withdraws the call (see call_control.h). Must outlive it.
   const CallControl* control = nullptr;
+  // The calling tenant; null = DefaultTenant(). Must outlive the call.
+  const Tenant* tenant = nullptr;
 };
 
 // Stateless attention (attention.v1.AttentionRequest).
@@ -148,24 +160,31 @@ class AttentionEngine {
   const AttentionBackend& backend() const { return *backend_; }
   const EngineOptions& options() const { return options_; }
 
-  absl::StatusOr<SessionInfo> CreateSession(const SessionSpec& spec,
-                                            absl::Duration idle_timeout);
-  absl::StatusOr<SessionInfo> GetSession(const std::string& id);
-  // Up to `page_size` (>= 1) sessions whose ids follow `after` ("" = from
-  // the first), in increasing id order: page through all sessions by
-  // passing the last id of one page as `after` of the next.
-  std::vector<SessionInfo> ListSessions(const std::string& after,
-                                        int64_t page_size) const;
+  absl::StatusOr<SessionInfo> CreateSession(
+      const SessionSpec& spec, absl::Duration idle_timeout,
+      const Tenant& tenant = DefaultTenant());
+  absl::StatusOr<SessionInfo> GetSession(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
+  // Up to `page_size` (>= 1) of `tenant`'s sessions whose ids follow
+  // `after` ("" = from the first), in increasing id order: page through all
+  // of them by passing the last id of one page as `after` of the next.
+  std::vector<SessionInfo> ListSessions(
+      const std::string& after, int64_t page_size,
+      const Tenant& tenant = DefaultTenant()) const;
   // Holds session `id` in use until the hold goes (a Decode stream holds
   // every session it has used while it is open): it cannot expire
   // meanwhile, but DeleteSession still frees it at once. NOT_FOUND for an
   // unknown id.
-  absl::StatusOr<SessionHold> HoldSession(const std::string& id);
-  absl::Status DeleteSession(const std::string& id);
-  absl::StatusOr<SessionInfo> ForkSession(const std::string& id);
+  absl::StatusOr<SessionHold> HoldSession(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
+  absl::Status DeleteSession(const std::string& id,
+                             const Tenant& tenant = DefaultTenant());
+  absl::StatusOr<SessionInfo> ForkSession(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
   // Cuts every layer longer than `length` back to it; all layers or none.
-  absl::StatusOr<SessionInfo> TruncateSession(const std::string& id,
-                                              int64_t length);
+  absl::StatusOr<SessionInfo> TruncateSession(
+      const std::string& id, int64_t length,
+      const Tenant& tenant = DefaultTenant());
 
   // Prefill / DecodeStep: appends the request's K/V to the layer and returns
   // causal attention of its queries over the layer's visible history.
@@ -189,6 +208,8 @@ class AttentionEngine {
   absl::StatusOr<AttentionOutput> Attend(const StatelessRequest& request);
 
   EngineStats stats() const;
+  // What the sessions of the tenant named `name` hold now.
+  TenantStats tenant_stats(const std::string& name) const;
 
  private:
   AttentionEngine(std::unique_ptr<AttentionBackend> backend,

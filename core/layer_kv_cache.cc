@@ -13,13 +13,19 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 LayerKvCache::LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
-                           const LayerSpec& mask)
-    : pool_(pool), layout_(layout), mask_(mask) {}
+                           const LayerSpec& mask, TenantUsage* usage)
+    : pool_(pool), usage_(usage), layout_(layout), mask_(mask) {}
 
-LayerKvCache::~LayerKvCache() { pool_->UnrefAll(table_); }
+LayerKvCache::~LayerKvCache() { Release(table_); }
+
+void LayerKvCache::Release(absl::Span<const BlockId> ids) {
+  pool_->UnrefAll(ids);
+  if (usage_ != nullptr) usage_->UnrefAll(ids);
+}
 
 LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
     : pool_(other.pool_),
+      usage_(other.usage_),
       layout_(other.layout_),
       mask_(std::move(other.mask_)),
       length_(other.length_),
@@ -29,12 +35,13 @@ LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
 }
 
 LayerKvCache LayerKvCache::Fork() const {
-  LayerKvCache copy(pool_, layout_, mask_);
+  LayerKvCache copy(pool_, layout_, mask_, usage_);
   copy.length_ = length_;
   copy.table_ = table_;
   for (BlockId id : table_) {
     if (id != kNoBlock) pool_->Ref(id);
   }
+  if (usage_ != nullptr) usage_->RefAll(table_);
   return copy;
 }
 
@@ -86,6 +93,14 @@ KvView LayerKvCache::PendingAppend::view() const {
   return PagedKvView(layout_, new_length(), k_view_, v_view_);
 }
 
+int64_t LayerKvCache::BlocksToStage(int64_t count) const {
+  const int64_t tpb = layout_.tokens_per_block;
+  const bool copy_tail = length_ % tpb != 0 &&
+                         pool_->RefCount(table_[length_ / tpb]) > 1;
+  return CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size()) +
+         (copy_tail ? 1 : 0);
+}
+
 absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
     int64_t count) {
   const int64_t tpb = layout_.tokens_per_block;
@@ -96,11 +111,10 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
 
   // The block holding the current end is written in place unless another
   // session shares it, in which case the new tokens go to a private copy.
-  const bool partial_tail = length_ % tpb != 0;
   const int64_t tail = length_ / tpb;
-  const bool copy_tail = partial_tail && pool_->RefCount(table_[tail]) > 1;
   const int64_t new_blocks =
       CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size());
+  const bool copy_tail = BlocksToStage(count) > new_blocks;
   if (absl::Status status = pool_->Allocate(new_blocks + (copy_tail ? 1 : 0),
                                             &pending.allocated_);
       !status.ok()) {
@@ -133,7 +147,8 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
 void LayerKvCache::Commit(PendingAppend pending) {
   table_ = std::move(pending.table_);
   length_ = pending.new_length();
-  pool_->UnrefAll(pending.replaced_);
+  if (usage_ != nullptr) usage_->RefAll(pending.allocated_);
+  Release(pending.replaced_);
   pending.committed_ = true;
   DropUnneededBlocks();
 }
@@ -147,7 +162,7 @@ void LayerKvCache::DropUnneededBlocks() {
     const bool before_window = (b + 1) * tpb <= first_needed;
     if (!before_window) break;
     if (!holds_sink && table_[b] != kNoBlock) {
-      pool_->Unref(table_[b]);
+      Release(absl::MakeConstSpan(&table_[b], 1));
       table_[b] = kNoBlock;
     }
   }
@@ -181,7 +196,7 @@ absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
 void LayerKvCache::Truncate(int64_t length) {
   if (length >= length_) return;
   const int64_t keep = CeilDiv(length, layout_.tokens_per_block);
-  pool_->UnrefAll(absl::MakeConstSpan(table_).subspan(keep));
+  Release(absl::MakeConstSpan(table_).subspan(keep));
   table_.resize(keep);
   length_ = length;
 }

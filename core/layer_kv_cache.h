@@ -19,9 +19,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/block_pool.h"
 #include "core/kv_view.h"
 #include "core/session_spec.h"
+#include "core/tenant_usage.h"
 
 namespace attention {
 
@@ -29,8 +31,10 @@ namespace attention {
 class LayerKvCache {
  public:
   // `pool` must outlive the cache. `mask` is the layer's resolved spec.
+  // `usage`, when not null, is told of every block reference the cache
+  // gains or drops (the owning tenant's accounting) and must outlive it.
   LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
-               const LayerSpec& mask);
+               const LayerSpec& mask, TenantUsage* usage = nullptr);
   ~LayerKvCache();  // drops every block reference
 
   LayerKvCache(LayerKvCache&& other) noexcept;
@@ -78,6 +82,10 @@ class LayerKvCache {
     bool committed_ = false;
   };
 
+  // Blocks PrepareAppend(count) would take from the pool: new blocks plus
+  // a private copy of a shared tail block.
+  int64_t BlocksToStage(int64_t count) const;
+
   // Stages `count` >= 1 new tokens. RESOURCE_EXHAUSTED when the pool cannot
   // supply the blocks; INTERNAL when a copy-on-write copy fails. Nothing
   // changes on error.
@@ -103,8 +111,11 @@ class LayerKvCache {
   // First position a future query (at >= length) may read, with slack.
   int64_t FirstNeededPosition(int64_t length) const;
   void DropUnneededBlocks();
+  // Drops one reference (pool and tenant) to each id that is not kNoBlock.
+  void Release(absl::Span<const BlockId> ids);
 
   BlockPool* pool_;
+  TenantUsage* usage_;
   KvBlockLayout layout_;
   LayerSpec mask_;
   int64_t length_ = 0;

@@ -7,11 +7,11 @@ namespace {
 
 std::vector<LayerKvCache> EmptyLayers(const SessionSpec& spec,
                                       const KvBlockLayout& layout,
-                                      BlockPool* pool) {
+                                      BlockPool* pool, TenantUsage* usage) {
   std::vector<LayerKvCache> layers;
   layers.reserve(spec.num_layers);
   for (const LayerSpec& layer : spec.layers) {
-    layers.emplace_back(pool, layout, layer);
+    layers.emplace_back(pool, layout, layer, usage);
   }
   return layers;
 }
@@ -33,14 +33,17 @@ int64_t SessionMetadataBytes(const SessionSpec& spec) {
 }
 
 Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
-                 BlockPool* pool, absl::Duration idle_timeout, absl::Time now)
-    : Session(std::move(id), spec, layout, pool, idle_timeout, now,
-              EmptyLayers(spec, layout, pool)) {}
+                 BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
+                 std::shared_ptr<TenantUsage> usage)
+    : Session(std::move(id), spec, layout, pool, idle_timeout, now, usage,
+              EmptyLayers(spec, layout, pool, usage.get())) {}
 
 Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
                  BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
+                 std::shared_ptr<TenantUsage> usage,
                  std::vector<LayerKvCache> layers)
     : id_(std::move(id)),
+      usage_(std::move(usage)),
       spec_(std::move(spec)),
       layout_(layout),
       pool_(pool),
@@ -54,7 +57,7 @@ std::unique_ptr<Session> Session::Fork(std::string id, absl::Time now) const {
   layers.reserve(layers_.size());
   for (const LayerKvCache& layer : layers_) layers.push_back(layer.Fork());
   return std::unique_ptr<Session>(new Session(std::move(id), spec_, layout_,
-                                              pool_, idle_timeout_, now,
+                                              pool_, idle_timeout_, now, usage_,
                                               std::move(layers)));
 }
 

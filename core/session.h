@@ -15,6 +15,7 @@
 #include "core/block_pool.h"
 #include "core/layer_kv_cache.h"
 #include "core/session_spec.h"
+#include "core/tenant_usage.h"
 
 namespace attention {
 
@@ -35,14 +36,20 @@ int64_t SessionMetadataBytes(const SessionSpec& spec);
 // thread; the layer caches are guarded by mu().
 class Session {
  public:
-  // `spec` must be resolved; `pool` must outlive the session.
+  // `spec` must be resolved; `pool` must outlive the session. The session
+  // belongs to the tenant `usage` accounts for (not null), which is told of
+  // every KV block its layers reference.
   Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
-          BlockPool* pool, absl::Duration idle_timeout, absl::Time now);
+          BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
+          std::shared_ptr<TenantUsage> usage);
 
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   const std::string& id() const { return id_; }
+  // The name of the tenant the session belongs to.
+  const std::string& owner() const { return usage_->name(); }
+  TenantUsage& usage() const { return *usage_; }
   const SessionSpec& spec() const { return spec_; }
   const KvBlockLayout& layout() const { return layout_; }
   absl::Duration idle_timeout() const { return idle_timeout_; }
@@ -56,7 +63,8 @@ class Session {
     return layers_[index];
   }
 
-  // A new session `id` with the same spec and history, sharing blocks.
+  // A new session `id` of the same tenant with the same spec and history,
+  // sharing blocks.
   std::unique_ptr<Session> Fork(std::string id, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -81,9 +89,12 @@ class Session {
  private:
   Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
           BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
+          std::shared_ptr<TenantUsage> usage,
           std::vector<LayerKvCache> layers);
 
   const std::string id_;
+  // Before the layers, which report to it until they go.
+  const std::shared_ptr<TenantUsage> usage_;
   const SessionSpec spec_;
   const KvBlockLayout layout_;
   BlockPool* const pool_;

@@ -49,8 +49,18 @@ std::string SessionManager::NewSessionId() {
   return absl::BytesToHexString(bytes);
 }
 
+std::shared_ptr<TenantUsage> SessionManager::UsageOf(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<TenantUsage>& usage = tenants_[name];
+  if (usage == nullptr) {
+    usage = std::make_shared<TenantUsage>(name, pool_->block_bytes());
+  }
+  return usage;
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    const SessionSpec& spec, absl::Duration idle_timeout) {
+    const SessionSpec& spec, absl::Duration idle_timeout,
+    const Tenant& tenant) {
   ATTN_ASSIGN_OR_RETURN(SessionSpec resolved,
                         ResolveSessionSpec(spec, options_.limits));
   if (idle_timeout < absl::ZeroDuration()) {
@@ -81,14 +91,15 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
         (token_bytes + 255) / 256 * 256));
   }
   layout.tokens_per_block = pool_->block_bytes() / token_bytes;
-  auto session =
-      std::make_shared<Session>(NewSessionId(), std::move(resolved), layout,
-                                pool_, idle_timeout, options_.now());
-  ATTN_RETURN_IF_ERROR(Insert(session));
+  auto session = std::make_shared<Session>(
+      NewSessionId(), std::move(resolved), layout, pool_, idle_timeout,
+      options_.now(), UsageOf(tenant.name));
+  ATTN_RETURN_IF_ERROR(Insert(session, tenant.quota));
   return session;
 }
 
-absl::Status SessionManager::Insert(std::shared_ptr<Session> session) {
+absl::Status SessionManager::Insert(std::shared_ptr<Session> session,
+                                    const TenantQuota& quota) {
   absl::MutexLock lock(&mu_);
   if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -103,6 +114,7 @@ absl::Status SessionManager::Insert(std::shared_ptr<Session> session) {
         " (--max_session_metadata_bytes) are in use; delete sessions, or use "
         "fewer layers or sink logits and a shorter model label"));
   }
+  ATTN_RETURN_IF_ERROR(session->usage().AddSession(quota));
   metadata_bytes_ += bytes;
   ++created_total_;
   sessions_.emplace(session->id(), std::move(session));
@@ -112,16 +124,21 @@ absl::Status SessionManager::Insert(std::shared_ptr<Session> session) {
 SessionManager::Table::iterator SessionManager::Erase(
     Table::iterator it, std::vector<std::shared_ptr<Session>>* removed) {
   metadata_bytes_ -= it->second->metadata_bytes();
+  it->second->usage().RemoveSession();
   removed->push_back(std::move(it->second));
   return sessions_.erase(it);
 }
 
-absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id) {
+absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
+                                               const Tenant& tenant) {
   const absl::Time now = options_.now();
   std::vector<std::shared_ptr<Session>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return SessionNotFound(id);
+  // Another tenant's session is answered exactly as a missing one.
+  if (it == sessions_.end() || it->second->owner() != tenant.name) {
+    return SessionNotFound(id);
+  }
   if (it->second->Expired(now)) {
     Erase(it, &expired);
     ++expired_total_;
@@ -133,36 +150,50 @@ absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id) {
 }
 
 std::vector<std::shared_ptr<Session>> SessionManager::List(
-    const std::string& after, int64_t limit) const {
+    const std::string& after, int64_t limit, const Tenant& tenant) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Session>> sessions;
   for (auto it = sessions_.upper_bound(after);
        it != sessions_.end() && static_cast<int64_t>(sessions.size()) < limit;
        ++it) {
-    sessions.push_back(it->second);
+    if (it->second->owner() == tenant.name) sessions.push_back(it->second);
   }
   return sessions;
 }
 
-absl::Status SessionManager::Delete(const std::string& id) {
+absl::Status SessionManager::Delete(const std::string& id,
+                                    const Tenant& tenant) {
   std::vector<std::shared_ptr<Session>> removed;  // freed outside the lock
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  if (it == sessions_.end()) return SessionNotFound(id);
+  if (it == sessions_.end() || it->second->owner() != tenant.name) {
+    return SessionNotFound(id);
+  }
   Erase(it, &removed);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Fork(
-    const std::string& id) {
-  ATTN_ASSIGN_OR_RETURN(SessionRef parent, Get(id));
+    const std::string& id, const Tenant& tenant) {
+  ATTN_ASSIGN_OR_RETURN(SessionRef parent, Get(id, tenant));
   std::shared_ptr<Session> child;
   {
     absl::MutexLock lock(&parent->mu());
     child = parent->Fork(NewSessionId(), options_.now());
   }
-  ATTN_RETURN_IF_ERROR(Insert(child));
+  ATTN_RETURN_IF_ERROR(Insert(child, tenant.quota));
   return child;
+}
+
+TenantStats SessionManager::tenant_stats(const std::string& name) const {
+  std::shared_ptr<TenantUsage> usage;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tenants_.find(name);
+    if (it == tenants_.end()) return TenantStats{};
+    usage = it->second;
+  }
+  return usage->stats();
 }
 
 int64_t SessionManager::ExpireIdle(absl::Time now) {

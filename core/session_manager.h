@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -19,6 +20,8 @@
 #include "core/block_pool.h"
 #include "core/session.h"
 #include "core/session_spec.h"
+#include "core/tenant.h"
+#include "core/tenant_usage.h"
 
 namespace attention {
 
@@ -38,6 +41,12 @@ struct SessionManagerOptions {
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
 
+// Every session belongs to the tenant that created it: the methods taking a
+// `tenant` only ever see that tenant's sessions, and answer another
+// tenant's session id exactly as an unknown one (NOT_FOUND, same message),
+// so that ids cannot be probed. `tenant` defaults to DefaultTenant(), which
+// is what a server authenticating nobody runs everything as.
+//
 // Thread-safety: all methods are thread-safe. Returned sessions stay valid
 // while referenced even if deleted or expired meanwhile; their blocks are
 // freed when the last reference goes.
@@ -52,27 +61,37 @@ class SessionManager {
 
   // Resolves `spec` and creates an empty session with an unguessable id.
   // INVALID_ARGUMENT for a bad spec or timeout (including a per-token KV
-  // size larger than one pool block); RESOURCE_EXHAUSTED at max_sessions.
-  // idle_timeout zero means the default.
+  // size larger than one pool block); RESOURCE_EXHAUSTED at max_sessions or
+  // at the tenant's quota.max_sessions. idle_timeout zero means the
+  // default. The session belongs to `tenant`.
   absl::StatusOr<std::shared_ptr<Session>> Create(
-      const SessionSpec& spec, absl::Duration idle_timeout);
+      const SessionSpec& spec, absl::Duration idle_timeout,
+      const Tenant& tenant = DefaultTenant());
 
-  // NOT_FOUND for an unknown or expired id. The session is in use (it
-  // cannot expire) until the returned ref goes; its idle clock restarts
-  // then.
-  absl::StatusOr<SessionRef> Get(const std::string& id);
+  // NOT_FOUND for an unknown or expired id, or one of another tenant. The
+  // session is in use (it cannot expire) until the returned ref goes; its
+  // idle clock restarts then.
+  absl::StatusOr<SessionRef> Get(const std::string& id,
+                                 const Tenant& tenant = DefaultTenant());
 
-  // Up to `limit` live sessions whose ids come after `after`, in increasing
-  // id order ("" starts at the first).
-  std::vector<std::shared_ptr<Session>> List(const std::string& after,
-                                             int64_t limit) const;
+  // Up to `limit` of `tenant`'s live sessions whose ids come after `after`,
+  // in increasing id order ("" starts at the first).
+  std::vector<std::shared_ptr<Session>> List(
+      const std::string& after, int64_t limit,
+      const Tenant& tenant = DefaultTenant()) const;
 
-  // Removes the session at once. NOT_FOUND for an unknown id.
-  absl::Status Delete(const std::string& id);
+  // Removes the session at once. NOT_FOUND as Get.
+  absl::Status Delete(const std::string& id,
+                      const Tenant& tenant = DefaultTenant());
 
-  // Creates a copy-on-write fork of `id`. NOT_FOUND, RESOURCE_EXHAUSTED
-  // (as Create).
-  absl::StatusOr<std::shared_ptr<Session>> Fork(const std::string& id);
+  // Creates a copy-on-write fork of `id`, of the same tenant. NOT_FOUND (as
+  // Get), RESOURCE_EXHAUSTED (as Create).
+  absl::StatusOr<std::shared_ptr<Session>> Fork(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
+
+  // What the sessions of the tenant named `name` hold now (zeros for a
+  // tenant without sessions).
+  TenantStats tenant_stats(const std::string& name) const;
 
   // Removes every session idle for longer than its timeout at `now`;
   // returns how many it removed.
@@ -89,7 +108,10 @@ class SessionManager {
 
  private:
   std::string NewSessionId();
-  absl::Status Insert(std::shared_ptr<Session> session);
+  // The accounting of tenant `name`, created on first use.
+  std::shared_ptr<TenantUsage> UsageOf(const std::string& name);
+  absl::Status Insert(std::shared_ptr<Session> session,
+                      const TenantQuota& quota);
   using Table = absl::btree_map<std::string, std::shared_ptr<Session>>;
   // Removes `it` from the table, moving the session to `removed` (freed
   // when its last reference goes, outside the lock); returns the next
@@ -105,6 +127,9 @@ class SessionManager {
   mutable absl::Mutex mu_;
   // Ordered, so that ListSessions pages through a stable order.
   absl::btree_map<std::string, std::shared_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  // Every tenant that has had a session, by name.
+  absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_
       ABSL_GUARDED_BY(mu_);
   int64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t expired_total_ ABSL_GUARDED_BY(mu_) = 0;

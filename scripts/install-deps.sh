@@ -7,6 +7,12 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgtest-dev libbenchmark-dev python3-numpy
+  # SHA-256 of bearer tokens; the security tests make certificates with the
+  # openssl command.
+  libssl-dev openssl
+  # The fuzz targets (scripts/fuzz.sh): clang, libFuzzer and the sanitizer
+  # runtimes, FuzzedDataProvider.h.
+  clang libclang-rt-14-dev
   # Tests of deploy/: promtool + a real Prometheus, the image build.
   prometheus buildah debootstrap iproute2 python3
 )

@@ -3,6 +3,8 @@
 #include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,8 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/backend_factory.h"
+#include "server/auth_interceptor.h"
 #include "server/log.h"
 #include "server/parse_error_interceptor.h"
+#include "server/transport_security.h"
 
 #ifndef ATTN_SERVER_VERSION
 #define ATTN_SERVER_VERSION "0.0.0"
@@ -85,6 +90,42 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   return DecodeBatcher::ValidateOptions(BatcherOptions(options));
 }
 
+TransportSecurityOptions TransportOptions(const ServerOptions& options) {
+  TransportSecurityOptions transport;
+  transport.cert_file = options.tls_cert_file;
+  transport.key_file = options.tls_key_file;
+  transport.client_ca_file = options.tls_client_ca_file;
+  transport.refresh_interval = options.tls_refresh_interval;
+  return transport;
+}
+
+// Takes server reflection off one ServerBuilder (its plugin is registered
+// process-wide).
+class NoReflectionOption final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments* /*args*/) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>*
+                         plugins) override {
+    std::erase_if(*plugins, [](const auto& plugin) {
+      return plugin->name() == "proto_server_reflection";
+    });
+  }
+};
+
+// The engine state for the metrics, with the usage of the tenants the
+// tokens file names (no other tenant name becomes a label).
+MetricsState CurrentMetricsState(const AttentionEngine& engine,
+                                 const Authenticator& authenticator) {
+  MetricsState state = MetricsStateFromEngineStats(engine.stats());
+  for (std::string& name : authenticator.tenant_names()) {
+    const TenantStats stats = engine.tenant_stats(name);
+    state.tenants.push_back(TenantMetricsState{.tenant = std::move(name),
+                                               .sessions = stats.sessions,
+                                               .kv_bytes = stats.kv_bytes});
+  }
+  return state;
+}
+
 // "host:port", bracketing a bare IPv6 address.
 std::string ListenUri(const std::string& address, int port) {
   if (address.find(':') != std::string::npos && address.front() != '[') {
@@ -111,6 +152,15 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   if (absl::Status status = ValidateOptions(options); !status.ok()) {
     return status;
   }
+  auto credentials = MakeServerCredentials(TransportOptions(options));
+  if (!credentials.ok()) return credentials.status();
+  AuthenticatorOptions auth_options;
+  auth_options.tokens_file = options.auth_tokens_file;
+  auth_options.reload_interval = options.auth_reload_interval;
+  auth_options.tenant_from_client_certificate =
+      !options.tls_client_ca_file.empty();
+  auto authenticator = Authenticator::Create(auth_options);
+  if (!authenticator.ok()) return authenticator.status();
 
   BackendOptions backend_options;
   backend_options.kind = options.backend;
@@ -141,12 +191,16 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
 
   std::unique_ptr<AttentionServer> server(new AttentionServer(
       options, *std::move(engine), std::move(choice->reason)));
+  server->authenticator_ = *std::move(authenticator);
   AttentionEngine* const engine_ptr = server->engine_.get();
+  const Authenticator* const authenticator_ptr = server->authenticator_.get();
 
   ServerMetricsOptions metrics_options;
   if (options.metrics_port >= 0) {
-    metrics_options.listen_address =
-        ListenUri(options.listen_address, options.metrics_port);
+    metrics_options.listen_address = ListenUri(
+        options.metrics_address.empty() ? options.listen_address
+                                        : options.metrics_address,
+        options.metrics_port);
   } else {
     metrics_options.listen_address.clear();
   }
@@ -156,8 +210,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   auto metrics = ServerMetrics::Create(metrics_options);
   if (!metrics.ok()) return metrics.status();
   server->metrics_ = *std::move(metrics);
-  server->metrics_->SetStateProvider([engine_ptr] {
-    return MetricsStateFromEngineStats(engine_ptr->stats());
+  server->metrics_->SetStateProvider([engine_ptr, authenticator_ptr] {
+    return CurrentMetricsState(*engine_ptr, *authenticator_ptr);
   });
 
   DecodeBatcherOptions batcher_options = BatcherOptions(options);
@@ -171,7 +225,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       std::make_unique<DecodeBatcher>(engine_ptr, batcher_options);
   server->service_ = std::make_unique<AttentionServiceImpl>(
       engine_ptr, server->decode_batcher_.get(), ServerVersion(),
-      options.max_message_bytes, metrics_ptr);
+      options.max_message_bytes, metrics_ptr, authenticator_ptr);
 
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
@@ -179,8 +233,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
 
   grpc::ServerBuilder builder;
   const std::string uri = ListenUri(options.listen_address, options.port);
-  builder.AddListeningPort(uri, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  builder.AddListeningPort(uri, *credentials, &server->port_);
+  if (!options.reflection) {
+    builder.SetOption(std::make_unique<NoReflectionOption>());
+  }
   builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a
@@ -190,6 +246,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
   interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>());
+  if (authenticator_ptr->enabled()) {
+    interceptors.push_back(
+        std::make_unique<AuthInterceptorFactory>(authenticator_ptr));
+  }
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   builder.RegisterService(server->service_.get());
   for (grpc::Service* service : extra_services) {
@@ -228,6 +288,10 @@ AttentionServer::~AttentionServer() { Shutdown(); }
 
 std::string AttentionServer::local_target() const {
   return absl::StrCat("localhost:", port_);
+}
+
+const char* AttentionServer::transport_mode() const {
+  return TransportMode(TransportOptions(options_));
 }
 
 std::string AttentionServer::backend_name() const {

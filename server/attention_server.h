@@ -1,6 +1,7 @@
 // AttentionServer: a running attention-service gRPC server — backend,
-// engine, AttentionService, grpc.health.v1 and server reflection — that can
-// be embedded (the attention-server binary, in-process integration tests).
+// engine, AttentionService, grpc.health.v1 and server reflection, with
+// transport security and authentication as its options say — that can be
+// embedded (the attention-server binary, in-process integration tests).
 #ifndef ATTENTION_SERVER_ATTENTION_SERVER_H_
 #define ATTENTION_SERVER_ATTENTION_SERVER_H_
 
@@ -15,6 +16,7 @@
 #include "absl/types/span.h"
 #include "core/engine.h"
 #include "server/attention_service.h"
+#include "server/authenticator.h"
 #include "server/backend_watch.h"
 #include "server/decode_batcher.h"
 #include "server/metrics.h"
@@ -56,6 +58,13 @@ class AttentionServer {
   // "cpu" or "cuda", and why it was chosen (for the start-up line).
   std::string backend_name() const;
   const std::string& backend_reason() const { return backend_reason_; }
+  // "plaintext", "tls" or "mutual-tls" (server/transport_security.h).
+  const char* transport_mode() const;
+  // "tokens", "client-cert" or "none" (server/authenticator.h).
+  const char* auth_mode() const { return authenticator_->mode(); }
+  // Re-reads the tokens file now (SIGHUP); on error the previous tenants
+  // stay in force and the error names the file and line.
+  absl::Status ReloadAuthTokens() { return authenticator_->Reload(); }
   AttentionEngine& engine() { return *engine_; }
 
   // Sets the grpc.health.v1 status of the server ("") and of
@@ -84,6 +93,7 @@ class AttentionServer {
   const ServerOptions options_;
   const std::string backend_reason_;
   // Declared in destruction order: the gRPC server goes first.
+  std::unique_ptr<Authenticator> authenticator_;
   std::unique_ptr<AttentionEngine> engine_;
   // After the engine (destroyed first): it reads the engine at scrape time.
   std::unique_ptr<ServerMetrics> metrics_;

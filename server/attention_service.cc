@@ -97,12 +97,20 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
                                            DecodeBatcher* batcher,
                                            std::string version,
                                            int64_t max_message_bytes,
-                                           ServerMetrics* metrics)
+                                           ServerMetrics* metrics,
+                                           const Authenticator* authenticator)
     : engine_(engine),
       batcher_(batcher),
       version_(std::move(version)),
       max_message_bytes_(max_message_bytes),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      authenticator_(authenticator) {}
+
+absl::StatusOr<Tenant> AttentionServiceImpl::Caller(
+    const grpc::ServerContext& context) const {
+  if (authenticator_ == nullptr) return DefaultTenant();
+  return authenticator_->Authenticate(context);
+}
 
 void AttentionServiceImpl::StartDraining() {
   draining_.store(true, std::memory_order_release);
@@ -113,13 +121,14 @@ grpc::Status AttentionServiceImpl::CreateSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kCreateSession, "");
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     if (draining_.load(std::memory_order_acquire)) return Draining();
     ATTN_ASSIGN_OR_RETURN(SessionSpec spec,
                           SessionSpecFromProto(request->spec()));
     ATTN_ASSIGN_OR_RETURN(
         SessionInfo info,
         engine_->CreateSession(
-            spec, absl::Seconds(request->idle_timeout_seconds())));
+            spec, absl::Seconds(request->idle_timeout_seconds()), tenant));
     SessionInfoToProto(info, response);
     return absl::OkStatus();
   }()));
@@ -131,8 +140,9 @@ grpc::Status AttentionServiceImpl::GetSession(
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kGetSession,
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
-                          engine_->GetSession(request->session_id()));
+                          engine_->GetSession(request->session_id(), tenant));
     SessionInfoToProto(info, response);
     return absl::OkStatus();
   }()));
@@ -143,6 +153,7 @@ grpc::Status AttentionServiceImpl::ListSessions(
     v1::ListSessionsResponse* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kListSessions, "");
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     if (request->page_size() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "page_size must be >= 0 (0 = ", kDefaultListPageSize, "), got ",
@@ -160,7 +171,7 @@ grpc::Status AttentionServiceImpl::ListSessions(
             : std::min(request->page_size(), kMaxListPageSize);
     // One more than the page, to know whether another page follows.
     std::vector<SessionInfo> infos =
-        engine_->ListSessions(request->page_token(), page_size + 1);
+        engine_->ListSessions(request->page_token(), page_size + 1, tenant);
     // The page also ends before the reply would pass the message limit
     // (framing of each entry and the token included).
     const int64_t budget = max_message_bytes_ - 1024;
@@ -193,8 +204,10 @@ grpc::Status AttentionServiceImpl::DeleteSession(
     v1::DeleteSessionResponse* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kDeleteSession,
                      request->session_id());
-  return scope.Finish(
-      ToGrpcStatus(engine_->DeleteSession(request->session_id())));
+  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
+    return engine_->DeleteSession(request->session_id(), tenant);
+  }()));
 }
 
 grpc::Status AttentionServiceImpl::ForkSession(
@@ -203,9 +216,10 @@ grpc::Status AttentionServiceImpl::ForkSession(
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kForkSession,
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     if (draining_.load(std::memory_order_acquire)) return Draining();
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
-                          engine_->ForkSession(request->session_id()));
+                          engine_->ForkSession(request->session_id(), tenant));
     SessionInfoToProto(info, response);
     return absl::OkStatus();
   }()));
@@ -217,9 +231,11 @@ grpc::Status AttentionServiceImpl::TruncateSession(
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kTruncateSession,
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(SessionInfo info,
-                          engine_->TruncateSession(request->session_id(),
-                                                   request->length()));
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
+    ATTN_ASSIGN_OR_RETURN(
+        SessionInfo info,
+        engine_->TruncateSession(request->session_id(), request->length(),
+                                 tenant));
     SessionInfoToProto(info, response);
     return absl::OkStatus();
   }()));
@@ -231,8 +247,10 @@ grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kPrefill,
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     ATTN_ASSIGN_OR_RETURN(AppendRequest append,
                           AppendRequestFromProto(*request));
+    append.tenant = &tenant;
     GrpcCallControl control(context);
     return AppendAndRespond(
         append, &control, max_message_bytes_, response,
@@ -246,8 +264,10 @@ grpc::Status AttentionServiceImpl::DecodeStep(grpc::ServerContext* context,
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kDecodeStep,
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     ATTN_ASSIGN_OR_RETURN(AppendRequest append,
                           AppendRequestFromProto(*request));
+    append.tenant = &tenant;
     GrpcCallControl control(context);
     return AppendAndRespond(
         append, &control, max_message_bytes_, response,
@@ -261,6 +281,8 @@ grpc::Status AttentionServiceImpl::Decode(
   // The stream counts as in flight while open; each step is recorded as one
   // Decode request (its own code and latency).
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kDecode, "");
+  absl::StatusOr<Tenant> tenant = Caller(*context);
+  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status()));
   ScopedStreamMetric open_stream(metrics_);
   GrpcCallControl control(context);
   // Every session the stream has used stays in use (it cannot expire) until
@@ -274,7 +296,7 @@ grpc::Status AttentionServiceImpl::Decode(
     if (!held.contains(request.session_id())) {
       // An unknown session fails the step below with NOT_FOUND.
       absl::StatusOr<SessionHold> hold =
-          engine_->HoldSession(request.session_id());
+          engine_->HoldSession(request.session_id(), *tenant);
       if (hold.ok()) held.emplace(request.session_id(), *std::move(hold));
     }
     const absl::Status status = [&]() -> absl::Status {
@@ -282,6 +304,7 @@ grpc::Status AttentionServiceImpl::Decode(
           AppendRequest append,
           AppendRequestFromProto(request,
                                  absl::StrCat("requests[", index, "]")));
+      append.tenant = &*tenant;
       return AppendAndRespond(
           append, &control, max_message_bytes_, &result,
           [&](const AppendRequest& a) { return batcher_->Append(a); });
@@ -309,6 +332,7 @@ grpc::Status AttentionServiceImpl::BatchDecode(
     v1::BatchDecodeResponse* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kBatchDecode, "");
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     GrpcCallControl control(context);
     std::vector<AppendRequest> appends;
     appends.reserve(request->steps_size());
@@ -319,6 +343,7 @@ grpc::Status AttentionServiceImpl::BatchDecode(
           AppendRequestFromProto(request->steps(i),
                                  absl::StrCat("steps[", i, "]")));
       append.control = &control;
+      append.tenant = &tenant;
       reply_bytes += AppendReplyBytes(append);
       appends.push_back(std::move(append));
     }
@@ -343,6 +368,7 @@ grpc::Status AttentionServiceImpl::Attention(
     v1::AttentionResult* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kAttention, "");
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    ATTN_RETURN_IF_ERROR(Caller(*context).status());
     ATTN_ASSIGN_OR_RETURN(StatelessRequest stateless,
                           StatelessRequestFromProto(*request));
     GrpcCallControl control(context);
@@ -359,6 +385,18 @@ grpc::Status AttentionServiceImpl::GetServerInfo(
     grpc::ServerContext* context, const v1::GetServerInfoRequest* request,
     v1::ServerInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kGetServerInfo, "");
+  absl::StatusOr<Tenant> tenant = Caller(*context);
+  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status()));
+  const TenantStats usage = engine_->tenant_stats(tenant->name);
+  response->set_tenant(tenant->name);
+  response->set_tenant_sessions(usage.sessions);
+  response->set_tenant_kv_bytes(usage.kv_bytes);
+  if (tenant->quota.max_sessions.has_value()) {
+    response->set_tenant_max_sessions(*tenant->quota.max_sessions);
+  }
+  if (tenant->quota.max_kv_bytes.has_value()) {
+    response->set_tenant_max_kv_bytes(*tenant->quota.max_kv_bytes);
+  }
   const EngineStats stats = engine_->stats();
   const EngineOptions& options = engine_->options();
   response->set_version(version_);

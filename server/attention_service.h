@@ -8,6 +8,9 @@
 // concurrent steps as one engine batch; it adds one code: UNAVAILABLE when
 // its queue is full (nothing applied; retry).
 //
+// Every call first learns its tenant from the Authenticator (UNAUTHENTICATED
+// when it cannot) and acts on that tenant's sessions only (core/engine.h).
+//
 // Tensor bytes are copied as little as the protobuf API allows: inputs are
 // views into the request's bytes (the engine converts them straight into the
 // KV blocks), and a Prefill's or decode step's output is written once by the
@@ -26,6 +29,7 @@
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/engine.h"
+#include "server/authenticator.h"
 #include "server/decode_batcher.h"
 #include "server/metrics.h"
 #include "server/request_scope.h"
@@ -38,10 +42,12 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
   // service. `version` and `max_message_bytes` are reported by
   // GetServerInfo.
   // `metrics` may be null (no metrics); otherwise it must outlive the
-  // service too.
+  // service too. So must `authenticator`, which names each call's tenant;
+  // null runs every call as DefaultTenant().
   AttentionServiceImpl(AttentionEngine* engine, DecodeBatcher* batcher,
                        std::string version, int64_t max_message_bytes,
-                       ServerMetrics* metrics = nullptr);
+                       ServerMetrics* metrics = nullptr,
+                       const Authenticator* authenticator = nullptr);
 
   // From now on CreateSession and ForkSession fail with UNAVAILABLE; calls
   // on existing sessions still run (graceful drain).
@@ -95,11 +101,15 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
                              v1::ServerInfo* response) override;
 
  private:
+  // The tenant of the call in `context`, or UNAUTHENTICATED.
+  absl::StatusOr<Tenant> Caller(const grpc::ServerContext& context) const;
+
   AttentionEngine* const engine_;
   DecodeBatcher* const batcher_;
   const std::string version_;
   const int64_t max_message_bytes_;
   ServerMetrics* const metrics_;
+  const Authenticator* const authenticator_;
   InFlightCounter in_flight_;
   std::atomic<bool> draining_{false};
 };

@@ -2,7 +2,7 @@
 //
 // Stops on SIGTERM or SIGINT: reports NOT_SERVING, refuses new sessions,
 // lets in-flight calls and open Decode streams finish (up to
-// --drain_timeout), exits 0.
+// --drain_timeout), exits 0. SIGHUP re-reads --auth_tokens_file.
 #include <pthread.h>
 #include <signal.h>
 
@@ -31,6 +31,28 @@ ABSL_FLAG(std::string, port_file, "",
 ABSL_FLAG(int, metrics_port, 9464,
           "Port of the Prometheus endpoint /metrics (0 = a free port, -1 = "
           "none).");
+ABSL_FLAG(std::string, metrics_address, "",
+          "Address of the metrics endpoint (empty = --listen_address). It "
+          "has no TLS or authentication: keep it on an internal network.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM certificate chain of the gRPC port; with --tls_key_file turns "
+          "on TLS. Re-read when it changes (every --tls_refresh_interval).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA certificates: clients must present a certificate they "
+          "signed (mutual TLS). Without --auth_tokens_file the certificate's "
+          "subject CN names the tenant.");
+ABSL_FLAG(absl::Duration, tls_refresh_interval, absl::Seconds(10),
+          "How often the TLS files are checked for changes (>= 1s).");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "Bearer-token authentication: each line 'tenant sha256-of-token "
+          "max_sessions max_kv_bytes' ('-' = no limit, # comments). Re-read "
+          "when it changes and on SIGHUP; a bad file keeps the previous one.");
+ABSL_FLAG(absl::Duration, auth_reload_interval, absl::Seconds(1),
+          "How often --auth_tokens_file is checked for changes.");
+ABSL_FLAG(bool, reflection, true,
+          "Serve grpc.reflection (authenticated like the API when auth is "
+          "on).");
 ABSL_FLAG(std::string, log_level, "info",
           "Least severe log events written to stderr: debug (every request), "
           "info, warning or error.");
@@ -82,6 +104,14 @@ ServerOptions OptionsFromFlags() {
   options.listen_address = absl::GetFlag(FLAGS_listen_address);
   options.port = absl::GetFlag(FLAGS_port);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.tls_refresh_interval = absl::GetFlag(FLAGS_tls_refresh_interval);
+  options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  options.auth_reload_interval = absl::GetFlag(FLAGS_auth_reload_interval);
+  options.reflection = absl::GetFlag(FLAGS_reflection);
   options.backend = absl::GetFlag(FLAGS_backend);
   options.threads = absl::GetFlag(FLAGS_threads);
   options.cpu_spin = absl::GetFlag(FLAGS_cpu_spin);
@@ -115,13 +145,14 @@ bool WritePortFile(const std::string& path, int port) {
 }
 
 int Run() {
-  // Block the stop signals before any thread exists, so every thread
-  // inherits the mask and only sigwait below ever sees them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the signals before any thread exists, so every thread inherits
+  // the mask and only sigwait below ever sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   auto log_level = ParseLogLevel(absl::GetFlag(FLAGS_log_level));
   if (!log_level.ok()) {
@@ -143,7 +174,14 @@ int Run() {
             << " backend=" << (*server)->backend_name() << " ("
             << (*server)->backend_reason() << ")"
             << " device=\"" << (*server)->engine().backend().device() << "\""
-            << std::endl;
+            << " transport=" << (*server)->transport_mode()
+            << " auth=" << (*server)->auth_mode() << std::endl;
+  if (!options.auth_tokens_file.empty() && options.tls_cert_file.empty()) {
+    Log(LogLevel::kWarning, "tokens_over_plaintext",
+        {{"hint",
+          "bearer tokens travel unencrypted; set --tls_cert_file and "
+          "--tls_key_file"}});
+  }
   Log(LogLevel::kInfo, "server_started",
       {{"version", ServerVersion()},
        {"port", (*server)->port()},
@@ -151,6 +189,8 @@ int Run() {
        {"backend", (*server)->backend_name()},
        {"backend_reason", (*server)->backend_reason()},
        {"device", (*server)->engine().backend().device()},
+       {"transport", (*server)->transport_mode()},
+       {"auth", (*server)->auth_mode()},
        {"kv_cache_bytes", options.kv_cache_bytes}});
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
@@ -160,7 +200,11 @@ int Run() {
   }
 
   int signal_number = 0;
-  while (sigwait(&stop_signals, &signal_number) != 0) {
+  while (true) {
+    if (sigwait(&signals, &signal_number) != 0) continue;
+    if (signal_number != SIGHUP) break;
+    // Logged either way; a bad file leaves the previous tenants in force.
+    (*server)->ReloadAuthTokens().IgnoreError();
   }
   std::cout << "attention-server: " << strsignal(signal_number)
             << ", draining (up to "

@@ -304,6 +304,26 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
     families->push_back(Scalar("attention_kv_blocks_capacity",
                                "KV blocks in the pool.", MetricType::Gauge,
                                d(s.kv_blocks_capacity)));
+    if (s.tenants.empty()) return;
+    MetricFamily sessions =
+        Family("attention_tenant_sessions",
+               "Live sessions of each tenant of the tokens file.",
+               MetricType::Gauge);
+    MetricFamily kv_bytes = Family(
+        "attention_tenant_kv_bytes",
+        "Bytes of the KV blocks each tenant's sessions reference (a block "
+        "shared by forks counted once).",
+        MetricType::Gauge);
+    for (const TenantMetricsState& tenant : s.tenants) {
+      ClientMetric metric;
+      metric.label = {Label("tenant", tenant.tenant)};
+      metric.gauge.value = d(tenant.sessions);
+      sessions.metric.push_back(metric);
+      metric.gauge.value = d(tenant.kv_bytes);
+      kv_bytes.metric.push_back(std::move(metric));
+    }
+    families->push_back(std::move(sessions));
+    families->push_back(std::move(kv_bytes));
   }
 
   std::array<MethodCounters, kNumRpcMethods> methods_;

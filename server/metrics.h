@@ -17,6 +17,8 @@
 //   attention_kv_blocks_used                         gauge    }
 //   attention_kv_blocks_capacity                     gauge    }
 //   attention_shared_kv_chunks_total                 counter  }
+//   attention_tenant_sessions{tenant}                gauge    } (tenants of
+//   attention_tenant_kv_bytes{tenant}                gauge    } tokens file)
 //   attention_build_info{version,backend,device}     gauge, always 1
 //
 // Recording is on the serving hot path, so it takes no lock and allocates
@@ -89,6 +91,14 @@ absl::string_view RpcMethodName(RpcMethod method);
 inline constexpr int kNumGrpcCodes = 17;
 absl::string_view GrpcCodeName(grpc::StatusCode code);
 
+// One tenant's usage, exported with a `tenant` label (only for tenants the
+// tokens file names, so that the label's values stay few).
+struct TenantMetricsState {
+  std::string tenant;
+  int64_t sessions = 0;
+  int64_t kv_bytes = 0;
+};
+
 // Engine state exported at scrape time. The *_total fields must never
 // decrease over the life of a process (they are exported as counters).
 struct MetricsState {
@@ -104,6 +114,9 @@ struct MetricsState {
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_capacity = 0;
   int64_t shared_kv_chunks_total = 0;
+  // attention_tenant_sessions / attention_tenant_kv_bytes {tenant}; the
+  // families are left out when empty.
+  std::vector<TenantMetricsState> tenants;
   // attention_backend_failed (0 or 1) and attention_backend_scratch_bytes.
   int64_t backend_failed = 0;
   int64_t backend_scratch_bytes = 0;

@@ -1,6 +1,7 @@
 #include "server/reply_size.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace attention::server {
 namespace {
@@ -47,7 +48,7 @@ absl::Status CheckReplySize(double bytes, int64_t max_message_bytes) {
     return absl::OkStatus();
   }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the reply would take ", absl::SixDigits(bytes),
+      "the reply would take ", absl::StrFormat("%.0f", bytes),
       " bytes, over the server's message limit of ", max_message_bytes,
       " bytes (--max_message_bytes); nothing was computed or applied. Send "
       "fewer tokens per call (chunks give bitwise the same outputs), ask for "

@@ -17,11 +17,32 @@ struct ServerOptions {
   // AttentionServer::port()).
   std::string listen_address = "0.0.0.0";
   int port = 50051;
-  // Prometheus metrics endpoint (/metrics) port on listen_address; 0 picks
-  // a free port (AttentionServer::metrics_port()), -1 serves no endpoint
-  // (metrics are still recorded). The attention-server flag defaults to
-  // 9464; embedded servers (tests) default to none.
+  // Prometheus metrics endpoint (/metrics) port; 0 picks a free port
+  // (AttentionServer::metrics_port()), -1 serves no endpoint (metrics are
+  // still recorded). The attention-server flag defaults to 9464; embedded
+  // servers (tests) default to none.
   int metrics_port = -1;
+  // Address of the metrics endpoint; empty = listen_address. The metrics
+  // endpoint has no TLS and no authentication: keep it on an internal
+  // address (e.g. the pod network) when the gRPC port is exposed.
+  std::string metrics_address;
+  // Transport security of the gRPC port (server/transport_security.h):
+  // TLS with tls_cert_file + tls_key_file (PEM); mutual TLS with
+  // tls_client_ca_file too; plaintext when none is set. The files are
+  // re-read every tls_refresh_interval (certificate rotation without a
+  // restart).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  absl::Duration tls_refresh_interval = absl::Seconds(10);
+  // Bearer-token authentication and tenants (server/authenticator.h): the
+  // tokens file, empty = none (with mutual TLS the client certificate's CN
+  // names the tenant; otherwise everything runs as tenant `default`). It is
+  // checked for changes every auth_reload_interval (and on SIGHUP).
+  std::string auth_tokens_file;
+  absl::Duration auth_reload_interval = absl::Seconds(1);
+  // Serve grpc.reflection (authenticated like the API when auth is on).
+  bool reflection = true;
   // Attention backend: "auto" (CUDA when a GPU is usable), "cpu" or "cuda".
   std::string backend = "auto";
   // Backend worker threads; 0 = one per hardware thread.

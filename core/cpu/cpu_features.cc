@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/cpu_has_f16c.h"
 
 namespace attention {
 
@@ -39,7 +40,7 @@ bool CpuIsaSupported(CpuIsa isa) {
 #if defined(ATTN_CPU_HAVE_AVX2)
       // __builtin_cpu_supports also checks that the OS saves the YMM state.
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+             CpuHasF16c();
 #else
       return false;
 #endif
@@ -51,7 +52,7 @@ bool CpuIsaSupported(CpuIsa isa) {
              __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("fma") && CpuHasF16c();
 #else
       return false;
 #endif

@@ -5,11 +5,15 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "server/tokens_file.h"
+#include "tests/server/test_certificates.h"
 #include "tests/server/test_server.h"
 
 namespace attention::testing {
@@ -123,6 +127,58 @@ TEST_F(AttnctlServerTest, HealthExitCodes) {
   // Nothing listens on port 1.
   EXPECT_EQ(RunAttnctl("health --target=127.0.0.1:1 --timeout=300ms").exit_code,
             2);
+}
+
+// attnctl against a server with TLS and bearer tokens (certificates made
+// by openssl now).
+TEST(AttnctlSecurityTest, InfoDemoAndHealthOverTlsWithAToken) {
+  auto dir = MakeTempDirectory();
+  ATTN_ASSERT_OK(dir);
+  auto ca = MakeCa(*dir, "ca");
+  ATTN_ASSERT_OK(ca);
+  auto cert = MakeCertificate(*ca, *dir, "server", "attention-server",
+                              CertificateUse::kServer);
+  ATTN_ASSERT_OK(cert);
+  const std::string tokens = absl::StrCat(*dir, "/tokens");
+  ASSERT_TRUE(WriteFileAtomically(
+      tokens, absl::StrCat("team ", server::DigestTokenHex("demo-token"),
+                           " 10 -\n")));
+  const std::string token_file = absl::StrCat(*dir, "/token");
+  ASSERT_TRUE(WriteFileAtomically(token_file, "demo-token\n"));
+  server::ServerOptions options = TestServerOptions();
+  options.tls_cert_file = cert->cert;
+  options.tls_key_file = cert->key;
+  options.auth_tokens_file = tokens;
+  auto server = server::AttentionServer::Start(options);
+  ATTN_ASSERT_OK(server);
+  const std::string tls = absl::StrCat(
+      " --target=", (*server)->local_target(), " --tls_ca_file=", ca->cert);
+  const std::string token = absl::StrCat(" --auth_token_file=", token_file);
+
+  const CommandResult info = RunAttnctl("info" + tls + token);
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  EXPECT_NE(info.output.find("tenant:             team\n"), std::string::npos)
+      << info.output;
+  EXPECT_NE(info.output.find("tenant sessions:    0 of 10\n"),
+            std::string::npos)
+      << info.output;
+  const CommandResult demo = RunAttnctl("demo" + tls + token);
+  ASSERT_EQ(demo.exit_code, 0) << demo.output;
+  EXPECT_NE(demo.output.find("max abs difference: 0\n"), std::string::npos)
+      << demo.output;
+  // Health needs no token; the API does.
+  EXPECT_EQ(RunAttnctl("health" + tls).exit_code, 0);
+  const CommandResult refused = RunAttnctl("info" + tls);
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.output.find("UNAUTHENTICATED"), std::string::npos)
+      << refused.output;
+  // Plaintext against the TLS port cannot connect.
+  EXPECT_EQ(RunAttnctl(absl::StrCat("health --timeout=1s --target=",
+                                    (*server)->local_target()))
+                .exit_code,
+            2);
+  std::error_code ignored;
+  std::filesystem::remove_all(*dir, ignored);
 }
 
 TEST(AttnctlHealthTest, ServerWithoutHealthServiceIsRpcFailure) {

@@ -535,9 +535,11 @@ TEST_F(EngineTest, WithdrawnCallsStopAndChangeNothing) {
   // Before the work, between chunks of every unit, and before the commit.
   ASSERT_GE(checks, 5);
   ASSERT_EQ(engine_->stats().pool.used_bytes, pool_before);
-  // Withdrawn at any of those points, the call fails with the control's
-  // code and the session, its blocks and the pool are as they were.
-  for (int64_t k = 0; k < checks; ++k) {
+  // Withdrawn at any of those points (the first, some between chunks, the
+  // commit check), the call fails with the control's code and the session,
+  // its blocks and the pool are as they were.
+  for (int64_t k : {int64_t{0}, int64_t{1}, int64_t{2}, checks / 3,
+                    checks / 2, checks - 2, checks - 1}) {
     const absl::StatusCode code = k % 2 == 0
                                       ? absl::StatusCode::kCancelled
                                       : absl::StatusCode::kDeadlineExceeded;

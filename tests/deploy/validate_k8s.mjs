@@ -7,7 +7,9 @@
 //      does (a misspelt `readinesProbe` would otherwise pass silently), by
 //      walking the object against the models' TypeScript declarations;
 //   3. for the wiring that no schema sees: selectors match pod labels,
-//      Service target ports and probe ports exist, the ServiceMonitor
+//      Service target ports and probe ports exist (or the TLS port is
+//      probed with attnctl health over TLS), TLS and token files are in
+//      mounted Secrets, the ServiceMonitor
 //      selects exactly one Service, the drain fits the grace period, the GPU
 //      overlay asks for a GPU, the container runs as non-root.
 // When `kubectl` is on PATH its `kubectl kustomize` output must equal this
@@ -359,10 +361,18 @@ function checkWiring(name, objects) {
     if (!portNames.has(wanted)) problem(where, `no container port '${wanted}'`);
   }
   const grpcPort = portNames.get("grpc");
+  // Probes: native gRPC probes on the gRPC port, or (the port speaking TLS,
+  // which native probes cannot) `attnctl health` against it over TLS.
+  const healthProbes = [];
   for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+    const command = container[probe]?.exec?.command;
+    if (command) {
+      healthProbes.push({ probe, command });
+      continue;
+    }
     const port = container[probe]?.grpc?.port;
     if (port === undefined) {
-      problem(where, `${probe} is not a native gRPC probe`);
+      problem(where, `${probe} is neither a native gRPC probe nor attnctl health`);
     } else if (port !== grpcPort) {
       problem(where, `${probe} probes port ${port}, gRPC is on ${grpcPort}`);
     }
@@ -403,6 +413,35 @@ function checkWiring(name, objects) {
   }
   if (Number(flags.metrics_port) !== portNames.get("metrics")) {
     problem(where, `--metrics_port=${flags.metrics_port} but the metrics container port is ${portNames.get("metrics")}`);
+  }
+  const tls = flags.tls_cert_file !== undefined;
+  for (const { probe, command } of healthProbes) {
+    const target = command.find((arg) => arg.startsWith("--target="));
+    if (command[0] !== "attnctl" || command[1] !== "health") {
+      problem(where, `${probe} runs ${command.join(" ")}, not attnctl health`);
+    } else if (!target || Number(target.split(":").pop()) !== grpcPort) {
+      problem(where, `${probe}: attnctl health must target the gRPC port ${grpcPort}`);
+    } else if (tls && !command.some((arg) => arg.startsWith("--tls"))) {
+      problem(where, `${probe}: the gRPC port speaks TLS but the probe does not`);
+    } else if (!tls && command.some((arg) => arg.startsWith("--tls"))) {
+      problem(where, `${probe}: the probe speaks TLS but the server has no --tls_cert_file`);
+    }
+  }
+  if (healthProbes.length > 0 && !tls) {
+    problem(where, "without TLS use native gRPC probes");
+  }
+  // Files the flags name must lie in a mounted volume.
+  for (const flag of ["tls_cert_file", "tls_key_file", "tls_client_ca_file",
+                      "auth_tokens_file"]) {
+    if (flags[flag] === undefined) continue;
+    const dir = path.dirname(flags[flag]);
+    const mounted = (container.volumeMounts ?? []).find((m) => m.mountPath === dir);
+    const volume = (pod.volumes ?? []).find((v) => v.name === mounted?.name);
+    if (!volume?.secret) {
+      problem(where, `--${flag}=${flags[flag]} is not in a mounted Secret`);
+    } else if (mounted.subPath) {
+      problem(where, `--${flag}: a subPath mount never sees Secret updates`);
+    }
   }
   const drain = durationSeconds(flags.drain_timeout ?? "");
   const grace = pod.terminationGracePeriodSeconds;

@@ -66,6 +66,26 @@ class RobustnessTest : public ::testing::Test {
     return 0;
   }
 
+  // Pages through ListSessions with `page_size`; returns each page's size
+  // and appends the listed ids to `ids`.
+  std::vector<int> ListPages(int32_t page_size, std::vector<std::string>* ids) {
+    v1::ListSessionsRequest request;
+    request.set_page_size(page_size);
+    std::vector<int> sizes;
+    do {
+      grpc::ClientContext context;
+      v1::ListSessionsResponse page;
+      const grpc::Status status =
+          client().stub()->ListSessions(&context, request, &page);
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      if (!status.ok()) break;
+      sizes.push_back(page.sessions_size());
+      for (const auto& s : page.sessions()) ids->push_back(s.session_id());
+      request.set_page_token(page.next_page_token());
+    } while (!request.page_token().empty() && sizes.size() < 100);
+    return sizes;
+  }
+
   // Waits (bounded) until the server has recorded a call with `code`.
   void AwaitRecorded(const std::string& method, const std::string& code) {
     for (int i = 0; i < 600 && RequestCount(method, code) < 1; ++i) {
@@ -148,19 +168,10 @@ TEST_F(RobustnessTest, SessionMetadataIsBoundedAndCounted) {
 
   // Each SessionInfo is over 4 MiB; a page stops before the reply would
   // pass the 6 MiB message limit, and the pages still list every session.
-  v1::ListSessionsRequest request;
-  std::set<std::string> listed;
-  int pages = 0;
-  do {
-    grpc::ClientContext context;
-    v1::ListSessionsResponse page;
-    ASSERT_TRUE(client().stub()->ListSessions(&context, request, &page).ok());
-    EXPECT_EQ(page.sessions_size(), 1);
-    for (const auto& s : page.sessions()) listed.insert(s.session_id());
-    request.set_page_token(page.next_page_token());
-    ++pages;
-  } while (!request.page_token().empty() && pages < 10);
-  EXPECT_EQ(listed, std::set<std::string>(ids.begin(), ids.end()));
+  std::vector<std::string> listed;
+  EXPECT_EQ(ListPages(0, &listed), (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(std::set<std::string>(listed.begin(), listed.end()),
+            std::set<std::string>(ids.begin(), ids.end()));
 
   for (const std::string& id : ids) ATTN_ASSERT_OK(client().DeleteSession(id));
   info = client().GetServerInfo();
@@ -182,17 +193,8 @@ TEST_F(RobustnessTest, SessionCountIsBoundedAndListingIsPaginated) {
   ATTN_EXPECT_CODE(client().CreateSession(MakeSpec(1, 2, 1, 4)),
                    StatusCode::kResourceExhausted);
   // Default pages of 100, in id order.
-  v1::ListSessionsRequest request;
-  std::vector<int> sizes;
   std::vector<std::string> listed;
-  do {
-    grpc::ClientContext context;
-    v1::ListSessionsResponse page;
-    ASSERT_TRUE(client().stub()->ListSessions(&context, request, &page).ok());
-    sizes.push_back(page.sessions_size());
-    for (const auto& s : page.sessions()) listed.push_back(s.session_id());
-    request.set_page_token(page.next_page_token());
-  } while (!request.page_token().empty() && sizes.size() < 10);
+  const std::vector<int> sizes = ListPages(0, &listed);
   EXPECT_EQ(sizes, (std::vector<int>{100, 100, 50}));
   EXPECT_EQ(listed, std::vector<std::string>(created.begin(), created.end()));
   // The client library follows the pages.
@@ -200,7 +202,9 @@ TEST_F(RobustnessTest, SessionCountIsBoundedAndListingIsPaginated) {
   ATTN_ASSERT_OK(all);
   EXPECT_EQ(all->size(), 250u);
   // A page size above the server's maximum is capped; bad ones refused.
-  request.Clear();
+  listed.clear();
+  EXPECT_EQ(ListPages(5000, &listed), (std::vector<int>{250}));
+  v1::ListSessionsRequest request;
   request.set_page_size(-1);
   grpc::ClientContext bad_context;
   v1::ListSessionsResponse ignored;

@@ -176,7 +176,9 @@ TEST(ServerBinaryTest, BadFlagsFailToStart) {
   for (const char* flag :
        {"--backend=tpu", "--kv_cache_bytes=0", "--max_message_bytes=-1",
         "--port=70000", "--session_idle_timeout=-1s", "--cpu_spin=-1us",
-        "--cpu_spin=1s"}) {
+        "--cpu_spin=1s", "--tls_cert_file=/nonexistent/server.crt",
+        "--tls_client_ca_file=/nonexistent/ca.crt",
+        "--auth_tokens_file=/nonexistent/tokens"}) {
     std::vector<std::string> flags = kSmallServer;
     flags.push_back(flag);
     ServerProcess server(flags);
@@ -186,6 +188,50 @@ TEST(ServerBinaryTest, BadFlagsFailToStart) {
     ASSERT_TRUE(WIFEXITED(status)) << flag;
     EXPECT_NE(WEXITSTATUS(status), 0) << flag;
   }
+}
+
+TEST(ServerBinaryTest, SighupRereadsTheTokensFile) {
+  const std::string tokens =
+      absl::StrCat(::testing::TempDir(), "/attention-server-tokens-", getpid());
+  const auto write_tokens = [&](absl::string_view digest) {
+    std::ofstream out(tokens, std::ios::trunc);
+    out << "team " << digest << " - -\n";
+  };
+  // SHA-256 of "test" and of "fresh-token".
+  write_tokens(
+      "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+  std::vector<std::string> flags = kSmallServer;
+  flags.push_back("--auth_tokens_file=" + tokens);
+  flags.push_back("--auth_reload_interval=0s");  // SIGHUP only
+  ServerProcess server(flags);
+  ASSERT_TRUE(server.started());
+  const int port = server.WaitForPort();
+  ASSERT_GT(port, 0);
+  const auto info_with = [&](const std::string& token) {
+    client::ClientOptions options;
+    options.auth_token = token;
+    return client::AttentionClient::Connect(absl::StrCat("127.0.0.1:", port),
+                                            options)
+        ->GetServerInfo()
+        .status();
+  };
+  EXPECT_TRUE(info_with("test").ok());
+  EXPECT_EQ(info_with("fresh-token").code(),
+            absl::StatusCode::kUnauthenticated);
+  write_tokens(
+      "5e2040ab40dda85da03488a044e0fe9b344d6479f9e26ae74d72d9e784e1d0c0");
+  server.Signal(SIGHUP);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!info_with("fresh-token").ok() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(info_with("fresh-token").ok());
+  EXPECT_EQ(info_with("test").code(), absl::StatusCode::kUnauthenticated);
+  server.Signal(SIGTERM);
+  const int status = server.Wait();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::remove(tokens.c_str());
 }
 
 // The flags of kSmallServer with another --backend.

@@ -1,7 +1,5 @@
 // What the server offers besides the attention API: server info, the
 // grpc.health.v1 health service, server reflection, and graceful shutdown.
-#include <google/protobuf/unknown_field_set.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -12,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/reflection_client.h"
 #include "tests/server/test_server.h"
 
 namespace attention::testing {
@@ -61,65 +60,11 @@ TEST_F(ServerServicesTest, HealthServiceReportsServing) {
   EXPECT_EQ(*draining, client::ServingStatus::kNotServing);
 }
 
-// Runs one async operation on `cq` and returns whether it succeeded.
-bool Await(grpc::CompletionQueue& cq, void* tag) {
-  void* got = nullptr;
-  bool ok = false;
-  if (!cq.Next(&got, &ok)) return false;
-  EXPECT_EQ(got, tag);
-  return ok;
-}
-
 TEST_F(ServerServicesTest, ReflectionListsTheServices) {
-  // ServerReflectionRequest{list_services: ""} (field 7), hand-encoded: the
-  // reflection protos are not installed by the gRPC packages.
-  const std::string request_bytes("\x3a\x00", 2);
-  grpc::GenericStub stub(client().channel());
-  grpc::ClientContext context;
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(
-      &context,
-      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-  int tags[5];
-  call->StartCall(&tags[0]);
-  ASSERT_TRUE(Await(cq, &tags[0]));
-  grpc::Slice slice(request_bytes);
-  grpc::ByteBuffer request(&slice, 1);
-  call->Write(request, &tags[1]);
-  ASSERT_TRUE(Await(cq, &tags[1]));
-  grpc::ByteBuffer response;
-  call->Read(&response, &tags[2]);
-  ASSERT_TRUE(Await(cq, &tags[2]));
-  call->WritesDone(&tags[3]);
-  ASSERT_TRUE(Await(cq, &tags[3]));
-  grpc::Status status;
-  call->Finish(&status, &tags[4]);
-  ASSERT_TRUE(Await(cq, &tags[4]));
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  cq.Shutdown();
-
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& s : slices) {
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  // ServerReflectionResponse.list_services_response (6) .service (1) .name (1)
-  google::protobuf::UnknownFieldSet message;
-  ASSERT_TRUE(message.ParseFromString(bytes));
-  std::vector<std::string> names;
-  for (int i = 0; i < message.field_count(); ++i) {
-    if (message.field(i).number() != 6) continue;
-    google::protobuf::UnknownFieldSet list;
-    ASSERT_TRUE(list.ParseFromString(message.field(i).length_delimited()));
-    for (int j = 0; j < list.field_count(); ++j) {
-      google::protobuf::UnknownFieldSet service;
-      ASSERT_TRUE(service.ParseFromString(list.field(j).length_delimited()));
-      for (int k = 0; k < service.field_count(); ++k) {
-        names.push_back(service.field(k).length_delimited());
-      }
-    }
-  }
+  const ReflectionListing listing =
+      ListServicesByReflection(client().channel());
+  EXPECT_TRUE(listing.status.ok()) << listing.status.error_message();
+  const std::vector<std::string>& names = listing.services;
   EXPECT_THAT(names, ::testing::Contains("attention.v1.AttentionService"));
   EXPECT_THAT(names, ::testing::Contains("grpc.health.v1.Health"));
 }

@@ -1,0 +1,87 @@
+#include "core/tenant_usage.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/client_string.h"
+
+namespace attention {
+
+TenantUsage::TenantUsage(std::string name, int64_t block_bytes)
+    : name_(std::move(name)), block_bytes_(block_bytes) {}
+
+absl::Status TenantUsage::AddSession(const TenantQuota& quota) {
+  absl::MutexLock lock(&mu_);
+  if (quota.max_sessions.has_value() && sessions_ >= *quota.max_sessions) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant ", QuoteClientString(name_), " holds ", sessions_,
+        " sessions, its quota max_sessions is ", *quota.max_sessions,
+        "; delete sessions you no longer need or ask for a larger quota"));
+  }
+  ++sessions_;
+  return absl::OkStatus();
+}
+
+void TenantUsage::RemoveSession() {
+  absl::MutexLock lock(&mu_);
+  --sessions_;
+}
+
+void TenantUsage::Ref(BlockId id) {
+  absl::MutexLock lock(&mu_);
+  ++refs_[id];
+}
+
+void TenantUsage::Unref(BlockId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = refs_.find(id);
+  if (--it->second == 0) refs_.erase(it);
+}
+
+void TenantUsage::RefAll(absl::Span<const BlockId> ids) {
+  absl::MutexLock lock(&mu_);
+  for (BlockId id : ids) {
+    if (id != kNoBlock) ++refs_[id];
+  }
+}
+
+void TenantUsage::UnrefAll(absl::Span<const BlockId> ids) {
+  absl::MutexLock lock(&mu_);
+  for (BlockId id : ids) {
+    if (id == kNoBlock) continue;
+    auto it = refs_.find(id);
+    if (--it->second == 0) refs_.erase(it);
+  }
+}
+
+absl::Status TenantUsage::Reserve(int64_t blocks, const TenantQuota& quota) {
+  absl::MutexLock lock(&mu_);
+  if (quota.max_kv_bytes.has_value()) {
+    const int64_t used =
+        (static_cast<int64_t>(refs_.size()) + reserved_blocks_) * block_bytes_;
+    const int64_t needed = blocks * block_bytes_;
+    if (needed > *quota.max_kv_bytes - used) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant ", QuoteClientString(name_), " uses ", used,
+          " bytes of KV cache and this call needs ", needed,
+          " more, over its quota max_kv_bytes of ", *quota.max_kv_bytes,
+          "; delete or truncate sessions, or ask for a larger quota"));
+    }
+  }
+  reserved_blocks_ += blocks;
+  return absl::OkStatus();
+}
+
+void TenantUsage::Unreserve(int64_t blocks) {
+  absl::MutexLock lock(&mu_);
+  reserved_blocks_ -= blocks;
+}
+
+TenantStats TenantUsage::stats() const {
+  absl::MutexLock lock(&mu_);
+  return TenantStats{
+      .sessions = sessions_,
+      .kv_bytes = static_cast<int64_t>(refs_.size()) * block_bytes_};
+}
+
+}  // namespace attention

@@ -1,0 +1,179 @@
+#include "server/authenticator.h"
+
+#include <openssl/crypto.h>
+
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/status_macros.h"
+#include "server/log.h"
+
+namespace attention::server {
+namespace {
+
+constexpr char kAuthorizationKey[] = "authorization";
+constexpr absl::string_view kBearerPrefix = "bearer ";
+// X.509 subject common name, as gRPC's TLS stack names it.
+constexpr char kCommonNameProperty[] = "x509_common_name";
+
+absl::string_view View(const grpc::string_ref& ref) {
+  return absl::string_view(ref.data(), ref.size());
+}
+
+bool SameFile(const struct stat& info, const struct timespec& mtime, off_t size,
+              ino_t inode) {
+  return info.st_mtim.tv_sec == mtime.tv_sec &&
+         info.st_mtim.tv_nsec == mtime.tv_nsec && info.st_size == size &&
+         info.st_ino == inode;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
+    AuthenticatorOptions options) {
+  std::unique_ptr<Authenticator> authenticator(
+      new Authenticator(std::move(options)));
+  if (authenticator->options_.tokens_file.empty()) return authenticator;
+  ATTN_RETURN_IF_ERROR(authenticator->Reload());
+  if (authenticator->options_.reload_interval > absl::ZeroDuration()) {
+    Authenticator* self = authenticator.get();
+    authenticator->watcher_ = std::thread([self] { self->WatcherMain(); });
+  }
+  return authenticator;
+}
+
+Authenticator::Authenticator(AuthenticatorOptions options)
+    : options_(std::move(options)) {}
+
+Authenticator::~Authenticator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+const char* Authenticator::mode() const {
+  if (!options_.tokens_file.empty()) return "tokens";
+  if (options_.tenant_from_client_certificate) return "client-cert";
+  return "none";
+}
+
+bool Authenticator::enabled() const {
+  return !options_.tokens_file.empty() ||
+         options_.tenant_from_client_certificate;
+}
+
+absl::StatusOr<Tenant> Authenticator::Authenticate(
+    const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+    const grpc::AuthContext* auth_context) const {
+  if (!options_.tokens_file.empty()) {
+    auto it = metadata.find(kAuthorizationKey);
+    if (it == metadata.end()) {
+      return absl::UnauthenticatedError(
+          "this server requires a bearer token: send the metadata "
+          "'authorization: Bearer <token>' (attnctl --auth_token_file, "
+          "ClientOptions::auth_token)");
+    }
+    const absl::string_view value = View(it->second);
+    if (value.size() <= kBearerPrefix.size() ||
+        !absl::StartsWithIgnoreCase(value, kBearerPrefix)) {
+      return absl::UnauthenticatedError(
+          "the authorization metadata must be 'Bearer <token>'");
+    }
+    const TokenDigest digest = DigestToken(
+        absl::StripAsciiWhitespace(value.substr(kBearerPrefix.size())));
+    absl::MutexLock lock(&mu_);
+    // Every digest is compared, in constant time, so that the time taken
+    // says nothing about which (or whether one) matched.
+    const TokenEntry* found = nullptr;
+    for (const TokenEntry& entry : entries_) {
+      const bool match =
+          CRYPTO_memcmp(entry.digest.data(), digest.data(), digest.size()) == 0;
+      if (match && found == nullptr) found = &entry;
+    }
+    if (found == nullptr) {
+      return absl::UnauthenticatedError(
+          "the bearer token is not one this server knows (unknown or "
+          "revoked); ask the operator for a valid token");
+    }
+    return found->tenant;
+  }
+  if (options_.tenant_from_client_certificate) {
+    std::vector<grpc::string_ref> names;
+    if (auth_context != nullptr && auth_context->IsPeerAuthenticated()) {
+      names = auth_context->FindPropertyValues(kCommonNameProperty);
+    }
+    if (names.empty() || names.front().empty()) {
+      return absl::UnauthenticatedError(
+          "the client certificate has no subject common name (CN), which "
+          "names the tenant; use a certificate with a CN");
+    }
+    return Tenant{std::string(View(names.front())), {}};
+  }
+  return DefaultTenant();
+}
+
+absl::StatusOr<Tenant> Authenticator::Authenticate(
+    const grpc::ServerContextBase& context) const {
+  if (!enabled()) return DefaultTenant();
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  return Authenticate(context.client_metadata(), auth.get());
+}
+
+absl::Status Authenticator::Reload() {
+  if (options_.tokens_file.empty()) return absl::OkStatus();
+  // stat before reading: a change made meanwhile is seen by the next poll.
+  struct stat info = {};
+  const bool have_info = stat(options_.tokens_file.c_str(), &info) == 0;
+  absl::StatusOr<std::vector<TokenEntry>> entries =
+      LoadTokensFile(options_.tokens_file);
+  absl::MutexLock lock(&mu_);
+  if (have_info) {
+    file_mtime_ = info.st_mtim;
+    file_size_ = info.st_size;
+    file_inode_ = info.st_ino;
+  }
+  if (!entries.ok()) {
+    Log(LogLevel::kError, "auth_tokens_reload_failed",
+        {{"file", options_.tokens_file},
+         {"error", entries.status().message()},
+         {"tenants_in_force", static_cast<int64_t>(entries_.size())}});
+    return entries.status();
+  }
+  entries_ = *std::move(entries);
+  Log(LogLevel::kInfo, "auth_tokens_loaded",
+      {{"file", options_.tokens_file},
+       {"tenants", static_cast<int64_t>(entries_.size())}});
+  return absl::OkStatus();
+}
+
+std::vector<std::string> Authenticator::tenant_names() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> names;
+  names.reserve(entries_.size());
+  for (const TokenEntry& entry : entries_) names.push_back(entry.tenant.name);
+  return names;
+}
+
+void Authenticator::WatcherMain() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                           options_.reload_interval);
+      if (stopping_) return;
+      struct stat info = {};
+      if (stat(options_.tokens_file.c_str(), &info) != 0 ||
+          SameFile(info, file_mtime_, file_size_, file_inode_)) {
+        continue;
+      }
+    }
+    Reload().IgnoreError();  // logged; the previous tenants stay in force
+  }
+}
+
+}  // namespace attention::server

@@ -1,0 +1,114 @@
+// The Authenticator's modes: bearer tokens from a tokens file (missing,
+// malformed, unknown and known tokens; a reload that fails keeps the old
+// tenants), the client certificate's CN, and nobody (tenant `default`).
+#include "server/authenticator.h"
+
+#include <grpcpp/support/string_ref.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "server/tokens_file.h"
+#include "tests/server/test_certificates.h"
+
+namespace attention::server {
+namespace {
+
+using Metadata = std::multimap<grpc::string_ref, grpc::string_ref>;
+
+class AuthenticatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto dir = testing::MakeTempDirectory();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *dir;
+    file_ = absl::StrCat(dir_, "/tokens");
+    ASSERT_TRUE(testing::WriteFileAtomically(
+        file_, absl::StrCat("team ", DigestTokenHex("good-token"), " 3 -\n")));
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+
+  std::string dir_;
+  std::string file_;
+};
+
+absl::StatusOr<Tenant> WithAuthorization(const Authenticator& authenticator,
+                                         const std::string& value) {
+  Metadata metadata;
+  metadata.emplace("authorization", value);
+  return authenticator.Authenticate(metadata, nullptr);
+}
+
+TEST_F(AuthenticatorTest, TokensNameTheirTenant) {
+  auto authenticator = Authenticator::Create({.tokens_file = file_});
+  ASSERT_TRUE(authenticator.ok()) << authenticator.status();
+  EXPECT_STREQ((*authenticator)->mode(), "tokens");
+  EXPECT_EQ((*authenticator)->tenant_names(), std::vector<std::string>{"team"});
+  EXPECT_EQ((*authenticator)->Authenticate(Metadata{}, nullptr).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  for (const std::string value :
+       {"good-token", "Basic good-token", "Bearer ", "Bearer bad-token"}) {
+    const absl::Status status =
+        WithAuthorization(**authenticator, value).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << value;
+    EXPECT_EQ(status.message().find("bad-token"), std::string::npos);
+  }
+  for (const std::string value : {"Bearer good-token", "bearer good-token"}) {
+    auto tenant = WithAuthorization(**authenticator, value);
+    ASSERT_TRUE(tenant.ok()) << tenant.status();
+    EXPECT_EQ(tenant->name, "team");
+    EXPECT_EQ(tenant->quota.max_sessions, 3);
+    EXPECT_FALSE(tenant->quota.max_kv_bytes.has_value());
+  }
+}
+
+TEST_F(AuthenticatorTest, AFailedReloadKeepsThePreviousTenants) {
+  auto authenticator = Authenticator::Create(
+      {.tokens_file = file_, .reload_interval = absl::ZeroDuration()});
+  ASSERT_TRUE(authenticator.ok());
+  ASSERT_TRUE(testing::WriteFileAtomically(file_, "team x - -\n"));
+  EXPECT_EQ((*authenticator)->Reload().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(WithAuthorization(**authenticator, "Bearer good-token").ok());
+  ASSERT_TRUE(testing::WriteFileAtomically(
+      file_, absl::StrCat("other ", DigestTokenHex("new-token"), " - -\n")));
+  EXPECT_TRUE((*authenticator)->Reload().ok());
+  EXPECT_FALSE(WithAuthorization(**authenticator, "Bearer good-token").ok());
+  EXPECT_EQ(WithAuthorization(**authenticator, "Bearer new-token")->name,
+            "other");
+}
+
+TEST_F(AuthenticatorTest, AMissingOrBadFileFailsCreation) {
+  EXPECT_EQ(
+      Authenticator::Create({.tokens_file = dir_ + "/missing"}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AuthenticatorModesTest, ClientCertificateAndNone) {
+  auto by_certificate =
+      Authenticator::Create({.tenant_from_client_certificate = true});
+  ASSERT_TRUE(by_certificate.ok());
+  EXPECT_STREQ((*by_certificate)->mode(), "client-cert");
+  // No verified peer, no CN: refused.
+  EXPECT_EQ(
+      (*by_certificate)->Authenticate(Metadata{}, nullptr).status().code(),
+      absl::StatusCode::kUnauthenticated);
+  auto nobody = Authenticator::Create({});
+  ASSERT_TRUE(nobody.ok());
+  EXPECT_STREQ((*nobody)->mode(), "none");
+  EXPECT_FALSE((*nobody)->enabled());
+  auto tenant = (*nobody)->Authenticate(Metadata{}, nullptr);
+  ASSERT_TRUE(tenant.ok());
+  EXPECT_EQ(tenant->name, "default");
+  EXPECT_TRUE((*nobody)->tenant_names().empty());
+}
+
+}  // namespace
+}  // namespace attention::server

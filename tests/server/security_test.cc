@@ -1,0 +1,387 @@
+// Transport security and tenants against real servers on loopback, with
+// certificates made by openssl at test time (tests/server/test_certificates.h):
+// TLS and mutual TLS refuse what they must, certificates rotate without a
+// restart, bearer tokens authenticate (health needs none), tenants never see
+// each other's sessions, quotas refuse and recover, and a tokens-file edit
+// takes effect without a restart.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/tokens_file.h"
+#include "tests/server/reflection_client.h"
+#include "tests/server/test_certificates.h"
+#include "tests/server/test_server.h"
+
+namespace attention::testing {
+namespace {
+
+using client::AttentionClient;
+using client::ClientOptions;
+using client::SessionHandle;
+
+// Polls `condition` every 100 ms for up to `timeout`.
+template <typename Condition>
+bool Eventually(Condition condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return condition();
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto dir = MakeTempDirectory();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *dir;
+    auto ca = MakeCa(dir_, "ca");
+    ATTN_ASSERT_OK(ca);
+    ca_ = *ca;
+    auto server_cert = MakeCertificate(ca_, dir_, "server", "localhost",
+                                       CertificateUse::kServer);
+    ATTN_ASSERT_OK(server_cert);
+    server_cert_ = *server_cert;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ignored);
+  }
+
+  // A server with TLS from server_cert_ (copied, so that tests may replace
+  // the files), plus `options`' other settings.
+  std::unique_ptr<server::AttentionServer> Start(
+      server::ServerOptions options) {
+    auto server = server::AttentionServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  }
+  server::ServerOptions TlsOptions() {
+    server::ServerOptions options = TestServerOptions();
+    options.tls_cert_file = absl::StrCat(dir_, "/live.crt");
+    options.tls_key_file = absl::StrCat(dir_, "/live.key");
+    EXPECT_TRUE(WriteFileAtomically(options.tls_key_file,
+                                    ReadFileOrEmpty(server_cert_.key)));
+    EXPECT_TRUE(WriteFileAtomically(options.tls_cert_file,
+                                    ReadFileOrEmpty(server_cert_.cert)));
+    options.tls_refresh_interval = absl::Seconds(1);
+    return options;
+  }
+
+  static std::unique_ptr<AttentionClient> Client(
+      const server::AttentionServer& server, ClientOptions options) {
+    options.call_timeout = absl::Seconds(10);
+    auto client = AttentionClient::Open(server.local_target(), options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? *std::move(client) : nullptr;
+  }
+  ClientOptions TrustingCa(const CertificateFiles& ca) const {
+    ClientOptions options;
+    options.tls_ca_file = ca.cert;
+    return options;
+  }
+  ClientOptions WithCertificate(const CertificateFiles& ca,
+                                const CertificateFiles& cert) const {
+    ClientOptions options = TrustingCa(ca);
+    options.tls_cert_file = cert.cert;
+    options.tls_key_file = cert.key;
+    return options;
+  }
+
+  std::string dir_;
+  CertificateFiles ca_;
+  CertificateFiles server_cert_;
+};
+
+TEST_F(SecurityTest, PlaintextClientAgainstTlsServerFails) {
+  auto server = Start(TlsOptions());
+  ASSERT_NE(server, nullptr);
+  EXPECT_STREQ(server->transport_mode(), "tls");
+  auto plaintext = Client(*server, ClientOptions{});
+  const absl::Status refused = plaintext->GetServerInfo().status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  auto tls = Client(*server, TrustingCa(ca_));
+  auto info = tls->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->tenant(), "default");
+  EXPECT_FALSE(info->has_tenant_max_sessions());
+  // A client that does not trust the server's CA refuses it.
+  auto other_ca = MakeCa(dir_, "other-ca");
+  ATTN_ASSERT_OK(other_ca);
+  EXPECT_EQ(
+      Client(*server, TrustingCa(*other_ca))->GetServerInfo().status().code(),
+      absl::StatusCode::kUnavailable);
+}
+
+TEST_F(SecurityTest, MutualTlsRefusesMissingOrForeignClientCertificates) {
+  auto alice =
+      MakeCertificate(ca_, dir_, "alice", "alice", CertificateUse::kClient);
+  ATTN_ASSERT_OK(alice);
+  auto rogue_ca = MakeCa(dir_, "rogue-ca");
+  ATTN_ASSERT_OK(rogue_ca);
+  auto rogue = MakeCertificate(*rogue_ca, dir_, "rogue", "alice",
+                               CertificateUse::kClient);
+  ATTN_ASSERT_OK(rogue);
+  server::ServerOptions options = TlsOptions();
+  options.tls_client_ca_file = ca_.cert;
+  auto server = Start(options);
+  ASSERT_NE(server, nullptr);
+  EXPECT_STREQ(server->transport_mode(), "mutual-tls");
+  EXPECT_STREQ(server->auth_mode(), "client-cert");
+
+  EXPECT_FALSE(Client(*server, TrustingCa(ca_))->GetServerInfo().ok());
+  EXPECT_FALSE(
+      Client(*server, WithCertificate(ca_, *rogue))->GetServerInfo().ok());
+  auto client = Client(*server, WithCertificate(ca_, *alice));
+  auto info = client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  // The certificate's CN names the tenant.
+  EXPECT_EQ(info->tenant(), "alice");
+  ATTN_ASSERT_OK(client->CreateSession(MakeSpec(1, 1, 1, 8)));
+  EXPECT_EQ(client->GetServerInfo()->tenant_sessions(), 1);
+  EXPECT_EQ(server->engine().tenant_stats("alice").sessions, 1);
+  // The health service works with the client certificate alone.
+  auto health = client->CheckHealth();
+  ATTN_ASSERT_OK(health);
+  EXPECT_EQ(*health, client::ServingStatus::kServing);
+}
+
+TEST_F(SecurityTest, ReplacedCertificateFilesServeNewConnections) {
+  server::ServerOptions options = TlsOptions();
+  auto server = Start(options);
+  ASSERT_NE(server, nullptr);
+  ATTN_ASSERT_OK(Client(*server, TrustingCa(ca_))->GetServerInfo());
+
+  auto new_ca = MakeCa(dir_, "new-ca");
+  ATTN_ASSERT_OK(new_ca);
+  auto new_cert = MakeCertificate(*new_ca, dir_, "new-server", "localhost",
+                                  CertificateUse::kServer);
+  ATTN_ASSERT_OK(new_cert);
+  ASSERT_TRUE(WriteFileAtomically(options.tls_key_file,
+                                  ReadFileOrEmpty(new_cert->key)));
+  ASSERT_TRUE(WriteFileAtomically(options.tls_cert_file,
+                                  ReadFileOrEmpty(new_cert->cert)));
+  // Within a few refresh intervals, without a restart, a new connection
+  // sees the new certificate...
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Client(*server, TrustingCa(*new_ca))->GetServerInfo().ok();
+      },
+      absl::Seconds(20)));
+  // ...and a client trusting only the old CA no longer accepts it.
+  EXPECT_FALSE(Client(*server, TrustingCa(ca_))->GetServerInfo().ok());
+}
+
+// A server with bearer tokens: alice (2 sessions, 2 KV blocks of 4 KiB) and
+// bob (no limit).
+class TokenTest : public SecurityTest {
+ protected:
+  void SetUp() override {
+    SecurityTest::SetUp();
+    tokens_file_ = absl::StrCat(dir_, "/tokens");
+    ASSERT_TRUE(WriteFileAtomically(tokens_file_, TokensFile("bob-token")));
+    server::ServerOptions options = TestServerOptions();
+    options.auth_tokens_file = tokens_file_;
+    options.auth_reload_interval = absl::Milliseconds(100);
+    server_ = Start(options);
+    ASSERT_NE(server_, nullptr);
+    alice_ = WithToken("alice-token");
+    bob_ = WithToken("bob-token");
+  }
+
+  static std::string TokensFile(absl::string_view bob_token) {
+    return absl::StrCat(
+        "# tenant  sha256(token)  max_sessions  max_kv_bytes\n", "alice ",
+        server::DigestTokenHex("alice-token"), "  2  8192\n", "bob   ",
+        server::DigestTokenHex(bob_token), "  -  -   # no limits\n");
+  }
+
+  std::unique_ptr<AttentionClient> WithToken(const std::string& token) {
+    ClientOptions options;
+    options.auth_token = token;
+    return Client(*server_, options);
+  }
+
+  std::string tokens_file_;
+  std::unique_ptr<server::AttentionServer> server_;
+  std::unique_ptr<AttentionClient> alice_;
+  std::unique_ptr<AttentionClient> bob_;
+};
+
+TEST_F(TokenTest, MissingOrWrongTokenIsUnauthenticatedButHealthWorks) {
+  EXPECT_STREQ(server_->auth_mode(), "tokens");
+  for (const std::string& token : {std::string(), std::string("wrong")}) {
+    auto client = WithToken(token);
+    ATTN_EXPECT_CODE(client->GetServerInfo(),
+                     absl::StatusCode::kUnauthenticated);
+    ATTN_EXPECT_CODE(client->CreateSession(MakeSpec(1, 1, 1, 8)),
+                     absl::StatusCode::kUnauthenticated);
+    ATTN_EXPECT_CODE(client->ListSessions(),
+                     absl::StatusCode::kUnauthenticated);
+    auto stream = client->OpenDecodeStream();
+    ATTN_EXPECT_CODE(stream->Finish(), absl::StatusCode::kUnauthenticated);
+    const ReflectionListing reflection = ListServicesByReflection(
+        client->channel(), token.empty() ? "" : "Bearer " + token);
+    EXPECT_EQ(reflection.status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << reflection.status.error_message();
+    // Probes carry no token.
+    auto health = client->CheckHealth("attention.v1.AttentionService");
+    ATTN_ASSERT_OK(health);
+    EXPECT_EQ(*health, client::ServingStatus::kServing);
+  }
+  // The message never quotes the token.
+  const absl::Status wrong =
+      WithToken("secret-guess")->GetServerInfo().status();
+  EXPECT_EQ(wrong.message().find("secret-guess"), std::string::npos);
+  const ReflectionListing reflection =
+      ListServicesByReflection(alice_->channel(), "Bearer alice-token");
+  EXPECT_TRUE(reflection.status.ok()) << reflection.status.error_message();
+  EXPECT_THAT(reflection.services,
+              ::testing::Contains("attention.v1.AttentionService"));
+  auto info = alice_->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->tenant(), "alice");
+  EXPECT_EQ(info->tenant_max_sessions(), 2);
+  EXPECT_EQ(info->tenant_max_kv_bytes(), 8192);
+}
+
+TEST_F(TokenTest, ReflectionCanBeTurnedOff) {
+  server::ServerOptions options = TestServerOptions();
+  options.reflection = false;
+  auto server = Start(options);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(ListServicesByReflection(Client(*server, {})->channel())
+                .status.error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST_F(TokenTest, TenantsNeverSeeEachOthersSessions) {
+  const v1::SessionSpec spec = MakeSpec(1, 2, 1, 8);
+  auto mine = alice_->OpenSession(spec);
+  ATTN_ASSERT_OK(mine);
+  const Tokens tokens = RandomTokens(spec, 3, 1);
+  ATTN_ASSERT_OK(mine->Prefill(0, tokens.q, tokens.k, tokens.v));
+  auto before = alice_->GetSession(mine->id());
+  ATTN_ASSERT_OK(before);
+  auto bobs = bob_->OpenSession(spec);
+  ATTN_ASSERT_OK(bobs);
+
+  auto listed = bob_->ListSessions();
+  ATTN_ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].session_id(), bobs->id());
+
+  // Every call naming alice's session answers as for an unknown id.
+  const std::string unknown_message = [&] {
+    std::string message(bob_->GetSession("0123456789abcdef0123456789abcdef")
+                            .status()
+                            .message());
+    return message;
+  }();
+  const Tokens one = RandomTokens(spec, 1, 2);
+  SessionHandle foreign(bob_.get(), *before);
+  std::vector<absl::Status> refused = {
+      bob_->GetSession(mine->id()).status(),
+      bob_->DeleteSession(mine->id()),
+      bob_->ForkSession(mine->id()).status(),
+      bob_->TruncateSession(mine->id(), 0).status(),
+      foreign.Prefill(0, one.q, one.k, one.v).status(),
+      foreign.DecodeStep(0, one.q, one.k, one.v).status(),
+  };
+  {
+    auto stream = bob_->OpenDecodeStream();
+    refused.push_back(
+        stream->Step(*foreign.MakeDecodeRequest(0, one.q, one.k, one.v))
+            .status());
+  }
+  {
+    // One foreign session fails the whole batch.
+    v1::BatchDecodeRequest batch;
+    *batch.add_steps() = *bobs->MakeDecodeRequest(0, one.q, one.k, one.v);
+    *batch.add_steps() = *foreign.MakeDecodeRequest(0, one.q, one.k, one.v);
+    refused.push_back(bob_->BatchDecode(batch).status());
+  }
+  for (const absl::Status& status : refused) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+    const std::string shown =
+        absl::StrCat("session '", mine->id(), "' not found");
+    EXPECT_NE(status.message().find(shown), std::string::npos) << status;
+  }
+  const std::string expected = absl::StrCat(
+      "session '", mine->id(), "'",
+      unknown_message.substr(unknown_message.find("' not found") + 1));
+  EXPECT_EQ(refused[0].message(), expected);
+
+  auto after = alice_->GetSession(mine->id());
+  ATTN_ASSERT_OK(after);
+  EXPECT_EQ(after->SerializeAsString(), before->SerializeAsString());
+  EXPECT_EQ(bob_->GetSession(bobs->id())->layer_lengths(0), 0);
+}
+
+TEST_F(TokenTest, QuotasRefuseAndRecoverAfterDeletes) {
+  // 1 KV head of 64 dims: 512 bytes a token, 8 tokens a 4 KiB block.
+  const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
+  auto first = alice_->OpenSession(spec);
+  ATTN_ASSERT_OK(first);
+  auto second = alice_->OpenSession(spec);
+  ATTN_ASSERT_OK(second);
+  const absl::Status third = alice_->CreateSession(spec).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_NE(third.message().find("max_sessions is 2"), std::string::npos)
+      << third;
+  ATTN_EXPECT_OK(bob_->CreateSession(spec));  // bob is not limited
+
+  const Tokens sixteen = RandomTokens(spec, 16, 3);
+  ATTN_ASSERT_OK(first->Prefill(0, sixteen.q, sixteen.k, sixteen.v));
+  const Tokens one = RandomTokens(spec, 1, 4);
+  const absl::Status full = second->Prefill(0, one.q, one.k, one.v).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("uses 8192 bytes"), std::string::npos) << full;
+  EXPECT_NE(full.message().find("max_kv_bytes of 8192"), std::string::npos)
+      << full;
+  EXPECT_EQ(alice_->GetSession(second->id())->layer_lengths(0), 0);
+  auto info = alice_->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->tenant_sessions(), 2);
+  EXPECT_EQ(info->tenant_kv_bytes(), 8192);
+  const std::string metrics = server_->metrics().TextExposition();
+  EXPECT_NE(metrics.find("attention_tenant_kv_bytes{tenant=\"alice\"} 8192"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("attention_tenant_sessions{tenant=\"bob\"} 1"),
+            std::string::npos);
+
+  ATTN_ASSERT_OK(alice_->DeleteSession(first->id()));
+  ATTN_EXPECT_OK(second->Prefill(0, one.q, one.k, one.v));
+  ATTN_EXPECT_OK(alice_->CreateSession(spec));
+}
+
+TEST_F(TokenTest, TokensFileEditTakesEffectWithoutRestart) {
+  ATTN_ASSERT_OK(bob_->GetServerInfo());
+  ASSERT_TRUE(WriteFileAtomically(tokens_file_, TokensFile("bob-new-token")));
+  auto renewed = WithToken("bob-new-token");
+  EXPECT_TRUE(Eventually([&] { return renewed->GetServerInfo().ok(); },
+                         absl::Seconds(10)));
+  ATTN_EXPECT_CODE(bob_->GetServerInfo(), absl::StatusCode::kUnauthenticated);
+
+  // A file that does not parse leaves the previous one in force.
+  ASSERT_TRUE(WriteFileAtomically(tokens_file_, "alice not-a-digest - -\n"));
+  const absl::Status reload = server_->ReloadAuthTokens();
+  EXPECT_EQ(reload.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(reload.message().find("line 1"), std::string::npos) << reload;
+  absl::SleepFor(absl::Milliseconds(300));  // the watcher saw it too
+  ATTN_EXPECT_OK(renewed->GetServerInfo());
+  ATTN_EXPECT_OK(alice_->GetServerInfo());
+}
+
+}  // namespace
+}  // namespace attention::testing
