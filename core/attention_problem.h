@@ -15,6 +15,24 @@
 // Positions are absolute, so a token's output does not depend on how the
 // queries were chunked or batched, nor on the number of threads.
 //
+// Logits and overflow. The logit of query row i, head h and key j is
+// computed as (q_i,h . k_j in float32) * scale, plus bias[h][i][j] when
+// there is a bias. A visible logit overflows when that value is not finite,
+// including when q.k alone exceeds the float32 range although q.k * scale
+// would not (backends that scale q before the dot product must detect
+// that too), and when adding the bias overflows. Every backend reports
+// exactly these cases, as INVALID_ARGUMENT.
+//
+// Error order. Only one error is reported per call: that of the first
+// failing error unit. A problem's rows are taken in units of
+// ErrorUnitTokens(group) consecutive query tokens times the query heads of
+// one KV head, ordered by problem, then token block, then KV head. Inside
+// the failing unit an overflowing logit is reported before an empty row
+// (policy kError), and among rows of the same kind the first in (token,
+// head) order. (The CPU backend reports the overflow of the earliest key
+// tile first, which names the same row unless one unit overflows in
+// several rows.)
+//
 // Top-k problems (AttentionProblem::topk) first select, per query row, the
 // keys it attends (TopKSpec); the row then attends over exactly those keys
 // as a dense non-causal row over a contiguous key sequence of them in
@@ -37,6 +55,13 @@ namespace attention {
 inline constexpr int64_t kKeysPerTile = 32;
 inline constexpr int64_t kKeysPerSplit = 512;
 static_assert(kKeysPerSplit % kKeysPerTile == 0);
+
+// Query tokens per error unit (see "Error order") for a GQA group size
+// (query heads per KV head).
+inline constexpr int64_t ErrorUnitTokens(int64_t group) {
+  const int64_t tokens = 256 / group;
+  return tokens < 1 ? 1 : (tokens > 16 ? 16 : tokens);
+}
 
 enum class EmptyRowPolicy {
   kError,  // a row with no visible key and no sink is INVALID_ARGUMENT

@@ -90,7 +90,11 @@ class AttentionBackend {
   // The problems are independent and may run in parallel; their outputs must
   // not overlap. Returns INVALID_ARGUMENT when a visible logit overflows or
   // (policy kError) a row sees no key, naming the problem index, row and
-  // head; INTERNAL on device failure. On error the outputs are unspecified.
+  // head (the first failing one, attention_problem.h); RESOURCE_EXHAUSTED
+  // when the call needs more scratch memory than the backend reserved;
+  // INTERNAL on a device failure that concerns this call only; UNAVAILABLE
+  // once the device has failed for good (see failure()). On error the
+  // outputs are unspecified.
   // REQUIRES: shapes, dtypes, finiteness and mask parameters validated.
   virtual absl::Status Attend(absl::Span<const AttentionProblem> problems) = 0;
 
@@ -99,6 +103,17 @@ class AttentionBackend {
   // of one prompt), since construction. 0 for a backend that never shares.
   // Thread-safe.
   virtual int64_t shared_chunk_computations() const { return 0; }
+
+  // OK while the backend can serve. After a fault that leaves its device
+  // unusable for the rest of the process (a sticky CUDA error such as an
+  // illegal address), the UNAVAILABLE status of that fault, for good: every
+  // later call fails with UNAVAILABLE without touching the device, and the
+  // process must be restarted (the server reports NOT_SERVING). Thread-safe.
+  virtual absl::Status failure() const { return absl::OkStatus(); }
+
+  // Bytes of device memory the backend reserved at start-up for per-call
+  // scratch, outside the KV arenas (0 when it needs none). Thread-safe.
+  virtual int64_t scratch_bytes() const { return 0; }
 };
 
 }  // namespace attention

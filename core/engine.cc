@@ -532,11 +532,16 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   }
 
   // 5. Attend. When an independent batch fails, run its problems one by one
-  // so that only the offending steps fail (results are batch-invariant).
+  // so that only the offending steps fail (results are batch-invariant),
+  // unless the backend has failed for good: then every step fails at once.
   if (absl::Status status = backend_->Attend(problems); !status.ok()) {
     if (atomic || problems.size() == 1) {
       ATTN_RETURN_IF_ERROR(
           fail(problem_step.empty() ? 0 : problem_step[0], status));
+    } else if (!backend_->failure().ok()) {
+      for (size_t p = 0; p < problems.size(); ++p) {
+        fail(problem_step[p], status).IgnoreError();
+      }
     } else {
       for (size_t p = 0; p < problems.size(); ++p) {
         absl::Status alone =
@@ -702,6 +707,8 @@ EngineStats AttentionEngine::stats() const {
   stats.prefill_tokens_total =
       prefill_tokens_total_.load(std::memory_order_relaxed);
   stats.shared_kv_chunks_total = backend_->shared_chunk_computations();
+  stats.backend_failed = !backend_->failure().ok();
+  stats.backend_scratch_bytes = backend_->scratch_bytes();
   return stats;
 }
 

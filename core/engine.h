@@ -159,6 +159,10 @@ struct EngineStats {
   int64_t prefill_tokens_total = 0;
   // AttentionBackend::shared_chunk_computations().
   int64_t shared_kv_chunks_total = 0;
+  // !AttentionBackend::failure().ok(): the device failed for good.
+  bool backend_failed = false;
+  // AttentionBackend::scratch_bytes().
+  int64_t backend_scratch_bytes = 0;
 };
 
 // Thread-safety: all methods are thread-safe. Calls on different sessions

@@ -281,6 +281,16 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
                      "--port/--listen_address, or --port=0 for a free port"));
   }
   server->SetServing(true);
+  // A backend that failed for good (a sticky GPU fault) answers UNAVAILABLE
+  // to every call: report NOT_SERVING so that the pod is restarted.
+  AttentionServer* const server_ptr = server.get();
+  server->backend_watch_ = std::make_unique<BackendWatch>(
+      &engine_ptr->backend(), absl::Seconds(1),
+      [server_ptr](const absl::Status& failure) {
+        Log(LogLevel::kError, "backend_failed",
+            {{"error", std::string(failure.message())}});
+        server_ptr->SetServing(false);
+      });
   return server;
 }
 

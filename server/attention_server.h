@@ -17,6 +17,7 @@
 #include "core/engine.h"
 #include "server/attention_service.h"
 #include "server/authenticator.h"
+#include "server/backend_watch.h"
 #include "server/decode_batcher.h"
 #include "server/metrics.h"
 #include "server/server_options.h"
@@ -100,6 +101,8 @@ class AttentionServer {
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  // Last: stopped first. Turns health NOT_SERVING when the backend fails.
+  std::unique_ptr<BackendWatch> backend_watch_;
 
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -334,6 +334,16 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         "KV chunks (512 keys of one KV head) read once for several decode "
         "steps of sessions sharing a prompt (forks).",
         MetricType::Counter, d(s.shared_kv_chunks_total)));
+    families->push_back(Scalar(
+        "attention_backend_failed",
+        "1 once the attention backend's device failed for good (a sticky "
+        "CUDA error); health is then NOT_SERVING.",
+        MetricType::Gauge, d(s.backend_failed)));
+    families->push_back(Scalar(
+        "attention_backend_scratch_bytes",
+        "Device memory reserved at start-up for per-call scratch, outside "
+        "the KV cache.",
+        MetricType::Gauge, d(s.backend_scratch_bytes)));
     families->push_back(Scalar("attention_kv_cache_capacity_bytes",
                                "KV block pool capacity.", MetricType::Gauge,
                                d(s.kv_cache_capacity_bytes)));

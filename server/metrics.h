@@ -128,6 +128,9 @@ struct MetricsState {
   // attention_tenant_sessions / attention_tenant_kv_bytes {tenant}; the
   // families are left out when empty.
   std::vector<TenantMetricsState> tenants;
+  // attention_backend_failed (0 or 1) and attention_backend_scratch_bytes.
+  int64_t backend_failed = 0;
+  int64_t backend_scratch_bytes = 0;
 };
 
 inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {
@@ -143,6 +146,8 @@ inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {
   state.kv_blocks_used = stats.pool.blocks_used;
   state.kv_blocks_capacity = stats.pool.blocks_total;
   state.shared_kv_chunks_total = stats.shared_kv_chunks_total;
+  state.backend_failed = stats.backend_failed ? 1 : 0;
+  state.backend_scratch_bytes = stats.backend_scratch_bytes;
   return state;
 }
 

@@ -10,6 +10,10 @@ Steps, each under `timeout`, all within BUDGET_S (under 5 minutes):
      is a failure; without one the tests must skip;
   4. (device) the GPU benchmark and PyTorch's scaled_dot_product_attention
      on the same prefill shapes;
+  4b. (device) compute-sanitizer memcheck, racecheck and synccheck on a
+     subset of cuda_backend_test (skipped with a note when
+     compute-sanitizer is not on the machine, or when the budget has no
+     room left for it);
   5. attention-server --backend=cuda with `attnctl info` and `attnctl demo`
      (session + prefill + decode stream against the stateless call: the
      maximum difference is printed, 0 for float32). Without a device the
@@ -40,7 +44,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUDGET_S = 285
 LIMITS_S = {"nvidia-smi": 20, "ldd": 30, "test": 120, "bench": 100,
-            "sdpa": 60, "server-start": 30, "attnctl": 30, "server-stop": 15}
+            "sdpa": 60, "sanitizer": 25, "server-start": 30, "attnctl": 30,
+            "server-stop": 15}
+# Time kept for the server checks after the sanitizers.
+SERVER_RESERVE_S = 60
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
+# A few small GPU tests that cover every kernel (split and full mode, MMA
+# and SIMT, weights, merges): sanitizers slow kernels down 10-100x.
+SANITIZER_FILTER = ("*StatelessMatchesCpu*:*EmptyRowPolicies*:"
+                    "*ForcedFullMode*:*LogitOverflowBoundaries*")
 
 
 class Runner:
@@ -256,7 +268,16 @@ def benchmarks(r):
     if torch and torch.get("skipped"):
         r.log(f"PyTorch comparison skipped: {torch['skipped']}")
     decode = [d for d in (ours or {}).get("decode", [])
-              if "kernel_gbps" in d and d["context"] >= 8192]
+              if "kernel_gbps" in d and d["context"] >= 8192
+              and "case" not in d]
+    long_context = [d for d in (ours or {}).get("decode", [])
+                    if d.get("case") == "long_context_gqa8"]
+    if long_context:
+        lc = long_context[0]
+        summary["long_context"] = lc
+        r.log(f"long-context batch (64 x 128k, GQA 64/8): "
+              f"{lc['kernel_ms']:.2f} ms, {lc['kernel_gbps']:.0f} GB/s "
+              f"({lc['ratio_to_copy']:.0%} of copy)")
     if decode:
         best = max(decode, key=lambda d: d["kernel_gbps"])
         summary["decode_best"] = best
@@ -278,6 +299,59 @@ def benchmarks(r):
                 row["torch_tflops"], row["ratio"])))
     summary["prefill_vs_torch"] = rows
     return summary
+
+
+def find_sanitizer():
+    found = shutil.which("compute-sanitizer")
+    for path in (found, "/usr/local/cuda/bin/compute-sanitizer",
+                 "/usr/local/cuda/compute-sanitizer/compute-sanitizer"):
+        if path and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def sanitizers(r):
+    """compute-sanitizer on cuda_backend_test; a note, not a problem, when
+    the tool is absent or the budget has no room left for it."""
+    r.section("compute-sanitizer on cuda_backend_test")
+    tool_path = find_sanitizer()
+    test = os.path.join(HERE, "tests", "cuda_backend_test")
+    if tool_path is None:
+        r.log("NOTE: compute-sanitizer is not installed here; skipped")
+        return {"skipped": "compute-sanitizer not found"}
+    if not os.path.exists(test):
+        r.problem("cuda_backend_test is not in the bundle")
+        return {"skipped": "no cuda_backend_test"}
+    results = {}
+    for tool in SANITIZER_TOOLS:
+        left = r.deadline - time.monotonic()
+        if left < LIMITS_S["sanitizer"] + SERVER_RESERVE_S:
+            r.log(f"NOTE: {tool} skipped: {left:.0f} s left in the budget")
+            results[tool] = {"skipped": "out of time"}
+            continue
+        rc, text = r.run(
+            f"compute-sanitizer {tool}", "sanitizer",
+            [tool_path, f"--tool={tool}", "--error-exitcode=3",
+             "--print-limit=20", test, "--gtest_brief=1",
+             f"--gtest_filter={SANITIZER_FILTER}"], quiet=True)
+        summary = [l for l in text.splitlines() if "ERROR SUMMARY" in l or
+                   "RACECHECK SUMMARY" in l]
+        errors = [l for l in text.splitlines() if l.startswith("=========")
+                  and ("Error" in l or "Hazard" in l)][:10]
+        for line in summary + errors:
+            r.log(line)
+        if rc in (124, 137):
+            # Timed out (run() already counted it): nothing was found.
+            results[tool] = {"rc": rc, "timed_out": True}
+            r.problems.pop()
+            r.log(f"NOTE: {tool} timed out after {LIMITS_S['sanitizer']} s; "
+                  "no error reported before that")
+            continue
+        results[tool] = {"rc": rc, "summary": summary, "errors": errors}
+        r.log(f"{tool}: rc={rc}")
+        if rc != 0:
+            r.problem(f"compute-sanitizer {tool} found errors (rc={rc})")
+    return results
 
 
 def load_json(path):
@@ -422,8 +496,10 @@ def main():
     summary["gpu_tests"] = gpu_tests(r, device["present"])
     if device["present"]:
         summary.update(benchmarks(r))
+        summary["sanitizers"] = sanitizers(r)
     else:
         summary["benchmarks"] = "skipped: no CUDA device"
+        summary["sanitizers"] = "skipped: no CUDA device"
     summary["server"] = server_checks(r, device["present"])
 
     if r.problems:

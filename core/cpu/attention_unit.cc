@@ -22,11 +22,9 @@ static_assert(kKeysPerTile <= 32, "row visibility is a 32-bit mask");
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// At most this many query rows per unit; kMaxRowHeadsPerUnit (rows x query
-// heads of a KV group) bounds the per-thread scratch while each K/V row
-// load serves many row-heads.
-constexpr int64_t kMaxRowsPerUnit = 16;
-constexpr int64_t kMaxRowHeadsPerUnit = 256;
+// Units are the error units of attention_problem.h: at most 16 query rows,
+// and at most 256 row-heads (rows x query heads of a KV group), which bounds
+// the per-thread scratch while each K/V row load serves many row-heads.
 
 int64_t PadToLanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
 
@@ -184,8 +182,7 @@ ProblemInfo DescribeProblem(const AttentionProblem& problem) {
   info.kv_type = ToElementType(problem.kv.dtype);
   info.direct_keys = info.head_dim == info.head_dim_padded;
   info.direct_values = info.value_dim == info.value_dim_padded;
-  info.rows_per_unit =
-      std::clamp<int64_t>(kMaxRowHeadsPerUnit / info.group, 1, kMaxRowsPerUnit);
+  info.rows_per_unit = ErrorUnitTokens(info.group);
   return info;
 }
 

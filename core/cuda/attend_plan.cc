@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,10 +24,8 @@ static_assert(static_cast<int32_t>(DType::kFloat32) == kF32 &&
               "dtype codes must match");
 
 constexpr int64_t kAlign = 256;
-// Split-mode chunk states of one call are capped; past it, blocks walk
-// their chunks themselves (same results, less parallelism).
-constexpr int64_t kMaxSplitStateBytes = int64_t{256} << 20;
-// Error keys hold 20 bits of problem index and 24 of token.
+// Error keys hold 20 bits of problem index and a 40-bit row rank (tokens
+// below 2^24 times heads below 2^16, kernel_params.h).
 constexpr int64_t kMaxProblems = int64_t{1} << 20;
 constexpr int64_t kMaxQueries = int64_t{1} << 24;
 
@@ -95,7 +94,8 @@ ProblemParams Geometry(const AttentionProblem& problem, int32_t group_size) {
 
 absl::StatusOr<AttendPlan> AttendPlan::Create(
     absl::Span<const AttentionProblem> problems,
-    const DeviceMemoryTest& is_device_memory, int num_sms) {
+    const DeviceMemoryTest& is_device_memory, int num_sms,
+    const Limits& limits) {
   AttendPlan plan;
   const int64_t n = static_cast<int64_t>(problems.size());
   if (n > kMaxProblems) {
@@ -115,6 +115,12 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
     const int64_t num_heads = problem.q.dim(1);
     const int64_t head_dim = problem.q.dim(2);
     pl.group_size = static_cast<int32_t>(num_heads / kv.num_kv_heads);
+    if (num_heads > kMaxQueryHeads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("problem ", i, ": ", num_heads,
+                       " query heads exceed the CUDA backend's limit of ",
+                       kMaxQueryHeads, "; use fewer heads or the cpu backend"));
+    }
     if (kv.value_dim > kSimtMaxValueDim) {
       return absl::InvalidArgumentError(absl::StrCat(
           "problem ", i, ": value_dim ", kv.value_dim,
@@ -127,12 +133,16 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
           "problem ", i, ": ", num_queries, " queries with ", num_heads,
           " heads are too many for one CUDA call; send fewer query tokens"));
     }
-    pl.num_blocks =
-        kv.length <= 0
-            ? 0
-            : std::min<int64_t>(
-                  static_cast<int64_t>(kv.k_blocks.size()),
-                  (kv.length + kv.tokens_per_block - 1) / kv.tokens_per_block);
+    pl.num_blocks = kv.length <= 0 ? 0
+                                   : (kv.length + kv.tokens_per_block - 1) /
+                                         kv.tokens_per_block;
+    if (static_cast<int64_t>(kv.k_blocks.size()) < pl.num_blocks ||
+        static_cast<int64_t>(kv.v_blocks.size()) < pl.num_blocks) {
+      return absl::InternalError(absl::StrCat(
+          "problem ", i, ": its block tables hold ", kv.k_blocks.size(),
+          " key and ", kv.v_blocks.size(), " value blocks but ", kv.length,
+          " positions need ", pl.num_blocks, "; this is a bug in the caller"));
+    }
 
     // Where do the keys and values live? Fast path: every block pointer
     // lies between the lowest and the highest, so when both ends (plus a
@@ -213,10 +223,17 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
     }
   }
 
-  // 2. Work items, grouped into launches by (variant, block shape).
-  std::map<std::pair<int, int>, int> launch_of;
+  // 2. Work items, grouped into launches by (pass, variant, block shape).
+  // Full-mode items run in pass 0; a split row block goes to the current
+  // pass, or opens the next one when its states do not fit beside those
+  // already there.
+  std::map<std::tuple<int, int, int>, int> launch_of;
   std::vector<std::vector<int64_t>> launch_weights;
-  int64_t state_floats = 0;
+  std::vector<std::vector<MergeItem>> pass_merges(1);
+  const int64_t max_state_floats =
+      std::max<int64_t>(limits.max_state_bytes, 0) / 4;
+  int64_t state_floats = 0;     // of the current pass
+  int64_t max_pass_floats = 0;  // of the largest pass
   for (int64_t i = 0; i < n; ++i) {
     const AttentionProblem& problem = problems[i];
     const Planned& pl = plan.planned_[i];
@@ -234,21 +251,26 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
       shape = SimtRowsPerBlock(value_dim);
       block_rows = static_cast<int>(std::min<int64_t>(shape, rows_per_head));
     }
-    const std::pair<int, int> key(static_cast<int>(pl.variant), shape);
-    auto [it, inserted] =
-        launch_of.emplace(key, static_cast<int>(plan.launches_.size()));
-    if (inserted) {
-      plan.launches_.emplace_back();
-      launch_weights.emplace_back();
-      AttentionLaunch& launch = plan.launches_.back().launch;
-      launch.variant = pl.variant;
-      launch.warps = warps;
-      launch.simt_rows = pl.mma ? 1 : shape;
-    }
-    Launch& launch = plan.launches_[it->second];
-    std::vector<int64_t>& weights = launch_weights[it->second];
-    launch.launch.max_value_dim =
-        std::max(launch.launch.max_value_dim, value_dim);
+    // The launch of (pass, this problem's variant and shape).
+    auto launch_for = [&](int pass) -> int {
+      const std::tuple<int, int, int> key(pass, static_cast<int>(pl.variant),
+                                          shape);
+      auto [it, inserted] =
+          launch_of.emplace(key, static_cast<int>(plan.launches_.size()));
+      if (inserted) {
+        plan.launches_.emplace_back();
+        launch_weights.emplace_back();
+        Launch& created = plan.launches_.back();
+        created.pass = pass;
+        created.launch.variant = pl.variant;
+        created.launch.warps = warps;
+        created.launch.simt_rows = pl.mma ? 1 : shape;
+      }
+      Launch& launch = plan.launches_[it->second];
+      launch.launch.max_value_dim =
+          std::max(launch.launch.max_value_dim, value_dim);
+      return it->second;
+    };
 
     const int64_t num_row_blocks =
         (rows_per_head + block_rows - 1) / block_rows;
@@ -268,9 +290,14 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
         const std::vector<int32_t> chunks = ChunksOf(tiles);
         const int64_t slot_floats = int64_t{item.row_count} * (value_dim + 2);
         const int64_t chunk_count = static_cast<int64_t>(chunks.size());
-        if (split && chunk_count >= 2 &&
-            (state_floats + chunk_count * slot_floats) * 4 <=
-                kMaxSplitStateBytes) {
+        const int64_t group_floats = chunk_count * slot_floats;
+        if (split && chunk_count >= 2 && group_floats <= max_state_floats) {
+          if (state_floats + group_floats > max_state_floats) {
+            pass_merges.emplace_back();  // the next pass
+            state_floats = 0;
+          }
+          const int pass = static_cast<int>(pass_merges.size()) - 1;
+          const int l = launch_for(pass);
           MergeItem merge;
           merge.problem = item.problem;
           merge.kv_head = kv_head;
@@ -278,26 +305,37 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
           merge.row_count = item.row_count;
           merge.num_slots = static_cast<int32_t>(chunk_count);
           merge.first_state_offset = state_floats;
-          plan.merge_items_.push_back(merge);
+          pass_merges.back().push_back(merge);
           for (int32_t chunk : chunks) {
             WorkItem split_item = item;
             split_item.chunk = chunk;
             split_item.state_offset = state_floats;
             state_floats += slot_floats;
-            launch.items.push_back(split_item);
-            weights.push_back(tiles
-                                  .Clip(int64_t{chunk} * kChunkTiles,
-                                        int64_t{chunk + 1} * kChunkTiles)
-                                  .size());
+            plan.launches_[l].items.push_back(split_item);
+            launch_weights[l].push_back(
+                tiles
+                    .Clip(int64_t{chunk} * kChunkTiles,
+                          int64_t{chunk + 1} * kChunkTiles)
+                    .size());
           }
+          max_pass_floats = std::max(max_pass_floats, state_floats);
         } else {
+          const int l = launch_for(0);
           item.chunk = -1;
-          launch.items.push_back(item);
-          weights.push_back(tiles.size());
-          launch.launch.full_mode = true;
+          plan.launches_[l].items.push_back(item);
+          launch_weights[l].push_back(tiles.size());
+          plan.launches_[l].launch.full_mode = true;
         }
       }
     }
+  }
+  plan.num_passes_ = static_cast<int>(pass_merges.size());
+  plan.merge_pass_begin_.assign(1, 0);
+  for (std::vector<MergeItem>& merges : pass_merges) {
+    plan.merge_items_.insert(plan.merge_items_.end(), merges.begin(),
+                             merges.end());
+    plan.merge_pass_begin_.push_back(
+        static_cast<int64_t>(plan.merge_items_.size()));
   }
   // Longest blocks first, so the grid's tail is short work (split items
   // are all about one chunk long and keep their order).
@@ -393,14 +431,14 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
     if (pl.mma) {
       pl.q_hi = work.Add(rows * pl.q_stride * 2);
       if (pl.split_q) pl.q_lo = work.Add(rows * pl.q_stride * 2);
-      pl.q_scale = work.Add(rows * 4);
+      pl.q_exponent = work.Add(rows * 4);
     }
     if (weights) {
       pl.row_max = work.Add(rows * 4);
       pl.row_sum = work.Add(rows * 4);
     }
   }
-  plan.states_offset_ = work.Add(state_floats * 4);
+  plan.states_offset_ = work.Add(max_pass_floats * 4);
 
   // Download part.
   Bump download(AlignUp(work.end()));
@@ -418,6 +456,14 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
   plan.errors_offset_ = download.Add(sizeof(ErrorRecord));
   plan.download_bytes_ = download.end() - plan.download_offset_;
   plan.pinned_download_ = AlignUp(plan.upload_bytes_);
+  if (plan.device_bytes() > limits.device_bytes ||
+      plan.pinned_bytes() > limits.pinned_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this call needs ", plan.device_bytes(), " bytes of GPU scratch and ",
+        plan.pinned_bytes(), " bytes of pinned staging memory, over the ",
+        "per-call budget of ", limits.device_bytes, " and ",
+        limits.pinned_bytes, "; send fewer tokens or problems per call"));
+  }
   return plan;
 }
 
@@ -426,6 +472,20 @@ AttendPlan::launches() const {
   std::vector<std::pair<AttentionLaunch, std::vector<WorkItem>>> out;
   for (const Launch& launch : launches_) {
     out.emplace_back(launch.launch, launch.items);
+  }
+  return out;
+}
+
+std::vector<int> AttendPlan::launch_passes() const {
+  std::vector<int> out;
+  for (const Launch& launch : launches_) out.push_back(launch.pass);
+  return out;
+}
+
+std::vector<int> AttendPlan::merge_passes() const {
+  std::vector<int> out;
+  for (int pass = 0; pass < num_passes_; ++pass) {
+    out.resize(static_cast<size_t>(merge_pass_begin_[pass + 1]), pass);
   }
   return out;
 }
@@ -443,7 +503,7 @@ ProblemParams AttendPlan::Params(int i, std::byte* device_base) const {
   p.q_f32 = reinterpret_cast<float*>(at(pl.q_f32));
   p.q_hi = reinterpret_cast<uint16_t*>(at(pl.q_hi));
   p.q_lo = reinterpret_cast<uint16_t*>(at(pl.q_lo));
-  p.q_scale = reinterpret_cast<float*>(at(pl.q_scale));
+  p.q_exponent = reinterpret_cast<int32_t*>(at(pl.q_exponent));
   p.q_stride = pl.q_stride;
   p.split_q = pl.split_q ? 1 : 0;
   p.use_mma = pl.mma ? 1 : 0;
@@ -478,6 +538,7 @@ ProblemParams AttendPlan::Params(int i, std::byte* device_base) const {
   p.row_sum = reinterpret_cast<float*>(at(pl.row_sum));
   p.weights = reinterpret_cast<float*>(at(pl.weights));
   p.problem_index = i;
+  p.error_unit_tokens = static_cast<int32_t>(ErrorUnitTokens(pl.group_size));
   return p;
 }
 
@@ -564,20 +625,27 @@ absl::Status AttendPlan::Enqueue(std::byte* pinned, std::byte* device_base,
           reinterpret_cast<const int64_t*>(device_base + q_prefix_offset_),
           static_cast<int>(planned_.size()), q_row_prefix_.back(), stream),
       "launching the query preparation kernel");
-  for (const Launch& launch : launches_) {
-    AttentionLaunch l = launch.launch;
-    l.items =
-        reinterpret_cast<const WorkItem*>(device_base + launch.items_offset);
+  // Each pass: its attention launches, then the merges of its split row
+  // blocks, which free the state memory for the next pass (stream order).
+  for (int pass = 0; pass < num_passes_; ++pass) {
+    for (const Launch& launch : launches_) {
+      if (launch.pass != pass) continue;
+      AttentionLaunch l = launch.launch;
+      l.items =
+          reinterpret_cast<const WorkItem*>(device_base + launch.items_offset);
+      ATTN_CUDA_RETURN_IF_ERROR(
+          LaunchAttention(l, problems, states, errors, stream),
+          "launching the attention kernel");
+    }
+    const int64_t first_merge = merge_pass_begin_[pass];
     ATTN_CUDA_RETURN_IF_ERROR(
-        LaunchAttention(l, problems, states, errors, stream),
-        "launching the attention kernel");
+        LaunchMergeChunks(
+            reinterpret_cast<const MergeItem*>(device_base + merge_offset_) +
+                first_merge,
+            static_cast<int>(merge_pass_begin_[pass + 1] - first_merge),
+            problems, states, errors, stream),
+        "launching the split-KV merge kernel");
   }
-  ATTN_CUDA_RETURN_IF_ERROR(
-      LaunchMergeChunks(
-          reinterpret_cast<const MergeItem*>(device_base + merge_offset_),
-          static_cast<int>(merge_items_.size()), problems, states, errors,
-          stream),
-      "launching the split-KV merge kernel");
   ATTN_CUDA_RETURN_IF_ERROR(
       LaunchWeights(
           problems,
@@ -604,19 +672,44 @@ absl::Status AttendPlan::Collect(const std::byte* pinned) const {
   };
   ErrorRecord record;
   std::memcpy(&record, host(errors_offset_), sizeof(record));
-  for (int kind = 0; kind < 2; ++kind) {
-    const unsigned long long key =
-        kind == 0 ? record.overflow : record.empty_row;
-    if (key == kNoError) continue;
-    const int64_t index = static_cast<int64_t>(key >> 40);
-    const int64_t token = static_cast<int64_t>((key >> 16) & 0xffffff);
-    const int64_t head = static_cast<int64_t>(key & 0xffff);
+  // The first error in the order of attention_problem.h: the first failing
+  // error unit, an overflow before an empty row inside it.
+  if (record.overflow != kNoError || record.empty_row != kNoError) {
+    struct Decoded {
+      int64_t index = 0, unit = 0, token = 0, head = 0;
+    };
+    const auto decode = [this](unsigned long long key) {
+      Decoded d;
+      d.index = static_cast<int64_t>(key >> 40);
+      int64_t rank = static_cast<int64_t>(key & ((1ull << 40) - 1));
+      if (d.index >= static_cast<int64_t>(planned_.size())) return d;
+      const int64_t group = planned_[d.index].group_size;
+      const int64_t unit_tokens = ErrorUnitTokens(group);
+      const int64_t in_group = rank % group;
+      rank /= group;
+      const int64_t in_block = rank % unit_tokens;
+      d.unit = rank / unit_tokens;
+      const int64_t kv_heads = planned_[d.index].problem->kv.num_kv_heads;
+      d.token = (d.unit / kv_heads) * unit_tokens + in_block;
+      d.head = (d.unit % kv_heads) * group + in_group;
+      return d;
+    };
+    const Decoded o = decode(record.overflow);
+    const Decoded e = decode(record.empty_row);
+    const bool overflow =
+        record.empty_row == kNoError ||
+        (record.overflow != kNoError &&
+         std::make_pair(o.index, o.unit) <= std::make_pair(e.index, e.unit));
+    const Decoded& d = overflow ? o : e;
+    const int64_t index = d.index;
+    const int64_t token = d.token;
+    const int64_t head = d.head;
     const AttentionProblem* problem =
         index < static_cast<int64_t>(planned_.size()) ? planned_[index].problem
                                                       : nullptr;
     const int64_t position =
         problem != nullptr ? problem->mask.query_start + token : token;
-    if (kind == 0) {
+    if (overflow) {
       return absl::InvalidArgumentError(absl::StrCat(
           "problem ", index, ": the logit of query row ", token, " (position ",
           position, "), head ", head, " overflows float32 (q.k * scale",

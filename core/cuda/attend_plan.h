@@ -11,8 +11,16 @@
 // ([upload][download]). One H2D copy, the kernels and one D2H copy then run
 // on the caller's stream.
 //
-// The choices depend only on each problem, except split-vs-full mode, which
-// never changes a result (see attention_kernels.cu).
+// Passes. The split chunk states of one pass are capped (Limits::
+// max_state_bytes). When a call's states need more, its split row blocks are
+// spread over several passes (attention launches, then merges) that reuse
+// the same state memory, so every item of a split row block still covers
+// one chunk and the cost of a batch grows smoothly with its size; only a
+// row block whose own states exceed the cap walks its chunks itself (full
+// mode).
+//
+// The choices depend only on each problem, except split-vs-full mode and
+// passes, which never change a result (see attention_kernels.cu).
 #ifndef ATTENTION_CORE_CUDA_ATTEND_PLAN_H_
 #define ATTENTION_CORE_CUDA_ATTEND_PLAN_H_
 
@@ -21,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -34,17 +43,41 @@
 namespace attention {
 namespace cuda {
 
+// Split chunk states one pass holds by default.
+inline constexpr int64_t kDefaultMaxStateBytes = int64_t{64} << 20;
+// Most query heads a problem may have: errors name the head in 16 bits.
+inline constexpr int64_t kMaxQueryHeads = (int64_t{1} << 16) - 1;
+
 class AttendPlan {
  public:
   // True when [ptr, ptr + bytes) is GPU memory the kernels may read.
   using DeviceMemoryTest = std::function<bool(const void* ptr, int64_t bytes)>;
 
+  // What one call may use.
+  struct Limits {
+    // Device scratch and pinned staging bytes (device_bytes(),
+    // pinned_bytes()).
+    int64_t device_bytes = std::numeric_limits<int64_t>::max();
+    int64_t pinned_bytes = std::numeric_limits<int64_t>::max();
+    // Split chunk states per pass; 0 runs every problem in full mode.
+    int64_t max_state_bytes = kDefaultMaxStateBytes;
+  };
+
   // INVALID_ARGUMENT for a problem this backend cannot serve (value_dim over
-  // kSimtMaxValueDim, a mix of host and device KV blocks, too many rows).
-  // The problems must outlive the plan.
+  // kSimtMaxValueDim, more than kMaxQueryHeads heads, a mix of host and
+  // device KV blocks, too many rows); INTERNAL for a block table shorter
+  // than the KV length it describes; RESOURCE_EXHAUSTED when the call needs
+  // more scratch or staging memory than `limits` allow. The problems must
+  // outlive the plan.
   static absl::StatusOr<AttendPlan> Create(
       absl::Span<const AttentionProblem> problems,
-      const DeviceMemoryTest& is_device_memory, int num_sms);
+      const DeviceMemoryTest& is_device_memory, int num_sms,
+      const Limits& limits);
+  static absl::StatusOr<AttendPlan> Create(
+      absl::Span<const AttentionProblem> problems,
+      const DeviceMemoryTest& is_device_memory, int num_sms) {
+    return Create(problems, is_device_memory, num_sms, Limits());
+  }
 
   int64_t device_bytes() const { return download_offset_ + download_bytes_; }
   int64_t pinned_bytes() const { return pinned_download_ + download_bytes_; }
@@ -60,10 +93,14 @@ class AttendPlan {
                        cudaEvent_t kernels_stop) const;
 
   // The work decomposition, for tests: every launch's variant and items, and
-  // the split-mode merges.
+  // the split-mode merges; launch_passes()[l] is the pass of launches()[l],
+  // merge_passes()[m] that of merge_items()[m].
   std::vector<std::pair<AttentionLaunch, std::vector<WorkItem>>> launches()
       const;
   const std::vector<MergeItem>& merge_items() const { return merge_items_; }
+  std::vector<int> launch_passes() const;
+  std::vector<int> merge_passes() const;
+  int num_passes() const { return num_passes_; }
 
   // After the stream has finished: INVALID_ARGUMENT for an overflowing
   // logit or (policy kError) an empty row, naming the problem, row and
@@ -89,7 +126,7 @@ class AttendPlan {
     int64_t num_blocks = 0;
     // Scratch offsets (-1 = absent).
     int64_t q_raw = -1, k_table = -1, v_table = -1, sinks = -1, bias = -1;
-    int64_t q_f32 = -1, q_hi = -1, q_lo = -1, q_scale = -1;
+    int64_t q_f32 = -1, q_hi = -1, q_lo = -1, q_exponent = -1;
     int64_t row_max = -1, row_sum = -1;
     int64_t output = -1, lse = -1, weights = -1;
     std::vector<HostCopy> k_copies;  // per logical block (bytes 0 = none)
@@ -98,6 +135,7 @@ class AttendPlan {
 
   struct Launch {
     AttentionLaunch launch;
+    int pass = 0;
     std::vector<WorkItem> items;
     int64_t items_offset = 0;
   };
@@ -109,7 +147,10 @@ class AttendPlan {
 
   std::vector<Planned> planned_;
   std::vector<Launch> launches_;
-  std::vector<MergeItem> merge_items_;
+  std::vector<MergeItem> merge_items_;  // ordered by pass
+  // merge_items_[merge_pass_begin_[p], merge_pass_begin_[p + 1]): pass p.
+  std::vector<int64_t> merge_pass_begin_;
+  int num_passes_ = 1;
   std::vector<int64_t> q_row_prefix_;
   std::vector<int32_t> weight_ids_;
   std::vector<int64_t> weight_row_prefix_;

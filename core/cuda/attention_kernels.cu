@@ -90,14 +90,18 @@ __device__ __forceinline__ bool KeyVisible(const ProblemParams& p,
                       query_pos, key);
 }
 
-// The logit of a visible key from its dot product, or -inf when the bias
-// masks it. A non-finite visible logit is recorded as an overflow (when
-// `errors` is set) and treated as masked.
+// The logit of a visible key from its dot product computed on q scaled by
+// 2^-exponent, or -inf when the bias masks it: (dot * 2^exponent) * scale
+// (+ bias), the CPU's order (attention_problem.h), so a q.k that overflows
+// float32 overflows here too whatever the scale. The power of two is exact
+// in the normal range. A non-finite visible logit is recorded as an
+// overflow (when `errors` is set) and treated as masked.
 __device__ __forceinline__ float FinishLogit(const ProblemParams& p, float dot,
-                                             float multiplier, int64_t token,
+                                             int exponent, int64_t token,
                                              int head, int64_t key,
                                              ErrorRecord* errors) {
-  float logit = __fmul_rn(dot, multiplier);
+  float logit = __fmul_rn(exponent == 0 ? dot : scalbnf(dot, exponent),
+                          p.scale);
   if (p.bias != nullptr) {
     const int64_t row =
         p.bias_per_head ? int64_t{head} * p.num_queries + token : token;
@@ -107,7 +111,7 @@ __device__ __forceinline__ float FinishLogit(const ProblemParams& p, float dot,
   }
   if (!isfinite(logit)) {
     if (errors != nullptr) {
-      atomicMin(&errors->overflow, ErrorKey(p.problem_index, token, head));
+      atomicMin(&errors->overflow, ErrorKey(p, token, head));
     }
     return NegInf();
   }
@@ -166,7 +170,7 @@ __device__ __forceinline__ void WriteRowStats(const ProblemParams& p,
   const int64_t index = token * p.num_q_heads + head;
   if (l == 0.0f) {
     if (!p.empty_rows_zero) {
-      atomicMin(&errors->empty_row, ErrorKey(p.problem_index, token, head));
+      atomicMin(&errors->empty_row, ErrorKey(p, token, head));
     }
     if (p.lse != nullptr) p.lse[index] = NegInf();
     if (p.row_max != nullptr) {
@@ -305,7 +309,9 @@ __global__ void PrepareQueriesKernel(const ProblemParams* __restrict__ problems,
     if (!p.use_mma) continue;
     // fp16 KV with a q that is not fp16: scale the row by 2^-e so its
     // largest magnitude lies in [2^14, 2^15) and hi + lo keep ~22 bits
-    // without overflowing fp16; the logit multiplier absorbs 2^e exactly.
+    // without overflowing fp16; FinishLogit multiplies the dot by 2^e
+    // again. e is not clamped: every finite float32 row fits (e in
+    // [-163, 113]), so no q overflows here that the CPU computes.
     int exponent = 0;
     if (p.kv_dtype == kF16 && p.split_q) {
       float max_abs = 0.0f;
@@ -315,10 +321,7 @@ __global__ void PrepareQueriesKernel(const ProblemParams* __restrict__ problems,
       for (int offset = 16; offset > 0; offset >>= 1) {
         max_abs = fmaxf(max_abs, __shfl_xor_sync(kFullMask, max_abs, offset));
       }
-      if (max_abs > 0.0f) {
-        exponent = ilogbf(max_abs) - 14;
-        exponent = exponent < -100 ? -100 : (exponent > 100 ? 100 : exponent);
-      }
+      if (max_abs > 0.0f) exponent = ilogbf(max_abs) - 14;
     }
     const int stride = p.q_stride;
     for (int d = lane; d < stride; d += 32) {
@@ -331,7 +334,7 @@ __global__ void PrepareQueriesKernel(const ProblemParams* __restrict__ problems,
             ToBits(p.kv_dtype, __fsub_rn(x, FromBits(p.kv_dtype, hi)));
       }
     }
-    if (lane == 0) p.q_scale[local] = scalbnf(p.scale, exponent);
+    if (lane == 0) p.q_exponent[local] = exponent;
   }
 }
 
@@ -344,7 +347,7 @@ __global__ void PrepareQueriesKernel(const ProblemParams* __restrict__ problems,
 // K/V byte is read once per block for all query heads of the group.
 //
 // Per tile and row: S = q k^T (m16n8k16, q in registers, k via ldmatrix),
-// logits = S * q_scale (+ bias), masked keys -inf; the row's tile max and
+// logits = (S * 2^q_exponent) * scale (+ bias), masked keys -inf; the row's tile max and
 // alpha; p = exp(logit - m_new) rounded to the KV dtype (the MMA operand);
 // l = alpha * l + sum(p) (sum of the rounded p, fixed order); acc = alpha *
 // acc then acc += P V (m16n8k16, V via ldmatrix.trans).
@@ -397,7 +400,7 @@ __global__ void __launch_bounds__(128)
   int token[2];  // positions fit in int32 on this path (AttendPlan)
   int head[2];
   int query_pos[2];
-  float multiplier[2];
+  int exponent[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     local_row[r] = warp * 16 + group + 8 * r;
@@ -406,8 +409,8 @@ __global__ void __launch_bounds__(128)
     token[r] = static_cast<int>(row / group_size);
     head[r] = kv_head * group_size + static_cast<int>(row % group_size);
     query_pos[r] = static_cast<int>(p.query_start) + token[r];
-    multiplier[r] =
-        valid[r] ? p.q_scale[int64_t{token[r]} * num_heads + head[r]] : 0.0f;
+    exponent[r] =
+        valid[r] ? p.q_exponent[int64_t{token[r]} * num_heads + head[r]] : 0;
   }
   // Visible keys of each row: key <= visible_last and (key >= window_first
   // or key < sink_end); the same rule as KeyVisible, in a form that costs
@@ -648,7 +651,7 @@ __global__ void __launch_bounds__(128)
         const int k = nt * 8 + quad * 2 + (e & 1);
         float logit = NegInf();
         if (k <= last_rel[r] && (k >= first_rel[r] || k < sink_rel)) {
-          logit = FinishLogit(p, s[nt][e], multiplier[r], token[r], head[r],
+          logit = FinishLogit(p, s[nt][e], exponent[r], token[r], head[r],
                               key0 + k, errors);
         }
         s[nt][e] = logit;
@@ -959,7 +962,7 @@ __global__ void __launch_bounds__(kSimtThreads)
       const int64_t key = key0 + lane;
       float logit = NegInf();
       if (KeyVisible(p, p.query_start + token, key)) {
-        logit = FinishLogit(p, dot[j], p.scale, token, head, key, errors);
+        logit = FinishLogit(p, dot[j], 0, token, head, key, errors);
       }
       float tile_max = logit;
       for (int offset = 16; offset > 0; offset >>= 1) {
@@ -1130,7 +1133,7 @@ __global__ void WeightsKernel(const ProblemParams* __restrict__ problems,
           dot = __fmaf_rn(q[d], LoadElement(p.kv_dtype, k_row, d), dot);
         }
         const float logit =
-            FinishLogit(p, dot, p.scale, token, head, key, nullptr);
+            FinishLogit(p, dot, 0, token, head, key, nullptr);
         if (logit != NegInf()) {
           w = __fdiv_rn(expf(__fsub_rn(logit, m)), l);
         }

@@ -64,7 +64,7 @@ size_t AttentionSharedBytes(const AttentionLaunch& launch);
 // binary has code for the current device. Call once per device.
 cudaError_t ConfigureAttentionKernels();
 
-// Converts raw queries into the kernels' formats (q_f32, q_hi/q_lo/q_scale).
+// Converts raw queries into the kernels' formats (q_f32, q_hi/q_lo/q_exponent).
 // row_prefix[i] = rows (T * H) of problems before i; row_prefix[n] = total.
 cudaError_t LaunchPrepareQueries(const ProblemParams* problems,
                                  const int64_t* row_prefix, int num_problems,

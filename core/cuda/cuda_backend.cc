@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -91,19 +92,48 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
       "%s (sm_%d%d, %d SMs, %.1f GiB)", prop.name, prop.major, prop.minor,
       prop.multiProcessorCount,
       static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  if (options.scratch_bytes_per_stream < (int64_t{1} << 20) ||
+      options.pinned_bytes_per_stream < (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scratch_bytes_per_stream and pinned_bytes_per_stream must be at "
+        "least 1 MiB, got ",
+        options.scratch_bytes_per_stream, " and ",
+        options.pinned_bytes_per_stream));
+  }
+  // The scratch budget, reserved before any KV arena.
+  absl::StatusOr<std::unique_ptr<cuda::StreamPool>> streams =
+      cuda::StreamPool::Create(options.device, options.max_streams,
+                               options.scratch_bytes_per_stream,
+                               options.pinned_bytes_per_stream);
+  if (!streams.ok()) {
+    return absl::Status(
+        streams.status().code(),
+        absl::StrCat("cannot reserve the CUDA backend's scratch memory (",
+                     options.max_streams, " streams x ",
+                     options.scratch_bytes_per_stream, " bytes, pinned ",
+                     options.pinned_bytes_per_stream,
+                     " bytes): ", streams.status().message()));
+  }
   return std::unique_ptr<CudaBackend>(
       new CudaBackend(options.device, std::move(description),
-                      prop.multiProcessorCount, options.max_streams));
+                      prop.multiProcessorCount, options, *std::move(streams)));
 }
 
 CudaBackend::CudaBackend(int device, std::string description, int num_sms,
-                         int max_streams)
+                         const CudaBackendOptions& options,
+                         std::unique_ptr<cuda::StreamPool> streams)
     : device_ordinal_(device),
       device_(std::move(description)),
       num_sms_(num_sms),
-      streams_(std::make_unique<cuda::StreamPool>(device, max_streams)) {}
+      options_(options),
+      streams_(std::move(streams)),
+      health_(device_) {}
 
 CudaBackend::~CudaBackend() = default;
+
+int64_t CudaBackend::scratch_bytes() const {
+  return streams_->num_contexts() * streams_->scratch_bytes();
+}
 
 absl::StatusOr<std::unique_ptr<DeviceArena>> CudaBackend::AllocateArena(
     int64_t bytes) {
@@ -111,6 +141,7 @@ absl::StatusOr<std::unique_ptr<DeviceArena>> CudaBackend::AllocateArena(
     return absl::InvalidArgumentError(
         absl::StrCat("KV arena size must be positive, got ", bytes));
   }
+  ATTN_RETURN_IF_ERROR(health_.failure());
   ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
                             "selecting the GPU");
   void* ptr = nullptr;
@@ -133,7 +164,7 @@ absl::StatusOr<std::unique_ptr<DeviceArena>> CudaBackend::AllocateArena(
   if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
     (void)cudaFree(ptr);
-    return CudaStatus(e, "zeroing the KV cache");
+    return health_.Record(CudaStatus(e, "zeroing the KV cache"));
   }
   auto* base = static_cast<std::byte*>(ptr);
   {
@@ -179,14 +210,50 @@ absl::Status CudaBackend::CheckSessionSpec(const SessionSpec& spec) const {
 }
 
 absl::Status CudaBackend::WriteKv(const KvWrite& write) {
-  const KvBlockLayout& layout = write.layout;
-  if (layout.shared_values || layout.index_dim > 0) {
+  if (write.layout.shared_values || write.layout.index_dim > 0) {
     return absl::FailedPreconditionError(
         "the CUDA backend does not serve MLA shared-latent KV layouts nor "
         "top-k index keys");
   }
+  ATTN_RETURN_IF_ERROR(health_.failure());
+  // Pieces of whole tokens that fit one context's scratch: a piece of t
+  // tokens needs its keys and values, two alignments and at most t + 1
+  // block pointers.
   const int64_t num_tokens = write.k.dim(0);
   if (num_tokens <= 0) return absl::OkStatus();
+  const int64_t k_row =
+      write.k.num_elements() / num_tokens * DTypeSize(write.k.dtype);
+  const int64_t v_row =
+      write.v.num_elements() / num_tokens * DTypeSize(write.v.dtype);
+  const int64_t piece_tokens =
+      (std::min(streams_->scratch_bytes(), streams_->pinned_bytes()) -
+       3 * kAlign) /
+      (k_row + v_row + 8);
+  if (piece_tokens < 1) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "one token of keys and values (", k_row + v_row,
+        " bytes) does not fit the CUDA backend's scratch buffer of ",
+        std::min(streams_->scratch_bytes(), streams_->pinned_bytes()),
+        " bytes"));
+  }
+  for (int64_t t = 0; t < num_tokens; t += piece_tokens) {
+    const int64_t count = std::min(piece_tokens, num_tokens - t);
+    KvWrite piece = write;
+    piece.start = write.start + t;
+    piece.k.shape[0] = count;
+    piece.k.data = write.k.data + t * k_row;
+    piece.k.size_bytes = count * k_row;
+    piece.v.shape[0] = count;
+    piece.v.data = write.v.data + t * v_row;
+    piece.v.size_bytes = count * v_row;
+    ATTN_RETURN_IF_ERROR(health_.Record(WriteKvImpl(piece)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::WriteKvImpl(const KvWrite& write) {
+  const KvBlockLayout& layout = write.layout;
+  const int64_t num_tokens = write.k.dim(0);
   const int64_t tokens_per_block = layout.tokens_per_block;
   const int64_t first_block = write.start / tokens_per_block;
   const int64_t last_block = (write.start + num_tokens - 1) / tokens_per_block;
@@ -213,9 +280,11 @@ absl::Status CudaBackend::WriteKv(const KvWrite& write) {
 
   ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
                             "selecting the GPU");
-  ATTN_ASSIGN_OR_RETURN(cuda::StreamPool::Lease ctx, streams_->Acquire());
-  ATTN_RETURN_IF_ERROR(ctx->pinned.Reserve(total));
-  ATTN_RETURN_IF_ERROR(ctx->scratch.Reserve(total));
+  cuda::StreamPool::Lease ctx = streams_->Acquire();
+  if (total > ctx->scratch.capacity() || total > ctx->pinned.capacity()) {
+    return absl::InternalError(absl::StrCat(
+        "WriteKv: a piece of ", total, " bytes exceeds the scratch buffer"));
+  }
   std::byte* pinned = ctx->pinned.data();
   std::byte* device = ctx->scratch.data();
   std::memcpy(pinned, write.k.data, static_cast<size_t>(k_bytes));
@@ -268,7 +337,7 @@ absl::Status CudaBackend::CopyFromArena(const std::byte* src, std::byte* dst,
   }
   ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
                             "selecting the GPU");
-  ATTN_ASSIGN_OR_RETURN(cuda::StreamPool::Lease ctx, streams_->Acquire());
+  cuda::StreamPool::Lease ctx = streams_->Acquire();
   const std::string doing =
       to_host ? "reading a KV block" : "copying a KV block";
   const absl::Status status =
@@ -284,12 +353,16 @@ absl::Status CudaBackend::CopyFromArena(const std::byte* src, std::byte* dst,
 
 absl::Status CudaBackend::CopyBlock(const std::byte* src, std::byte* dst,
                                     int64_t bytes) {
-  return CopyFromArena(src, dst, bytes, /*to_host=*/false, "CopyBlock");
+  ATTN_RETURN_IF_ERROR(health_.failure());
+  return health_.Record(
+      CopyFromArena(src, dst, bytes, /*to_host=*/false, "CopyBlock"));
 }
 
 absl::Status CudaBackend::ReadBlock(const std::byte* src, std::byte* dst,
                                     int64_t bytes) {
-  return CopyFromArena(src, dst, bytes, /*to_host=*/true, "ReadBlock");
+  ATTN_RETURN_IF_ERROR(health_.failure());
+  return health_.Record(
+      CopyFromArena(src, dst, bytes, /*to_host=*/true, "ReadBlock"));
 }
 
 absl::Status CudaBackend::Attend(absl::Span<const AttentionProblem> problems) {
@@ -299,13 +372,15 @@ absl::Status CudaBackend::Attend(absl::Span<const AttentionProblem> problems) {
           "the CUDA backend does not serve top-k sparse attention");
     }
   }
-  return AttendImpl(problems, nullptr);
+  ATTN_RETURN_IF_ERROR(health_.failure());
+  return health_.Record(AttendImpl(problems, nullptr));
 }
 
 absl::StatusOr<float> CudaBackend::AttendTimed(
     absl::Span<const AttentionProblem> problems) {
+  ATTN_RETURN_IF_ERROR(health_.failure());
   float ms = 0.0f;
-  ATTN_RETURN_IF_ERROR(AttendImpl(problems, &ms));
+  ATTN_RETURN_IF_ERROR(health_.Record(AttendImpl(problems, &ms)));
   return ms;
 }
 
@@ -335,13 +410,18 @@ absl::Status CudaBackend::AttendImpl(
     }
     return false;
   };
-  ATTN_ASSIGN_OR_RETURN(cuda::AttendPlan plan,
-                        cuda::AttendPlan::Create(problems, in_arena, num_sms_));
+  cuda::AttendPlan::Limits limits;
+  limits.device_bytes = streams_->scratch_bytes();
+  limits.pinned_bytes = streams_->pinned_bytes();
+  // States share the call's scratch with its inputs and outputs.
+  limits.max_state_bytes =
+      std::min(options_.max_state_bytes, streams_->scratch_bytes() / 4);
+  ATTN_ASSIGN_OR_RETURN(
+      cuda::AttendPlan plan,
+      cuda::AttendPlan::Create(problems, in_arena, num_sms_, limits));
   ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
                             "selecting the GPU");
-  ATTN_ASSIGN_OR_RETURN(cuda::StreamPool::Lease ctx, streams_->Acquire());
-  ATTN_RETURN_IF_ERROR(ctx->pinned.Reserve(plan.pinned_bytes()));
-  ATTN_RETURN_IF_ERROR(ctx->scratch.Reserve(plan.device_bytes()));
+  cuda::StreamPool::Lease ctx = streams_->Acquire();
   plan.FillUpload(ctx->pinned.data(), ctx->scratch.data());
   const absl::Status enqueued =
       plan.Enqueue(ctx->pinned.data(), ctx->scratch.data(), ctx->stream,

@@ -6,10 +6,20 @@
 // Attend copies those keys and values to the GPU itself.
 //
 // Calls. Every method leases a stream context (its own CUDA stream, pinned
-// staging buffer and device scratch buffer; up to max_streams are made on
-// demand), stages its inputs in pinned memory, copies them with one
-// cudaMemcpyAsync, runs the kernels, copies the results back and waits for
-// its own stream only. Concurrent calls therefore overlap on the GPU.
+// staging buffer and device scratch buffer), stages its inputs in pinned
+// memory, copies them with one cudaMemcpyAsync, runs the kernels, copies
+// the results back and waits for its own stream only. Concurrent calls
+// therefore overlap on the GPU.
+//
+// Scratch budget. Create() makes all max_streams contexts at once, each
+// with scratch_bytes_per_stream of device scratch and
+// pinned_bytes_per_stream of pinned staging memory, and never allocates or
+// frees either afterwards (no device-wide synchronisation while serving). The
+// device part, scratch_bytes() = max_streams * scratch_bytes_per_stream, is
+// taken before the KV arena is allocated, so --kv_cache_bytes must leave room
+// for it. An Attend call whose plan needs more than one context's scratch is
+// refused up front with RESOURCE_EXHAUSTED; WriteKv copies large writes in
+// pieces that fit.
 //
 // Kernels (attention_kernels.cu). fp16/bf16 KV with head_dim and value_dim
 // multiples of 8 up to 128 run on tensor cores (mma.sync m16n8k16, fp32
@@ -23,10 +33,12 @@
 // bitwise the same (see attention_kernels.cu), so decode == prefill and a
 // batch never changes a problem's result.
 //
-// Errors. CUDA failures are INTERNAL with the CUDA error text; overflowing
-// logits and (policy kError) empty rows are INVALID_ARGUMENT naming the
-// problem, row and head. A failed call leaves the backend usable unless the
-// GPU context itself faulted.
+// Errors. CUDA failures are INTERNAL (RESOURCE_EXHAUSTED when out of
+// memory) with the CUDA error text; overflowing logits and (policy kError)
+// empty rows are INVALID_ARGUMENT naming the problem, row and head. A failed
+// call leaves the backend usable unless the GPU context itself faulted (a
+// sticky CUDA error, cuda_status.h): then the backend is failed for good,
+// failure() and every later call return UNAVAILABLE (device_health.h).
 #ifndef ATTENTION_CORE_CUDA_CUDA_BACKEND_H_
 #define ATTENTION_CORE_CUDA_CUDA_BACKEND_H_
 
@@ -44,6 +56,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "core/backend.h"
+#include "core/cuda/device_health.h"
 
 namespace attention {
 namespace cuda {
@@ -55,6 +68,15 @@ struct CudaBackendOptions {
   int device = 0;
   // Most concurrent calls on the GPU (stream contexts); more callers wait.
   int max_streams = 8;
+  // Device scratch and pinned staging memory (inputs and outputs only) of
+  // each stream context, reserved at start-up: the most one call may use.
+  // The defaults serve any call the server's 64 MiB messages allow (q, a
+  // float32 output twice the size of a 16-bit reply, weights).
+  int64_t scratch_bytes_per_stream = int64_t{512} << 20;
+  int64_t pinned_bytes_per_stream = int64_t{256} << 20;
+  // Split-KV chunk states of one pass (at most a quarter of the scratch);
+  // 0 runs every problem in full mode (tests).
+  int64_t max_state_bytes = int64_t{64} << 20;
 };
 
 // Thread-safety: every method may be called concurrently (AttentionBackend).
@@ -109,13 +131,18 @@ class CudaBackend final : public AttentionBackend {
   // True when [ptr, ptr + bytes) lies inside one arena of this backend.
   bool IsArenaMemory(const void* ptr, int64_t bytes) const;
 
+  absl::Status failure() const override { return health_.failure(); }
+  int64_t scratch_bytes() const override;
+
  private:
   class Arena;
 
   CudaBackend(int device, std::string description, int num_sms,
-              int max_streams);
+              const CudaBackendOptions& options,
+              std::unique_ptr<cuda::StreamPool> streams);
   absl::Status AttendImpl(absl::Span<const AttentionProblem> problems,
                           float* kernel_ms);
+  absl::Status WriteKvImpl(const KvWrite& write);
   void ForgetArena(const std::byte* base);
   // Copies `bytes` of arena memory at `src` to `dst` (arena memory, or host
   // memory when `to_host`) and waits for it. `what` ("CopyBlock",
@@ -127,7 +154,9 @@ class CudaBackend final : public AttentionBackend {
   const int device_ordinal_;
   const std::string device_;
   const int num_sms_;
+  const CudaBackendOptions options_;
   const std::unique_ptr<cuda::StreamPool> streams_;
+  cuda::DeviceHealth health_;
 
   mutable absl::Mutex arenas_mu_;
   std::vector<std::pair<const std::byte*, int64_t>> arenas_

@@ -1,7 +1,7 @@
-// Growable scratch buffers of the CUDA backend: page-locked host memory for
-// staging copies, and plain device memory (cudaMalloc, never managed
-// memory). Both keep their largest size so steady-state calls allocate
-// nothing, and grow geometrically (see growable_buffer.h).
+// Scratch buffers of the CUDA backend: page-locked host memory for staging
+// copies, and plain device memory (cudaMalloc, never managed memory). The
+// backend reserves each once at start-up (StreamPool::Create) and never
+// grows them while serving; the growth policy is growable_buffer.h's.
 #ifndef ATTENTION_CORE_CUDA_DEVICE_BUFFERS_H_
 #define ATTENTION_CORE_CUDA_DEVICE_BUFFERS_H_
 

@@ -48,9 +48,11 @@ struct ProblemParams {
   float* q_f32 = nullptr;    // [T][H][head_dim] (SIMT path, weights)
   uint16_t* q_hi = nullptr;  // [T][H][q_stride] KV dtype (MMA path)
   uint16_t* q_lo = nullptr;  // residual q - q_hi, when split_q
-  float* q_scale = nullptr;  // [T][H] logit multiplier (MMA path)
-  int32_t q_stride = 0;      // head_dim rounded up to 16
-  int32_t split_q = 0;       // q is not exact in the KV dtype
+  // [T][H] (MMA path): q_hi/q_lo hold the row times 2^-q_exponent; the
+  // logit is (dot * 2^q_exponent) * scale.
+  int32_t* q_exponent = nullptr;
+  int32_t q_stride = 0;  // head_dim rounded up to 16
+  int32_t split_q = 0;   // q is not exact in the KV dtype
   int32_t use_mma = 0;
 
   // Keys and values: one device pointer per logical block (null = dropped).
@@ -84,12 +86,13 @@ struct ProblemParams {
   int32_t empty_rows_zero = 0;
 
   // Device outputs.
-  float* output = nullptr;    // [T][H][value_dim]
-  float* lse = nullptr;       // [T][H] or null
-  float* row_max = nullptr;   // [T][H] or null (needed by weights)
-  float* row_sum = nullptr;   // [T][H] or null
-  float* weights = nullptr;   // [H][T][T_k] or null
-  int32_t problem_index = 0;  // index in the caller's span, for errors
+  float* output = nullptr;        // [T][H][value_dim]
+  float* lse = nullptr;           // [T][H] or null
+  float* row_max = nullptr;       // [T][H] or null (needed by weights)
+  float* row_sum = nullptr;       // [T][H] or null
+  float* weights = nullptr;       // [H][T][T_k] or null
+  int32_t problem_index = 0;      // index in the caller's span, for errors
+  int32_t error_unit_tokens = 1;  // ErrorUnitTokens(group_size)
 };
 
 // A block of rows of one (problem, KV head). chunk < 0: the block walks every
@@ -118,20 +121,36 @@ struct MergeItem {
   int64_t first_state_offset = 0;  // floats; slots are contiguous
 };
 
-// Errors found on the device, as the smallest key
-// (problem << 40 | token << 16 | head) of each kind; kNoError when none.
+// Errors found on the device, as the smallest key of each kind; kNoError
+// when none. A key is problem << 40 | ErrorRank(...): rows in the error
+// order of attention_problem.h, so the smallest key is the first error.
 inline constexpr unsigned long long kNoError = ~0ull;
 struct ErrorRecord {
   unsigned long long overflow = kNoError;   // a visible logit not finite
   unsigned long long empty_row = kNoError;  // no visible key, no sink
 };
 
-ATTN_HOST_DEVICE inline constexpr unsigned long long ErrorKey(int64_t problem,
-                                                              int64_t token,
-                                                              int64_t head) {
-  return (static_cast<unsigned long long>(problem) << 40) |
-         ((static_cast<unsigned long long>(token) & 0xffffffull) << 16) |
-         (static_cast<unsigned long long>(head) & 0xffffull);
+// Position of (token, head) in the error order inside its problem: units
+// of `unit_tokens` tokens x the `group` heads of one KV head, by token block
+// then KV head, rows (token, head) in order inside a unit. Below 2^40 for
+// the problems AttendPlan accepts (tokens < 2^24, heads < 2^16).
+ATTN_HOST_DEVICE inline int64_t ErrorRank(int64_t token, int64_t head,
+                                          int64_t unit_tokens, int64_t group,
+                                          int64_t num_kv_heads) {
+  const int64_t block = token / unit_tokens;
+  const int64_t kv_head = head / group;
+  return ((block * num_kv_heads + kv_head) * unit_tokens +
+          token % unit_tokens) *
+             group +
+         head % group;
+}
+
+ATTN_HOST_DEVICE inline unsigned long long ErrorKey(const ProblemParams& p,
+                                                    int64_t token,
+                                                    int64_t head) {
+  return (static_cast<unsigned long long>(p.problem_index) << 40) |
+         static_cast<unsigned long long>(ErrorRank(
+             token, head, p.error_unit_tokens, p.group_size, p.num_kv_heads));
 }
 
 // The key tiles a block of rows may see, in increasing order: at most two

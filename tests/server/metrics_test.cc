@@ -71,6 +71,8 @@ MetricsState SomeState() {
   state.kv_blocks_used = 4;
   state.kv_blocks_capacity = 16;
   state.shared_kv_chunks_total = 11;
+  state.backend_failed = 1;
+  state.backend_scratch_bytes = 1 << 30;
   return state;
 }
 
@@ -115,6 +117,8 @@ TEST(ServerMetricsTest, ExposesEveryFamilyWithItsType) {
       {"attention_snapshot_duration_seconds", "gauge"},
       {"attention_sessions_restored_total", "counter"},
       {"attention_snapshots_corrupt_total", "counter"},
+      {"attention_backend_failed", "gauge"},
+      {"attention_backend_scratch_bytes", "gauge"},
       {"attention_build_info", "gauge"},
   };
   EXPECT_EQ(ExposedTypes(metrics->TextExposition()), expected);
@@ -375,6 +379,9 @@ TEST(ServerMetricsTest, ReadsEngineStateAtCollection) {
             state.session_metadata_bytes);
   EXPECT_EQ(value(families, "attention_shared_kv_chunks_total"),
             state.shared_kv_chunks_total);
+  EXPECT_EQ(value(families, "attention_backend_failed"), state.backend_failed);
+  EXPECT_EQ(value(families, "attention_backend_scratch_bytes"),
+            state.backend_scratch_bytes);
   EXPECT_EQ(value(families, "attention_kv_cache_capacity_bytes"),
             state.kv_cache_capacity_bytes);
   EXPECT_EQ(value(families, "attention_kv_cache_used_bytes"),
@@ -430,7 +437,11 @@ TEST(ServerMetricsTest, MapsEngineStats) {
   stats.pool.blocks_used = 1;
   stats.pool.blocks_total = 4;
   stats.shared_kv_chunks_total = 6;
+  stats.backend_failed = true;
+  stats.backend_scratch_bytes = 8192;
   const MetricsState state = MetricsStateFromEngineStats(stats);
+  EXPECT_EQ(state.backend_failed, 1);
+  EXPECT_EQ(state.backend_scratch_bytes, 8192);
   EXPECT_EQ(state.prefill_tokens_total, stats.prefill_tokens_total);
   EXPECT_EQ(state.decode_tokens_total, stats.decode_tokens_total);
   EXPECT_EQ(state.shared_kv_chunks_total, stats.shared_kv_chunks_total);

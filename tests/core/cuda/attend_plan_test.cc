@@ -82,6 +82,38 @@ TEST(KeyTilesTest, ClipKeepsOneChunk) {
   EXPECT_EQ(ranges.Clip(kChunkTiles, 5 * kChunkTiles).size(), 0);
 }
 
+// The device's error keys order rows as attention_problem.h's error units:
+// by token block, then KV head, then (token, head) inside the unit.
+TEST(ErrorRankTest, FollowsTheErrorUnitOrder) {
+  EXPECT_EQ(ErrorUnitTokens(1), 16);
+  EXPECT_EQ(ErrorUnitTokens(8), 16);
+  EXPECT_EQ(ErrorUnitTokens(20), 12);
+  EXPECT_EQ(ErrorUnitTokens(64), 4);
+  EXPECT_EQ(ErrorUnitTokens(512), 1);
+  for (int group : {1, 3, 8, 20}) {
+    const int kv_heads = 3;
+    const int64_t unit = ErrorUnitTokens(group);
+    const int64_t tokens = 2 * unit + 5;
+    std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, int64_t> rank;
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t h = 0; h < group * kv_heads; ++h) {
+        const auto key =
+            std::make_tuple(t / unit, h / group, t % unit, h % group);
+        rank[key] = ErrorRank(t, h, unit, group, kv_heads);
+      }
+    }
+    int64_t previous = -1;
+    for (const auto& [key, r] : rank) {  // in unit order
+      EXPECT_GT(r, previous) << "group " << group;
+      previous = r;
+    }
+  }
+  // The largest rank fits the 40 bits of an error key.
+  EXPECT_LT(ErrorRank((int64_t{1} << 24) - 1, kMaxQueryHeads - 1, 16, 1,
+                      kMaxQueryHeads),
+            int64_t{1} << 40);
+}
+
 // Problems over fake "device" memory: AttendPlan::Create never touches the
 // bytes, it only classifies pointers.
 class AttendPlanTest : public ::testing::Test {
@@ -123,11 +155,40 @@ class AttendPlanTest : public ::testing::Test {
     problems_.push_back(problem);
   }
 
-  absl::StatusOr<AttendPlan> Plan(int num_sms) {
+  absl::StatusOr<AttendPlan> Plan(int num_sms, AttendPlan::Limits limits = {}) {
     return AttendPlan::Create(
         problems_,
         [this](const void* ptr, int64_t bytes) { return IsDevice(ptr, bytes); },
-        num_sms);
+        num_sms, limits);
+  }
+
+  // The fields KeyTiles reads, for a causal problem.
+  static ProblemParams Geometry(const AttentionProblem& problem) {
+    ProblemParams geometry;
+    geometry.group_size =
+        static_cast<int32_t>(problem.q.dim(1) / problem.kv.num_kv_heads);
+    geometry.length = problem.kv.length;
+    geometry.causal = 1;
+    geometry.window = problem.mask.window;
+    geometry.query_start = problem.mask.query_start;
+    return geometry;
+  }
+
+  // Tiles (of kKeysPerTile keys) each work item walks, over every launch.
+  std::vector<int64_t> ItemTiles(const AttendPlan& plan) const {
+    std::vector<int64_t> tiles;
+    for (const auto& [launch, items] : plan.launches()) {
+      for (const WorkItem& item : items) {
+        TileRanges ranges = KeyTiles(Geometry(problems_[item.problem]),
+                                     item.row_begin, item.row_count);
+        if (item.chunk >= 0) {
+          ranges = ranges.Clip(int64_t{item.chunk} * kChunkTiles,
+                               int64_t{item.chunk + 1} * kChunkTiles);
+        }
+        tiles.push_back(ranges.size());
+      }
+    }
+    return tiles;
   }
 
   std::vector<std::byte> fake_pool_;
@@ -183,15 +244,8 @@ TEST_F(AttendPlanTest, EveryRowIsServedOnceAndSplitChunksAreComplete) {
               });
     ASSERT_EQ(static_cast<int>(items.size()), merge.num_slots);
     const AttentionProblem& problem = problems_[merge.problem];
-    ProblemParams geometry;
-    geometry.group_size =
-        static_cast<int32_t>(problem.q.dim(1) / problem.kv.num_kv_heads);
-    geometry.length = problem.kv.length;
-    geometry.causal = 1;
-    geometry.window = problem.mask.window;
-    geometry.query_start = problem.mask.query_start;
     const TileRanges tiles =
-        KeyTiles(geometry, merge.row_begin, merge.row_count);
+        KeyTiles(Geometry(problem), merge.row_begin, merge.row_count);
     std::set<int64_t> chunks;
     for (int64_t i = 0; i < tiles.size(); ++i) {
       chunks.insert(tiles.tile(i) / kChunkTiles);
@@ -241,6 +295,152 @@ TEST_F(AttendPlanTest, RejectsProblemsTheGpuCannotServe) {
   problems_.back().kv.k_blocks = k_tables_.back();
   plan = Plan(132);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 16: 64 decode steps x 8 KV heads x 128k context, GQA group 8, used
+// to need ~545 MB of split states; past the cap, half the batch switched to
+// full mode, where one block walks all 256 chunks (a 256x longer item).
+// Now the split row blocks spread over passes and every item stays about
+// one chunk long.
+TEST_F(AttendPlanTest, LongContextBatchHasNoCliff) {
+  constexpr int kSequences = 64;
+  constexpr int64_t kContext = int64_t{128} << 10;
+  k_tables_.reserve(2 * kSequences);
+  v_tables_.reserve(2 * kSequences);
+  for (int s = 0; s < kSequences; ++s) {
+    AddPaged(DType::kBFloat16, 64, 8, 128, 1, kContext);
+  }
+  absl::StatusOr<AttendPlan> plan = Plan(/*num_sms=*/132);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<int64_t> tiles = ItemTiles(*plan);
+  ASSERT_FALSE(tiles.empty());
+  std::vector<int64_t> sorted = tiles;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2,
+                   sorted.end());
+  const int64_t median = sorted[sorted.size() / 2];
+  const int64_t longest = *std::max_element(tiles.begin(), tiles.end());
+  EXPECT_EQ(median, kChunkTiles);
+  EXPECT_LE(longest, 2 * median) << "median " << median;
+  // Several passes, each within the state cap; every row block merged once.
+  EXPECT_GE(plan->num_passes(), 8);  // 545 MB over 64 MiB passes
+  EXPECT_EQ(plan->merge_items().size(), size_t{kSequences} * 8);
+  // Well within one stream's default scratch (CudaBackendOptions: 512 MiB).
+  EXPECT_LE(plan->device_bytes(), int64_t{128} << 20);
+
+  // The same batch, twice as large, costs about twice as much: passes and
+  // items grow in proportion, the longest item does not.
+  for (int s = 0; s < kSequences; ++s) {
+    AddPaged(DType::kBFloat16, 64, 8, 128, 1, kContext);
+  }
+  absl::StatusOr<AttendPlan> doubled = Plan(132);
+  ASSERT_TRUE(doubled.ok()) << doubled.status();
+  const std::vector<int64_t> doubled_tiles = ItemTiles(*doubled);
+  EXPECT_EQ(doubled_tiles.size(), 2 * tiles.size());
+  EXPECT_EQ(*std::max_element(doubled_tiles.begin(), doubled_tiles.end()),
+            longest);
+  EXPECT_LE(doubled->num_passes(), 2 * plan->num_passes());
+  EXPECT_GE(doubled->num_passes(), 2 * plan->num_passes() - 1);
+}
+
+TEST_F(AttendPlanTest, PassesKeepEachRowBlockTogetherWithinTheCap) {
+  k_tables_.reserve(16);
+  v_tables_.reserve(16);
+  for (int s = 0; s < 12; ++s) AddPaged(DType::kFloat16, 8, 2, 64, 1, 5000);
+  AttendPlan::Limits limits;
+  limits.max_state_bytes = int64_t{64} << 10;  // a few row blocks per pass
+  absl::StatusOr<AttendPlan> plan = Plan(132, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->num_passes(), 2);
+  const std::vector<int> launch_pass = plan->launch_passes();
+  const std::vector<int> merge_pass = plan->merge_passes();
+  ASSERT_EQ(merge_pass.size(), plan->merge_items().size());
+  // (problem, kv head, row) -> pass of its chunk items.
+  std::map<std::tuple<int, int, int>, std::set<int>> item_passes;
+  std::map<int, int64_t> state_end;  // pass -> end of its states (floats)
+  const auto launches = plan->launches();
+  for (size_t l = 0; l < launches.size(); ++l) {
+    for (const WorkItem& item : launches[l].second) {
+      ASSERT_GE(item.chunk, 0);
+      item_passes[{item.problem, item.kv_head, item.row_begin}].insert(
+          launch_pass[l]);
+      const int64_t end =
+          item.state_offset + int64_t{item.row_count} * (64 + 2);
+      state_end[launch_pass[l]] = std::max(state_end[launch_pass[l]], end);
+    }
+  }
+  for (size_t m = 0; m < merge_pass.size(); ++m) {
+    const MergeItem& merge = plan->merge_items()[m];
+    const std::set<int>& passes =
+        item_passes[{merge.problem, merge.kv_head, merge.row_begin}];
+    ASSERT_EQ(passes.size(), 1u);
+    EXPECT_EQ(*passes.begin(), merge_pass[m]);
+    if (m > 0) EXPECT_GE(merge_pass[m], merge_pass[m - 1]);
+  }
+  for (const auto& [pass, end] : state_end) {
+    EXPECT_LE(end * 4, limits.max_state_bytes) << "pass " << pass;
+  }
+
+  // No state memory at all: every problem runs in full mode, in one pass.
+  limits.max_state_bytes = 0;
+  plan = Plan(132, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_passes(), 1);
+  EXPECT_TRUE(plan->merge_items().empty());
+  for (const auto& [launch, items] : plan->launches()) {
+    EXPECT_TRUE(launch.full_mode);
+    for (const WorkItem& item : items) EXPECT_LT(item.chunk, 0);
+  }
+}
+
+TEST_F(AttendPlanTest, RefusesACallOverTheScratchBudget) {
+  AddPaged(DType::kBFloat16, 32, 8, 128, 1, 9000);
+  absl::StatusOr<AttendPlan> plan = Plan(132);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  AttendPlan::Limits limits;
+  limits.device_bytes = plan->device_bytes();
+  limits.pinned_bytes = plan->pinned_bytes();
+  EXPECT_TRUE(Plan(132, limits).ok());
+  limits.device_bytes = plan->device_bytes() - 1;
+  EXPECT_EQ(Plan(132, limits).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  limits.device_bytes = plan->device_bytes();
+  limits.pinned_bytes = plan->pinned_bytes() - 1;
+  EXPECT_EQ(Plan(132, limits).status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+// CudaBackendOptions' default budget (512 MiB scratch, 256 MiB pinned per
+// stream) serves the largest prefill a 64 MiB request carries: q of 32M
+// bf16 elements, its float32 output (a 16-bit reply of 64 MiB).
+TEST_F(AttendPlanTest, DefaultBudgetServesTheLargestRequest) {
+  AddPaged(DType::kBFloat16, 32, 8, 128, 8192, 8192);
+  problems_.back().q.dtype = DType::kBFloat16;
+  AttendPlan::Limits limits;
+  limits.device_bytes = int64_t{512} << 20;
+  limits.pinned_bytes = int64_t{256} << 20;
+  absl::StatusOr<AttendPlan> plan = Plan(132, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The float32 q of the same size (16M elements) too.
+  problems_.clear();
+  AddPaged(DType::kBFloat16, 32, 8, 128, 4096, 8192);
+  plan = Plan(132, limits);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+}
+
+TEST_F(AttendPlanTest, RejectsShortBlockTablesAndTooManyHeads) {
+  AddPaged(DType::kFloat32, 2, 1, 16, 1, 40);  // 3 blocks of 16
+  problems_.back().kv.k_blocks = problems_.back().kv.k_blocks.subspan(0, 2);
+  EXPECT_EQ(Plan(132).status().code(), absl::StatusCode::kInternal);
+  problems_.clear();
+  AddPaged(DType::kFloat32, 2, 1, 16, 1, 40);
+  problems_.back().kv.v_blocks = problems_.back().kv.v_blocks.subspan(0, 2);
+  EXPECT_EQ(Plan(132).status().code(), absl::StatusCode::kInternal);
+
+  problems_.clear();
+  AddPaged(DType::kFloat32, 1, 1, 16, 1, 40);
+  problems_.back().q.shape = {1, kMaxQueryHeads + 1, 16};
+  problems_.back().kv.num_kv_heads = 1;
+  EXPECT_EQ(Plan(132).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

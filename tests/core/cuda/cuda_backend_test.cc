@@ -28,6 +28,7 @@
 #include "core/kv_view.h"
 #include "core/status_macros.h"
 #include "gtest/gtest.h"
+#include "tests/core/logit_overflow_cases.h"
 #include "tests/core/test_tensors.h"
 
 namespace attention {
@@ -202,11 +203,21 @@ void ExpectBitwise(const float* a, const float* b, size_t count,
   }
 }
 
+// A smaller scratch budget than the default (made again for every test):
+// ample for these tests' calls.
+CudaBackendOptions FixtureOptions() {
+  CudaBackendOptions options;
+  options.max_streams = 4;
+  options.scratch_bytes_per_stream = int64_t{128} << 20;
+  options.pinned_bytes_per_stream = int64_t{64} << 20;
+  return options;
+}
+
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
-        CudaBackend::Create(CudaBackendOptions());
+        CudaBackend::Create(FixtureOptions());
     if (!backend.ok()) {
       // A device the backend cannot use (no kernels for its architecture,
       // a driver too old for the runtime) is a failure; only a machine
@@ -986,6 +997,198 @@ TEST_F(CudaBackendTest, EngineMatchesCpuEngineAndReportsPoolExhaustion) {
   ASSERT_TRUE(cc.ok()) << cc.status();
   ExpectClose(ToFloats(g->output), ToFloats(cc->output), 1e-5,
               "decode after exhaustion");
+}
+
+// A CUDA backend with other options, or null (skipped) without a device.
+std::unique_ptr<CudaBackend> MakeGpu(const CudaBackendOptions& options) {
+  absl::StatusOr<std::unique_ptr<CudaBackend>> backend =
+      CudaBackend::Create(options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? *std::move(backend) : nullptr;
+}
+
+// Issue 16 item 7: full (non-split) mode forced for fp16 and bf16 decode
+// batches that would otherwise run split-KV: close to the CPU, and bitwise
+// equal to split mode (and to split mode spread over several passes).
+TEST_F(CudaBackendTest, ForcedFullModeAndPassesMatchCpuAndSplitMode) {
+  CudaBackendOptions full_options = FixtureOptions();
+  full_options.max_streams = 1;
+  full_options.max_state_bytes = 0;
+  std::unique_ptr<CudaBackend> full = MakeGpu(full_options);
+  CudaBackendOptions pass_options = FixtureOptions();
+  pass_options.max_streams = 1;
+  pass_options.max_state_bytes = int64_t{96} << 10;  // a few blocks a pass
+  std::unique_ptr<CudaBackend> passes = MakeGpu(pass_options);
+  ASSERT_NE(full, nullptr);
+  ASSERT_NE(passes, nullptr);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (DType q_dtype : {dtype, DType::kFloat32}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " q ", DTypeName(q_dtype)));
+      std::mt19937 rng(77);
+      constexpr int64_t kLength = 3000;
+      const HostTensor k = RandomTensor({kLength, 2, 128}, rng, dtype);
+      const HostTensor v = RandomTensor({kLength, 2, 128}, rng, dtype);
+      const HostTensor q = RandomTensor({6, 16, 128}, rng, q_dtype);
+      // All three GPU backends read the same arena: block pointers are
+      // plain device addresses.
+      auto gpu_kv = MakePagedKv(*gpu_, dtype, k, v, 64);
+      auto full_kv = MakePagedKv(*full, dtype, k, v, 64);
+      auto pass_kv = MakePagedKv(*passes, dtype, k, v, 64);
+      auto cpu_kv = MakePagedKv(*cpu_, dtype, k, v, 64);
+      ASSERT_TRUE(gpu_kv && full_kv && pass_kv && cpu_kv);
+      // Six decode steps at different lengths, one batch.
+      std::vector<Query> steps(6);
+      std::vector<std::vector<Outputs>> out(4, std::vector<Outputs>(6));
+      std::vector<std::vector<AttentionProblem>> problems(4);
+      const PagedKv* kvs[4] = {gpu_kv.get(), full_kv.get(), pass_kv.get(),
+                               cpu_kv.get()};
+      for (int i = 0; i < 6; ++i) {
+        const int64_t length = kLength - 400 * i;
+        steps[i].q = q.rows(i, i + 1);
+        steps[i].mask.query_start = length - 1;
+        steps[i].scale = 0.088f;
+        for (int b = 0; b < 4; ++b) {
+          problems[b].push_back(
+              MakeProblem(steps[i], kvs[b]->View(length), &out[b][i]));
+        }
+      }
+      AttentionBackend* backends[4] = {gpu_.get(), full.get(), passes.get(),
+                                       cpu_.get()};
+      for (int b = 0; b < 4; ++b) {
+        const absl::Status status = backends[b]->Attend(problems[b]);
+        ASSERT_TRUE(status.ok()) << b << ": " << status;
+      }
+      for (int i = 0; i < 6; ++i) {
+        for (int b = 1; b <= 2; ++b) {
+          ExpectBitwise(out[b][i].out.data(), out[0][i].out.data(),
+                        out[0][i].out.size(), b == 1 ? "full" : "passes");
+          ExpectBitwise(out[b][i].lse.data(), out[0][i].lse.data(),
+                        out[0][i].lse.size(), b == 1 ? "full lse" : "p lse");
+        }
+        ExpectClose(out[1][i].out, out[3][i].out, Tolerance(dtype),
+                    "full mode vs cpu");
+        ExpectClose(out[1][i].lse, out[3][i].lse, Tolerance(dtype),
+                    "full mode lse vs cpu");
+      }
+    }
+  }
+}
+
+// Issue 16 item 4: the logit-overflow rule, the same cases as on the CPU.
+TEST_F(CudaBackendTest, LogitOverflowBoundariesMatchCpu) {
+  for (const testing::LogitOverflowCase& c : testing::LogitOverflowCases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<float> gpu_out;
+    std::vector<float> cpu_out;
+    float gpu_lse = 0.0f;
+    float cpu_lse = 0.0f;
+    const absl::Status g =
+        testing::RunLogitOverflowCase(*gpu_, c, &gpu_out, &gpu_lse);
+    const absl::Status k =
+        testing::RunLogitOverflowCase(*cpu_, c, &cpu_out, &cpu_lse);
+    EXPECT_EQ(g.code(), c.overflows ? absl::StatusCode::kInvalidArgument
+                                    : absl::StatusCode::kOk)
+        << g;
+    EXPECT_EQ(g.code(), k.code()) << g << " vs " << k;
+    if (g.ok() && k.ok()) {
+      EXPECT_EQ(gpu_out, cpu_out);
+      EXPECT_EQ(gpu_lse, cpu_lse);
+    }
+  }
+}
+
+// Issue 16 item 5: the first error in the order of attention_problem.h.
+TEST_F(CudaBackendTest, ErrorOrderMatchesCpu) {
+  std::mt19937 rng(12);
+  // group 2: units of 16 tokens.
+  const HostTensor k = RandomTensor({64, 1, 16}, rng);
+  const HostTensor v = RandomTensor({64, 1, 16}, rng);
+  const std::byte* storage[2];
+  const KvView kv = ContiguousKvView(k.view(), v.view(), storage);
+  struct OrderCase {
+    int64_t empty_token;
+    int64_t overflow_token;
+    int overflow_head;
+    std::string expected;  // "row N" of the reported error
+  };
+  for (const OrderCase& c :
+       {OrderCase{0, 2, 1, "row 2"}, OrderCase{0, 20, 0, "row 0"},
+        OrderCase{20, 5, 1, "row 5"}, OrderCase{3, 3, 0, "row 3"}}) {
+    SCOPED_TRACE(c.expected);
+    HostTensor q = RandomTensor({40, 2, 16}, rng);
+    for (int d = 0; d < 16; ++d) {
+      q.values[(c.overflow_token * 2 + c.overflow_head) * 16 + d] =
+          k.values[d] >= 0 ? 1e38f : -1e38f;
+    }
+    std::memcpy(q.bytes.data(), q.values.data(), q.bytes.size());
+    std::vector<float> bias_values(40 * 64, 0.0f);
+    std::fill(bias_values.begin() + c.empty_token * 64,
+              bias_values.begin() + (c.empty_token + 1) * 64, kNegInf);
+    bias_values[c.empty_token * 64] = 0.0f;  // key 0 visible...
+    if (c.empty_token != c.overflow_token) {
+      bias_values[c.empty_token * 64] = kNegInf;  // ...unless only empty
+    }
+    const TensorView bias = FloatView(bias_values, {40, 64});
+    Query query;
+    query.q = q.view();
+    query.mask.causal = false;
+    query.scale = 1.0f;
+    query.bias = &bias;
+    Outputs out;
+    const absl::Status g = AttendOne(*gpu_, query, kv, &out);
+    const absl::Status cpu = AttendOne(*cpu_, query, kv, &out);
+    EXPECT_EQ(g.code(), absl::StatusCode::kInvalidArgument) << g;
+    EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
+    EXPECT_NE(g.message().find(c.expected + " "), std::string::npos) << g;
+    EXPECT_NE(cpu.message().find(c.expected + " "), std::string::npos) << cpu;
+    const bool gpu_overflow = g.message().find("overflow") != std::string::npos;
+    const bool cpu_overflow =
+        cpu.message().find("overflow") != std::string::npos;
+    EXPECT_EQ(gpu_overflow, cpu_overflow) << g << " vs " << cpu;
+  }
+}
+
+// Issue 16 item 2: the scratch budget is reserved at start-up and reported;
+// a call over it is refused up front; large KV writes go in pieces.
+TEST_F(CudaBackendTest, ScratchBudget) {
+  EXPECT_EQ(
+      gpu_->scratch_bytes(),
+      FixtureOptions().max_streams * FixtureOptions().scratch_bytes_per_stream);
+  CudaBackendOptions options;
+  options.max_streams = 2;
+  options.scratch_bytes_per_stream = int64_t{1} << 20;
+  options.pinned_bytes_per_stream = int64_t{1} << 20;
+  std::unique_ptr<CudaBackend> small = MakeGpu(options);
+  ASSERT_NE(small, nullptr);
+  EXPECT_EQ(small->scratch_bytes(), int64_t{2} << 20);
+  std::mt19937 rng(21);
+  // 3000 tokens x 2 heads x 128 x 4 bytes x 2 = 6 MB: written in pieces.
+  const HostTensor k = RandomTensor({3000, 2, 128}, rng);
+  const HostTensor v = RandomTensor({3000, 2, 128}, rng);
+  auto small_kv = MakePagedKv(*small, DType::kFloat32, k, v, 32);
+  auto cpu_kv = MakePagedKv(*cpu_, DType::kFloat32, k, v, 32);
+  ASSERT_TRUE(small_kv && cpu_kv);
+  const HostTensor q = RandomTensor({1, 4, 128}, rng);
+  Query query;
+  query.q = q.view();
+  query.mask.query_start = 2999;
+  Outputs small_out;
+  Outputs cpu_out;
+  ASSERT_TRUE(AttendOne(*small, query, small_kv->View(3000), &small_out).ok());
+  ASSERT_TRUE(AttendOne(*cpu_, query, cpu_kv->View(3000), &cpu_out).ok());
+  ExpectClose(small_out.out, cpu_out.out, 1e-5, "after chunked WriteKv");
+  // A stateless call whose keys alone exceed 1 MiB.
+  const std::byte* storage[2];
+  const KvView host_kv = ContiguousKvView(k.view(), v.view(), storage);
+  query.mask.causal = false;
+  query.mask.query_start = 0;
+  const absl::Status refused = AttendOne(*small, query, host_kv, &small_out);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(small->failure().ok());
+  // And the backend keeps serving.
+  query.mask.causal = true;
+  query.mask.query_start = 2999;
+  EXPECT_TRUE(AttendOne(*small, query, small_kv->View(3000), &small_out).ok());
 }
 
 }  // namespace
