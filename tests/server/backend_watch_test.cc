@@ -34,6 +34,9 @@ class FailingBackend final : public AttentionBackend {
   absl::Status CopyBlock(const std::byte*, std::byte*, int64_t) override {
     return failure();
   }
+  absl::Status ReadBlock(const std::byte*, std::byte*, int64_t) override {
+    return failure();
+  }
   absl::Status Attend(absl::Span<const AttentionProblem>) override {
     return failure();
   }

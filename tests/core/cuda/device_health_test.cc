@@ -89,6 +89,10 @@ class FaultInjectingBackend final : public AttentionBackend {
                          int64_t bytes) override {
     return cpu_.CopyBlock(src, dst, bytes);
   }
+  absl::Status ReadBlock(const std::byte* src, std::byte* dst,
+                         int64_t bytes) override {
+    return cpu_.ReadBlock(src, dst, bytes);
+  }
   absl::Status Attend(absl::Span<const AttentionProblem> problems) override {
     if (absl::Status failure = health_.failure(); !failure.ok()) {
       return failure;
