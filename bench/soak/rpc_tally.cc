@@ -45,6 +45,12 @@ bool IsDocumentedCode(Rpc rpc, grpc::StatusCode code) {
              code == grpc::StatusCode::OUT_OF_RANGE;
     case Rpc::kAttention:
       return code == grpc::StatusCode::INVALID_ARGUMENT;
+    case Rpc::kExportSession:
+      return code == grpc::StatusCode::NOT_FOUND;
+    case Rpc::kImportSession:
+      // Only complete snapshots are imported: a malformed one
+      // (INVALID_ARGUMENT, DATA_LOSS) is a server bug here.
+      return false;
     case Rpc::kListSessions:
     case Rpc::kGetServerInfo:
       return false;

@@ -13,7 +13,8 @@ constexpr Rpc kAllRpcs[kNumRpcs] = {
     Rpc::kCreateSession, Rpc::kGetSession,  Rpc::kListSessions,
     Rpc::kDeleteSession, Rpc::kForkSession, Rpc::kTruncateSession,
     Rpc::kPrefill,       Rpc::kDecodeStep,  Rpc::kDecode,
-    Rpc::kBatchDecode,   Rpc::kAttention,   Rpc::kGetServerInfo};
+    Rpc::kBatchDecode,   Rpc::kAttention,   Rpc::kGetServerInfo,
+    Rpc::kExportSession, Rpc::kImportSession};
 
 absl::string_view OutcomeName(CheckResult::Outcome outcome) {
   switch (outcome) {

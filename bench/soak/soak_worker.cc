@@ -54,13 +54,14 @@ enum class Op {
   kAttention,
   kInvalid,
   kFailedStepProbe,
+  kMove,
 };
 constexpr std::pair<Op, int> kWeights[] = {
     {Op::kCreate, 8},       {Op::kPrefill, 12},       {Op::kDecodeStep, 20},
     {Op::kDecodeStream, 8}, {Op::kBatchDecode, 8},    {Op::kFork, 4},
     {Op::kTruncate, 5},     {Op::kDelete, 4},         {Op::kList, 1},
     {Op::kGet, 5},          {Op::kServerInfo, 2},     {Op::kAttention, 8},
-    {Op::kInvalid, 3},      {Op::kFailedStepProbe, 2}};
+    {Op::kInvalid, 3},      {Op::kFailedStepProbe, 2},    {Op::kMove, 2}};
 
 // One thread of the mix.
 class Mixer {
@@ -114,6 +115,8 @@ class Mixer {
         return Invalid();
       case Op::kFailedStepProbe:
         return FailedStepProbe();
+      case Op::kMove:
+        return Move();
     }
   }
 
@@ -327,6 +330,42 @@ class Mixer {
     if (Call(Rpc::kForkSession, &Stub::ForkSession, request, &info).ok()) {
       Keep(info);
     }
+  }
+
+  // Exports a session (racing the other threads' appends, deletes and
+  // cancellations) and imports the snapshot as a new session, which joins
+  // the pool.
+  void Move() {
+    auto session = pool_->Pick(rng_);
+    if (!session) return Create();
+    std::vector<v1::SessionChunk> chunks;
+    {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + Deadline()));
+      const Canceller::Scope scope(
+          Chance(kCancellerChance) ? canceller_ : nullptr, &context);
+      v1::ExportSessionRequest request;
+      request.set_session_id(session->id);
+      auto reader = stub_->ExportSession(&context, request);
+      v1::SessionChunk chunk;
+      while (reader->Read(&chunk)) chunks.push_back(chunk);
+      const grpc::Status status = reader->Finish();
+      tally_->Record(Rpc::kExportSession, status);
+      if (!status.ok()) return;
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + Deadline()));
+    const Canceller::Scope scope(
+        Chance(kCancellerChance) ? canceller_ : nullptr, &context);
+    v1::SessionInfo info;
+    auto writer = stub_->ImportSession(&context, &info);
+    for (const v1::SessionChunk& chunk : chunks) {
+      if (!writer->Write(chunk)) break;
+    }
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    tally_->Record(Rpc::kImportSession, status);
+    if (status.ok()) Keep(info);
   }
 
   void Truncate() {
