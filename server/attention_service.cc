@@ -248,38 +248,38 @@ grpc::Status AttentionServiceImpl::TruncateSession(
   }()));
 }
 
-grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
-                                           const v1::PrefillRequest* request,
-                                           v1::AttentionResult* response) {
-  RequestScope scope(metrics_, &in_flight_, RpcMethod::kPrefill,
-                     request->session_id());
+template <typename Request, typename Run>
+grpc::Status AttentionServiceImpl::UnaryAppend(grpc::ServerContext* context,
+                                               RpcMethod method,
+                                               const Request& request,
+                                               v1::AttentionResult* response,
+                                               Run run) {
+  RequestScope scope(metrics_, &in_flight_, method, request.session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     ATTN_ASSIGN_OR_RETURN(AppendRequest append,
-                          AppendRequestFromProto(*request));
+                          AppendRequestFromProto(request));
     append.tenant = &tenant;
     GrpcCallControl control(context);
-    return AppendAndRespond(
-        append, &control, max_message_bytes_, response,
-        [&](const AppendRequest& a) { return engine_->Append(a); });
+    return AppendAndRespond(append, &control, max_message_bytes_, response,
+                            run);
   }()));
+}
+
+grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
+                                           const v1::PrefillRequest* request,
+                                           v1::AttentionResult* response) {
+  return UnaryAppend(
+      context, RpcMethod::kPrefill, *request, response,
+      [&](const AppendRequest& append) { return engine_->Append(append); });
 }
 
 grpc::Status AttentionServiceImpl::DecodeStep(grpc::ServerContext* context,
                                               const v1::DecodeRequest* request,
                                               v1::AttentionResult* response) {
-  RequestScope scope(metrics_, &in_flight_, RpcMethod::kDecodeStep,
-                     request->session_id());
-  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    ATTN_ASSIGN_OR_RETURN(AppendRequest append,
-                          AppendRequestFromProto(*request));
-    append.tenant = &tenant;
-    GrpcCallControl control(context);
-    return AppendAndRespond(
-        append, &control, max_message_bytes_, response,
-        [&](const AppendRequest& a) { return batcher_->Append(a); });
-  }()));
+  return UnaryAppend(
+      context, RpcMethod::kDecodeStep, *request, response,
+      [&](const AppendRequest& append) { return batcher_->Append(append); });
 }
 
 grpc::Status AttentionServiceImpl::Decode(

@@ -113,6 +113,13 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
  private:
   // The tenant of the call in `context`, or UNAUTHENTICATED.
   absl::StatusOr<Tenant> Caller(const grpc::ServerContext& context) const;
+  // One unary append (Prefill, DecodeStep): the caller's tenant, the
+  // request converted, run with `run` (the engine or the batcher) under the
+  // call's control, and the reply written straight into `response`.
+  template <typename Request, typename Run>
+  grpc::Status UnaryAppend(grpc::ServerContext* context, RpcMethod method,
+                           const Request& request,
+                           v1::AttentionResult* response, Run run);
 
   AttentionEngine* const engine_;
   DecodeBatcher* const batcher_;
