@@ -72,19 +72,6 @@ const Tenant& TenantOf(const AppendRequest& request) {
   return request.tenant != nullptr ? *request.tenant : DefaultTenant();
 }
 
-// The snapshot format (session_snapshot.h) carries separate K and V rows
-// and no index keys: MLA shared-latent and top-k sessions do not move yet.
-absl::Status CheckTransferable(const SessionSpec& spec) {
-  bool topk = false;
-  for (const LayerSpec& layer : spec.layers) topk |= layer.topk > 0;
-  if (spec.kv_layout == KvLayout::kSharedLatent || topk) {
-    return absl::FailedPreconditionError(
-        "exporting or importing MLA shared-latent or top-k sparse sessions "
-        "is not supported yet; recompute the session on the target server");
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
@@ -173,13 +160,14 @@ absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
   // Not a use of the session: the snapshot keeps its idle deadline.
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                         sessions_.Find(id, tenant));
-  ATTN_RETURN_IF_ERROR(CheckTransferable(session->spec()));
   return SessionExport::Start(backend_.get(), *session, options_.version);
 }
 
 absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(
     const SnapshotHeader& header, const ImportOptions& options) {
-  ATTN_RETURN_IF_ERROR(CheckTransferable(header.spec));
+  // A backend that cannot serve the session (CUDA: MLA, top-k) refuses it
+  // as CreateSession would.
+  ATTN_RETURN_IF_ERROR(backend_->CheckSessionSpec(header.spec));
   return SessionImport::Begin(&sessions_, pool_.get(), backend_.get(), header,
                               options);
 }

@@ -217,15 +217,16 @@ class AttentionEngine {
   // core/session_export.h for what it costs); its header names the owner.
   // NOT_FOUND for an unknown id or another tenant's. Reading a session does
   // not restart its idle clock: the snapshot records its idle deadline.
-  // FAILED_PRECONDITION for an MLA shared-latent or top-k session (the
-  // snapshot format has no place for them yet). The export must be
-  // destroyed before the engine.
+  // Every session kind exports (MLA shared-latent and top-k sessions in
+  // snapshot format version 2). The export must be destroyed before the
+  // engine.
   absl::StatusOr<std::unique_ptr<SessionExport>> ExportSession(
       const std::string& id, const Tenant& tenant = DefaultTenant());
   // Starts restoring a session from a snapshot whose header is `header`
   // (see core/session_import.h for the protocol and its errors;
-  // FAILED_PRECONDITION for an MLA shared-latent or top-k spec). The import
-  // must be destroyed before the engine.
+  // FAILED_PRECONDITION for a spec the backend does not serve, as
+  // CreateSession: MLA or top-k on CUDA). The import must be destroyed
+  // before the engine.
   absl::StatusOr<std::unique_ptr<SessionImport>> BeginImport(
       const SnapshotHeader& header, const ImportOptions& options);
 

@@ -24,22 +24,23 @@ std::unique_ptr<SessionExport> SessionExport::Start(
   SnapshotHeader header;
   header.session_id = session.id();
   header.owner = session.owner();
+  header.format_version = SnapshotFormatFor(spec);
   header.spec = spec;
   header.kv_dtype = spec.kv_dtype;
   header.server_version = std::string(server_version);
   header.idle_timeout_ms = absl::ToInt64Milliseconds(session.idle_timeout());
   header.idle_deadline_unix_ms =
       absl::ToUnixMillis(session.last_used() + session.idle_timeout());
-  const int64_t token_bytes = session.layout().bytes_per_token();
   for (int i = 0; i < spec.num_layers; ++i) {
     const int64_t length = layers[i].length();
     const int64_t first = layers[i].FirstHeldPosition();
     header.layer_lengths.push_back(length);
     header.first_positions.push_back(first);
+    // Per layer: a top-k layer's rows also hold its index key.
     header.kv_bytes +=
         CarriedPositions(length, spec.layers[i].num_sink_tokens, first)
             .tokens() *
-        token_bytes;
+        layers[i].layout().bytes_per_token();
   }
   return std::unique_ptr<SessionExport>(
       new SessionExport(backend, std::move(layers), std::move(header)));
@@ -67,12 +68,16 @@ absl::StatusOr<bool> SessionExport::NextChunk(SnapshotChunk* chunk) {
   const int64_t element = DTypeSize(layout.dtype);
   const int64_t heads = layout.num_kv_heads;
   const int64_t k_row = layout.head_dim * element;
-  const int64_t v_row = layout.value_dim * element;
+  // A shared latent has no value rows (its values are the keys' leading
+  // entries); only a top-k layer has index rows.
+  const int64_t v_row = layout.shared_values ? 0 : layout.value_dim * element;
+  const int64_t index_row = layout.index_dim * element;
   chunk->layer = layer_;
   chunk->start = position_;
   chunk->num_tokens = count;
   chunk->k.resize(static_cast<size_t>(count * heads * k_row));
   chunk->v.resize(static_cast<size_t>(count * heads * v_row));
+  chunk->index_k.resize(static_cast<size_t>(count * index_row));
 
   std::vector<const std::byte*> k_blocks;
   std::vector<const std::byte*> v_blocks;
@@ -80,6 +85,7 @@ absl::StatusOr<bool> SessionExport::NextChunk(SnapshotChunk* chunk) {
   const int64_t tpb = layout.tokens_per_block;
   block_.resize(static_cast<size_t>(layout.used_bytes()));
   const int64_t value_offset = layout.value_offset_bytes();
+  const int64_t index_offset = layout.index_offset_bytes();
   for (int64_t pos = position_; pos < position_ + count;) {
     const int64_t b = pos / tpb;
     const std::byte* source = view.k_blocks[b];
@@ -99,6 +105,8 @@ absl::StatusOr<bool> SessionExport::NextChunk(SnapshotChunk* chunk) {
                     block_.data() + value_offset + (h * tpb + row) * v_row,
                     v_row);
       }
+      std::memcpy(chunk->index_k.data() + t * index_row,
+                  block_.data() + index_offset + row * index_row, index_row);
     }
   }
   position_ += count;

@@ -37,13 +37,15 @@ absl::Status ValidateSessionId(const std::string& id) {
 // Everything about the header that does not depend on the server's state.
 absl::Status ValidateHeader(const SnapshotHeader& header,
                             const SpecLimits& limits) {
-  if (header.format_version != kSnapshotFormatVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("snapshot format version ", header.format_version,
-                     " is not supported: this server reads version ",
-                     kSnapshotFormatVersion, " (written by server version ",
-                     QuoteClientString(header.server_version),
-                     "); import it into a server of that version"));
+  if (header.format_version != kSnapshotFormatVersion &&
+      header.format_version != kSnapshotFormatVersionLatentTopK) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot format version ", header.format_version,
+        " is not supported: this server reads versions ",
+        kSnapshotFormatVersion, " and ", kSnapshotFormatVersionLatentTopK,
+        " (written by server version ",
+        QuoteClientString(header.server_version),
+        "); import it into a server of that version"));
   }
   absl::StatusOr<SessionSpec> resolved =
       ResolveSessionSpec(header.spec, limits);
@@ -57,6 +59,12 @@ absl::Status ValidateHeader(const SnapshotHeader& header,
     return Inconsistent("its spec is not in resolved form");
   }
   const SessionSpec& spec = header.spec;
+  if (header.format_version < SnapshotFormatFor(spec)) {
+    return Inconsistent(absl::StrCat(
+        "format version ", header.format_version,
+        " cannot carry MLA shared-latent or top-k layers (version ",
+        SnapshotFormatFor(spec), " does)"));
+  }
   if (header.kv_dtype != spec.kv_dtype) {
     return Inconsistent(absl::StrCat("kv_dtype ", DTypeName(header.kv_dtype),
                                      " differs from the spec's ",
@@ -105,21 +113,28 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
   const SessionSpec& spec = header.spec;
   ATTN_ASSIGN_OR_RETURN(const KvBlockLayout layout, manager->LayoutFor(spec));
 
+  // Each layer's block layout: a top-k layer's rows also hold index keys.
+  std::vector<KvBlockLayout> layer_layouts;
   int64_t tokens = 0;
   int64_t blocks = 0;
+  int64_t kv_bytes = 0;
   for (int i = 0; i < spec.num_layers; ++i) {
-    tokens += CarriedPositions(header.layer_lengths[i],
-                               spec.layers[i].num_sink_tokens,
-                               header.first_positions[i])
-                  .tokens();
-    blocks += LayerKvCache::RestoreBlocks(layout, spec.layers[i],
+    layer_layouts.push_back(
+        LayerLayout(spec, spec.layers[i], layout, pool->block_bytes()));
+    const int64_t carried = CarriedPositions(header.layer_lengths[i],
+                                             spec.layers[i].num_sink_tokens,
+                                             header.first_positions[i])
+                                .tokens();
+    tokens += carried;
+    kv_bytes += carried * layer_layouts[i].bytes_per_token();
+    blocks += LayerKvCache::RestoreBlocks(layer_layouts[i], spec.layers[i],
                                           header.layer_lengths[i],
                                           header.first_positions[i]);
   }
-  if (header.kv_bytes != tokens * layout.bytes_per_token()) {
-    return Inconsistent(
-        absl::StrCat("kv_bytes is ", header.kv_bytes, " but its layers carry ",
-                     tokens, " rows of ", layout.bytes_per_token(), " bytes"));
+  if (header.kv_bytes != kv_bytes) {
+    return Inconsistent(absl::StrCat("kv_bytes is ", header.kv_bytes,
+                                     " but its layers carry ", tokens,
+                                     " rows of ", kv_bytes, " bytes in all"));
   }
 
   std::string id;
@@ -175,7 +190,7 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
     // are then released with `layers`.
     ATTN_ASSIGN_OR_RETURN(
         LayerKvCache layer,
-        LayerKvCache::Restore(pool, layout, spec.layers[i],
+        LayerKvCache::Restore(pool, layer_layouts[i], spec.layers[i],
                               header.layer_lengths[i],
                               header.first_positions[i], usage.get()));
     layers.push_back(std::move(layer));
@@ -252,44 +267,64 @@ absl::Status SessionImport::AddChunk(const SnapshotChunk& chunk) {
         " rows from position ", position_, " of layer ", layer_,
         ", but the carried range there ends at ", range_end_));
   }
-  const int64_t heads = layout_.num_kv_heads;
-  const int64_t element = DTypeSize(layout_.dtype);
-  const int64_t k_bytes = chunk.num_tokens * heads * layout_.head_dim * element;
+  const KvBlockLayout& layout = layers_[layer_].layout();
+  const int64_t heads = layout.num_kv_heads;
+  const int64_t element = DTypeSize(layout.dtype);
+  const int64_t k_bytes = chunk.num_tokens * heads * layout.head_dim * element;
+  // No value rows for a shared latent; index rows only for a top-k layer.
   const int64_t v_bytes =
-      chunk.num_tokens * heads * layout_.value_dim * element;
-  if (k_bytes + v_bytes > kSnapshotChunkMaxBytes) {
+      layout.shared_values
+          ? 0
+          : chunk.num_tokens * heads * layout.value_dim * element;
+  const int64_t index_bytes = chunk.num_tokens * layout.index_dim * element;
+  if (k_bytes + v_bytes + index_bytes > kSnapshotChunkMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "snapshot data chunk ", num_chunks_, " holds ", k_bytes + v_bytes,
-        " bytes, over the limit of ", kSnapshotChunkMaxBytes,
-        " per chunk; split it (ExportSession writes about ",
-        kSnapshotChunkTargetBytes, ")"));
+        "snapshot data chunk ", num_chunks_, " holds ",
+        k_bytes + v_bytes + index_bytes, " bytes, over the limit of ",
+        kSnapshotChunkMaxBytes, " per chunk; split it (ExportSession writes ",
+        "about ", kSnapshotChunkTargetBytes, ")"));
   }
   if (static_cast<int64_t>(chunk.k.size()) != k_bytes ||
-      static_cast<int64_t>(chunk.v.size()) != v_bytes) {
+      static_cast<int64_t>(chunk.v.size()) != v_bytes ||
+      static_cast<int64_t>(chunk.index_k.size()) != index_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "snapshot data chunk ", num_chunks_, " has ", chunk.k.size(),
-        " bytes of k and ", chunk.v.size(), " of v; ", chunk.num_tokens,
-        " rows of ", heads, " KV heads in ", DTypeName(layout_.dtype), " take ",
-        k_bytes, " and ", v_bytes));
+        " bytes of k, ", chunk.v.size(), " of v and ", chunk.index_k.size(),
+        " of index_k; ", chunk.num_tokens, " rows of layer ", layer_, " (",
+        heads, " KV heads in ", DTypeName(layout.dtype),
+        layout.shared_values ? ", a shared latent without v" : "",
+        layout.index_dim > 0 ? ", with index keys" : ", without index keys",
+        ") take ", k_bytes, ", ", v_bytes, " and ", index_bytes));
   }
   const auto* k = reinterpret_cast<const std::byte*>(chunk.k.data());
   const auto* v = reinterpret_cast<const std::byte*>(chunk.v.data());
+  const auto* index = reinterpret_cast<const std::byte*>(chunk.index_k.data());
   ATTN_RETURN_IF_ERROR(
-      CheckFinite(layout_.dtype, k, k_bytes / element, "snapshot k"));
+      CheckFinite(layout.dtype, k, k_bytes / element, "snapshot k"));
   ATTN_RETURN_IF_ERROR(
-      CheckFinite(layout_.dtype, v, v_bytes / element, "snapshot v"));
+      CheckFinite(layout.dtype, v, v_bytes / element, "snapshot v"));
+  ATTN_RETURN_IF_ERROR(CheckFinite(layout.dtype, index, index_bytes / element,
+                                   "snapshot index_k"));
 
   KvWrite write;
-  write.layout = layout_;
+  write.layout = layout;
   write.start = chunk.start;
-  write.k = TensorView{.dtype = layout_.dtype,
-                       .shape = {chunk.num_tokens, heads, layout_.head_dim},
+  write.k = TensorView{.dtype = layout.dtype,
+                       .shape = {chunk.num_tokens, heads, layout.head_dim},
                        .data = k,
                        .size_bytes = k_bytes};
-  write.v = TensorView{.dtype = layout_.dtype,
-                       .shape = {chunk.num_tokens, heads, layout_.value_dim},
-                       .data = v,
-                       .size_bytes = v_bytes};
+  if (!layout.shared_values) {
+    write.v = TensorView{.dtype = layout.dtype,
+                         .shape = {chunk.num_tokens, heads, layout.value_dim},
+                         .data = v,
+                         .size_bytes = v_bytes};
+  }
+  if (layout.index_dim > 0) {
+    write.index_k = TensorView{.dtype = layout.dtype,
+                               .shape = {chunk.num_tokens, layout.index_dim},
+                               .data = index,
+                               .size_bytes = index_bytes};
+  }
   write.blocks = blocks_[layer_];
   ATTN_RETURN_IF_ERROR(backend_->WriteKv(write));
   checksum_.AddChunk(chunk);

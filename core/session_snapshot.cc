@@ -31,7 +31,23 @@ int64_t DTypeNumber(DType dtype) {
   return 0;
 }
 
+// The proto enum values (attention.v1.KvLayout, attention.v1.IndexScore).
+int64_t KvLayoutNumber(KvLayout layout) {
+  return layout == KvLayout::kSharedLatent ? 2 : 1;
+}
+int64_t IndexScoreNumber(IndexScore score) {
+  return score == IndexScore::kRelu ? 2 : 1;
+}
+
 }  // namespace
+
+uint32_t SnapshotFormatFor(const SessionSpec& spec) {
+  bool topk = false;
+  for (const LayerSpec& layer : spec.layers) topk |= layer.topk > 0;
+  return spec.kv_layout == KvLayout::kSharedLatent || topk
+             ? kSnapshotFormatVersionLatentTopK
+             : kSnapshotFormatVersion;
+}
 
 CarriedRanges CarriedPositions(int64_t length, int32_t num_sink_tokens,
                                int64_t first_position) {
@@ -78,6 +94,9 @@ void SnapshotChecksum::AddBytes(absl::string_view bytes) {
 }
 
 void SnapshotChecksum::AddHeader(const SnapshotHeader& header) {
+  format_version_ = header.format_version;
+  // Version 2 encodes the fields version 1 does not know (see the proto).
+  const bool v2 = format_version_ >= kSnapshotFormatVersionLatentTopK;
   AddInt(kHeaderRecord);
   AddInt(header.format_version);
   AddBytes(header.session_id);
@@ -95,9 +114,18 @@ void SnapshotChecksum::AddHeader(const SnapshotHeader& header) {
     AddInt(layer.num_sink_tokens);
     AddInt(static_cast<int64_t>(layer.sink_logits.size()));
     for (float logit : layer.sink_logits) AddInt(FloatBits(logit));
+    if (v2) {
+      AddInt(layer.topk);
+      AddInt(IndexScoreNumber(layer.index_score));
+    }
   }
   AddInt(spec.max_tokens);
   AddBytes(spec.model);
+  if (v2) {
+    AddInt(KvLayoutNumber(spec.kv_layout));
+    AddInt(spec.index_dim);
+    AddInt(spec.index_heads);
+  }
   AddInt(static_cast<int64_t>(header.layer_lengths.size()));
   for (int64_t length : header.layer_lengths) AddInt(length);
   AddInt(static_cast<int64_t>(header.first_positions.size()));
@@ -117,6 +145,9 @@ void SnapshotChecksum::AddChunk(const SnapshotChunk& chunk) {
   AddInt(chunk.num_tokens);
   AddBytes(chunk.k);
   AddBytes(chunk.v);
+  if (format_version_ >= kSnapshotFormatVersionLatentTopK) {
+    AddBytes(chunk.index_k);
+  }
 }
 
 }  // namespace attention

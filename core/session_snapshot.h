@@ -26,9 +26,21 @@
 
 namespace attention {
 
-// The format this build writes and reads.
+// The formats this build writes and reads. Version 1 carries K and V rows
+// (KV_LAYOUT_SEPARATE, dense layers); version 2 adds MLA shared-latent
+// layers (no v) and top-k layers' index keys, and checksums the spec
+// fields that describe them. A snapshot is written in the lowest version
+// that can hold its session, so servers that read only version 1 still
+// import every dense session of this one.
 inline constexpr uint32_t kSnapshotFormatVersion = 1;
-// Rows per data chunk are chosen to fill about this many bytes (k + v)...
+inline constexpr uint32_t kSnapshotFormatVersionLatentTopK = 2;
+
+// The version a snapshot of a session with the resolved `spec` is written
+// in (and must be read in).
+uint32_t SnapshotFormatFor(const SessionSpec& spec);
+
+// Rows per data chunk are chosen to fill about this many bytes (k + v +
+// index_k)...
 inline constexpr int64_t kSnapshotChunkTargetBytes = int64_t{1} << 20;
 // ...and a chunk larger than this is rejected on import.
 inline constexpr int64_t kSnapshotChunkMaxBytes = int64_t{4} << 20;
@@ -44,20 +56,23 @@ struct SnapshotHeader {
   std::string server_version;
   int64_t idle_timeout_ms = 0;
   int64_t idle_deadline_unix_ms = 0;
-  int64_t kv_bytes = 0;  // k + v bytes of all chunks
+  int64_t kv_bytes = 0;  // k + v + index_k bytes of all chunks
   // The name of the tenant that owned the session (Session::owner()).
   std::string owner;
 };
 
 // Rows [start, start + num_tokens) of one layer, in the storage dtype:
 // k [num_tokens, num_kv_heads, head_dim], v [num_tokens, num_kv_heads,
-// value_dim].
+// value_dim] (empty for a shared-latent layer: its values are the leading
+// entries of k), index_k [num_tokens, index_dim] (top-k layers only, else
+// empty).
 struct SnapshotChunk {
   int32_t layer = 0;
   int64_t start = 0;
   int64_t num_tokens = 0;
   std::string k;
   std::string v;
+  std::string index_k;
 };
 
 struct SnapshotTrailer {
@@ -87,7 +102,8 @@ CarriedRanges CarriedPositions(int64_t length, int32_t num_sink_tokens,
 bool SeekCarriedRow(const SnapshotHeader& header, int* layer, int64_t* position,
                     int64_t* range_end);
 
-// Running CRC-32C of the canonical record encoding (see the proto).
+// Running CRC-32C of the canonical record encoding (see the proto), in
+// the header's format version: AddHeader first.
 class SnapshotChecksum {
  public:
   void AddHeader(const SnapshotHeader& header);
@@ -98,6 +114,7 @@ class SnapshotChecksum {
   void AddInt(int64_t value);
   void AddBytes(absl::string_view bytes);
   uint32_t crc_ = 0;
+  uint32_t format_version_ = kSnapshotFormatVersion;
 };
 
 }  // namespace attention

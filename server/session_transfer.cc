@@ -54,6 +54,7 @@ void SwapSnapshotChunkToProto(SnapshotChunk* chunk,
   out->set_num_tokens(chunk->num_tokens);
   out->mutable_k()->swap(chunk->k);
   out->mutable_v()->swap(chunk->v);
+  out->mutable_index_k()->swap(chunk->index_k);
 }
 
 void SwapSnapshotChunkFromProto(v1::SessionSnapshotData* data,
@@ -63,6 +64,7 @@ void SwapSnapshotChunkFromProto(v1::SessionSnapshotData* data,
   chunk->num_tokens = data->num_tokens();
   chunk->k.swap(*data->mutable_k());
   chunk->v.swap(*data->mutable_v());
+  chunk->index_k.swap(*data->mutable_index_k());
 }
 
 void SnapshotTrailerToProto(const SnapshotTrailer& trailer,
@@ -95,6 +97,7 @@ absl::StatusOr<int64_t> WriteSessionExport(
     // Take the buffers back for the next chunk.
     chunk.k.swap(*data->mutable_k());
     chunk.v.swap(*data->mutable_v());
+    chunk.index_k.swap(*data->mutable_index_k());
   }
   SnapshotTrailerToProto(session_export.trailer(), record.mutable_trailer());
   ATTN_RETURN_IF_ERROR(write(record));

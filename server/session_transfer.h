@@ -23,7 +23,8 @@ void SnapshotHeaderToProto(const SnapshotHeader& header,
                            v1::SessionSnapshotHeader* out);
 absl::StatusOr<SnapshotHeader> SnapshotHeaderFromProto(
     const v1::SessionSnapshotHeader& header);
-// Swaps `chunk`'s k and v into `out` (swap back to reuse the buffers).
+// Swaps `chunk`'s k, v and index_k into `out` (swap back to reuse the
+// buffers).
 void SwapSnapshotChunkToProto(SnapshotChunk* chunk,
                               v1::SessionSnapshotData* out);
 void SwapSnapshotChunkFromProto(v1::SessionSnapshotData* data,

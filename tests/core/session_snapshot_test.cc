@@ -196,6 +196,194 @@ TEST(SessionSnapshotTest, RoundTripContinuesBitwise) {
   }
 }
 
+// MLA shared-latent and top-k sessions: one latent vector per token and no
+// v, and each top-k token's index key, move bit for bit (format version 2);
+// the imported session continues bitwise (outputs, LSE, selections) on
+// every layer kind, from one block size into another.
+struct SparseTokens {
+  HostTensor q, k, v, index_k, index_q, index_w;
+  SparseTokens(int64_t count, const SessionSpec& spec, std::mt19937& rng)
+      : q(RandomTensor({count, spec.num_q_heads, spec.head_dim}, rng)),
+        k(RandomTensor({count, spec.num_kv_heads, spec.head_dim}, rng,
+                       spec.kv_dtype)),
+        v(RandomTensor({count, spec.num_kv_heads, spec.value_dim}, rng,
+                       spec.kv_dtype)),
+        index_k(RandomTensor({count, spec.index_dim}, rng, spec.kv_dtype)),
+        index_q(RandomTensor({count, spec.index_heads, spec.index_dim}, rng)),
+        index_w(RandomTensor({count, spec.index_heads}, rng)) {}
+};
+
+struct SparseResult {
+  std::vector<float> output, lse;
+  std::vector<int64_t> selected;
+  bool operator==(const SparseResult&) const = default;
+};
+
+SparseResult AppendSparse(AttentionEngine& engine, const std::string& id,
+                          const SessionSpec& spec, int layer,
+                          const SparseTokens& t, int64_t begin, int64_t end) {
+  AppendRequest r;
+  r.session_id = id;
+  r.layer = layer;
+  r.q = t.q.rows(begin, end);
+  r.k = t.k.rows(begin, end);
+  if (spec.kv_layout != KvLayout::kSharedLatent) r.v = t.v.rows(begin, end);
+  r.return_lse = true;
+  if (spec.layers[layer].topk > 0) {
+    r.index_k = t.index_k.rows(begin, end);
+    r.index_q = t.index_q.rows(begin, end);
+    r.index_weights = t.index_w.rows(begin, end);
+    r.return_topk_indices = true;
+  }
+  auto out = engine.Append(r);
+  EXPECT_TRUE(out.ok()) << out.status();
+  if (!out.ok()) return {};
+  return {ToFloats(out->output), out->lse ? ToFloats(*out->lse) : std::vector<float>{},
+          out->topk_indices};
+}
+
+// Four layers: top-k full; top-k (ReLU) window; dense window with sinks;
+// top-k window with learned sinks.
+SessionSpec SparseSpec(KvLayout layout, DType dtype) {
+  SessionSpec spec;
+  spec.num_layers = 4;
+  spec.num_q_heads = 4;
+  spec.kv_layout = layout;
+  spec.num_kv_heads = layout == KvLayout::kSharedLatent ? 1 : 2;
+  spec.head_dim = 24;
+  spec.value_dim = 16;
+  spec.kv_dtype = dtype;
+  spec.max_tokens = 4096;
+  spec.index_dim = 8;
+  spec.index_heads = 2;
+  LayerSpec full;
+  full.topk = 16;
+  LayerSpec window;
+  window.window = 37;
+  window.topk = 8;
+  window.index_score = IndexScore::kRelu;
+  LayerSpec sinks;
+  sinks.window = 29;
+  sinks.num_sink_tokens = 5;
+  LayerSpec learned;
+  learned.window = 41;
+  learned.topk = 12;
+  for (int h = 0; h < spec.num_q_heads; ++h) {
+    learned.sink_logits.push_back(0.25f * h);
+  }
+  spec.layers = {full, window, sinks, learned};
+  return spec;
+}
+
+TEST(SessionSnapshotTest, LatentAndTopKSessionsRoundTripBitwise) {
+  for (KvLayout layout : {KvLayout::kSharedLatent, KvLayout::kSeparate}) {
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << DTypeName(dtype) << (layout == KvLayout::kSharedLatent
+                                               ? " latent"
+                                               : " separate"));
+      std::mt19937 rng(11);
+      auto source = MakeEngine(int64_t{32} << 20, 4096);
+      auto target = MakeEngine(int64_t{32} << 20, 2048 + 1024);
+      const SessionSpec spec = SparseSpec(layout, dtype);
+      auto created = source->CreateSession(spec, absl::ZeroDuration());
+      ASSERT_TRUE(created.ok()) << created.status();
+      const std::string id = created->session_id;
+      const SessionSpec& resolved = created->spec;
+      SparseTokens t(300, resolved, rng);
+      for (int layer = 0; layer < spec.num_layers; ++layer) {
+        AppendSparse(*source, id, resolved, layer, t, 0, 50 + 30 * layer);
+        AppendSparse(*source, id, resolved, layer, t, 50 + 30 * layer,
+                     170 + 10 * layer);
+      }
+      const Snapshot snapshot = Export(*source, id);
+      EXPECT_EQ(snapshot.header.format_version,
+                kSnapshotFormatVersionLatentTopK);
+      for (const SnapshotChunk& chunk : snapshot.chunks) {
+        const int64_t element = DTypeSize(dtype);
+        EXPECT_EQ(static_cast<int64_t>(chunk.v.size()),
+                  layout == KvLayout::kSharedLatent
+                      ? 0
+                      : chunk.num_tokens * 2 * 16 * element);
+        EXPECT_EQ(static_cast<int64_t>(chunk.index_k.size()),
+                  spec.layers[chunk.layer].topk > 0
+                      ? chunk.num_tokens * 8 * element
+                      : 0);
+      }
+      auto imported = Import(*target, snapshot);
+      ASSERT_TRUE(imported.ok()) << imported.status();
+      EXPECT_EQ(imported->spec, resolved);
+      for (int layer = 0; layer < spec.num_layers; ++layer) {
+        const int64_t length = 170 + 10 * layer;
+        EXPECT_EQ(AppendSparse(*target, imported->session_id, resolved, layer,
+                               t, length, length + 40),
+                  AppendSparse(*source, id, resolved, layer, t, length,
+                               length + 40))
+            << "layer " << layer;
+        EXPECT_EQ(AppendSparse(*target, imported->session_id, resolved, layer,
+                               t, length + 40, length + 41),
+                  AppendSparse(*source, id, resolved, layer, t, length + 40,
+                               length + 41))
+            << "layer " << layer;
+      }
+      // The imported session exports again (its window layers may hold
+      // other rows: the block size differs).
+      const Snapshot again = Export(*target, imported->session_id);
+      EXPECT_EQ(again.header.format_version, kSnapshotFormatVersionLatentTopK);
+      EXPECT_EQ(again.header.layer_lengths,
+                source->GetSession(id)->layer_lengths);
+    }
+  }
+}
+
+// A version 2 snapshot names what version 1 cannot: its index keys and
+// spec fields are under the checksum, and a version 1 header cannot carry
+// such a session.
+TEST(SessionSnapshotTest, LatentAndTopKSnapshotsAreVersion2AndChecked) {
+  std::mt19937 rng(12);
+  auto engine = MakeEngine(int64_t{8} << 20, 4096);
+  const SessionSpec spec = SparseSpec(KvLayout::kSharedLatent,
+                                      DType::kFloat32);
+  auto created = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(created.ok()) << created.status();
+  SparseTokens t(60, created->spec, rng);
+  for (int layer = 0; layer < spec.num_layers; ++layer) {
+    AppendSparse(*engine, created->session_id, created->spec, layer, t, 0, 60);
+  }
+  const Snapshot good = Export(*engine, created->session_id);
+  ASSERT_TRUE(Import(*engine, good).ok());
+
+  Snapshot s = good;
+  s.header.format_version = kSnapshotFormatVersion;
+  Reseal(s);
+  auto status = Import(*engine, s).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("cannot carry"), std::string::npos)
+      << status;
+
+  s = good;  // an index key changed: the checksum catches it
+  s.chunks[0].index_k[3] ^= 0x01;
+  status = Import(*engine, s).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+
+  s = good;  // the index score changed: the checksum covers it
+  s.header.spec.layers[0].index_score = IndexScore::kRelu;
+  status = Import(*engine, s).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+
+  s = good;  // a v on a latent layer, or a missing index key
+  s.chunks[0].v = s.chunks[0].k;
+  Reseal(s);
+  status = Import(*engine, s).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("bytes of k"), std::string::npos) << status;
+  s = good;
+  s.chunks[0].index_k.clear();
+  Reseal(s);
+  status = Import(*engine, s).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+}
+
 TEST(SessionSnapshotTest, ForkExportsAsAFullSessionAndKeepIdWorks) {
   const Shape4 shape{4, 2, 16, 8};
   std::mt19937 rng(11);
@@ -396,9 +584,24 @@ TEST_F(MalformedSnapshotTest, Oversized) {
 
 TEST_F(MalformedSnapshotTest, UnknownVersion) {
   Snapshot s = good_;
-  s.header.format_version = 2;
+  s.header.format_version = 3;
   Reseal(s);
-  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "version 2");
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "version 3");
+}
+
+// Dense sessions are written in version 1 (readable by servers that know
+// only it); version 2, whose encoding adds the newer fields, holds them too.
+TEST_F(MalformedSnapshotTest, DenseSessionsAreVersion1AndVersion2Reads) {
+  EXPECT_EQ(good_.header.format_version, kSnapshotFormatVersion);
+  for (const SnapshotChunk& chunk : good_.chunks) {
+    EXPECT_TRUE(chunk.index_k.empty());
+  }
+  Snapshot s = good_;
+  s.header.format_version = kSnapshotFormatVersionLatentTopK;
+  EXPECT_EQ(Import(*engine_, s).status().code(), absl::StatusCode::kDataLoss)
+      << "version 2 checksums more fields than version 1";
+  Reseal(s);
+  EXPECT_TRUE(Import(*engine_, s).ok());
 }
 
 TEST_F(MalformedSnapshotTest, InconsistentHeaders) {

@@ -356,21 +356,6 @@ TEST_F(LatentTest, ForkTruncateAndFailedCallsChangeNothing) {
   EXPECT_EQ(*before, *after);
 }
 
-// The snapshot format has no shared-latent layout yet: ExportSession says
-// so instead of moving wrong values.
-TEST_F(LatentTest, ExportIsRefusedForNow) {
-  auto session = client().OpenSession(LatentSpec());
-  ATTN_ASSERT_OK(session);
-  const LatentTokens t = RandomLatent(4, 1);
-  ATTN_ASSERT_OK(session->Prefill(0, t.q_rows(0, 4), t.k_rows(0, 4), {}));
-  ATTN_EXPECT_CODE(
-      client().ExportSession(session->id(),
-                             [](const v1::SessionChunk&) {
-                               return absl::OkStatus();
-                             }),
-      absl::StatusCode::kFailedPrecondition);
-}
-
 // One latent vector per token and layer: (latent_dim + rope_dim) * dtype
 // bytes, half what K + V of the same width would take.
 TEST_F(LatentTest, KvBytesPerTokenAreOneLatentVector) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -80,6 +81,114 @@ std::vector<std::string> Continue(client::SessionHandle& session,
   return outputs;
 }
 
+// MLA shared-latent (latent 16 + RoPE 8, one KV head) or separate K/V
+// sessions whose layers 0 and 2 are top-k: full; dense window with sinks;
+// top-k ReLU window with learned sinks.
+v1::SessionSpec SparseSpec(bool latent) {
+  v1::SessionSpec spec = MakeSpec(3, 4, latent ? 1 : 2, 24, {0, 24, 30});
+  spec.set_value_dim(16);
+  if (latent) spec.set_kv_layout(v1::KV_LAYOUT_SHARED_LATENT);
+  spec.mutable_layers(1)->set_num_sink_tokens(2);
+  spec.mutable_layers(0)->set_topk(8);
+  spec.mutable_layers(2)->set_topk(8);
+  spec.mutable_layers(2)->set_index_score(v1::INDEX_SCORE_RELU);
+  for (int h = 0; h < 4; ++h) spec.mutable_layers(2)->add_sink_logits(0.25f * h);
+  spec.set_index_dim(8);
+  spec.set_index_heads(2);
+  return spec;
+}
+
+// Index keys [T, 8], queries [T, 2, 8] and weights [T, 2].
+struct IndexTokens {
+  std::vector<float> k, q, w;
+  IndexTokens(int64_t count, uint32_t seed)
+      : k(RandomFloats(count * 8, seed)),
+        q(RandomFloats(count * 16, seed + 1)),
+        w(RandomFloats(count * 2, seed + 2)) {}
+};
+
+void SetFloats(v1::Tensor* out, absl::Span<const float> values,
+               std::vector<int64_t> shape) {
+  out->set_dtype(v1::DTYPE_FLOAT32);
+  out->clear_shape();
+  for (int64_t d : shape) out->add_shape(d);
+  out->set_data(reinterpret_cast<const char*>(values.data()),
+                values.size() * sizeof(float));
+}
+
+// Appends rows [begin, end) to `layer` (a DecodeStep for one row) with the
+// LSE and the top-k selection; returns the reply's output, LSE and
+// selected positions as one string.
+template <typename Request>
+std::string SendSparse(client::AttentionClient& client, Request request,
+                       const IndexTokens& index, int64_t begin, int64_t end) {
+  const int64_t rows = end - begin;
+  if (request.layer() != 1) {
+    SetFloats(request.mutable_index_k(),
+              absl::MakeConstSpan(index.k).subspan(begin * 8, rows * 8),
+              {rows, 8});
+    SetFloats(request.mutable_index_q(),
+              absl::MakeConstSpan(index.q).subspan(begin * 16, rows * 16),
+              {rows, 2, 8});
+    SetFloats(request.mutable_index_weights(),
+              absl::MakeConstSpan(index.w).subspan(begin * 2, rows * 2),
+              {rows, 2});
+    request.set_return_topk_indices(true);
+  }
+  absl::StatusOr<v1::AttentionResult> result;
+  if constexpr (std::is_same_v<Request, v1::DecodeRequest>) {
+    result = client.DecodeStep(request);
+  } else {
+    result = client.Prefill(request);
+  }
+  EXPECT_TRUE(result.ok()) << result.status();
+  if (!result.ok()) return "";
+  std::string out = result->output().data() + result->lse().data();
+  for (int64_t position : result->topk_indices()) {
+    out += absl::StrCat(",", position);
+  }
+  return out;
+}
+
+std::string StepSparse(client::AttentionClient& client,
+                       client::SessionHandle& session, const Tokens& t,
+                       const IndexTokens& index, int layer, int64_t begin,
+                       int64_t end) {
+  const bool latent =
+      session.spec().kv_layout() == v1::KV_LAYOUT_SHARED_LATENT;
+  const absl::Span<const float> v =
+      latent ? absl::Span<const float>() : t.v_rows(begin, end - begin);
+  client::StepOptions options;
+  options.return_lse = true;
+  if (end - begin == 1) {
+    auto request = session.MakeDecodeRequest(layer, t.q_rows(begin, 1),
+                                             t.k_rows(begin, 1), v, options);
+    EXPECT_TRUE(request.ok()) << request.status();
+    return request.ok() ? SendSparse(client, *request, index, begin, end)
+                        : "";
+  }
+  auto request = session.MakePrefillRequest(
+      layer, t.q_rows(begin, end - begin), t.k_rows(begin, end - begin), v,
+      options);
+  EXPECT_TRUE(request.ok()) << request.status();
+  return request.ok() ? SendSparse(client, *request, index, begin, end) : "";
+}
+
+// Decode steps [from, to) on every layer of a SparseSpec session.
+std::vector<std::string> ContinueSparse(client::AttentionClient& client,
+                                        client::SessionHandle& session,
+                                        const Tokens& t,
+                                        const IndexTokens& index, int64_t from,
+                                        int64_t to) {
+  std::vector<std::string> outputs;
+  for (int64_t p = from; p < to; ++p) {
+    for (int layer = 0; layer < 3; ++layer) {
+      outputs.push_back(StepSparse(client, session, t, index, layer, p, p + 1));
+    }
+  }
+  return outputs;
+}
+
 class SessionSnapshotTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -123,6 +232,38 @@ TEST_F(SessionSnapshotTest, ExportImportContinuesBitwise) {
       << metrics;
   EXPECT_TRUE(absl::StrContains(a_->server->metrics().TextExposition(),
                                 "attention_sessions_exported_total 2"));
+}
+
+// MLA shared-latent and top-k sessions move through the RPCs too: the
+// imported session continues bitwise (outputs, LSE, selections), also after
+// a fork of the original and a truncation of the copy.
+TEST_F(SessionSnapshotTest, LatentAndTopKSessionsContinueBitwise) {
+  for (bool latent : {true, false}) {
+    SCOPED_TRACE(latent ? "latent" : "separate");
+    auto original = a_->client->OpenSession(SparseSpec(latent));
+    ATTN_ASSERT_OK(original);
+    const Tokens tokens = RandomTokens(original->spec(), 140, 71);
+    const IndexTokens index(140, 72);
+    for (int layer = 0; layer < 3; ++layer) {
+      StepSparse(*a_->client, *original, tokens, index, layer, 0, 120);
+    }
+    auto records = Export(*a_->client, original->id());
+    ATTN_ASSERT_OK(records);
+    EXPECT_EQ(records->front().header().format_version(), 2u);
+    EXPECT_TRUE(records->at(1).data().v().empty() == latent);
+    EXPECT_FALSE(records->at(1).data().index_k().empty());
+    auto imported = Import(*b_->client, *records);
+    ATTN_ASSERT_OK(imported);
+    client::SessionHandle copy(b_->client.get(), *imported);
+    auto fork = original->Fork();
+    ATTN_ASSERT_OK(fork);
+    EXPECT_EQ(ContinueSparse(*b_->client, copy, tokens, index, 120, 130),
+              ContinueSparse(*a_->client, *original, tokens, index, 120, 130));
+    // Truncated back, the copy replays the fork's steps bitwise.
+    ATTN_ASSERT_OK(copy.Truncate(120));
+    EXPECT_EQ(ContinueSparse(*b_->client, copy, tokens, index, 120, 125),
+              ContinueSparse(*a_->client, *fork, tokens, index, 120, 125));
+  }
 }
 
 TEST_F(SessionSnapshotTest, KeepIdAndUnknownSession) {
@@ -269,6 +410,53 @@ TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
     left.push_back(entry.path().filename().string());
   }
   EXPECT_EQ(left, std::vector<std::string>{"0123456789abcdef.session.corrupt"});
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// --snapshot_dir carries MLA shared-latent and top-k sessions across a
+// restart like dense ones.
+TEST(SnapshotDirTest, LatentAndTopKSessionsSurviveARestartBitwise) {
+  const std::string dir = TempDir("snapshot-sparse");
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  auto first = StartTestServer(options);
+  ATTN_ASSERT_OK(first);
+  std::vector<std::string> ids;
+  std::vector<Tokens> tokens;
+  std::vector<std::vector<std::string>> expected;
+  const IndexTokens index(80, 90);
+  for (bool latent : {true, false}) {
+    auto session = (*first)->client->OpenSession(SparseSpec(latent));
+    ATTN_ASSERT_OK(session);
+    tokens.push_back(RandomTokens(session->spec(), 80, latent ? 91 : 92));
+    for (int layer = 0; layer < 3; ++layer) {
+      StepSparse(*(*first)->client, *session, tokens.back(), index, layer, 0,
+                 70);
+    }
+    ids.push_back(session->id());
+    auto fork = session->Fork();
+    ATTN_ASSERT_OK(fork);
+    expected.push_back(
+        ContinueSparse(*(*first)->client, *fork, tokens.back(), index, 70, 76));
+    ATTN_ASSERT_OK(fork->Delete());
+  }
+  (*first)->server->Shutdown();
+  EXPECT_TRUE(absl::StrContains((*first)->server->metrics().TextExposition(),
+                                "attention_snapshot_sessions_written_total 2"));
+  first->reset();
+
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto info = (*second)->client->GetSession(ids[i]);
+    ATTN_ASSERT_OK(info);
+    client::SessionHandle handle((*second)->client.get(), *info);
+    EXPECT_EQ(ContinueSparse(*(*second)->client, handle, tokens[i], index, 70,
+                             76),
+              expected[i])
+        << ids[i];
+  }
   second->reset();
   std::filesystem::remove_all(dir);
 }

@@ -316,16 +316,6 @@ TEST(TopKAttentionTest, BadIndexInputsFailAndChangeNothing) {
   EXPECT_EQ(after->kv_cache_bytes, 0);
 }
 
-// Index keys have no place in the snapshot format yet: export refuses.
-TEST(TopKAttentionTest, ExportIsRefusedForNow) {
-  auto engine = MakeEngine();
-  auto info = engine->CreateSession(TopKSpec(8), absl::ZeroDuration());
-  ASSERT_TRUE(info.ok());
-  auto exported = engine->ExportSession(info->session_id);
-  EXPECT_EQ(exported.status().code(), absl::StatusCode::kFailedPrecondition)
-      << exported.status();
-}
-
 // Index keys are stored in the KV dtype and counted: a top-k layer's token
 // takes (H_kv * (head_dim + value_dim) + index_dim) * dtype bytes.
 TEST(TopKAttentionTest, IndexKeysAreCountedInKvBytes) {
