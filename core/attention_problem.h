@@ -49,12 +49,12 @@
 #include "core/kv_view.h"
 #include "core/session_spec.h"
 #include "core/tensor.h"
+#include "core/work_plan.h"
 
 namespace attention {
 
-inline constexpr int64_t kKeysPerTile = 32;
-inline constexpr int64_t kKeysPerSplit = 512;
-static_assert(kKeysPerSplit % kKeysPerTile == 0);
+// kKeysPerTile and kKeysPerSplit, and how both backends cut a call into
+// chunks and work items in this order, are in core/work_plan.h.
 
 // Query tokens per error unit (see "Error order") for a GQA group size
 // (query heads per KV head).

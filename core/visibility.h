@@ -8,11 +8,11 @@
 //     && (window == 0 || p - j < window || j < num_sink_tokens).
 //
 // Every user derives from these functions, so the rule cannot drift
-// between them: the CPU work units and the top-k selection
-// (core/cpu/attention_unit.cc VisibleRange/UnionRange), the CUDA kernels'
-// per-key test (KeyVisible) and tile ranges (core/cuda/kernel_params.h
-// KeyTiles), and the KV cache's dropping of unreachable blocks
-// (core/layer_kv_cache.cc).
+// between them: the work plan both backends cut calls with
+// (core/work_plan.h RowBlockKeys: CPU units, top-k selection, CUDA tile
+// ranges), the CPU rows' tile masks (core/cpu/attention_unit.cc
+// VisibleRange), the CUDA kernels' per-key test (KeyVisible), and the KV
+// cache's dropping of unreachable blocks (core/layer_kv_cache.cc).
 #ifndef ATTENTION_CORE_VISIBILITY_H_
 #define ATTENTION_CORE_VISIBILITY_H_
 

@@ -117,19 +117,14 @@ RowRange VisibleRange(const MaskSpec& mask, int64_t length, int64_t p) {
 }
 
 // Calls fn(t0) for every tile [t0, t0 + kKeysPerTile) inside [lo, hi)
-// holding a key of `keys`, in increasing order, each once.
-// REQUIRES: lo is a multiple of kKeysPerTile.
+// holding a key of `keys`, in increasing order, each once (core/
+// work_plan.h's tiles). REQUIRES: lo and hi are multiples of kKeysPerTile,
+// or hi is past every key of `keys`.
 template <typename Fn>
-void ForEachTile(const Intervals& keys, int64_t lo, int64_t hi, Fn fn) {
-  int64_t next = lo;  // first tile start not visited yet
-  for (int i = 0; i < keys.count; ++i) {
-    const int64_t b = std::max(keys.begin[i], lo);
-    const int64_t e = std::min(keys.end[i], hi);
-    if (b >= e) continue;
-    int64_t t0 = std::max(next, b / kKeysPerTile * kKeysPerTile);
-    for (; t0 < e; t0 += kKeysPerTile) fn(t0);
-    next = std::max(next, t0);
-  }
+void ForEachTile(const KeyRanges& keys, int64_t lo, int64_t hi, Fn fn) {
+  const TileRanges tiles = TilesOf(keys).Clip(
+      lo / kKeysPerTile, (hi + kKeysPerTile - 1) / kKeysPerTile);
+  for (int64_t i = 0; i < tiles.size(); ++i) fn(tiles.tile(i) * kKeysPerTile);
 }
 
 // Bits [a - t0, b - t0] of a tile starting at t0 (positions a..b).
@@ -142,31 +137,6 @@ uint32_t BitSpan(int64_t a, int64_t b, int64_t t0) {
 }
 
 }  // namespace
-
-// Keys visible to at least one row of [first_p, last_p]: the sink prefix of
-// the last row and the window of the first row up to the last row's limit.
-Intervals UnionRange(const MaskSpec& mask, int64_t length, int64_t first_p,
-                     int64_t last_p) {
-  const RowRange first = VisibleRange(mask, length, first_p);
-  const RowRange last = VisibleRange(mask, length, last_p);
-  Intervals intervals;
-  intervals.Add(0, last.sinks);
-  intervals.Add(first.lo, last.hi + 1);
-  return intervals;
-}
-
-// Appends the chunks holding a key of `keys`, increasing, to `chunks`.
-void AppendChunks(const Intervals& keys, std::vector<int64_t>* chunks) {
-  const size_t start = chunks->size();
-  for (int i = 0; i < keys.count; ++i) {
-    const int64_t first = keys.begin[i] / kKeysPerSplit;
-    const int64_t last = (keys.end[i] - 1) / kKeysPerSplit;
-    for (int64_t c = first; c <= last; ++c) {
-      if (chunks->size() > start && chunks->back() >= c) continue;
-      chunks->push_back(c);
-    }
-  }
-}
 
 ProblemInfo DescribeProblem(const AttentionProblem& problem) {
   ProblemInfo info;

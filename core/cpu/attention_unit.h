@@ -1,8 +1,9 @@
 // One unit of CPU attention work: query rows x the query heads of one KV
 // head, over some of its key chunks, following the canonical reduction
 // order of attention_problem.h. CpuBackend::Attend cuts problems into units
-// and runs them (or pieces of them) on its threads; the kernels of the
-// chosen ISA do the arithmetic (kernels.h).
+// with the work plan of core/work_plan.h and runs them (or pieces of them)
+// on its threads; the kernels of the chosen ISA do the arithmetic
+// (kernels.h).
 #ifndef ATTENTION_CORE_CPU_ATTENTION_UNIT_H_
 #define ATTENTION_CORE_CPU_ATTENTION_UNIT_H_
 
@@ -14,34 +15,9 @@
 #include "absl/status/status.h"
 #include "core/attention_problem.h"
 #include "core/cpu/kernels.h"
+#include "core/work_plan.h"
 
 namespace attention::cpu {
-
-// Half-open key intervals, increasing and disjoint.
-struct Intervals {
-  int count = 0;
-  int64_t begin[2];
-  int64_t end[2];
-
-  void Add(int64_t b, int64_t e) {
-    if (b >= e) return;
-    if (count > 0 && b <= end[count - 1]) {
-      end[count - 1] = std::max(end[count - 1], e);
-      return;
-    }
-    begin[count] = b;
-    end[count] = e;
-    ++count;
-  }
-};
-
-// Keys visible to at least one row of [first_p, last_p]: the sink prefix of
-// the last row and the window of the first row up to the last row's limit.
-Intervals UnionRange(const MaskSpec& mask, int64_t length, int64_t first_p,
-                     int64_t last_p);
-
-// Appends the chunks holding a key of `keys`, increasing, to `chunks`.
-void AppendChunks(const Intervals& keys, std::vector<int64_t>* chunks);
 
 // Shape facts of one problem, computed once per Attend call.
 struct ProblemInfo {
@@ -72,7 +48,7 @@ struct Unit {
   int kv_head = 0;
   int64_t row_begin = 0;
   int64_t row_end = 0;
-  Intervals keys;  // keys some row of the unit sees
+  KeyRanges keys;  // keys some row of the unit sees (RowBlockKeys)
   // Its chunks (increasing) are chunk_list[chunks_begin, chunks_end).
   int64_t chunks_begin = 0;
   int64_t chunks_end = 0;

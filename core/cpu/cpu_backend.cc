@@ -15,12 +15,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/cpu/attention_unit.h"
-#include "core/cpu/topk_attention.h"
+#include "core/cpu/index_kernels.h"
 #include "core/cpu/kernels.h"
 #include "core/cpu/shared_chunks.h"
+#include "core/cpu/topk_attention.h"
 #include "core/cpu/work_split.h"
 #include "core/dtype.h"
 #include "core/status_macros.h"
+#include "core/work_plan.h"
 
 namespace attention {
 namespace {
@@ -220,7 +222,8 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
       continue;
     }
     ATTN_RETURN_IF_ERROR(cpu::AttendTopK(
-        problem, pool_, [this](absl::Span<const AttentionProblem> rows) {
+        problem, pool_, cpu::IndexScoresFor(isa_),
+        [this](absl::Span<const AttentionProblem> rows) {
           return AttendDense(rows);
         }));
   }
@@ -228,18 +231,31 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
   return dense.empty() ? absl::OkStatus() : AttendDense(dense);
 }
 
-absl::Status CpuBackend::AttendDense(
-    absl::Span<const AttentionProblem> problems) {
-  const KernelTable& kernels = *kernels_;
+namespace {
+
+// The work of one AttendDense call (core/work_plan.h): units (a block of
+// query rows x one KV head) with their key ranges and chunks, and the items
+// the threads run. Planning never changes results.
+struct DensePlan {
   std::vector<ProblemInfo> infos;
-  infos.reserve(problems.size());
   std::vector<Unit> units;
-  std::vector<int64_t> chunk_list;
-  int64_t work = 0;  // visible keys x query rows
+  std::vector<int64_t> chunk_list;  // every unit's chunks, increasing
+  int64_t work = 0;                 // visible keys x query row-heads
+  std::vector<cpu::SharedChunk> shared;
+  std::vector<char> slot_shared;  // per chunk_list slot
+  std::vector<Item> items;
+  int64_t partial_floats = 0;
+  bool inline_run = false;
+};
+
+// Mask -> key ranges -> chunks, per unit.
+void PlanUnits(absl::Span<const AttentionProblem> problems, DensePlan* plan) {
+  plan->infos.reserve(problems.size());
   for (size_t p = 0; p < problems.size(); ++p) {
     const AttentionProblem& problem = problems[p];
-    infos.push_back(cpu::DescribeProblem(problem));
-    const ProblemInfo& info = infos.back();
+    plan->infos.push_back(cpu::DescribeProblem(problem));
+    const ProblemInfo& info = plan->infos.back();
+    const MaskSpec& mask = problem.mask;
     for (int64_t r = 0; r < info.rows; r += info.rows_per_unit) {
       for (int g = 0; g < info.kv_heads; ++g) {
         Unit unit;
@@ -247,211 +263,256 @@ absl::Status CpuBackend::AttendDense(
         unit.kv_head = g;
         unit.row_begin = r;
         unit.row_end = std::min(info.rows, r + info.rows_per_unit);
-        unit.keys =
-            cpu::UnionRange(problem.mask, info.length,
-                            problem.mask.query_start + unit.row_begin,
-                            problem.mask.query_start + unit.row_end - 1);
-        unit.chunks_begin = static_cast<int64_t>(chunk_list.size());
-        cpu::AppendChunks(unit.keys, &chunk_list);
-        for (int k = 0; k < unit.keys.count; ++k) {
-          work += (unit.keys.end[k] - unit.keys.begin[k]) *
-                  (unit.row_end - unit.row_begin) * info.group;
-        }
-        unit.chunks_end = static_cast<int64_t>(chunk_list.size());
-        units.push_back(unit);
+        unit.keys = RowBlockKeys(mask.causal, mask.window,
+                                 mask.num_sink_tokens, info.length,
+                                 mask.query_start + unit.row_begin,
+                                 mask.query_start + unit.row_end - 1);
+        unit.chunks_begin = static_cast<int64_t>(plan->chunk_list.size());
+        ForEachChunk(unit.keys,
+                     [plan](int64_t c) { plan->chunk_list.push_back(c); });
+        unit.chunks_end = static_cast<int64_t>(plan->chunk_list.size());
+        plan->work +=
+            unit.keys.size() * (unit.row_end - unit.row_begin) * info.group;
+        plan->units.push_back(unit);
       }
     }
   }
+}
 
+// Decode steps of a batch that read the same KV blocks (forks of one
+// prompt) compute each shared chunk once for all of them.
+void PlanSharedChunks(absl::Span<const AttentionProblem> problems,
+                      DensePlan* plan) {
+  plan->slot_shared.assign(plan->chunk_list.size(), 0);
+  if (problems.size() <= 1) return;
+  plan->shared = cpu::FindSharedChunks(problems, plan->infos, plan->units,
+                                       plan->chunk_list);
+  for (const cpu::SharedChunk& chunk : plan->shared) {
+    for (const cpu::SharedChunkMember& member : chunk.members) {
+      plan->slot_shared[member.slot] = 1;
+    }
+  }
+}
+
+// Chunks -> work items. Units with too few siblings to occupy the threads
+// (or with shared chunks) are split: their chunk states go to the partial
+// buffer in pieces of at most `chunks_per_piece` chunks, merged afterwards.
+void PlanItems(absl::Span<const AttentionProblem> problems,
+               int64_t chunks_per_piece, DensePlan* plan) {
+  // Shared chunks first: each is a long item, better started early.
+  for (size_t s = 0; s < plan->shared.size(); ++s) {
+    plan->items.push_back(Item{-1, 0, 0, static_cast<int64_t>(s)});
+  }
+  for (size_t u = 0; u < plan->units.size(); ++u) {
+    Unit& unit = plan->units[u];
+    const ProblemInfo& info = plan->infos[unit.problem];
+    const int64_t count = unit.chunks_end - unit.chunks_begin;
+    const char* shared = plan->slot_shared.data() + unit.chunks_begin;
+    const bool has_shared = std::find(shared, shared + count, 1) !=
+                            shared + count;
+    unit.items_begin = static_cast<int64_t>(plan->items.size());
+    if (has_shared || (count > chunks_per_piece &&
+                       problems[unit.problem].weights == nullptr)) {
+      unit.split = true;
+      unit.partial = plan->partial_floats;
+      plan->partial_floats +=
+          count * cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
+                                   info.value_dim_padded);
+      // The shared slots' states come from the shared items above.
+      ForEachPiece(
+          count, chunks_per_piece,
+          [shared](int64_t slot) { return shared[slot] != 0; },
+          [&](int64_t begin, int64_t end) {
+            plan->items.push_back(Item{static_cast<int64_t>(u),
+                                       unit.chunks_begin + begin,
+                                       unit.chunks_begin + end});
+          });
+    } else {
+      plan->items.push_back(
+          Item{static_cast<int64_t>(u), unit.chunks_begin, unit.chunks_end});
+    }
+    unit.items_end = static_cast<int64_t>(plan->items.size());
+  }
+}
+
+// Runs a DensePlan's items and the merges of its split units. Items run in
+// any order, but the reported error is always the first one of the lowest
+// failing unit (in its own processing order: chunk order for split units),
+// so it never depends on scheduling, thread count, splitting or sharing.
+// Work of units above a failed one is skipped.
+class DenseRun {
+ public:
+  DenseRun(const KernelTable& kernels,
+           absl::Span<const AttentionProblem> problems, const DensePlan& plan,
+           std::atomic<int64_t>* shared_computations)
+      : kernels_(kernels),
+        problems_(problems),
+        plan_(plan),
+        shared_computations_(shared_computations),
+        partial_(plan.partial_floats > 0 ? new float[plan.partial_floats]
+                                         : nullptr),
+        item_errors_(plan.items.size()),
+        slot_errors_(plan.chunk_list.size()),
+        unit_errors_(plan.units.size()) {}
+
+  void RunItem(int64_t i);
+  // Merges split unit `u`'s chunk states in increasing chunk order.
+  void MergeUnit(int64_t u);
+  // The call's status: the first error of the lowest failing unit.
+  absl::Status FirstError() const;
+
+ private:
+  static constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+
+  UnitRunner Runner(const Unit& unit) const {
+    return UnitRunner(kernels_, problems_[unit.problem],
+                      plan_.infos[unit.problem], unit);
+  }
+  float* ChunkState(const Unit& unit, int64_t slot) const {
+    const ProblemInfo& info = plan_.infos[unit.problem];
+    return partial_.get() + unit.partial +
+           (slot - unit.chunks_begin) *
+               cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
+                                info.value_dim_padded);
+  }
+  bool Failed(int64_t u) const {
+    return u > first_failed_.load(std::memory_order_relaxed);
+  }
+  void RecordFailure(int64_t u) {
+    int64_t current = first_failed_.load(std::memory_order_relaxed);
+    while (u < current && !first_failed_.compare_exchange_weak(
+                              current, u, std::memory_order_relaxed)) {
+    }
+  }
+  // The state of chunk_list[slot] for split unit u, computed by u alone.
+  bool OwnChunkState(int64_t u, int64_t slot);
+  void RunShared(const cpu::SharedChunk& chunk);
+
+  const KernelTable& kernels_;
+  const absl::Span<const AttentionProblem> problems_;
+  const DensePlan& plan_;
+  std::atomic<int64_t>* const shared_computations_;
+  const std::unique_ptr<float[]> partial_;
+  std::atomic<int64_t> first_failed_{kNone};
+  std::vector<absl::Status> item_errors_;  // unsplit units
+  std::vector<absl::Status> slot_errors_;  // split units, per chunk slot
+  std::vector<absl::Status> unit_errors_;  // split units' merges
+};
+
+bool DenseRun::OwnChunkState(int64_t u, int64_t slot) {
+  const Unit& unit = plan_.units[u];
+  absl::Status status = Runner(unit).ComputeChunkStates(
+      &plan_.chunk_list[slot], 1, ChunkState(unit, slot));
+  if (status.ok()) return true;
+  slot_errors_[slot] = std::move(status);
+  RecordFailure(u);
+  return false;
+}
+
+void DenseRun::RunShared(const cpu::SharedChunk& chunk) {
+  if (cpu::ComputeSharedChunk(kernels_, problems_, plan_.infos, plan_.units,
+                              chunk, partial_.get())
+          .ok()) {
+    shared_computations_->fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  // Each member recomputes alone and reports its own error.
+  for (const cpu::SharedChunkMember& member : chunk.members) {
+    OwnChunkState(member.unit, member.slot);
+  }
+}
+
+void DenseRun::RunItem(int64_t i) {
+  const Item& item = plan_.items[i];
+  if (item.shared >= 0) return RunShared(plan_.shared[item.shared]);
+  if (Failed(item.unit)) return;
+  const Unit& unit = plan_.units[item.unit];
+  UnitRunner runner = Runner(unit);
+  const int64_t* chunks = plan_.chunk_list.data() + item.chunks_begin;
+  const int64_t count = item.chunks_end - item.chunks_begin;
+  if (unit.split) {
+    if (!runner.ComputeChunkStates(chunks, count,
+                                   ChunkState(unit, item.chunks_begin))
+             .ok()) {
+      // Rare: chunk by chunk again, to pin down the first failing one.
+      for (int64_t slot = item.chunks_begin; slot < item.chunks_end; ++slot) {
+        if (!OwnChunkState(item.unit, slot)) return;
+      }
+    }
+    return;
+  }
+  absl::Status status = runner.RunDirect(chunks, count);
+  if (!status.ok()) {
+    item_errors_[i] = std::move(status);
+    RecordFailure(item.unit);
+  }
+}
+
+void DenseRun::MergeUnit(int64_t u) {
+  if (u >= first_failed_.load(std::memory_order_relaxed)) return;
+  const Unit& unit = plan_.units[u];
+  absl::Status status = Runner(unit).MergeAndFinish(
+      unit.chunks_end - unit.chunks_begin, partial_.get() + unit.partial);
+  if (!status.ok()) {
+    unit_errors_[u] = std::move(status);
+    RecordFailure(u);
+  }
+}
+
+absl::Status DenseRun::FirstError() const {
+  const int64_t failed = first_failed_.load();
+  if (failed == kNone) return absl::OkStatus();
+  const Unit& unit = plan_.units[failed];
+  if (unit.split) {
+    for (int64_t slot = unit.chunks_begin; slot < unit.chunks_end; ++slot) {
+      if (!slot_errors_[slot].ok()) return slot_errors_[slot];
+    }
+  } else {
+    for (int64_t i = unit.items_begin; i < unit.items_end; ++i) {
+      if (!item_errors_[i].ok()) return item_errors_[i];
+    }
+  }
+  return unit_errors_[failed];
+}
+
+}  // namespace
+
+absl::Status CpuBackend::AttendDense(
+    absl::Span<const AttentionProblem> problems) {
+  DensePlan plan;
+  PlanUnits(problems, &plan);
   // Too few units to occupy the threads: spread long units' chunks over
   // several items. Whether and how units are split never changes results.
   int64_t splittable_chunks = 0;
-  for (const Unit& unit : units) {
+  for (const Unit& unit : plan.units) {
     if (problems[unit.problem].weights != nullptr) continue;
     splittable_chunks += unit.chunks_end - unit.chunks_begin;
   }
-  const bool inline_run = work < kInlineWorkLimit;
+  plan.inline_run = plan.work < kInlineWorkLimit;
   const int64_t chunks_per_piece =
-      inline_run ? kNoSplit
-                 : ChunksPerPiece(static_cast<int64_t>(units.size()),
-                                  splittable_chunks, pool_.num_threads());
+      plan.inline_run ? kNoSplit
+                      : ChunksPerPiece(static_cast<int64_t>(plan.units.size()),
+                                       splittable_chunks, pool_.num_threads());
+  PlanSharedChunks(problems, &plan);
+  PlanItems(problems, chunks_per_piece, &plan);
+
   auto parallel_for = [&](int64_t n, const std::function<void(int64_t)>& fn) {
-    if (inline_run) {
+    if (plan.inline_run) {
       for (int64_t i = 0; i < n; ++i) fn(i);
     } else {
       pool_.ParallelFor(n, fn);
     }
   };
-  // Decode steps of a batch that read the same KV blocks (forks of one
-  // prompt) compute each shared chunk once for all of them.
-  std::vector<cpu::SharedChunk> shared;
-  std::vector<char> slot_shared(chunk_list.size(), 0);
-  if (problems.size() > 1) {
-    shared = cpu::FindSharedChunks(problems, infos, units, chunk_list);
-    for (const cpu::SharedChunk& chunk : shared) {
-      for (const cpu::SharedChunkMember& member : chunk.members) {
-        slot_shared[member.slot] = 1;
-      }
-    }
-  }
-
-  // Shared chunks first: each is a long item, better started early.
-  std::vector<Item> items;
-  for (size_t s = 0; s < shared.size(); ++s) {
-    items.push_back(Item{-1, 0, 0, static_cast<int64_t>(s)});
-  }
-  int64_t partial_floats = 0;
-  for (size_t u = 0; u < units.size(); ++u) {
-    Unit& unit = units[u];
-    const ProblemInfo& info = infos[unit.problem];
-    const int64_t count = unit.chunks_end - unit.chunks_begin;
-    const bool has_shared =
-        std::any_of(slot_shared.begin() + unit.chunks_begin,
-                    slot_shared.begin() + unit.chunks_end,
-                    [](char is_shared) { return is_shared != 0; });
-    unit.items_begin = static_cast<int64_t>(items.size());
-    if (has_shared || (count > chunks_per_piece &&
-                       problems[unit.problem].weights == nullptr)) {
-      unit.split = true;
-      unit.partial = partial_floats;
-      partial_floats +=
-          count * cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
-                                   info.value_dim_padded);
-      // Its own chunks in pieces of at most chunks_per_piece, skipping the
-      // shared ones (their items above fill those states).
-      int64_t c = unit.chunks_begin;
-      while (c < unit.chunks_end) {
-        if (slot_shared[c]) {
-          ++c;
-          continue;
-        }
-        int64_t end = c;
-        while (end < unit.chunks_end && !slot_shared[end] &&
-               end - c < chunks_per_piece) {
-          ++end;
-        }
-        items.push_back(Item{static_cast<int64_t>(u), c, end});
-        c = end;
-      }
-    } else {
-      items.push_back(
-          Item{static_cast<int64_t>(u), unit.chunks_begin, unit.chunks_end});
-    }
-    unit.items_end = static_cast<int64_t>(items.size());
-  }
-  std::unique_ptr<float[]> partial(
-      partial_floats > 0 ? new float[partial_floats] : nullptr);
-  auto chunk_state = [&](const Unit& unit, int64_t slot) {
-    const ProblemInfo& info = infos[unit.problem];
-    return partial.get() + unit.partial +
-           (slot - unit.chunks_begin) *
-               cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
-                                info.value_dim_padded);
-  };
-
-  // Items run in any order, but the reported error is always the first one
-  // of the lowest failing unit (in its own processing order: chunk order
-  // for split units), so it never depends on scheduling, thread count,
-  // splitting or sharing. Work of units above a failed one is skipped.
-  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
-  std::atomic<int64_t> first_failed{kNone};
-  auto record_failure = [&first_failed](int64_t unit) {
-    int64_t current = first_failed.load(std::memory_order_relaxed);
-    while (unit < current && !first_failed.compare_exchange_weak(
-                                 current, unit, std::memory_order_relaxed)) {
-    }
-  };
-  std::vector<absl::Status> item_errors(items.size());       // unsplit units
-  std::vector<absl::Status> slot_errors(chunk_list.size());  // split units
-  // The state of chunk_list[slot] for split unit u, computed by u alone.
-  auto own_chunk_state = [&](int64_t u, int64_t slot) {
-    const Unit& unit = units[u];
-    UnitRunner runner(kernels, problems[unit.problem], infos[unit.problem],
-                      unit);
-    absl::Status status = runner.ComputeChunkStates(&chunk_list[slot], 1,
-                                                    chunk_state(unit, slot));
-    if (!status.ok()) {
-      slot_errors[slot] = std::move(status);
-      record_failure(u);
-      return false;
-    }
-    return true;
-  };
-  parallel_for(static_cast<int64_t>(items.size()), [&](int64_t i) {
-    const Item& item = items[i];
-    if (item.shared >= 0) {
-      const cpu::SharedChunk& chunk = shared[item.shared];
-      if (cpu::ComputeSharedChunk(kernels, problems, infos, units, chunk,
-                                  partial.get())
-              .ok()) {
-        shared_chunk_computations_.fetch_add(1, std::memory_order_relaxed);
-      } else {
-        // Each member recomputes alone and reports its own error.
-        for (const cpu::SharedChunkMember& member : chunk.members) {
-          own_chunk_state(member.unit, member.slot);
-        }
-      }
-      return;
-    }
-    if (item.unit > first_failed.load(std::memory_order_relaxed)) return;
-    const Unit& unit = units[item.unit];
-    UnitRunner runner(kernels, problems[unit.problem], infos[unit.problem],
-                      unit);
-    if (unit.split) {
-      if (!runner
-               .ComputeChunkStates(chunk_list.data() + item.chunks_begin,
-                                   item.chunks_end - item.chunks_begin,
-                                   chunk_state(unit, item.chunks_begin))
-               .ok()) {
-        // Rare: chunk by chunk again, to pin down the first failing one.
-        for (int64_t slot = item.chunks_begin; slot < item.chunks_end; ++slot) {
-          if (!own_chunk_state(item.unit, slot)) return;
-        }
-      }
-      return;
-    }
-    absl::Status status =
-        runner.RunDirect(chunk_list.data() + item.chunks_begin,
-                         item.chunks_end - item.chunks_begin);
-    if (!status.ok()) {
-      item_errors[i] = std::move(status);
-      record_failure(item.unit);
-    }
-  });
-
-  // Merge the chunk states of split units, in increasing chunk order.
+  DenseRun run(*kernels_, problems, plan, &shared_chunk_computations_);
+  parallel_for(static_cast<int64_t>(plan.items.size()),
+               [&run](int64_t i) { run.RunItem(i); });
   std::vector<int64_t> split_units;
-  for (size_t u = 0; u < units.size(); ++u) {
-    if (units[u].split) split_units.push_back(static_cast<int64_t>(u));
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    if (plan.units[u].split) split_units.push_back(static_cast<int64_t>(u));
   }
-  std::vector<absl::Status> unit_errors(units.size());
-  parallel_for(static_cast<int64_t>(split_units.size()), [&](int64_t k) {
-    const int64_t u = split_units[k];
-    if (u >= first_failed.load(std::memory_order_relaxed)) return;
-    const Unit& unit = units[u];
-    UnitRunner runner(kernels, problems[unit.problem], infos[unit.problem],
-                      unit);
-    absl::Status status = runner.MergeAndFinish(
-        unit.chunks_end - unit.chunks_begin, partial.get() + unit.partial);
-    if (!status.ok()) {
-      unit_errors[u] = std::move(status);
-      record_failure(u);
-    }
-  });
-
-  const int64_t failed = first_failed.load();
-  if (failed == kNone) return absl::OkStatus();
-  const Unit& unit = units[failed];
-  if (unit.split) {
-    for (int64_t slot = unit.chunks_begin; slot < unit.chunks_end; ++slot) {
-      if (!slot_errors[slot].ok()) return slot_errors[slot];
-    }
-  } else {
-    for (int64_t i = unit.items_begin; i < unit.items_end; ++i) {
-      if (!item_errors[i].ok()) return item_errors[i];
-    }
-  }
-  return unit_errors[failed];
+  parallel_for(static_cast<int64_t>(split_units.size()),
+               [&](int64_t k) { run.MergeUnit(split_units[k]); });
+  return run.FirstError();
 }
 
 }  // namespace attention

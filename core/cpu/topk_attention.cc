@@ -9,31 +9,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/call_control.h"
-#include "core/cpu/attention_unit.h"
 #include "core/dtype.h"
 #include "core/kv_view.h"
 #include "core/status_macros.h"
+#include "core/work_plan.h"
 
 namespace attention::cpu {
 namespace {
 
-// Lanes of the index dot product (kernels.h's canonical lane structure,
-// with a rounded product and a separate add: this code is portable and the
-// compiler may not fuse them, -ffp-contract=off).
-constexpr int kIndexLanes = 16;
-
-float IndexDot(const float* q, const float* k, int dim) {
-  float lanes[kIndexLanes] = {};
-  int d = 0;
-  for (; d + kIndexLanes <= dim; d += kIndexLanes) {
-    for (int l = 0; l < kIndexLanes; ++l) lanes[l] += q[d + l] * k[d + l];
-  }
-  for (int l = 0; d + l < dim; ++l) lanes[l] += q[d + l] * k[d + l];
-  for (int width = kIndexLanes / 2; width >= 1; width /= 2) {
-    for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
-  }
-  return lanes[0];
-}
+// Keys the index kernel scores per call (a stack buffer of scores).
+constexpr int64_t kScoresPerRun = 256;
 
 // Keys one task scores when a lone row's scoring is spread over threads.
 constexpr int64_t kKeysPerPiece = 2048;
@@ -50,67 +35,39 @@ bool Ranks(const std::pair<float, int64_t>& a,
 
 }  // namespace
 
-float IndexScoreOf(const float* q, const float* w, int index_heads,
-                   int index_dim, const float* key, IndexScore f) {
-  float score = 0.0f;
-  for (int j = 0; j < index_heads; ++j) {
-    float dot = IndexDot(q + int64_t{j} * index_dim, key, index_dim);
-    if (f == IndexScore::kRelu) dot = std::max(dot, 0.0f);
-    score += w[j] * dot;
-  }
-  return score;
-}
-
 absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
-                        absl::Span<const float> index_q,
-                        absl::Span<const float> weights, ThreadPool* pool,
+                        const IndexQuery& query, IndexScoresFn score_keys,
+                        ThreadPool* pool,
                         std::vector<std::pair<float, int64_t>>* scores,
                         std::vector<int64_t>* selected) {
   const TopKSpec& spec = *problem.topk;
   const KvView& kv = problem.kv;
-  const int heads = static_cast<int>(spec.index_q.dim(1));
-  const int dim = kv.index_dim;
-  const int64_t position = problem.mask.query_start + row;
-  const Intervals visible =
-      UnionRange(problem.mask, kv.length, position, position);
-  const float* q = index_q.data() + row * heads * dim;
-  const float* w = weights.data() + row * heads;
-  // The visible keys, flattened: entry f is the f-th visible position.
-  int64_t count = 0;
-  for (int i = 0; i < visible.count; ++i) {
-    count += visible.end[i] - visible.begin[i];
-  }
-  auto position_of = [&](int64_t f) {
-    const int64_t first = visible.end[0] - visible.begin[0];
-    return f < first ? visible.begin[0] + f : visible.begin[1] + f - first;
-  };
+  const MaskSpec& mask = problem.mask;
+  const int64_t position = mask.query_start + row;
+  // The keys the row sees (core/work_plan.h), flattened: entry f is the
+  // f-th visible position.
+  const KeyRanges visible =
+      RowBlockKeys(mask.causal, mask.window, mask.num_sink_tokens, kv.length,
+                   position, position);
+  const int64_t count = visible.size();
   scores->resize(static_cast<size_t>(count));
   // Scores entries [begin, end): index keys are contiguous within a block,
-  // so one block's run is read (converted when not float32) at a time.
+  // so the kernel scores one block's run of a range at a time.
   auto score_piece = [&](int64_t begin, int64_t end) -> absl::Status {
-    std::vector<float> run_keys;
+    float run_scores[kScoresPerRun];
     int64_t f = begin;
     while (f < end) {
-      const int64_t pos = position_of(f);
+      const int64_t pos = visible.at(f);
       const int64_t block_end =
           (pos / kv.tokens_per_block + 1) * kv.tokens_per_block;
-      // A run stays inside one block and one interval.
-      const int64_t interval_end =
-          f < visible.end[0] - visible.begin[0]
-              ? visible.end[0] - visible.begin[0]
-              : count;
-      const int64_t run =
-          std::min({end - f, block_end - pos, interval_end - f});
-      const float* keys = reinterpret_cast<const float*>(kv.index_key(pos));
-      if (kv.dtype != DType::kFloat32) {
-        run_keys.resize(static_cast<size_t>(run * dim));
-        ConvertToFloat(kv.dtype, kv.index_key(pos), run * dim,
-                       run_keys.data());
-        keys = run_keys.data();
-      }
+      // A run stays inside one block and one range.
+      const int64_t first_range = visible.end[0] - visible.begin[0];
+      const int64_t range_left = f < first_range ? first_range - f : count - f;
+      const int64_t run = std::min(
+          {end - f, block_end - pos, range_left, int64_t{kScoresPerRun}});
+      score_keys(query, kv.dtype, kv.index_key(pos), run, run_scores);
       for (int64_t j = 0; j < run; ++j) {
-        const float score =
-            IndexScoreOf(q, w, heads, dim, keys + j * dim, spec.score);
+        const float score = run_scores[j];
         if (!std::isfinite(score)) {
           return absl::InvalidArgumentError(absl::StrCat(
               "the index score of key ", pos + j,
@@ -153,6 +110,7 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
 
 absl::Status AttendTopK(
     const AttentionProblem& problem, ThreadPool& pool,
+    IndexScoresFn score_keys,
     const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
         attend_dense) {
   const TopKSpec& spec = *problem.topk;
@@ -165,14 +123,29 @@ absl::Status AttendTopK(
   const int64_t element = DTypeSize(kv.dtype);
   const int64_t q_row_bytes = int64_t{heads} * head_dim * DTypeSize(problem.q.dtype);
 
-  // 1. Every row's selection, in parallel over rows.
-  std::vector<float> index_q(static_cast<size_t>(spec.index_q.num_elements()));
+  // 1. Every row's selection, in parallel over rows. The index queries as
+  // the kernels take them: float32, each padded with zeros to whole lanes.
+  const int index_heads = static_cast<int>(spec.index_q.dim(1));
+  const int index_dim = static_cast<int>(spec.index_q.dim(2));
+  const int index_stride = IndexDimPadded(index_dim);
+  std::vector<float> index_q(
+      static_cast<size_t>(rows * index_heads * index_stride), 0.0f);
+  const int64_t index_q_bytes = int64_t{index_dim} * DTypeSize(spec.index_q.dtype);
+  for (int64_t qh = 0; qh < rows * index_heads; ++qh) {
+    ConvertToFloat(spec.index_q.dtype, spec.index_q.data + qh * index_q_bytes,
+                   index_dim, index_q.data() + qh * index_stride);
+  }
   std::vector<float> weights(
       static_cast<size_t>(spec.index_weights.num_elements()));
-  ConvertToFloat(spec.index_q.dtype, spec.index_q.data,
-                 spec.index_q.num_elements(), index_q.data());
   ConvertToFloat(spec.index_weights.dtype, spec.index_weights.data,
                  spec.index_weights.num_elements(), weights.data());
+  auto query_of = [&](int64_t row) {
+    return IndexQuery{.q = index_q.data() + row * index_heads * index_stride,
+                      .w = weights.data() + row * index_heads,
+                      .heads = index_heads,
+                      .dim = index_dim,
+                      .f = spec.score};
+  };
   ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
   std::vector<std::vector<int64_t>> selected(static_cast<size_t>(rows));
   std::vector<absl::Status> statuses(static_cast<size_t>(rows));
@@ -180,15 +153,15 @@ absl::Status AttendTopK(
     // Few rows (decode): each row's scoring is spread over the threads.
     std::vector<std::pair<float, int64_t>> scores;
     for (int64_t row = 0; row < rows; ++row) {
-      statuses[row] = SelectTopK(problem, row, index_q, weights, &pool,
-                                 &scores, &selected[row]);
+      statuses[row] = SelectTopK(problem, row, query_of(row), score_keys,
+                                 &pool, &scores, &selected[row]);
     }
   } else {
     pool.ParallelFor(rows, [&](int64_t row) {
       if (!CheckCall(problem.control).ok()) return;  // reported below
       std::vector<std::pair<float, int64_t>> scores;
-      statuses[row] = SelectTopK(problem, row, index_q, weights, nullptr,
-                                 &scores, &selected[row]);
+      statuses[row] = SelectTopK(problem, row, query_of(row), score_keys,
+                                 nullptr, &scores, &selected[row]);
     });
   }
   ATTN_RETURN_IF_ERROR(CheckCall(problem.control));

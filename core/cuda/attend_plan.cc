@@ -10,14 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/cuda/cuda_status.h"
 #include "core/dtype.h"
+#include "core/status_macros.h"
+#include "core/work_plan.h"
 
 namespace attention {
 namespace cuda {
 namespace {
 
-static_assert(kKeysPerTile == kTileKeys, "tile size must match the CPU's");
-static_assert(kKeysPerSplit == int64_t{kTileKeys} * kChunkTiles,
-              "split size must match the CPU's");
 static_assert(static_cast<int32_t>(DType::kFloat32) == kF32 &&
                   static_cast<int32_t>(DType::kFloat16) == kF16 &&
                   static_cast<int32_t>(DType::kBFloat16) == kBF16,
@@ -62,23 +61,7 @@ int64_t BlockExtentBytes(const KvView& kv, int64_t b, bool values) {
   return elements * DTypeSize(kv.dtype);
 }
 
-// Chunks (kKeysPerSplit keys) holding the tiles of `tiles`, increasing.
-std::vector<int32_t> ChunksOf(const TileRanges& tiles) {
-  std::vector<int32_t> chunks;
-  auto add = [&chunks](int64_t begin, int64_t end) {
-    if (begin >= end) return;
-    for (int64_t c = begin / kChunkTiles; c <= (end - 1) / kChunkTiles; ++c) {
-      if (chunks.empty() || chunks.back() < c) {
-        chunks.push_back(static_cast<int32_t>(c));
-      }
-    }
-  };
-  add(tiles.begin0, tiles.end0);
-  add(tiles.begin1, tiles.end1);
-  return chunks;
-}
-
-// The mask and geometry fields KeyTiles reads.
+// The mask and geometry fields RowKeys reads.
 ProblemParams Geometry(const AttentionProblem& problem, int32_t group_size) {
   ProblemParams p;
   p.group_size = group_size;
@@ -90,264 +73,335 @@ ProblemParams Geometry(const AttentionProblem& problem, int32_t group_size) {
   return p;
 }
 
+// Rejects a problem the kernels cannot take.
+absl::Status CheckShape(int64_t i, const AttentionProblem& problem,
+                        int32_t group_size) {
+  const int64_t num_queries = problem.q.dim(0);
+  const int64_t num_heads = problem.q.dim(1);
+  if (num_heads > kMaxQueryHeads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("problem ", i, ": ", num_heads,
+                     " query heads exceed the CUDA backend's limit of ",
+                     kMaxQueryHeads, "; use fewer heads or the cpu backend"));
+  }
+  if (problem.kv.value_dim > kSimtMaxValueDim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "problem ", i, ": value_dim ", problem.kv.value_dim,
+        " exceeds the CUDA backend's limit of ", kSimtMaxValueDim,
+        "; use a smaller value_dim or the cpu backend"));
+  }
+  if (num_queries >= kMaxQueries ||
+      num_queries * group_size > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "problem ", i, ": ", num_queries, " queries with ", num_heads,
+        " heads are too many for one CUDA call; send fewer query tokens"));
+  }
+  return absl::OkStatus();
+}
+
+// Where a problem's keys and values live.
+struct KvPlacement {
+  bool on_device = false;
+  bool aligned = true;  // every block pointer 16-byte aligned
+};
+
+absl::StatusOr<KvPlacement> LocateKv(
+    int64_t i, const KvView& kv, int64_t num_blocks,
+    const AttendPlan::DeviceMemoryTest& is_device_memory) {
+  // Fast path: every block pointer lies between the lowest and the
+  // highest, so when both ends (plus a whole block) fall in one arena, all
+  // of them are device memory.
+  bool any_device = false;
+  bool any_host = false;
+  KvPlacement placement;
+  uintptr_t lowest = std::numeric_limits<uintptr_t>::max();
+  uintptr_t highest = 0;
+  uintptr_t low_bits = 0;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    for (const std::byte* block : {kv.k_blocks[b], kv.v_blocks[b]}) {
+      if (block == nullptr) continue;
+      const auto address = reinterpret_cast<uintptr_t>(block);
+      lowest = std::min(lowest, address);
+      highest = std::max(highest, address);
+      low_bits |= address;
+    }
+  }
+  const int64_t block_extent =
+      std::max(BlockExtentBytes(kv, 0, false), BlockExtentBytes(kv, 0, true));
+  const bool fast_device =
+      highest >= lowest &&
+      is_device_memory(reinterpret_cast<const void*>(lowest),
+                       static_cast<int64_t>(highest - lowest) + block_extent);
+  if (fast_device) {
+    any_device = true;
+    placement.aligned = low_bits % 16 == 0;
+  }
+  for (int64_t b = 0; !fast_device && b < num_blocks; ++b) {
+    for (int values = 0; values < 2; ++values) {
+      const std::byte* block = values ? kv.v_blocks[b] : kv.k_blocks[b];
+      if (block == nullptr) continue;
+      const int64_t bytes = BlockExtentBytes(kv, b, values != 0);
+      if (bytes <= 0) continue;
+      if (is_device_memory(block, bytes)) {
+        any_device = true;
+      } else {
+        any_host = true;
+      }
+      if (reinterpret_cast<uintptr_t>(block) % 16 != 0) {
+        placement.aligned = false;
+      }
+    }
+  }
+  if (any_device && any_host) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "problem ", i,
+        ": its KV blocks mix GPU memory and host memory; a problem's keys "
+        "must all come from the KV pool or all from the request"));
+  }
+  placement.on_device = !any_host;
+  return placement;
+}
+
+// The kernel variant of a problem: tensor cores for 16-bit KV of suitable
+// dims and strides, the SIMT kernel otherwise.
+void ChooseVariant(const AttentionProblem& problem, bool aligned,
+                   bool kv_on_device, KernelVariant* variant, bool* mma,
+                   bool* split_q) {
+  const KvView& kv = problem.kv;
+  const int64_t head_dim = problem.q.dim(2);
+  const bool half = kv.dtype != DType::kFloat32;
+  *mma = half && head_dim % 8 == 0 && kv.value_dim % 8 == 0 &&
+         head_dim <= kMmaMaxDim && kv.value_dim <= kMmaMaxDim &&
+         kv.length < std::numeric_limits<int32_t>::max() &&
+         problem.mask.query_start + problem.q.dim(0) <
+             std::numeric_limits<int32_t>::max() &&
+         kv.tokens_per_block < std::numeric_limits<int32_t>::max() &&
+         kv.k_token_stride % 8 == 0 && kv.k_head_stride % 8 == 0 &&
+         kv.v_token_stride % 8 == 0 && kv.v_head_stride % 8 == 0 &&
+         (aligned || !kv_on_device);
+  *split_q = *mma && problem.q.dtype != kv.dtype;
+  if (*mma) {
+    if (kv.dtype == DType::kFloat16) {
+      *variant = *split_q ? KernelVariant::kMmaF16SplitQ : KernelVariant::kMmaF16;
+    } else {
+      *variant =
+          *split_q ? KernelVariant::kMmaBF16SplitQ : KernelVariant::kMmaBF16;
+    }
+    return;
+  }
+  *variant = kv.dtype == DType::kFloat32   ? KernelVariant::kSimtF32
+             : kv.dtype == DType::kFloat16 ? KernelVariant::kSimtF16
+                                           : KernelVariant::kSimtBF16;
+}
+
 }  // namespace
 
-absl::StatusOr<AttendPlan> AttendPlan::Create(
-    absl::Span<const AttentionProblem> problems,
-    const DeviceMemoryTest& is_device_memory, int num_sms,
-    const Limits& limits) {
-  AttendPlan plan;
-  const int64_t n = static_cast<int64_t>(problems.size());
-  if (n > kMaxProblems) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the CUDA backend takes at most ", kMaxProblems,
-                     " problems per call, got ", n, "; split the batch"));
+absl::Status AttendPlan::Classify(int64_t i, const AttentionProblem& problem,
+                                  const DeviceMemoryTest& is_device_memory) {
+  Planned& pl = planned_[i];
+  pl.problem = &problem;
+  const KvView& kv = problem.kv;
+  pl.group_size = static_cast<int32_t>(problem.q.dim(1) / kv.num_kv_heads);
+  ATTN_RETURN_IF_ERROR(CheckShape(i, problem, pl.group_size));
+  pl.num_blocks = kv.length <= 0 ? 0
+                                 : (kv.length + kv.tokens_per_block - 1) /
+                                       kv.tokens_per_block;
+  if (static_cast<int64_t>(kv.k_blocks.size()) < pl.num_blocks ||
+      static_cast<int64_t>(kv.v_blocks.size()) < pl.num_blocks) {
+    return absl::InternalError(absl::StrCat(
+        "problem ", i, ": its block tables hold ", kv.k_blocks.size(),
+        " key and ", kv.v_blocks.size(), " value blocks but ", kv.length,
+        " positions need ", pl.num_blocks, "; this is a bug in the caller"));
   }
-  plan.planned_.resize(problems.size());
+  ATTN_ASSIGN_OR_RETURN(const KvPlacement placement,
+                        LocateKv(i, kv, pl.num_blocks, is_device_memory));
+  pl.kv_on_device = placement.on_device;
+  ChooseVariant(problem, placement.aligned, pl.kv_on_device, &pl.variant,
+                &pl.mma, &pl.split_q);
+  pl.q_stride =
+      pl.mma ? static_cast<int32_t>((problem.q.dim(2) + 15) / 16 * 16) : 0;
+  return absl::OkStatus();
+}
 
-  // 1. Classify each problem.
-  for (int64_t i = 0; i < n; ++i) {
-    const AttentionProblem& problem = problems[i];
-    Planned& pl = plan.planned_[i];
-    pl.problem = &problem;
-    const KvView& kv = problem.kv;
-    const int64_t num_queries = problem.q.dim(0);
-    const int64_t num_heads = problem.q.dim(1);
-    const int64_t head_dim = problem.q.dim(2);
-    pl.group_size = static_cast<int32_t>(num_heads / kv.num_kv_heads);
-    if (num_heads > kMaxQueryHeads) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("problem ", i, ": ", num_heads,
-                       " query heads exceed the CUDA backend's limit of ",
-                       kMaxQueryHeads, "; use fewer heads or the cpu backend"));
-    }
-    if (kv.value_dim > kSimtMaxValueDim) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "problem ", i, ": value_dim ", kv.value_dim,
-          " exceeds the CUDA backend's limit of ", kSimtMaxValueDim,
-          "; use a smaller value_dim or the cpu backend"));
-    }
-    if (num_queries >= kMaxQueries ||
-        num_queries * pl.group_size > std::numeric_limits<int32_t>::max()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "problem ", i, ": ", num_queries, " queries with ", num_heads,
-          " heads are too many for one CUDA call; send fewer query tokens"));
-    }
-    pl.num_blocks = kv.length <= 0 ? 0
-                                   : (kv.length + kv.tokens_per_block - 1) /
-                                         kv.tokens_per_block;
-    if (static_cast<int64_t>(kv.k_blocks.size()) < pl.num_blocks ||
-        static_cast<int64_t>(kv.v_blocks.size()) < pl.num_blocks) {
-      return absl::InternalError(absl::StrCat(
-          "problem ", i, ": its block tables hold ", kv.k_blocks.size(),
-          " key and ", kv.v_blocks.size(), " value blocks but ", kv.length,
-          " positions need ", pl.num_blocks, "; this is a bug in the caller"));
-    }
+// Cuts the problems into work items (core/work_plan.h): row blocks of one
+// KV head, each in full mode or split into one item per chunk plus a merge,
+// grouped into launches by (pass, variant, block shape). Full-mode items
+// run in pass 0; a split row block goes to the current pass, or opens the
+// next one when its states do not fit beside those already there.
+class AttendPlan::WorkPlanner {
+ public:
+  WorkPlanner(AttendPlan* plan, int num_sms, const Limits& limits)
+      : plan_(*plan),
+        num_sms_(num_sms),
+        max_state_floats_(std::max<int64_t>(limits.max_state_bytes, 0) / 4) {}
 
-    // Where do the keys and values live? Fast path: every block pointer
-    // lies between the lowest and the highest, so when both ends (plus a
-    // whole block) fall in one arena, all of them are device memory.
-    bool any_device = false;
-    bool any_host = false;
-    bool aligned = true;
-    uintptr_t lowest = std::numeric_limits<uintptr_t>::max();
-    uintptr_t highest = 0;
-    uintptr_t low_bits = 0;
-    for (int64_t b = 0; b < pl.num_blocks; ++b) {
-      for (const std::byte* block : {kv.k_blocks[b], kv.v_blocks[b]}) {
-        if (block == nullptr) continue;
-        const auto address = reinterpret_cast<uintptr_t>(block);
-        lowest = std::min(lowest, address);
-        highest = std::max(highest, address);
-        low_bits |= address;
-      }
-    }
-    const int64_t block_extent =
-        std::max(BlockExtentBytes(kv, 0, false), BlockExtentBytes(kv, 0, true));
-    const bool fast_device =
-        highest >= lowest &&
-        is_device_memory(reinterpret_cast<const void*>(lowest),
-                         static_cast<int64_t>(highest - lowest) + block_extent);
-    if (fast_device) {
-      any_device = true;
-      aligned = low_bits % 16 == 0;
-    }
-    for (int64_t b = 0; !fast_device && b < pl.num_blocks; ++b) {
-      for (int values = 0; values < 2; ++values) {
-        const std::byte* block = values ? kv.v_blocks[b] : kv.k_blocks[b];
-        if (block == nullptr) continue;
-        const int64_t bytes = BlockExtentBytes(kv, b, values != 0);
-        if (bytes <= 0) continue;
-        if (is_device_memory(block, bytes)) {
-          any_device = true;
-        } else {
-          any_host = true;
-        }
-        if (reinterpret_cast<uintptr_t>(block) % 16 != 0) aligned = false;
-      }
-    }
-    if (any_device && any_host) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "problem ", i,
-          ": its KV blocks mix GPU memory and host memory; a problem's keys "
-          "must all come from the KV pool or all from the request"));
-    }
-    pl.kv_on_device = !any_host;
+  void AddProblem(int64_t i, const AttentionProblem& problem);
+  // Moves the merges into the plan, orders the launches' items; returns
+  // the state floats of the largest pass.
+  absl::StatusOr<int64_t> Finish();
 
-    const bool half = kv.dtype != DType::kFloat32;
-    const bool mma =
-        half && head_dim % 8 == 0 && kv.value_dim % 8 == 0 &&
-        head_dim <= kMmaMaxDim && kv.value_dim <= kMmaMaxDim &&
-        kv.length < std::numeric_limits<int32_t>::max() &&
-        problem.mask.query_start + num_queries <
-            std::numeric_limits<int32_t>::max() &&
-        kv.tokens_per_block < std::numeric_limits<int32_t>::max() &&
-        kv.k_token_stride % 8 == 0 && kv.k_head_stride % 8 == 0 &&
-        kv.v_token_stride % 8 == 0 && kv.v_head_stride % 8 == 0 &&
-        (aligned || !pl.kv_on_device);
-    pl.mma = mma;
-    pl.split_q = mma && problem.q.dtype != kv.dtype;
-    pl.q_stride = mma ? static_cast<int32_t>((head_dim + 15) / 16 * 16) : 0;
-    if (mma) {
-      if (kv.dtype == DType::kFloat16) {
-        pl.variant =
-            pl.split_q ? KernelVariant::kMmaF16SplitQ : KernelVariant::kMmaF16;
-      } else {
-        pl.variant = pl.split_q ? KernelVariant::kMmaBF16SplitQ
-                                : KernelVariant::kMmaBF16;
-      }
-    } else {
-      pl.variant = kv.dtype == DType::kFloat32   ? KernelVariant::kSimtF32
-                   : kv.dtype == DType::kFloat16 ? KernelVariant::kSimtF16
-                                                 : KernelVariant::kSimtBF16;
-    }
-  }
-
-  // 2. Work items, grouped into launches by (pass, variant, block shape).
-  // Full-mode items run in pass 0; a split row block goes to the current
-  // pass, or opens the next one when its states do not fit beside those
-  // already there.
-  std::map<std::tuple<int, int, int>, int> launch_of;
-  std::vector<std::vector<int64_t>> launch_weights;
-  std::vector<std::vector<MergeItem>> pass_merges(1);
-  const int64_t max_state_floats =
-      std::max<int64_t>(limits.max_state_bytes, 0) / 4;
-  int64_t state_floats = 0;     // of the current pass
-  int64_t max_pass_floats = 0;  // of the largest pass
-  for (int64_t i = 0; i < n; ++i) {
-    const AttentionProblem& problem = problems[i];
-    const Planned& pl = plan.planned_[i];
-    const ProblemParams geometry = Geometry(problem, pl.group_size);
-    const int64_t rows_per_head = problem.q.dim(0) * pl.group_size;
-    const int value_dim = problem.kv.value_dim;
+ private:
+  // The block shape of a problem: rows per block and the launch key.
+  struct Shape {
     int warps = 1;
-    int block_rows;
-    int shape;
-    if (pl.mma) {
-      warps = rows_per_head <= 16 ? 1 : (rows_per_head <= 32 ? 2 : 4);
-      block_rows = kMmaWarpRows * warps;
-      shape = warps;
-    } else {
-      shape = SimtRowsPerBlock(value_dim);
-      block_rows = static_cast<int>(std::min<int64_t>(shape, rows_per_head));
-    }
-    // The launch of (pass, this problem's variant and shape).
-    auto launch_for = [&](int pass) -> int {
-      const std::tuple<int, int, int> key(pass, static_cast<int>(pl.variant),
-                                          shape);
-      auto [it, inserted] =
-          launch_of.emplace(key, static_cast<int>(plan.launches_.size()));
-      if (inserted) {
-        plan.launches_.emplace_back();
-        launch_weights.emplace_back();
-        Launch& created = plan.launches_.back();
-        created.pass = pass;
-        created.launch.variant = pl.variant;
-        created.launch.warps = warps;
-        created.launch.simt_rows = pl.mma ? 1 : shape;
-      }
-      Launch& launch = plan.launches_[it->second];
-      launch.launch.max_value_dim =
-          std::max(launch.launch.max_value_dim, value_dim);
-      return it->second;
-    };
+    int block_rows = 0;
+    int key = 0;
+  };
+  Shape ShapeOf(const Planned& pl, int64_t rows_per_head, int value_dim) const;
+  // The launch of (pass, variant, shape), created on first use.
+  int LaunchFor(int pass, const Planned& pl, const Shape& shape,
+                int value_dim);
+  void AddSplit(const WorkItem& item, const Planned& pl, const Shape& shape,
+                int value_dim, const TileRanges& tiles,
+                const std::vector<int32_t>& chunks);
+  void AddFull(WorkItem item, const Planned& pl, const Shape& shape,
+               int value_dim, const TileRanges& tiles);
 
-    const int64_t num_row_blocks =
-        (rows_per_head + block_rows - 1) / block_rows;
-    const int num_kv_heads = problem.kv.num_kv_heads;
-    // Few blocks: give each chunk its own block (flash-decoding split-KV).
-    const bool split = num_row_blocks * num_kv_heads < num_sms;
-    for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
-      for (int64_t b = 0; b < num_row_blocks; ++b) {
-        WorkItem item;
-        item.problem = static_cast<int32_t>(i);
-        item.kv_head = kv_head;
-        item.row_begin = static_cast<int32_t>(b * block_rows);
-        item.row_count = static_cast<int32_t>(
-            std::min<int64_t>(block_rows, rows_per_head - b * block_rows));
-        const TileRanges tiles =
-            KeyTiles(geometry, item.row_begin, item.row_count);
-        const std::vector<int32_t> chunks = ChunksOf(tiles);
-        const int64_t slot_floats = int64_t{item.row_count} * (value_dim + 2);
-        const int64_t chunk_count = static_cast<int64_t>(chunks.size());
-        const int64_t group_floats = chunk_count * slot_floats;
-        if (split && chunk_count >= 2 && group_floats <= max_state_floats) {
-          if (state_floats + group_floats > max_state_floats) {
-            pass_merges.emplace_back();  // the next pass
-            state_floats = 0;
-          }
-          const int pass = static_cast<int>(pass_merges.size()) - 1;
-          const int l = launch_for(pass);
-          MergeItem merge;
-          merge.problem = item.problem;
-          merge.kv_head = kv_head;
-          merge.row_begin = item.row_begin;
-          merge.row_count = item.row_count;
-          merge.num_slots = static_cast<int32_t>(chunk_count);
-          merge.first_state_offset = state_floats;
-          pass_merges.back().push_back(merge);
-          for (int32_t chunk : chunks) {
-            WorkItem split_item = item;
-            split_item.chunk = chunk;
-            split_item.state_offset = state_floats;
-            state_floats += slot_floats;
-            plan.launches_[l].items.push_back(split_item);
-            launch_weights[l].push_back(
-                tiles
-                    .Clip(int64_t{chunk} * kChunkTiles,
-                          int64_t{chunk + 1} * kChunkTiles)
-                    .size());
-          }
-          max_pass_floats = std::max(max_pass_floats, state_floats);
-        } else {
-          const int l = launch_for(0);
-          item.chunk = -1;
-          plan.launches_[l].items.push_back(item);
-          launch_weights[l].push_back(tiles.size());
-          plan.launches_[l].launch.full_mode = true;
-        }
+  AttendPlan& plan_;
+  const int num_sms_;
+  const int64_t max_state_floats_;
+  std::map<std::tuple<int, int, int>, int> launch_of_;
+  std::vector<std::vector<int64_t>> launch_weights_;  // tiles per item
+  std::vector<std::vector<MergeItem>> pass_merges_{1};
+  int64_t state_floats_ = 0;     // of the current pass
+  int64_t max_pass_floats_ = 0;  // of the largest pass
+};
+
+AttendPlan::WorkPlanner::Shape AttendPlan::WorkPlanner::ShapeOf(
+    const Planned& pl, int64_t rows_per_head, int value_dim) const {
+  Shape shape;
+  if (pl.mma) {
+    shape.warps = rows_per_head <= 16 ? 1 : (rows_per_head <= 32 ? 2 : 4);
+    shape.block_rows = kMmaWarpRows * shape.warps;
+    shape.key = shape.warps;
+  } else {
+    shape.key = SimtRowsPerBlock(value_dim);
+    shape.block_rows =
+        static_cast<int>(std::min<int64_t>(shape.key, rows_per_head));
+  }
+  return shape;
+}
+
+int AttendPlan::WorkPlanner::LaunchFor(int pass, const Planned& pl,
+                                       const Shape& shape, int value_dim) {
+  const std::tuple<int, int, int> key(pass, static_cast<int>(pl.variant),
+                                      shape.key);
+  auto [it, inserted] =
+      launch_of_.emplace(key, static_cast<int>(plan_.launches_.size()));
+  if (inserted) {
+    plan_.launches_.emplace_back();
+    launch_weights_.emplace_back();
+    Launch& created = plan_.launches_.back();
+    created.pass = pass;
+    created.launch.variant = pl.variant;
+    created.launch.warps = shape.warps;
+    created.launch.simt_rows = pl.mma ? 1 : shape.key;
+  }
+  Launch& launch = plan_.launches_[it->second];
+  launch.launch.max_value_dim = std::max(launch.launch.max_value_dim, value_dim);
+  return it->second;
+}
+
+void AttendPlan::WorkPlanner::AddSplit(const WorkItem& item, const Planned& pl,
+                                       const Shape& shape, int value_dim,
+                                       const TileRanges& tiles,
+                                       const std::vector<int32_t>& chunks) {
+  const int64_t slot_floats = int64_t{item.row_count} * (value_dim + 2);
+  const int64_t group_floats = static_cast<int64_t>(chunks.size()) * slot_floats;
+  if (state_floats_ + group_floats > max_state_floats_) {
+    pass_merges_.emplace_back();  // the next pass
+    state_floats_ = 0;
+  }
+  const int pass = static_cast<int>(pass_merges_.size()) - 1;
+  const int l = LaunchFor(pass, pl, shape, value_dim);
+  MergeItem merge;
+  merge.problem = item.problem;
+  merge.kv_head = item.kv_head;
+  merge.row_begin = item.row_begin;
+  merge.row_count = item.row_count;
+  merge.num_slots = static_cast<int32_t>(chunks.size());
+  merge.first_state_offset = state_floats_;
+  pass_merges_.back().push_back(merge);
+  // One item per chunk; the merge takes their states in chunk order.
+  for (int32_t chunk : chunks) {
+    WorkItem split_item = item;
+    split_item.chunk = chunk;
+    split_item.state_offset = state_floats_;
+    state_floats_ += slot_floats;
+    plan_.launches_[l].items.push_back(split_item);
+    launch_weights_[l].push_back(
+        tiles.Clip(ChunkTileBegin(chunk), ChunkTileBegin(chunk + 1)).size());
+  }
+  max_pass_floats_ = std::max(max_pass_floats_, state_floats_);
+}
+
+void AttendPlan::WorkPlanner::AddFull(WorkItem item, const Planned& pl,
+                                      const Shape& shape, int value_dim,
+                                      const TileRanges& tiles) {
+  const int l = LaunchFor(0, pl, shape, value_dim);
+  item.chunk = -1;
+  plan_.launches_[l].items.push_back(item);
+  launch_weights_[l].push_back(tiles.size());
+  plan_.launches_[l].launch.full_mode = true;
+}
+
+void AttendPlan::WorkPlanner::AddProblem(int64_t i,
+                                         const AttentionProblem& problem) {
+  const Planned& pl = plan_.planned_[i];
+  const ProblemParams geometry = Geometry(problem, pl.group_size);
+  const int64_t rows_per_head = problem.q.dim(0) * pl.group_size;
+  const int value_dim = problem.kv.value_dim;
+  const Shape shape = ShapeOf(pl, rows_per_head, value_dim);
+  const int64_t num_row_blocks =
+      (rows_per_head + shape.block_rows - 1) / shape.block_rows;
+  const int num_kv_heads = problem.kv.num_kv_heads;
+  // Few blocks: give each chunk its own block (flash-decoding split-KV).
+  const bool split = num_row_blocks * num_kv_heads < num_sms_;
+  for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+    for (int64_t b = 0; b < num_row_blocks; ++b) {
+      WorkItem item;
+      item.problem = static_cast<int32_t>(i);
+      item.kv_head = kv_head;
+      item.row_begin = static_cast<int32_t>(b * shape.block_rows);
+      item.row_count = static_cast<int32_t>(std::min<int64_t>(
+          shape.block_rows, rows_per_head - b * shape.block_rows));
+      const KeyRanges keys = RowKeys(geometry, item.row_begin, item.row_count);
+      const TileRanges tiles = TilesOf(keys);
+      std::vector<int32_t> chunks;
+      ForEachChunk(keys, [&chunks](int64_t c) {
+        chunks.push_back(static_cast<int32_t>(c));
+      });
+      const int64_t group_floats = static_cast<int64_t>(chunks.size()) *
+                                   item.row_count * (value_dim + 2);
+      if (split && chunks.size() >= 2 && group_floats <= max_state_floats_) {
+        AddSplit(item, pl, shape, value_dim, tiles, chunks);
+      } else {
+        AddFull(item, pl, shape, value_dim, tiles);
       }
     }
   }
-  plan.num_passes_ = static_cast<int>(pass_merges.size());
-  plan.merge_pass_begin_.assign(1, 0);
-  for (std::vector<MergeItem>& merges : pass_merges) {
-    plan.merge_items_.insert(plan.merge_items_.end(), merges.begin(),
-                             merges.end());
-    plan.merge_pass_begin_.push_back(
-        static_cast<int64_t>(plan.merge_items_.size()));
+}
+
+absl::StatusOr<int64_t> AttendPlan::WorkPlanner::Finish() {
+  plan_.num_passes_ = static_cast<int>(pass_merges_.size());
+  plan_.merge_pass_begin_.assign(1, 0);
+  for (std::vector<MergeItem>& merges : pass_merges_) {
+    plan_.merge_items_.insert(plan_.merge_items_.end(), merges.begin(),
+                              merges.end());
+    plan_.merge_pass_begin_.push_back(
+        static_cast<int64_t>(plan_.merge_items_.size()));
   }
   // Longest blocks first, so the grid's tail is short work (split items
   // are all about one chunk long and keep their order).
-  for (size_t l = 0; l < plan.launches_.size(); ++l) {
-    std::vector<WorkItem>& items = plan.launches_[l].items;
+  for (size_t l = 0; l < plan_.launches_.size(); ++l) {
+    std::vector<WorkItem>& items = plan_.launches_[l].items;
     if (items.size() >
         static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
       return absl::InvalidArgumentError(
           "too many attention blocks for one CUDA launch; split the batch");
     }
-    if (!plan.launches_[l].launch.full_mode) continue;
-    const std::vector<int64_t>& weights = launch_weights[l];
+    if (!plan_.launches_[l].launch.full_mode) continue;
+    const std::vector<int64_t>& weights = launch_weights_[l];
     std::vector<size_t> order(items.size());
     for (size_t k = 0; k < order.size(); ++k) order[k] = k;
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -358,38 +412,42 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
     for (size_t k : order) sorted.push_back(items[k]);
     items = std::move(sorted);
   }
+  return max_pass_floats_;
+}
 
-  // 3. Memory layout: upload part.
+// Upload part: descriptors, item tables, raw q, block tables, sinks, bias,
+// host KV copies.
+void AttendPlan::LayoutUpload(absl::Span<const AttentionProblem> problems) {
+  const int64_t n = static_cast<int64_t>(problems.size());
   Bump upload(0);
-  plan.params_offset_ = upload.Add(n * int64_t{sizeof(ProblemParams)});
-  plan.q_row_prefix_.assign(1, 0);
+  params_offset_ = upload.Add(n * int64_t{sizeof(ProblemParams)});
+  q_row_prefix_.assign(1, 0);
   for (int64_t i = 0; i < n; ++i) {
-    plan.q_row_prefix_.push_back(plan.q_row_prefix_.back() +
-                                 problems[i].q.dim(0) * problems[i].q.dim(1));
+    q_row_prefix_.push_back(q_row_prefix_.back() +
+                            problems[i].q.dim(0) * problems[i].q.dim(1));
   }
-  plan.q_prefix_offset_ = upload.Add((n + 1) * int64_t{sizeof(int64_t)});
-  for (Launch& launch : plan.launches_) {
+  q_prefix_offset_ = upload.Add((n + 1) * int64_t{sizeof(int64_t)});
+  for (Launch& launch : launches_) {
     launch.launch.num_items = static_cast<int>(launch.items.size());
     launch.items_offset = upload.Add(
         static_cast<int64_t>(launch.items.size() * sizeof(WorkItem)));
   }
-  plan.merge_offset_ = upload.Add(
-      static_cast<int64_t>(plan.merge_items_.size() * sizeof(MergeItem)));
-  plan.weight_row_prefix_.assign(1, 0);
+  merge_offset_ = upload.Add(
+      static_cast<int64_t>(merge_items_.size() * sizeof(MergeItem)));
+  weight_row_prefix_.assign(1, 0);
   for (int64_t i = 0; i < n; ++i) {
     if (problems[i].weights == nullptr) continue;
-    plan.weight_ids_.push_back(static_cast<int32_t>(i));
-    plan.weight_row_prefix_.push_back(plan.weight_row_prefix_.back() +
-                                      problems[i].q.dim(0) *
-                                          problems[i].q.dim(1));
+    weight_ids_.push_back(static_cast<int32_t>(i));
+    weight_row_prefix_.push_back(weight_row_prefix_.back() +
+                                 problems[i].q.dim(0) * problems[i].q.dim(1));
   }
-  plan.weight_ids_offset_ = upload.Add(
-      static_cast<int64_t>(plan.weight_ids_.size() * sizeof(int32_t)));
-  plan.weight_prefix_offset_ = upload.Add(
-      static_cast<int64_t>(plan.weight_row_prefix_.size() * sizeof(int64_t)));
+  weight_ids_offset_ = upload.Add(
+      static_cast<int64_t>(weight_ids_.size() * sizeof(int32_t)));
+  weight_prefix_offset_ = upload.Add(
+      static_cast<int64_t>(weight_row_prefix_.size() * sizeof(int64_t)));
   for (int64_t i = 0; i < n; ++i) {
     const AttentionProblem& problem = problems[i];
-    Planned& pl = plan.planned_[i];
+    Planned& pl = planned_[i];
     pl.q_raw =
         upload.Add(problem.q.num_elements() * DTypeSize(problem.q.dtype));
     pl.k_table = upload.Add(pl.num_blocks * 8);
@@ -401,30 +459,34 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
     if (problem.bias != nullptr) {
       pl.bias = upload.Add(problem.bias->num_elements() * 4);
     }
-    if (!pl.kv_on_device) {
-      pl.k_copies.resize(pl.num_blocks);
-      pl.v_copies.resize(pl.num_blocks);
-      for (int64_t b = 0; b < pl.num_blocks; ++b) {
-        for (int values = 0; values < 2; ++values) {
-          const std::byte* block =
-              values ? problem.kv.v_blocks[b] : problem.kv.k_blocks[b];
-          const int64_t bytes = BlockExtentBytes(problem.kv, b, values != 0);
-          if (block == nullptr || bytes <= 0) continue;
-          HostCopy& copy = values ? pl.v_copies[b] : pl.k_copies[b];
-          copy.source = block;
-          copy.bytes = bytes;
-          copy.offset = upload.Add(bytes);
-        }
+    if (pl.kv_on_device) continue;
+    pl.k_copies.resize(pl.num_blocks);
+    pl.v_copies.resize(pl.num_blocks);
+    for (int64_t b = 0; b < pl.num_blocks; ++b) {
+      for (int values = 0; values < 2; ++values) {
+        const std::byte* block =
+            values ? problem.kv.v_blocks[b] : problem.kv.k_blocks[b];
+        const int64_t bytes = BlockExtentBytes(problem.kv, b, values != 0);
+        if (block == nullptr || bytes <= 0) continue;
+        HostCopy& copy = values ? pl.v_copies[b] : pl.k_copies[b];
+        copy.source = block;
+        copy.bytes = bytes;
+        copy.offset = upload.Add(bytes);
       }
     }
   }
-  plan.upload_bytes_ = upload.end();
+  upload_bytes_ = upload.end();
+}
 
-  // Work part (device only).
-  Bump work(AlignUp(plan.upload_bytes_));
+// Work part (device only): prepared queries, split chunk states, row
+// max/sum; then the download part: outputs, LSE, weights, error record.
+void AttendPlan::LayoutWorkAndDownload(
+    absl::Span<const AttentionProblem> problems, int64_t max_pass_floats) {
+  const int64_t n = static_cast<int64_t>(problems.size());
+  Bump work(AlignUp(upload_bytes_));
   for (int64_t i = 0; i < n; ++i) {
     const AttentionProblem& problem = problems[i];
-    Planned& pl = plan.planned_[i];
+    Planned& pl = planned_[i];
     const int64_t rows = problem.q.dim(0) * problem.q.dim(1);
     const bool weights = problem.weights != nullptr;
     if (!pl.mma || weights) pl.q_f32 = work.Add(rows * problem.q.dim(2) * 4);
@@ -438,14 +500,13 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
       pl.row_sum = work.Add(rows * 4);
     }
   }
-  plan.states_offset_ = work.Add(max_pass_floats * 4);
+  states_offset_ = work.Add(max_pass_floats * 4);
 
-  // Download part.
   Bump download(AlignUp(work.end()));
-  plan.download_offset_ = AlignUp(work.end());
+  download_offset_ = AlignUp(work.end());
   for (int64_t i = 0; i < n; ++i) {
     const AttentionProblem& problem = problems[i];
-    Planned& pl = plan.planned_[i];
+    Planned& pl = planned_[i];
     const int64_t rows = problem.q.dim(0) * problem.q.dim(1);
     pl.output = download.Add(rows * problem.kv.value_dim * 4);
     if (problem.lse != nullptr) pl.lse = download.Add(rows * 4);
@@ -453,9 +514,31 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
       pl.weights = download.Add(rows * problem.kv.length * 4);
     }
   }
-  plan.errors_offset_ = download.Add(sizeof(ErrorRecord));
-  plan.download_bytes_ = download.end() - plan.download_offset_;
-  plan.pinned_download_ = AlignUp(plan.upload_bytes_);
+  errors_offset_ = download.Add(sizeof(ErrorRecord));
+  download_bytes_ = download.end() - download_offset_;
+  pinned_download_ = AlignUp(upload_bytes_);
+}
+
+absl::StatusOr<AttendPlan> AttendPlan::Create(
+    absl::Span<const AttentionProblem> problems,
+    const DeviceMemoryTest& is_device_memory, int num_sms,
+    const Limits& limits) {
+  AttendPlan plan;
+  const int64_t n = static_cast<int64_t>(problems.size());
+  if (n > kMaxProblems) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the CUDA backend takes at most ", kMaxProblems,
+                     " problems per call, got ", n, "; split the batch"));
+  }
+  plan.planned_.resize(problems.size());
+  for (int64_t i = 0; i < n; ++i) {
+    ATTN_RETURN_IF_ERROR(plan.Classify(i, problems[i], is_device_memory));
+  }
+  WorkPlanner planner(&plan, num_sms, limits);
+  for (int64_t i = 0; i < n; ++i) planner.AddProblem(i, problems[i]);
+  ATTN_ASSIGN_OR_RETURN(const int64_t max_pass_floats, planner.Finish());
+  plan.LayoutUpload(problems);
+  plan.LayoutWorkAndDownload(problems, max_pass_floats);
   if (plan.device_bytes() > limits.device_bytes ||
       plan.pinned_bytes() > limits.pinned_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -140,7 +140,19 @@ class AttendPlan {
     int64_t items_offset = 0;
   };
 
+  // Cuts the problems into work items and launches (attend_plan.cc).
+  class WorkPlanner;
+
   AttendPlan() = default;
+
+  // Fills planned_[i] for `problem`: checks, KV placement, kernel variant.
+  absl::Status Classify(int64_t i, const AttentionProblem& problem,
+                        const DeviceMemoryTest& is_device_memory);
+  // Lays out the upload part of the scratch buffer, then the work and
+  // download parts (with `max_pass_floats` of split chunk states).
+  void LayoutUpload(absl::Span<const AttentionProblem> problems);
+  void LayoutWorkAndDownload(absl::Span<const AttentionProblem> problems,
+                             int64_t max_pass_floats);
 
   // Fills the problem descriptor of planned[i] for a scratch base.
   ProblemParams Params(int i, std::byte* device_base) const;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "core/visibility.h"
+#include "core/work_plan.h"
 
 #if defined(__CUDACC__)
 #define ATTN_HOST_DEVICE __host__ __device__
@@ -23,10 +24,10 @@ inline constexpr int32_t kF32 = 1;
 inline constexpr int32_t kF16 = 2;
 inline constexpr int32_t kBF16 = 3;
 
-// Keys per online-softmax tile and per split chunk (attention_problem.h's
-// kKeysPerTile / kKeysPerSplit; static_asserts in the backend tie them).
-inline constexpr int kTileKeys = 32;
-inline constexpr int kChunkTiles = 16;
+// Keys per online-softmax tile and tiles per split chunk, as ints for the
+// kernels (core/work_plan.h).
+inline constexpr int kTileKeys = static_cast<int>(kKeysPerTile);
+inline constexpr int kChunkTiles = static_cast<int>(kTilesPerChunk);
 
 // Tensor-core path limits: head_dim and value_dim up to kMmaMaxDim, both
 // multiples of 8 (16-byte rows), 16-bit KV.
@@ -153,76 +154,25 @@ ATTN_HOST_DEVICE inline unsigned long long ErrorKey(const ProblemParams& p,
              token, head, p.error_unit_tokens, p.group_size, p.num_kv_heads));
 }
 
-// The key tiles a block of rows may see, in increasing order: at most two
-// disjoint ranges of tile indices, [begin0, end0) then [begin1, end1)
-// (StreamingLLM sink tokens, then the window). Tiles outside them are fully
-// masked for every row of the block, so skipping them changes no row's
-// state.
-struct TileRanges {
-  int64_t begin0 = 0, end0 = 0;
-  int64_t begin1 = 0, end1 = 0;
+// The keys visible to at least one of rows [row_begin, row_begin +
+// row_count) of a problem (core/work_plan.h RowBlockKeys).
+ATTN_HOST_DEVICE inline KeyRanges RowKeys(const ProblemParams& p,
+                                          int64_t row_begin,
+                                          int64_t row_count) {
+  const int64_t first_token = row_begin / p.group_size;
+  const int64_t last_token = (row_begin + row_count - 1) / p.group_size;
+  return RowBlockKeys(p.causal != 0, p.window, p.num_sink_tokens, p.length,
+                      p.query_start + first_token, p.query_start + last_token);
+}
 
-  ATTN_HOST_DEVICE int64_t size() const {
-    return (end0 - begin0) + (end1 - begin1);
-  }
-  // The i-th tile, 0 <= i < size().
-  ATTN_HOST_DEVICE int64_t tile(int64_t i) const {
-    const int64_t n0 = end0 - begin0;
-    return i < n0 ? begin0 + i : begin1 + (i - n0);
-  }
-  // Restricted to tiles [lo, hi) (one chunk).
-  ATTN_HOST_DEVICE TileRanges Clip(int64_t lo, int64_t hi) const {
-    TileRanges r;
-    r.begin0 = begin0 > lo ? begin0 : lo;
-    r.end0 = end0 < hi ? end0 : hi;
-    if (r.end0 < r.begin0) r.end0 = r.begin0;
-    r.begin1 = begin1 > lo ? begin1 : lo;
-    r.end1 = end1 < hi ? end1 : hi;
-    if (r.end1 < r.begin1) r.end1 = r.begin1;
-    return r;
-  }
-};
-
-// Tiles holding a key visible to at least one of rows
-// [row_begin, row_begin + row_count) of a problem.
+// The key tiles those rows may see, in increasing order (TilesOf: at most
+// two ranges, the sink tokens', then the window's). Tiles outside them are
+// fully masked for every row of the block, so skipping them changes no
+// row's state.
 ATTN_HOST_DEVICE inline TileRanges KeyTiles(const ProblemParams& p,
                                             int64_t row_begin,
                                             int64_t row_count) {
-  const int64_t first_token = row_begin / p.group_size;
-  const int64_t last_token = (row_begin + row_count - 1) / p.group_size;
-  // The union of the rows' visible keys (core/visibility.h): the last
-  // row's sinks and everything from the first row's window start to the
-  // last row's last key, i.e. [0, sink_end) and [window_begin, hi).
-  const VisibleKeys first =
-      VisibleKeysOf(p.causal != 0, p.window, p.num_sink_tokens, p.length,
-                    p.query_start + first_token);
-  const VisibleKeys last =
-      VisibleKeysOf(p.causal != 0, p.window, p.num_sink_tokens, p.length,
-                    p.query_start + last_token);
-  const int64_t hi = last.hi + 1;
-  TileRanges r;
-  if (hi <= 0) return r;
-  const int64_t sink_end = last.sinks;
-  const int64_t window_begin = first.lo;
-  const int64_t sink_tiles = (sink_end + kTileKeys - 1) / kTileKeys;
-  if (window_begin >= hi) {  // only sink tokens are visible
-    r.end0 = sink_tiles;
-    return r;
-  }
-  const int64_t window_first = window_begin / kTileKeys;
-  const int64_t window_end = (hi + kTileKeys - 1) / kTileKeys;
-  if (sink_tiles == 0) {
-    r.begin0 = window_first;
-    r.end0 = window_end;
-  } else if (sink_tiles >= window_first) {
-    r.begin0 = 0;
-    r.end0 = window_end > sink_tiles ? window_end : sink_tiles;
-  } else {
-    r.end0 = sink_tiles;
-    r.begin1 = window_first;
-    r.end1 = window_end;
-  }
-  return r;
+  return TilesOf(RowKeys(p, row_begin, row_count));
 }
 
 }  // namespace cuda
