@@ -1,10 +1,15 @@
 // Top-k sparse layers through the gRPC API: the spec round trip, selected
-// positions in the reply, the output bitwise equal to stateless attention
-// over the selected keys, streamed decode equal to one-shot prefill, and
-// failed calls changing nothing.
+// positions in the reply, the output (and LSE, with window, sink tokens and
+// learned sinks) bitwise equal to stateless attention over the selected
+// keys, chunked / streamed / batched / forked / truncated runs equal to
+// one-shot prefill, and failed calls changing nothing. (Export and import:
+// tests/server/session_transfer_test.cc.)
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "gtest/gtest.h"
 #include "tests/server/test_server.h"
@@ -148,6 +153,171 @@ TEST_F(TopKTest, ServedOutputIsDenseAttentionOverTheSelectedKeys) {
     }
   }
   ATTN_ASSERT_OK(stream->Finish());
+}
+
+// A top-k layer with a window, StreamingLLM sink tokens, learned sink
+// logits and LSE: every row selects only keys its mask shows and its output
+// and LSE are bitwise the stateless attention (with the sinks) over them;
+// chunked prefill, streamed decode, BatchDecode, a fork and a truncation
+// followed by replay all give the one-shot bits.
+TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
+  constexpr int kWindow = 40, kSinkTokens = 3;
+  v1::SessionSpec spec_in = MakeSpec(2, 4, 2, 16, {kWindow, 0});
+  spec_in.mutable_layers(0)->set_num_sink_tokens(kSinkTokens);
+  spec_in.mutable_layers(0)->set_topk(kTopK);
+  for (int h = 0; h < 4; ++h) {
+    spec_in.mutable_layers(0)->add_sink_logits(0.3f * h - 0.4f);
+  }
+  spec_in.set_index_dim(kIndexDim);
+  spec_in.set_index_heads(kIndexHeads);
+  auto whole = client().OpenSession(spec_in);
+  auto chunked = client().OpenSession(spec_in);
+  auto streamed = client().OpenSession(spec_in);
+  auto batched = client().OpenSession(spec_in);
+  ATTN_ASSERT_OK(whole);
+  ATTN_ASSERT_OK(chunked);
+  ATTN_ASSERT_OK(streamed);
+  ATTN_ASSERT_OK(batched);
+  const v1::SessionSpec& spec = whole->spec();
+  const int64_t prompt = 80, total = 90;
+  const Tokens tokens = RandomTokens(spec, total, 61);
+  const IndexInputs index(total, 62);
+  client::StepOptions with_lse;
+  with_lse.return_lse = true;
+  auto prefill = [&](client::SessionHandle& session, int layer, int64_t begin,
+                     int64_t rows) -> absl::StatusOr<v1::AttentionResult> {
+    auto request = session.MakePrefillRequest(
+        layer, tokens.q_rows(begin, rows), tokens.k_rows(begin, rows),
+        tokens.v_rows(begin, rows), with_lse);
+    if (!request.ok()) return request.status();
+    if (layer == 0) index.AddTo(&*request, begin, rows);
+    return client().Prefill(*request);
+  };
+  auto decode_request = [&](client::SessionHandle& session, int layer,
+                            int64_t t) {
+    auto request = session.MakeDecodeRequest(
+        layer, tokens.q_rows(t, 1), tokens.k_rows(t, 1), tokens.v_rows(t, 1),
+        with_lse);
+    EXPECT_TRUE(request.ok()) << request.status();
+    if (layer == 0 && request.ok()) index.AddTo(&*request, t, 1);
+    return *request;
+  };
+  // The one-shot reply's row t: output, LSE and selection.
+  auto all = prefill(*whole, 0, 0, total);
+  ATTN_ASSERT_OK(all);
+  auto row_of = [&](int64_t t) {
+    std::string bytes = RowBytes(all->output(), t, 1) + RowBytes(all->lse(), t, 1);
+    for (int i = 0; i < kTopK; ++i) {
+      bytes += absl::StrCat(",", all->topk_indices(t * kTopK + i));
+    }
+    return bytes;
+  };
+  auto bytes_of = [](const v1::AttentionResult& result) {
+    std::string bytes = result.output().data() + result.lse().data();
+    for (int64_t position : result.topk_indices()) {
+      bytes += absl::StrCat(",", position);
+    }
+    return bytes;
+  };
+
+  for (int64_t t : {0, 2, 3, 20, 39, 40, 41, 43, 44, 60, 89}) {
+    std::vector<float> k, v;
+    int64_t selected = 0;
+    for (int i = 0; i < kTopK; ++i) {
+      const int64_t s = all->topk_indices(t * kTopK + i);
+      if (s < 0) continue;
+      ++selected;
+      EXPECT_TRUE(s <= t && (t - s < kWindow || s < kSinkTokens))
+          << "row " << t << " selected invisible key " << s;
+      const auto ks = tokens.k_rows(s, 1);
+      const auto vs = tokens.v_rows(s, 1);
+      k.insert(k.end(), ks.begin(), ks.end());
+      v.insert(v.end(), vs.begin(), vs.end());
+    }
+    const int64_t visible =
+        std::min<int64_t>(t + 1, kWindow) +
+        std::clamp<int64_t>(t + 1 - kWindow, 0, kSinkTokens);
+    EXPECT_EQ(selected, std::min<int64_t>(visible, kTopK)) << "row " << t;
+    v1::AttentionRequest oracle;
+    SetTensor(oracle.mutable_q(), tokens.q_rows(t, 1), {1, 4, 16});
+    SetTensor(oracle.mutable_k(), k, {selected, 2, 16});
+    SetTensor(oracle.mutable_v(), v, {selected, 2, 16});
+    oracle.set_scale(spec.scale());
+    *oracle.mutable_sink_logits() = spec.layers(0).sink_logits();
+    oracle.set_return_lse(true);
+    auto expected = client().Attention(oracle);
+    ATTN_ASSERT_OK(expected);
+    EXPECT_EQ(RowBytes(all->output(), t, 1), expected->output().data())
+        << "row " << t;
+    EXPECT_EQ(RowBytes(all->lse(), t, 1), expected->lse().data())
+        << "row " << t;
+  }
+
+  // Chunked prefill.
+  std::string pieces;
+  int64_t start = 0;
+  for (int64_t size : {1, 30, 49}) {
+    auto part = prefill(*chunked, 0, start, size);
+    ATTN_ASSERT_OK(part);
+    pieces += bytes_of(*part);
+    start += size;
+  }
+  ASSERT_EQ(start, prompt);
+  // Each piece holds its rows' outputs, LSE and indices.
+  {
+    std::string expected_pieces;
+    int64_t begin = 0;
+    for (int64_t size : {1, 30, 49}) {
+      expected_pieces += RowBytes(all->output(), begin, size) +
+                         RowBytes(all->lse(), begin, size);
+      for (int64_t i = begin * kTopK; i < (begin + size) * kTopK; ++i) {
+        expected_pieces += absl::StrCat(",", all->topk_indices(i));
+      }
+      begin += size;
+    }
+    EXPECT_EQ(pieces, expected_pieces);
+  }
+
+  // Streamed decode and BatchDecode (with the dense layer beside it).
+  for (client::SessionHandle* session : {&*streamed, &*batched}) {
+    for (int layer = 0; layer < 2; ++layer) {
+      ATTN_ASSERT_OK(prefill(*session, layer, 0, prompt));
+    }
+  }
+  auto stream = client().OpenDecodeStream();
+  for (int64_t t = prompt; t < total; ++t) {
+    auto step = stream->Step(decode_request(*streamed, 0, t));
+    ATTN_ASSERT_OK(step);
+    EXPECT_EQ(bytes_of(*step), row_of(t)) << "streamed step " << t;
+    v1::BatchDecodeRequest batch;
+    *batch.add_steps() = decode_request(*batched, 1, t);
+    *batch.add_steps() = decode_request(*batched, 0, t);
+    auto results = client().BatchDecode(batch);
+    ATTN_ASSERT_OK(results);
+    ASSERT_EQ(results->size(), 2u);
+    EXPECT_EQ(bytes_of((*results)[1]), row_of(t)) << "batched step " << t;
+  }
+  ATTN_ASSERT_OK(stream->Finish());
+
+  // Fork and truncate: the same bits again.
+  auto fork = chunked->Fork();
+  ATTN_ASSERT_OK(fork);
+  for (client::SessionHandle* session : {&*chunked, &*fork}) {
+    auto step = client().DecodeStep(decode_request(*session, 0, prompt));
+    ATTN_ASSERT_OK(step);
+    EXPECT_EQ(bytes_of(*step), row_of(prompt));
+  }
+  auto next = client().DecodeStep(decode_request(*chunked, 0, prompt + 1));
+  ATTN_ASSERT_OK(next);
+  ATTN_ASSERT_OK(chunked->Truncate(prompt));
+  auto replay = client().DecodeStep(decode_request(*chunked, 0, prompt));
+  ATTN_ASSERT_OK(replay);
+  EXPECT_EQ(bytes_of(*replay), row_of(prompt));
+  auto replay_next =
+      client().DecodeStep(decode_request(*chunked, 0, prompt + 1));
+  ATTN_ASSERT_OK(replay_next);
+  EXPECT_EQ(bytes_of(*replay_next), bytes_of(*next));
+  EXPECT_EQ(bytes_of(*replay_next), row_of(prompt + 1));
 }
 
 TEST_F(TopKTest, MissingOrMisplacedIndexInputsFailAndChangeNothing) {
