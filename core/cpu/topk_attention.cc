@@ -1,9 +1,7 @@
 #include "core/cpu/topk_attention.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <utility>
 
@@ -23,8 +21,36 @@ constexpr int64_t kScoresPerRun = 256;
 // Keys one task scores when a lone row's scoring is spread over threads.
 constexpr int64_t kKeysPerPiece = 2048;
 
-// Gathered keys budget of one batch of rows handed to the dense kernels.
-constexpr int64_t kGatherBytesPerBatch = int64_t{64} << 20;
+// Selected keys of one batch of rows handed to the dense kernels (their
+// block tables take 16 bytes per key).
+constexpr int64_t kSelectedKeysPerBatch = int64_t{1} << 20;
+
+// A view of `positions` (increasing) of `kv` as keys [0, n): each selected
+// token is a block of one token, addressed in place, so the dense kernels
+// read exactly the keys and values a gathered copy would hold, in the same
+// order. `k_table` and `v_table` hold the block pointers and must outlive
+// the view.
+KvView SelectedKvView(const KvView& kv, const std::vector<int64_t>& positions,
+                      std::vector<const std::byte*>* k_table,
+                      std::vector<const std::byte*>* v_table) {
+  const int64_t element = DTypeSize(kv.dtype);
+  k_table->resize(positions.size());
+  v_table->resize(positions.size());
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const int64_t block = positions[i] / kv.tokens_per_block;
+    const int64_t row = positions[i] % kv.tokens_per_block;
+    (*k_table)[i] = kv.k_blocks[block] + row * kv.k_token_stride * element;
+    (*v_table)[i] = kv.v_blocks[block] + row * kv.v_token_stride * element;
+  }
+  KvView view = kv;
+  view.length = static_cast<int64_t>(positions.size());
+  view.tokens_per_block = 1;
+  view.k_blocks = *k_table;
+  view.v_blocks = *v_table;
+  view.index_dim = 0;
+  view.index_offset_bytes = 0;
+  return view;
+}
 
 // The row's higher-ranked entry first: higher score, then lower position.
 bool Ranks(const std::pair<float, int64_t>& a,
@@ -118,10 +144,9 @@ absl::Status AttendTopK(
   const int64_t rows = problem.q.dim(0);
   const int heads = static_cast<int>(problem.q.dim(1));
   const int head_dim = static_cast<int>(problem.q.dim(2));
-  const int kv_heads = kv.num_kv_heads;
   const int value_dim = kv.value_dim;
-  const int64_t element = DTypeSize(kv.dtype);
-  const int64_t q_row_bytes = int64_t{heads} * head_dim * DTypeSize(problem.q.dtype);
+  const int64_t q_row_bytes =
+      int64_t{heads} * head_dim * DTypeSize(problem.q.dtype);
 
   // 1. Every row's selection, in parallel over rows. The index queries as
   // the kernels take them: float32, each padded with zeros to whole lanes.
@@ -174,47 +199,26 @@ absl::Status AttendTopK(
     }
   }
 
-  // 2. Each row attends over its gathered keys: one dense non-causal
-  // problem per row, run in batches of bounded gathered bytes.
-  const int64_t key_bytes = int64_t{head_dim} * element;
-  const int64_t value_bytes = int64_t{value_dim} * element;
+  // 2. Each row attends over its selected keys: one dense non-causal
+  // problem per row over a view whose "blocks" are the selected tokens in
+  // place (nothing is copied), run in batches of bounded table size.
   int64_t row = 0;
   while (row < rows) {
     int64_t end = row;
-    int64_t batch_bytes = 0;
-    while (end < rows && (end == row || batch_bytes < kGatherBytesPerBatch)) {
-      batch_bytes += static_cast<int64_t>(selected[end].size()) * kv_heads *
-                     (key_bytes + value_bytes);
+    int64_t batch_keys = 0;
+    while (end < rows && (end == row || batch_keys < kSelectedKeysPerBatch)) {
+      batch_keys += static_cast<int64_t>(selected[end].size());
       ++end;
     }
-    std::vector<std::byte> gathered(static_cast<size_t>(batch_bytes));
-    std::vector<std::array<const std::byte*, 2>> blocks(end - row);
+    std::vector<std::vector<const std::byte*>> tables(2 * (end - row));
     std::vector<AttentionProblem> batch;
     batch.reserve(end - row);
-    std::byte* cursor = gathered.data();
     for (int64_t r = row; r < end; ++r) {
-      const std::vector<int64_t>& keys = selected[r];
-      const int64_t n = static_cast<int64_t>(keys.size());
-      TensorView k{kv.dtype, {n, kv_heads, head_dim}, cursor,
-                   n * kv_heads * key_bytes};
-      for (int64_t i = 0; i < n; ++i) {
-        for (int h = 0; h < kv_heads; ++h) {
-          std::memcpy(cursor, kv.key(keys[i], h), key_bytes);
-          cursor += key_bytes;
-        }
-      }
-      TensorView v{kv.dtype, {n, kv_heads, value_dim}, cursor,
-                   n * kv_heads * value_bytes};
-      for (int64_t i = 0; i < n; ++i) {
-        for (int h = 0; h < kv_heads; ++h) {
-          std::memcpy(cursor, kv.value(keys[i], h), value_bytes);
-          cursor += value_bytes;
-        }
-      }
       AttentionProblem one;
       one.q = TensorView{problem.q.dtype, {1, heads, head_dim},
                          problem.q.data + r * q_row_bytes, q_row_bytes};
-      one.kv = ContiguousKvView(k, v, blocks[r - row].data());
+      one.kv = SelectedKvView(kv, selected[r], &tables[2 * (r - row)],
+                              &tables[2 * (r - row) + 1]);
       one.mask = MaskSpec{.causal = false};
       one.sink_logits = problem.sink_logits;
       one.scale = problem.scale;

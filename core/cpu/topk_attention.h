@@ -1,9 +1,10 @@
 // Top-k sparse attention on the CPU (attention_problem.h's TopKSpec): per
 // query row, index scores over the visible keys, the k best kept (ties:
 // lower position), then dense attention of the row over exactly those keys,
-// gathered in increasing position into a contiguous sequence and run
-// through the ordinary dense kernels. So a row's output is bitwise the
-// dense non-causal attention over its selected keys, whatever the batch.
+// in increasing position, run through the ordinary dense kernels over a
+// view that addresses each selected token in place (one-token blocks, no
+// copy). So a row's output is bitwise the dense non-causal attention over
+// its selected keys, whatever the batch.
 #ifndef ATTENTION_CORE_CPU_TOPK_ATTENTION_H_
 #define ATTENTION_CORE_CPU_TOPK_ATTENTION_H_
 
