@@ -272,10 +272,9 @@ absl::Status SessionImport::AddChunk(const SnapshotChunk& chunk) {
   const int64_t element = DTypeSize(layout.dtype);
   const int64_t k_bytes = chunk.num_tokens * heads * layout.head_dim * element;
   // No value rows for a shared latent; index rows only for a top-k layer.
-  const int64_t v_bytes =
-      layout.shared_values
-          ? 0
-          : chunk.num_tokens * heads * layout.value_dim * element;
+  const int64_t v_bytes = layout.shared_values ? 0
+                                               : chunk.num_tokens * heads *
+                                                     layout.value_dim * element;
   const int64_t index_bytes = chunk.num_tokens * layout.index_dim * element;
   if (k_bytes + v_bytes + index_bytes > kSnapshotChunkMaxBytes) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -221,11 +221,11 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
       dense.push_back(problem);
       continue;
     }
-    ATTN_RETURN_IF_ERROR(cpu::AttendTopK(
-        problem, pool_, cpu::IndexScoresFor(isa_),
-        [this](absl::Span<const AttentionProblem> rows) {
-          return AttendDense(rows);
-        }));
+    ATTN_RETURN_IF_ERROR(
+        cpu::AttendTopK(problem, pool_, cpu::IndexScoresFor(isa_),
+                        [this](absl::Span<const AttentionProblem> rows) {
+                          return AttendDense(rows);
+                        }));
   }
   if (dense.size() == problems.size()) return AttendDense(problems);
   return dense.empty() ? absl::OkStatus() : AttendDense(dense);
@@ -263,9 +263,8 @@ void PlanUnits(absl::Span<const AttentionProblem> problems, DensePlan* plan) {
         unit.kv_head = g;
         unit.row_begin = r;
         unit.row_end = std::min(info.rows, r + info.rows_per_unit);
-        unit.keys = RowBlockKeys(mask.causal, mask.window,
-                                 mask.num_sink_tokens, info.length,
-                                 mask.query_start + unit.row_begin,
+        unit.keys = RowBlockKeys(mask.causal, mask.window, mask.num_sink_tokens,
+                                 info.length, mask.query_start + unit.row_begin,
                                  mask.query_start + unit.row_end - 1);
         unit.chunks_begin = static_cast<int64_t>(plan->chunk_list.size());
         ForEachChunk(unit.keys,
@@ -308,8 +307,8 @@ void PlanItems(absl::Span<const AttentionProblem> problems,
     const ProblemInfo& info = plan->infos[unit.problem];
     const int64_t count = unit.chunks_end - unit.chunks_begin;
     const char* shared = plan->slot_shared.data() + unit.chunks_begin;
-    const bool has_shared = std::find(shared, shared + count, 1) !=
-                            shared + count;
+    const bool has_shared =
+        std::find(shared, shared + count, 1) != shared + count;
     unit.items_begin = static_cast<int64_t>(plan->items.size());
     if (has_shared || (count > chunks_per_piece &&
                        problems[unit.problem].weights == nullptr)) {
@@ -431,8 +430,9 @@ void DenseRun::RunItem(int64_t i) {
   const int64_t* chunks = plan_.chunk_list.data() + item.chunks_begin;
   const int64_t count = item.chunks_end - item.chunks_begin;
   if (unit.split) {
-    if (!runner.ComputeChunkStates(chunks, count,
-                                   ChunkState(unit, item.chunks_begin))
+    if (!runner
+             .ComputeChunkStates(chunks, count,
+                                 ChunkState(unit, item.chunks_begin))
              .ok()) {
       // Rare: chunk by chunk again, to pin down the first failing one.
       for (int64_t slot = item.chunks_begin; slot < item.chunks_end; ++slot) {

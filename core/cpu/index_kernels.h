@@ -48,8 +48,7 @@ struct IndexQuery {
 // Writes scores[s] for the `n` index keys at `keys`: rows of query.dim
 // elements of `key_type`, contiguous. Thread-compatible (no shared state).
 using IndexScoresFn = void (*)(const IndexQuery& query, DType key_type,
-                               const std::byte* keys, int64_t n,
-                               float* scores);
+                               const std::byte* keys, int64_t n, float* scores);
 
 // The kernel of `isa`. REQUIRES: CpuIsaSupported(isa).
 IndexScoresFn IndexScoresFor(CpuIsa isa);

@@ -34,8 +34,8 @@ float Dot(const float* q, const std::byte* k, int dim) {
   __m256 hi = _mm256_setzero_ps();  // lanes 8-15
   int d = 0;
   for (; d + kIndexLanes <= dim; d += kIndexLanes) {
-    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + d),
-                                         Load8<T>(k + d * kElement)));
+    lo = _mm256_add_ps(
+        lo, _mm256_mul_ps(_mm256_loadu_ps(q + d), Load8<T>(k + d * kElement)));
     hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + d + 8),
                                          Load8<T>(k + (d + 8) * kElement)));
   }
@@ -43,8 +43,8 @@ float Dot(const float* q, const std::byte* k, int dim) {
     // The tail, zero-padded: +0 products leave the lanes as they are.
     alignas(32) std::byte tail[kIndexLanes * 4] = {};
     std::memcpy(tail, k + d * kElement, (dim - d) * kElement);
-    lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + d),
-                                         Load8<T>(tail)));
+    lo = _mm256_add_ps(lo,
+                       _mm256_mul_ps(_mm256_loadu_ps(q + d), Load8<T>(tail)));
     hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + d + 8),
                                          Load8<T>(tail + 8 * kElement)));
   }
@@ -76,7 +76,8 @@ void Scores(const IndexQuery& query, const std::byte* keys, int64_t n,
       __m256 f = _mm256_load_ps(dots);
       // max(0, x) keeps -0 and NaN, as std::max(x, 0.0f).
       if (query.f == IndexScore::kRelu) f = _mm256_max_ps(zero, f);
-      score = _mm256_add_ps(score, _mm256_mul_ps(_mm256_set1_ps(query.w[j]), f));
+      score =
+          _mm256_add_ps(score, _mm256_mul_ps(_mm256_set1_ps(query.w[j]), f));
     }
     alignas(32) float out[kBlock];
     _mm256_store_ps(out, score);

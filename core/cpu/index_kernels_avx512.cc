@@ -33,21 +33,20 @@ float Dot(const float* q, const std::byte* k, int dim) {
   __m512 acc = _mm512_setzero_ps();
   int d = 0;
   for (; d + kIndexLanes <= dim; d += kIndexLanes) {
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + d),
-                                           Load16<T>(k + d * kElement,
-                                                     0xffff)));
+    acc =
+        _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + d),
+                                         Load16<T>(k + d * kElement, 0xffff)));
   }
   if (d < dim) {
     // Masked lanes multiply +0 by +0: adding it leaves them as they are.
-    const __mmask16 mask =
-        static_cast<__mmask16>((1u << (dim - d)) - 1u);
+    const __mmask16 mask = static_cast<__mmask16>((1u << (dim - d)) - 1u);
     acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + d),
                                            Load16<T>(k + d * kElement, mask)));
   }
   const __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
                                   _mm512_extractf32x8_ps(acc, 1));
-  const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8),
-                               _mm256_extractf128_ps(r8, 1));
+  const __m128 r4 =
+      _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
   const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
   return _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)));
 }
@@ -73,8 +72,8 @@ void Scores(const IndexQuery& query, const std::byte* keys, int64_t n,
       __m512 f = _mm512_load_ps(dots);
       // max(0, x) keeps -0 and NaN, as std::max(x, 0.0f).
       if (query.f == IndexScore::kRelu) f = _mm512_max_ps(zero, f);
-      score = _mm512_add_ps(score,
-                            _mm512_mul_ps(_mm512_set1_ps(query.w[j]), f));
+      score =
+          _mm512_add_ps(score, _mm512_mul_ps(_mm512_set1_ps(query.w[j]), f));
     }
     _mm512_mask_storeu_ps(scores + s0,
                           static_cast<__mmask16>((1u << count) - 1u), score);

@@ -135,8 +135,7 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
 }
 
 absl::Status AttendTopK(
-    const AttentionProblem& problem, ThreadPool& pool,
-    IndexScoresFn score_keys,
+    const AttentionProblem& problem, ThreadPool& pool, IndexScoresFn score_keys,
     const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
         attend_dense) {
   const TopKSpec& spec = *problem.topk;
@@ -155,7 +154,8 @@ absl::Status AttendTopK(
   const int index_stride = IndexDimPadded(index_dim);
   std::vector<float> index_q(
       static_cast<size_t>(rows * index_heads * index_stride), 0.0f);
-  const int64_t index_q_bytes = int64_t{index_dim} * DTypeSize(spec.index_q.dtype);
+  const int64_t index_q_bytes =
+      int64_t{index_dim} * DTypeSize(spec.index_q.dtype);
   for (int64_t qh = 0; qh < rows * index_heads; ++qh) {
     ConvertToFloat(spec.index_q.dtype, spec.index_q.data + qh * index_q_bytes,
                    index_dim, index_q.data() + qh * index_stride);
@@ -178,8 +178,8 @@ absl::Status AttendTopK(
     // Few rows (decode): each row's scoring is spread over the threads.
     std::vector<std::pair<float, int64_t>> scores;
     for (int64_t row = 0; row < rows; ++row) {
-      statuses[row] = SelectTopK(problem, row, query_of(row), score_keys,
-                                 &pool, &scores, &selected[row]);
+      statuses[row] = SelectTopK(problem, row, query_of(row), score_keys, &pool,
+                                 &scores, &selected[row]);
     }
   } else {
     pool.ParallelFor(rows, [&](int64_t row) {

@@ -39,8 +39,7 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
 // rows' attention through `attend_dense` (the backend's dense Attend) in
 // batches of bounded gathered size. Errors as AttentionBackend::Attend.
 absl::Status AttendTopK(
-    const AttentionProblem& problem, ThreadPool& pool,
-    IndexScoresFn score_keys,
+    const AttentionProblem& problem, ThreadPool& pool, IndexScoresFn score_keys,
     const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
         attend_dense);
 

@@ -85,10 +85,10 @@ absl::Status CheckShape(int64_t i, const AttentionProblem& problem,
                      kMaxQueryHeads, "; use fewer heads or the cpu backend"));
   }
   if (problem.kv.value_dim > kSimtMaxValueDim) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "problem ", i, ": value_dim ", problem.kv.value_dim,
-        " exceeds the CUDA backend's limit of ", kSimtMaxValueDim,
-        "; use a smaller value_dim or the cpu backend"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("problem ", i, ": value_dim ", problem.kv.value_dim,
+                     " exceeds the CUDA backend's limit of ", kSimtMaxValueDim,
+                     "; use a smaller value_dim or the cpu backend"));
   }
   if (num_queries >= kMaxQueries ||
       num_queries * group_size > std::numeric_limits<int32_t>::max()) {
@@ -182,7 +182,8 @@ void ChooseVariant(const AttentionProblem& problem, bool aligned,
   *split_q = *mma && problem.q.dtype != kv.dtype;
   if (*mma) {
     if (kv.dtype == DType::kFloat16) {
-      *variant = *split_q ? KernelVariant::kMmaF16SplitQ : KernelVariant::kMmaF16;
+      *variant =
+          *split_q ? KernelVariant::kMmaF16SplitQ : KernelVariant::kMmaF16;
     } else {
       *variant =
           *split_q ? KernelVariant::kMmaBF16SplitQ : KernelVariant::kMmaBF16;
@@ -249,8 +250,7 @@ class AttendPlan::WorkPlanner {
   };
   Shape ShapeOf(const Planned& pl, int64_t rows_per_head, int value_dim) const;
   // The launch of (pass, variant, shape), created on first use.
-  int LaunchFor(int pass, const Planned& pl, const Shape& shape,
-                int value_dim);
+  int LaunchFor(int pass, const Planned& pl, const Shape& shape, int value_dim);
   void AddSplit(const WorkItem& item, const Planned& pl, const Shape& shape,
                 int value_dim, const TileRanges& tiles,
                 const std::vector<int32_t>& chunks);
@@ -298,7 +298,8 @@ int AttendPlan::WorkPlanner::LaunchFor(int pass, const Planned& pl,
     created.launch.simt_rows = pl.mma ? 1 : shape.key;
   }
   Launch& launch = plan_.launches_[it->second];
-  launch.launch.max_value_dim = std::max(launch.launch.max_value_dim, value_dim);
+  launch.launch.max_value_dim =
+      std::max(launch.launch.max_value_dim, value_dim);
   return it->second;
 }
 
@@ -307,7 +308,8 @@ void AttendPlan::WorkPlanner::AddSplit(const WorkItem& item, const Planned& pl,
                                        const TileRanges& tiles,
                                        const std::vector<int32_t>& chunks) {
   const int64_t slot_floats = int64_t{item.row_count} * (value_dim + 2);
-  const int64_t group_floats = static_cast<int64_t>(chunks.size()) * slot_floats;
+  const int64_t group_floats =
+      static_cast<int64_t>(chunks.size()) * slot_floats;
   if (state_floats_ + group_floats > max_state_floats_) {
     pass_merges_.emplace_back();  // the next pass
     state_floats_ = 0;
@@ -432,8 +434,8 @@ void AttendPlan::LayoutUpload(absl::Span<const AttentionProblem> problems) {
     launch.items_offset = upload.Add(
         static_cast<int64_t>(launch.items.size() * sizeof(WorkItem)));
   }
-  merge_offset_ = upload.Add(
-      static_cast<int64_t>(merge_items_.size() * sizeof(MergeItem)));
+  merge_offset_ =
+      upload.Add(static_cast<int64_t>(merge_items_.size() * sizeof(MergeItem)));
   weight_row_prefix_.assign(1, 0);
   for (int64_t i = 0; i < n; ++i) {
     if (problems[i].weights == nullptr) continue;
@@ -441,8 +443,8 @@ void AttendPlan::LayoutUpload(absl::Span<const AttentionProblem> problems) {
     weight_row_prefix_.push_back(weight_row_prefix_.back() +
                                  problems[i].q.dim(0) * problems[i].q.dim(1));
   }
-  weight_ids_offset_ = upload.Add(
-      static_cast<int64_t>(weight_ids_.size() * sizeof(int32_t)));
+  weight_ids_offset_ =
+      upload.Add(static_cast<int64_t>(weight_ids_.size() * sizeof(int32_t)));
   weight_prefix_offset_ = upload.Add(
       static_cast<int64_t>(weight_row_prefix_.size() * sizeof(int64_t)));
   for (int64_t i = 0; i < n; ++i) {

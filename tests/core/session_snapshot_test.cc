@@ -238,7 +238,8 @@ SparseResult AppendSparse(AttentionEngine& engine, const std::string& id,
   auto out = engine.Append(r);
   EXPECT_TRUE(out.ok()) << out.status();
   if (!out.ok()) return {};
-  return {ToFloats(out->output), out->lse ? ToFloats(*out->lse) : std::vector<float>{},
+  return {ToFloats(out->output),
+          out->lse ? ToFloats(*out->lse) : std::vector<float>{},
           out->topk_indices};
 }
 
@@ -278,10 +279,10 @@ SessionSpec SparseSpec(KvLayout layout, DType dtype) {
 TEST(SessionSnapshotTest, LatentAndTopKSessionsRoundTripBitwise) {
   for (KvLayout layout : {KvLayout::kSharedLatent, KvLayout::kSeparate}) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-      SCOPED_TRACE(::testing::Message()
-                   << DTypeName(dtype) << (layout == KvLayout::kSharedLatent
-                                               ? " latent"
-                                               : " separate"));
+      SCOPED_TRACE(
+          ::testing::Message()
+          << DTypeName(dtype)
+          << (layout == KvLayout::kSharedLatent ? " latent" : " separate"));
       std::mt19937 rng(11);
       auto source = MakeEngine(int64_t{32} << 20, 4096);
       auto target = MakeEngine(int64_t{32} << 20, 2048 + 1024);
@@ -315,10 +316,10 @@ TEST(SessionSnapshotTest, LatentAndTopKSessionsRoundTripBitwise) {
       EXPECT_EQ(imported->spec, resolved);
       for (int layer = 0; layer < spec.num_layers; ++layer) {
         const int64_t length = 170 + 10 * layer;
-        EXPECT_EQ(AppendSparse(*target, imported->session_id, resolved, layer,
-                               t, length, length + 40),
-                  AppendSparse(*source, id, resolved, layer, t, length,
-                               length + 40))
+        EXPECT_EQ(
+            AppendSparse(*target, imported->session_id, resolved, layer, t,
+                         length, length + 40),
+            AppendSparse(*source, id, resolved, layer, t, length, length + 40))
             << "layer " << layer;
         EXPECT_EQ(AppendSparse(*target, imported->session_id, resolved, layer,
                                t, length + 40, length + 41),
@@ -342,8 +343,7 @@ TEST(SessionSnapshotTest, LatentAndTopKSessionsRoundTripBitwise) {
 TEST(SessionSnapshotTest, LatentAndTopKSnapshotsAreVersion2AndChecked) {
   std::mt19937 rng(12);
   auto engine = MakeEngine(int64_t{8} << 20, 4096);
-  const SessionSpec spec = SparseSpec(KvLayout::kSharedLatent,
-                                      DType::kFloat32);
+  const SessionSpec spec = SparseSpec(KvLayout::kSharedLatent, DType::kFloat32);
   auto created = engine->CreateSession(spec, absl::ZeroDuration());
   ASSERT_TRUE(created.ok()) << created.status();
   SparseTokens t(60, created->spec, rng);
@@ -358,8 +358,7 @@ TEST(SessionSnapshotTest, LatentAndTopKSnapshotsAreVersion2AndChecked) {
   Reseal(s);
   auto status = Import(*engine, s).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_NE(status.message().find("cannot carry"), std::string::npos)
-      << status;
+  EXPECT_NE(status.message().find("cannot carry"), std::string::npos) << status;
 
   s = good;  // an index key changed: the checksum catches it
   s.chunks[0].index_k[3] ^= 0x01;

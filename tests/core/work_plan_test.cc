@@ -44,8 +44,7 @@ std::vector<Mask> Masks() {
 }
 
 // Keys some query at [first_p, last_p] sees, by the predicate.
-std::set<int64_t> VisibleUnion(const Mask& m, int64_t first_p,
-                               int64_t last_p) {
+std::set<int64_t> VisibleUnion(const Mask& m, int64_t first_p, int64_t last_p) {
   std::set<int64_t> keys;
   for (int64_t p = first_p; p <= last_p; ++p) {
     for (int64_t j = 0; j < m.length; ++j) {
@@ -66,8 +65,8 @@ TEST(WorkPlanTest, RowBlockKeysHoldEveryVisibleKeyAndTheirTilesAndChunks) {
                    << "causal " << m.causal << " window " << m.window
                    << " sinks " << m.sinks << " length " << m.length
                    << " rows [" << first_p << ", " << last_p << "]");
-      const KeyRanges keys = RowBlockKeys(m.causal, m.window, m.sinks,
-                                          m.length, first_p, last_p);
+      const KeyRanges keys =
+          RowBlockKeys(m.causal, m.window, m.sinks, m.length, first_p, last_p);
       std::vector<int64_t> listed;
       for (int64_t i = 0; i < keys.size(); ++i) listed.push_back(keys.at(i));
       const std::set<int64_t> visible = VisibleUnion(m, first_p, last_p);
@@ -124,8 +123,8 @@ TEST(WorkPlanTest, RowBlockKeysHoldEveryVisibleKeyAndTheirTilesAndChunks) {
 TEST(WorkPlanTest, KeyRangesMergeTouchingRanges) {
   KeyRanges keys;
   keys.Add(0, 5);
-  keys.Add(5, 9);  // touches: merged
-  keys.Add(3, 4);  // inside: nothing new
+  keys.Add(5, 9);    // touches: merged
+  keys.Add(3, 4);    // inside: nothing new
   keys.Add(20, 20);  // empty: ignored
   EXPECT_EQ(keys.count, 1);
   EXPECT_EQ(keys.size(), 9);

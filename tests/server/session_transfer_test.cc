@@ -92,7 +92,8 @@ v1::SessionSpec SparseSpec(bool latent) {
   spec.mutable_layers(0)->set_topk(8);
   spec.mutable_layers(2)->set_topk(8);
   spec.mutable_layers(2)->set_index_score(v1::INDEX_SCORE_RELU);
-  for (int h = 0; h < 4; ++h) spec.mutable_layers(2)->add_sink_logits(0.25f * h);
+  for (int h = 0; h < 4; ++h)
+    spec.mutable_layers(2)->add_sink_logits(0.25f * h);
   spec.set_index_dim(8);
   spec.set_index_heads(2);
   return spec;
@@ -154,8 +155,7 @@ std::string StepSparse(client::AttentionClient& client,
                        client::SessionHandle& session, const Tokens& t,
                        const IndexTokens& index, int layer, int64_t begin,
                        int64_t end) {
-  const bool latent =
-      session.spec().kv_layout() == v1::KV_LAYOUT_SHARED_LATENT;
+  const bool latent = session.spec().kv_layout() == v1::KV_LAYOUT_SHARED_LATENT;
   const absl::Span<const float> v =
       latent ? absl::Span<const float>() : t.v_rows(begin, end - begin);
   client::StepOptions options;
@@ -164,12 +164,11 @@ std::string StepSparse(client::AttentionClient& client,
     auto request = session.MakeDecodeRequest(layer, t.q_rows(begin, 1),
                                              t.k_rows(begin, 1), v, options);
     EXPECT_TRUE(request.ok()) << request.status();
-    return request.ok() ? SendSparse(client, *request, index, begin, end)
-                        : "";
+    return request.ok() ? SendSparse(client, *request, index, begin, end) : "";
   }
-  auto request = session.MakePrefillRequest(
-      layer, t.q_rows(begin, end - begin), t.k_rows(begin, end - begin), v,
-      options);
+  auto request =
+      session.MakePrefillRequest(layer, t.q_rows(begin, end - begin),
+                                 t.k_rows(begin, end - begin), v, options);
   EXPECT_TRUE(request.ok()) << request.status();
   return request.ok() ? SendSparse(client, *request, index, begin, end) : "";
 }
@@ -452,9 +451,9 @@ TEST(SnapshotDirTest, LatentAndTopKSessionsSurviveARestartBitwise) {
     auto info = (*second)->client->GetSession(ids[i]);
     ATTN_ASSERT_OK(info);
     client::SessionHandle handle((*second)->client.get(), *info);
-    EXPECT_EQ(ContinueSparse(*(*second)->client, handle, tokens[i], index, 70,
-                             76),
-              expected[i])
+    EXPECT_EQ(
+        ContinueSparse(*(*second)->client, handle, tokens[i], index, 70, 76),
+        expected[i])
         << ids[i];
   }
   second->reset();

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-
 #include "gtest/gtest.h"
 #include "tests/server/test_server.h"
 
@@ -195,9 +194,9 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
   };
   auto decode_request = [&](client::SessionHandle& session, int layer,
                             int64_t t) {
-    auto request = session.MakeDecodeRequest(
-        layer, tokens.q_rows(t, 1), tokens.k_rows(t, 1), tokens.v_rows(t, 1),
-        with_lse);
+    auto request = session.MakeDecodeRequest(layer, tokens.q_rows(t, 1),
+                                             tokens.k_rows(t, 1),
+                                             tokens.v_rows(t, 1), with_lse);
     EXPECT_TRUE(request.ok()) << request.status();
     if (layer == 0 && request.ok()) index.AddTo(&*request, t, 1);
     return *request;
@@ -206,7 +205,8 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
   auto all = prefill(*whole, 0, 0, total);
   ATTN_ASSERT_OK(all);
   auto row_of = [&](int64_t t) {
-    std::string bytes = RowBytes(all->output(), t, 1) + RowBytes(all->lse(), t, 1);
+    std::string bytes =
+        RowBytes(all->output(), t, 1) + RowBytes(all->lse(), t, 1);
     for (int i = 0; i < kTopK; ++i) {
       bytes += absl::StrCat(",", all->topk_indices(t * kTopK + i));
     }

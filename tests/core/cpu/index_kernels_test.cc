@@ -25,7 +25,7 @@ namespace {
 struct Inputs {
   std::vector<float> q;  // [heads][IndexDimPadded(dim)], zero padded
   std::vector<float> w;
-  std::vector<std::byte> keys;  // [n][dim] in the key dtype
+  std::vector<std::byte> keys;    // [n][dim] in the key dtype
   std::vector<float> key_values;  // the same, widened
   IndexQuery query;
 };
@@ -54,8 +54,8 @@ Inputs MakeInputs(int heads, int dim, int64_t n, DType dtype, IndexScore f,
   in.key_values.resize(raw.size());
   ConvertToFloat(dtype, in.keys.data(), static_cast<int64_t>(raw.size()),
                  in.key_values.data());
-  in.query = IndexQuery{.q = in.q.data(), .w = in.w.data(), .heads = heads,
-                        .dim = dim, .f = f};
+  in.query = IndexQuery{
+      .q = in.q.data(), .w = in.w.data(), .heads = heads, .dim = dim, .f = f};
   return in;
 }
 
@@ -66,8 +66,8 @@ std::vector<uint32_t> Bits(const std::vector<float>& values) {
 }
 
 TEST(IndexKernelsTest, ScalarIsTheCanonicalArithmetic) {
-  const Inputs in = MakeInputs(3, 37, 20, DType::kFloat32,
-                               IndexScore::kRelu, 1);
+  const Inputs in =
+      MakeInputs(3, 37, 20, DType::kFloat32, IndexScore::kRelu, 1);
   std::vector<float> scores(20);
   ScalarIndexScores()(in.query, DType::kFloat32, in.keys.data(), 20,
                       scores.data());
@@ -118,8 +118,8 @@ TEST(IndexKernelsTest, EveryIsaIsBitwiseTheScalarKernel) {
 
 TEST(IndexKernelsTest, ScoresDoNotDependOnHowKeysAreCut) {
   const int64_t n = 100;
-  const Inputs in = MakeInputs(4, 64, n, DType::kFloat16,
-                               IndexScore::kIdentity, 3);
+  const Inputs in =
+      MakeInputs(4, 64, n, DType::kFloat16, IndexScore::kIdentity, 3);
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
     if (!CpuIsaSupported(isa)) continue;
     const IndexScoresFn kernel = IndexScoresFor(isa);
