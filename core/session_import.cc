@@ -103,6 +103,70 @@ absl::Status ValidateHeader(const SnapshotHeader& header,
   return absl::OkStatus();
 }
 
+// The rows `bytes` hold as a tensor of `shape` in `dtype`; its size_bytes
+// is what the shape takes (the caller compares it with bytes.size()).
+TensorView RowsView(DType dtype, Shape shape, const std::string& bytes) {
+  const int64_t size = NumElements(shape) * DTypeSize(dtype);
+  return TensorView{.dtype = dtype,
+                    .shape = std::move(shape),
+                    .data = reinterpret_cast<const std::byte*>(bytes.data()),
+                    .size_bytes = size};
+}
+
+// The write of data chunk `index` (of layer `layer`, whose blocks have
+// `layout`) with its k, v (none for a shared latent: its values are k's
+// leading entries) and index_k (top-k layers only) rows; blocks are left
+// to the caller. INVALID_ARGUMENT when the chunk is over
+// kSnapshotChunkMaxBytes, its byte counts differ from what its rows take,
+// or it holds a value that is not finite.
+absl::StatusOr<KvWrite> ChunkWrite(const SnapshotChunk& chunk,
+                                   const KvBlockLayout& layout, int64_t index,
+                                   int layer) {
+  const int64_t n = chunk.num_tokens;
+  const int64_t heads = layout.num_kv_heads;
+  KvWrite write;
+  write.layout = layout;
+  write.start = chunk.start;
+  write.k = RowsView(layout.dtype, {n, heads, layout.head_dim}, chunk.k);
+  if (!layout.shared_values) {
+    write.v = RowsView(layout.dtype, {n, heads, layout.value_dim}, chunk.v);
+  }
+  if (layout.index_dim > 0) {
+    write.index_k =
+        RowsView(layout.dtype, {n, layout.index_dim}, chunk.index_k);
+  }
+  const int64_t k_bytes = write.k.size_bytes;
+  const int64_t v_bytes = write.v.size_bytes;
+  const int64_t index_bytes = write.index_k.size_bytes;
+  if (k_bytes + v_bytes + index_bytes > kSnapshotChunkMaxBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot data chunk ", index, " holds ",
+        k_bytes + v_bytes + index_bytes, " bytes, over the limit of ",
+        kSnapshotChunkMaxBytes, " per chunk; split it (ExportSession writes ",
+        "about ", kSnapshotChunkTargetBytes, ")"));
+  }
+  if (static_cast<int64_t>(chunk.k.size()) != k_bytes ||
+      static_cast<int64_t>(chunk.v.size()) != v_bytes ||
+      static_cast<int64_t>(chunk.index_k.size()) != index_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot data chunk ", index, " has ", chunk.k.size(),
+        " bytes of k, ", chunk.v.size(), " of v and ", chunk.index_k.size(),
+        " of index_k; ", n, " rows of layer ", layer, " (", heads,
+        " KV heads in ", DTypeName(layout.dtype),
+        layout.shared_values ? ", a shared latent without v" : "",
+        layout.index_dim > 0 ? ", with index keys" : ", without index keys",
+        ") take ", k_bytes, ", ", v_bytes, " and ", index_bytes));
+  }
+  const int64_t element = DTypeSize(layout.dtype);
+  ATTN_RETURN_IF_ERROR(CheckFinite(layout.dtype, write.k.data,
+                                   k_bytes / element, "snapshot k"));
+  ATTN_RETURN_IF_ERROR(CheckFinite(layout.dtype, write.v.data,
+                                   v_bytes / element, "snapshot v"));
+  ATTN_RETURN_IF_ERROR(CheckFinite(layout.dtype, write.index_k.data,
+                                   index_bytes / element, "snapshot index_k"));
+  return write;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
@@ -268,62 +332,8 @@ absl::Status SessionImport::AddChunk(const SnapshotChunk& chunk) {
         ", but the carried range there ends at ", range_end_));
   }
   const KvBlockLayout& layout = layers_[layer_].layout();
-  const int64_t heads = layout.num_kv_heads;
-  const int64_t element = DTypeSize(layout.dtype);
-  const int64_t k_bytes = chunk.num_tokens * heads * layout.head_dim * element;
-  // No value rows for a shared latent; index rows only for a top-k layer.
-  const int64_t v_bytes = layout.shared_values ? 0
-                                               : chunk.num_tokens * heads *
-                                                     layout.value_dim * element;
-  const int64_t index_bytes = chunk.num_tokens * layout.index_dim * element;
-  if (k_bytes + v_bytes + index_bytes > kSnapshotChunkMaxBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "snapshot data chunk ", num_chunks_, " holds ",
-        k_bytes + v_bytes + index_bytes, " bytes, over the limit of ",
-        kSnapshotChunkMaxBytes, " per chunk; split it (ExportSession writes ",
-        "about ", kSnapshotChunkTargetBytes, ")"));
-  }
-  if (static_cast<int64_t>(chunk.k.size()) != k_bytes ||
-      static_cast<int64_t>(chunk.v.size()) != v_bytes ||
-      static_cast<int64_t>(chunk.index_k.size()) != index_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "snapshot data chunk ", num_chunks_, " has ", chunk.k.size(),
-        " bytes of k, ", chunk.v.size(), " of v and ", chunk.index_k.size(),
-        " of index_k; ", chunk.num_tokens, " rows of layer ", layer_, " (",
-        heads, " KV heads in ", DTypeName(layout.dtype),
-        layout.shared_values ? ", a shared latent without v" : "",
-        layout.index_dim > 0 ? ", with index keys" : ", without index keys",
-        ") take ", k_bytes, ", ", v_bytes, " and ", index_bytes));
-  }
-  const auto* k = reinterpret_cast<const std::byte*>(chunk.k.data());
-  const auto* v = reinterpret_cast<const std::byte*>(chunk.v.data());
-  const auto* index = reinterpret_cast<const std::byte*>(chunk.index_k.data());
-  ATTN_RETURN_IF_ERROR(
-      CheckFinite(layout.dtype, k, k_bytes / element, "snapshot k"));
-  ATTN_RETURN_IF_ERROR(
-      CheckFinite(layout.dtype, v, v_bytes / element, "snapshot v"));
-  ATTN_RETURN_IF_ERROR(CheckFinite(layout.dtype, index, index_bytes / element,
-                                   "snapshot index_k"));
-
-  KvWrite write;
-  write.layout = layout;
-  write.start = chunk.start;
-  write.k = TensorView{.dtype = layout.dtype,
-                       .shape = {chunk.num_tokens, heads, layout.head_dim},
-                       .data = k,
-                       .size_bytes = k_bytes};
-  if (!layout.shared_values) {
-    write.v = TensorView{.dtype = layout.dtype,
-                         .shape = {chunk.num_tokens, heads, layout.value_dim},
-                         .data = v,
-                         .size_bytes = v_bytes};
-  }
-  if (layout.index_dim > 0) {
-    write.index_k = TensorView{.dtype = layout.dtype,
-                               .shape = {chunk.num_tokens, layout.index_dim},
-                               .data = index,
-                               .size_bytes = index_bytes};
-  }
+  ATTN_ASSIGN_OR_RETURN(KvWrite write,
+                        ChunkWrite(chunk, layout, num_chunks_, layer_));
   write.blocks = blocks_[layer_];
   ATTN_RETURN_IF_ERROR(backend_->WriteKv(write));
   checksum_.AddChunk(chunk);
