@@ -195,9 +195,14 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
     pl.kv_on_device = !any_host;
 
     const bool half = kv.dtype != DType::kFloat32;
+    const bool split_q = problem.q.dtype != kv.dtype;
+    const KernelVariant mma_variant = MmaVariantFor(
+        kv.dtype == DType::kBFloat16, split_q, static_cast<int>(head_dim),
+        static_cast<int>(kv.value_dim));
     const bool mma =
         half && head_dim % 8 == 0 && kv.value_dim % 8 == 0 &&
-        head_dim <= kMmaMaxDim && kv.value_dim <= kMmaMaxDim &&
+        head_dim <= kMmaWideMaxDim && kv.value_dim <= kMmaWideMaxDim &&
+        MmaWarpsFor(mma_variant, 1, limits.max_shared_bytes) > 0 &&
         kv.length < std::numeric_limits<int32_t>::max() &&
         problem.mask.query_start + num_queries <
             std::numeric_limits<int32_t>::max() &&
@@ -206,16 +211,10 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
         kv.v_token_stride % 8 == 0 && kv.v_head_stride % 8 == 0 &&
         (aligned || !pl.kv_on_device);
     pl.mma = mma;
-    pl.split_q = mma && problem.q.dtype != kv.dtype;
+    pl.split_q = mma && split_q;
     pl.q_stride = mma ? static_cast<int32_t>((head_dim + 15) / 16 * 16) : 0;
     if (mma) {
-      if (kv.dtype == DType::kFloat16) {
-        pl.variant =
-            pl.split_q ? KernelVariant::kMmaF16SplitQ : KernelVariant::kMmaF16;
-      } else {
-        pl.variant = pl.split_q ? KernelVariant::kMmaBF16SplitQ
-                                : KernelVariant::kMmaBF16;
-      }
+      pl.variant = mma_variant;
     } else {
       pl.variant = kv.dtype == DType::kFloat32   ? KernelVariant::kSimtF32
                    : kv.dtype == DType::kFloat16 ? KernelVariant::kSimtF16
@@ -244,7 +243,7 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
     int block_rows;
     int shape;
     if (pl.mma) {
-      warps = rows_per_head <= 16 ? 1 : (rows_per_head <= 32 ? 2 : 4);
+      warps = MmaWarpsFor(pl.variant, rows_per_head, limits.max_shared_bytes);
       block_rows = kMmaWarpRows * warps;
       shape = warps;
     } else {

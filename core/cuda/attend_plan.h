@@ -61,6 +61,9 @@ class AttendPlan {
     int64_t pinned_bytes = std::numeric_limits<int64_t>::max();
     // Split chunk states per pass; 0 runs every problem in full mode.
     int64_t max_state_bytes = kDefaultMaxStateBytes;
+    // Dynamic shared memory per block (the device's opt-in limit): bounds
+    // the warps of tensor-core blocks (MmaWarpsFor).
+    int64_t max_shared_bytes = kDefaultMaxSharedBytes;
   };
 
   // INVALID_ARGUMENT for a problem this backend cannot serve (value_dim over
