@@ -3,7 +3,9 @@
 //
 // Bitwise reproducibility on the GPU. Every row (query token x query head)
 // goes through exactly the same arithmetic whatever block serves it:
-//   * one kernel variant per problem, chosen from the problem alone;
+//   * one kernel variant per problem, chosen from the problem alone (and
+//     the device: a problem the wide tensor-core kernel cannot fit in the
+//     device's shared memory runs on SIMT, on that device always);
 //   * a logit depends only on its own q row and k row (an MMA output element
 //     depends only on its row of A and column of B; SIMT dots are
 //     sequential fmaf chains over head_dim);
