@@ -13,7 +13,11 @@
 //     whose split-KV states need several passes;
 //   * causal prefill (bf16, 32/8 heads, head_dim 128, T = 4k..16k): TFLOP/s
 //     counted as 4 * H * head_dim * T^2 / 2, the convention of
-//     bench/gpu/sdpa_bench.py.
+//     bench/gpu/sdpa_bench.py;
+//   * wide heads (issue 16 item 6, "wide_head"): causal prefill and decode
+//     with Gemma-like 16/8 heads, bf16, head_dim 128, 192 and 256 side by
+//     side; 192 and 256 run on the wide tensor-core kernel, and each figure
+//     is also given as a ratio to the head_dim 128 one of the same run.
 // "kernel" figures time the backend's kernels with CUDA events (what the
 // PyTorch comparison measures); "call" figures time the whole
 // CudaBackend::Attend call including the PCIe copies of q and the output.
@@ -353,6 +357,93 @@ int Run(const Args& args) {
         call_tflops));
   }
 
+  // Wide heads: the same arena seen with head_dim 128, 192 and 256 layouts
+  // (16/8 heads); prefill TFLOP/s and decode K/V GB/s, each with its ratio
+  // to head_dim 128.
+  std::vector<std::string> wide_json;
+  constexpr int kWideHeads = 16;
+  std::printf(
+      "\nwide heads (bf16, %d/%d heads; ratio = figure / head_dim 128's)\n"
+      "%8s %8s %8s %10s %12s %8s\n",
+      kWideHeads, kKvHeads, "kind", "head_dim", "tokens", "kernel_ms",
+      "TFLOP|GB/s", "ratio");
+  // One causal problem over `tokens` keys: `queries` = tokens (prefill) or
+  // `batch` sequences of one query (decode).
+  auto time_wide = [&](int dim, int64_t tokens, bool decode,
+                       int batch) -> absl::StatusOr<Timing> {
+    KvBlockLayout wide = layout;
+    wide.head_dim = dim;
+    wide.value_dim = dim;
+    wide.tokens_per_block = kBlockBytes / wide.bytes_per_token();
+    const int64_t blocks =
+        (tokens + wide.tokens_per_block - 1) / wide.tokens_per_block;
+    const int64_t queries = decode ? 1 : tokens;
+    std::vector<std::vector<const std::byte*>> k_ptrs(batch);
+    std::vector<std::vector<const std::byte*>> v_ptrs(batch);
+    std::vector<std::vector<uint16_t>> q(batch);
+    std::vector<std::vector<float>> output(batch);
+    std::vector<AttentionProblem> problems(batch);
+    for (int s = 0; s < batch; ++s) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        k_ptrs[s].push_back(block(s * blocks + b));
+        v_ptrs[s].push_back(block(s * blocks + b) + wide.value_offset_bytes());
+      }
+      q[s] = RandomBf16(queries * kWideHeads * dim, 11 + s);
+      output[s].resize(static_cast<size_t>(queries * kWideHeads * dim));
+      AttentionProblem& p = problems[s];
+      p.q = Bf16View(q[s], {queries, kWideHeads, dim});
+      p.kv = PagedKvView(wide, tokens, k_ptrs[s], v_ptrs[s]);
+      p.mask.causal = true;
+      p.mask.query_start = tokens - queries;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(dim));
+      p.output = output[s].data();
+    }
+    return TimeAttend(backend, problems, decode ? 2 : 1,
+                      args.quick ? 2 : (decode ? 10 : 5));
+  };
+  struct WideRun {
+    const char* kind;
+    int64_t tokens;
+    int batch;
+  };
+  const std::vector<WideRun> wide_runs =
+      args.quick ? std::vector<WideRun>{{"prefill", 4096, 1},
+                                        {"decode", 32768, 8}}
+                 : std::vector<WideRun>{{"prefill", 4096, 1},
+                                        {"prefill", 8192, 1},
+                                        {"decode", 32768, 8}};
+  for (const WideRun& run : wide_runs) {
+    const bool decode = std::string(run.kind) == "decode";
+    double base = 0.0;
+    for (int dim : {128, 192, 256}) {
+      absl::StatusOr<Timing> t = time_wide(dim, run.tokens, decode, run.batch);
+      if (!t.ok()) {
+        std::fprintf(stderr, "wide heads: %s\n",
+                     std::string(t.status().message()).c_str());
+        return 1;
+      }
+      const double tokens = static_cast<double>(run.tokens);
+      // Prefill: TFLOP/s (4 * H * d * T^2 / 2); decode: K/V GB/s.
+      const double figure =
+          decode ? run.batch * tokens * kKvHeads * (2.0 * dim) * 2 /
+                       (t->kernel_ms * 1e-3) / 1e9
+                 : 4.0 * kWideHeads * dim * tokens * tokens / 2.0 /
+                       (t->kernel_ms * 1e-3) / 1e12;
+      if (dim == 128) base = figure;
+      const double ratio = base > 0.0 ? figure / base : 0.0;
+      std::printf("%8s %8d %8lld %10.3f %12.1f %8.2f\n", run.kind, dim,
+                  static_cast<long long>(run.tokens), t->kernel_ms, figure,
+                  ratio);
+      wide_json.push_back(absl::StrFormat(
+          R"({"kind": "%s", "head_dim": %d, "heads": %d, "kv_heads": %d, )"
+          R"("tokens": %d, "batch": %d, "kernel_ms": %.4f, "call_ms": %.4f, )"
+          R"("%s": %.2f, "ratio_to_dim128": %.4f})",
+          run.kind, dim, kWideHeads, kKvHeads, run.tokens, run.batch,
+          t->kernel_ms, t->call_ms, decode ? "kernel_gbps" : "kernel_tflops",
+          figure, ratio));
+    }
+  }
+
   if (!args.json_path.empty()) {
     std::ofstream out(args.json_path);
     out << "{\n  \"device\": \"" << backend.device() << "\",\n"
@@ -360,7 +451,9 @@ int Run(const Args& args) {
         << absl::StrFormat("  \"reference_gbps\": %.1f,\n", kReferenceGBps)
         << "  \"decode\": [\n    " << absl::StrJoin(decode_json, ",\n    ")
         << "\n  ],\n  \"prefill\": [\n    "
-        << absl::StrJoin(prefill_json, ",\n    ") << "\n  ]\n}\n";
+        << absl::StrJoin(prefill_json, ",\n    ")
+        << "\n  ],\n  \"wide_head\": [\n    "
+        << absl::StrJoin(wide_json, ",\n    ") << "\n  ]\n}\n";
     if (!out) {
       std::fprintf(stderr, "cannot write %s\n", args.json_path.c_str());
       return 1;

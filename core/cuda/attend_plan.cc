@@ -163,15 +163,21 @@ absl::StatusOr<KvPlacement> LocateKv(
 }
 
 // The kernel variant of a problem: tensor cores for 16-bit KV of suitable
-// dims and strides, the SIMT kernel otherwise.
+// dims and strides (and a block that fits `max_shared_bytes`), the SIMT
+// kernel otherwise.
 void ChooseVariant(const AttentionProblem& problem, bool aligned,
-                   bool kv_on_device, KernelVariant* variant, bool* mma,
-                   bool* split_q) {
+                   bool kv_on_device, int64_t max_shared_bytes,
+                   KernelVariant* variant, bool* mma, bool* split_q) {
   const KvView& kv = problem.kv;
   const int64_t head_dim = problem.q.dim(2);
   const bool half = kv.dtype != DType::kFloat32;
+  const bool q_differs = problem.q.dtype != kv.dtype;
+  const KernelVariant mma_variant = MmaVariantFor(
+      kv.dtype == DType::kBFloat16, q_differs, static_cast<int>(head_dim),
+      static_cast<int>(kv.value_dim));
   *mma = half && head_dim % 8 == 0 && kv.value_dim % 8 == 0 &&
-         head_dim <= kMmaMaxDim && kv.value_dim <= kMmaMaxDim &&
+         head_dim <= kMmaWideMaxDim && kv.value_dim <= kMmaWideMaxDim &&
+         MmaWarpsFor(mma_variant, 1, max_shared_bytes) > 0 &&
          kv.length < std::numeric_limits<int32_t>::max() &&
          problem.mask.query_start + problem.q.dim(0) <
              std::numeric_limits<int32_t>::max() &&
@@ -179,15 +185,9 @@ void ChooseVariant(const AttentionProblem& problem, bool aligned,
          kv.k_token_stride % 8 == 0 && kv.k_head_stride % 8 == 0 &&
          kv.v_token_stride % 8 == 0 && kv.v_head_stride % 8 == 0 &&
          (aligned || !kv_on_device);
-  *split_q = *mma && problem.q.dtype != kv.dtype;
+  *split_q = *mma && q_differs;
   if (*mma) {
-    if (kv.dtype == DType::kFloat16) {
-      *variant =
-          *split_q ? KernelVariant::kMmaF16SplitQ : KernelVariant::kMmaF16;
-    } else {
-      *variant =
-          *split_q ? KernelVariant::kMmaBF16SplitQ : KernelVariant::kMmaBF16;
-    }
+    *variant = mma_variant;
     return;
   }
   *variant = kv.dtype == DType::kFloat32   ? KernelVariant::kSimtF32
@@ -198,7 +198,8 @@ void ChooseVariant(const AttentionProblem& problem, bool aligned,
 }  // namespace
 
 absl::Status AttendPlan::Classify(int64_t i, const AttentionProblem& problem,
-                                  const DeviceMemoryTest& is_device_memory) {
+                                  const DeviceMemoryTest& is_device_memory,
+                                  const Limits& limits) {
   Planned& pl = planned_[i];
   pl.problem = &problem;
   const KvView& kv = problem.kv;
@@ -217,8 +218,8 @@ absl::Status AttendPlan::Classify(int64_t i, const AttentionProblem& problem,
   ATTN_ASSIGN_OR_RETURN(const KvPlacement placement,
                         LocateKv(i, kv, pl.num_blocks, is_device_memory));
   pl.kv_on_device = placement.on_device;
-  ChooseVariant(problem, placement.aligned, pl.kv_on_device, &pl.variant,
-                &pl.mma, &pl.split_q);
+  ChooseVariant(problem, placement.aligned, pl.kv_on_device,
+                limits.max_shared_bytes, &pl.variant, &pl.mma, &pl.split_q);
   pl.q_stride =
       pl.mma ? static_cast<int32_t>((problem.q.dim(2) + 15) / 16 * 16) : 0;
   return absl::OkStatus();
@@ -234,7 +235,8 @@ class AttendPlan::WorkPlanner {
   WorkPlanner(AttendPlan* plan, int num_sms, const Limits& limits)
       : plan_(*plan),
         num_sms_(num_sms),
-        max_state_floats_(std::max<int64_t>(limits.max_state_bytes, 0) / 4) {}
+        max_state_floats_(std::max<int64_t>(limits.max_state_bytes, 0) / 4),
+        max_shared_bytes_(limits.max_shared_bytes) {}
 
   void AddProblem(int64_t i, const AttentionProblem& problem);
   // Moves the merges into the plan, orders the launches' items; returns
@@ -260,6 +262,7 @@ class AttendPlan::WorkPlanner {
   AttendPlan& plan_;
   const int num_sms_;
   const int64_t max_state_floats_;
+  const int64_t max_shared_bytes_;
   std::map<std::tuple<int, int, int>, int> launch_of_;
   std::vector<std::vector<int64_t>> launch_weights_;  // tiles per item
   std::vector<std::vector<MergeItem>> pass_merges_{1};
@@ -271,7 +274,7 @@ AttendPlan::WorkPlanner::Shape AttendPlan::WorkPlanner::ShapeOf(
     const Planned& pl, int64_t rows_per_head, int value_dim) const {
   Shape shape;
   if (pl.mma) {
-    shape.warps = rows_per_head <= 16 ? 1 : (rows_per_head <= 32 ? 2 : 4);
+    shape.warps = MmaWarpsFor(pl.variant, rows_per_head, max_shared_bytes_);
     shape.block_rows = kMmaWarpRows * shape.warps;
     shape.key = shape.warps;
   } else {
@@ -534,7 +537,8 @@ absl::StatusOr<AttendPlan> AttendPlan::Create(
   }
   plan.planned_.resize(problems.size());
   for (int64_t i = 0; i < n; ++i) {
-    ATTN_RETURN_IF_ERROR(plan.Classify(i, problems[i], is_device_memory));
+    ATTN_RETURN_IF_ERROR(
+        plan.Classify(i, problems[i], is_device_memory, limits));
   }
   WorkPlanner planner(&plan, num_sms, limits);
   for (int64_t i = 0; i < n; ++i) planner.AddProblem(i, problems[i]);

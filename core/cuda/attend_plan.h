@@ -61,6 +61,9 @@ class AttendPlan {
     int64_t pinned_bytes = std::numeric_limits<int64_t>::max();
     // Split chunk states per pass; 0 runs every problem in full mode.
     int64_t max_state_bytes = kDefaultMaxStateBytes;
+    // Dynamic shared memory per block (the device's opt-in limit): bounds
+    // the warps of tensor-core blocks (MmaWarpsFor).
+    int64_t max_shared_bytes = kDefaultMaxSharedBytes;
   };
 
   // INVALID_ARGUMENT for a problem this backend cannot serve (value_dim over
@@ -147,7 +150,8 @@ class AttendPlan {
 
   // Fills planned_[i] for `problem`: checks, KV placement, kernel variant.
   absl::Status Classify(int64_t i, const AttentionProblem& problem,
-                        const DeviceMemoryTest& is_device_memory);
+                        const DeviceMemoryTest& is_device_memory,
+                        const Limits& limits);
   // Lays out the upload part of the scratch buffer, then the work and
   // download parts (with `max_pass_floats` of split chunk states).
   void LayoutUpload(absl::Span<const AttentionProblem> problems);

@@ -3,7 +3,9 @@
 //
 // Bitwise reproducibility on the GPU. Every row (query token x query head)
 // goes through exactly the same arithmetic whatever block serves it:
-//   * one kernel variant per problem, chosen from the problem alone;
+//   * one kernel variant per problem, chosen from the problem alone (and
+//     the device: a problem the wide tensor-core kernel cannot fit in the
+//     device's shared memory runs on SIMT, on that device always);
 //   * a logit depends only on its own q row and k row (an MMA output element
 //     depends only on its row of A and column of B; SIMT dots are
 //     sequential fmaf chains over head_dim);
@@ -23,6 +25,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -34,12 +37,6 @@ namespace cuda {
 namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kStages = 3;                      // cp.async pipeline depth
-constexpr int kSmemRowHalves = kMmaMaxDim + 8;  // padded: no bank conflicts
-constexpr int kStageHalves = kTileKeys * kSmemRowHalves;
-constexpr int kMaxKSteps = kMmaMaxDim / 16;
-constexpr int kMaxVTiles = kMmaMaxDim / 8;
-constexpr int kRowAccFloatsPerWarp = kMaxVTiles * 4 * 32;
 constexpr int kSimtDimChunk = 64;
 constexpr int kSimtKeyStride = kSimtDimChunk + 1;
 
@@ -284,6 +281,37 @@ __device__ __forceinline__ uint32_t Load32(const uint16_t* p) {
 }
 
 // ---------------------------------------------------------------------------
+// Geometry of a tensor-core kernel by the largest dim it serves: kMmaMaxDim
+// (narrow: q fragments in registers, a 3-deep ring) or kMmaWideMaxDim (wide:
+// q in shared memory, a 2-deep ring so that 4 warps with split q and
+// full-mode accumulators fit in 227 KiB).
+template <int kMaxDim>
+struct MmaGeometry {
+  static constexpr bool kQInSmem = kMaxDim > kMmaMaxDim;
+  static constexpr int kStages = kQInSmem ? 2 : 3;  // cp.async ring depth
+  static constexpr int kSmemRowHalves = kMaxDim + 8;  // padded: no bank
+                                                      // conflicts
+  static constexpr int kStageHalves = kTileKeys * kSmemRowHalves;
+  static constexpr int kMaxKSteps = kMaxDim / 16;
+  static constexpr int kMaxVTiles = kMaxDim / 8;
+  static constexpr int kRowAccFloatsPerWarp = kMaxVTiles * 4 * 32;
+
+  // Dynamic shared memory of a block: the K and V rings, the q tiles
+  // (q_hi, and q_lo when split) and, in full mode, the row accumulators.
+  static constexpr size_t SharedBytes(int warps, bool split_q,
+                                      bool full_mode) {
+    const size_t ring = size_t{2} * kStages * kStageHalves * 2;
+    const size_t q_tile =
+        kQInSmem ? size_t{16} * warps * kSmemRowHalves * 2 : 0;
+    const size_t acc =
+        full_mode ? size_t{4} * warps * kRowAccFloatsPerWarp : 0;
+    return ring + (split_q ? 2 : 1) * q_tile + acc;
+  }
+};
+static_assert(kMmaWideMaxDim % 16 == 0 && kMmaMaxDim % 16 == 0,
+              "k-steps of 16");
+
+// ---------------------------------------------------------------------------
 // Query preparation: one warp per (token, head) row.
 
 __global__ void PrepareQueriesKernel(const ProblemParams* __restrict__ problems,
@@ -339,27 +367,49 @@ __global__ void PrepareQueriesKernel(const ProblemParams* __restrict__ problems,
 }
 
 // ---------------------------------------------------------------------------
-// Tensor-core attention (fp16 / bf16 KV, dims <= 128, multiples of 8).
+// Tensor-core attention (fp16 / bf16 KV, dims multiples of 8, up to
+// kMmaMaxDim for the narrow kernel, kMmaWideMaxDim for the wide one).
 //
 // A block of `warps` warps serves 16 * warps rows of one (problem, KV head);
 // warp w owns rows [16w, 16w + 16) as one m16 MMA tile. K/V tiles of 32 keys
 // stream through a kStages-deep cp.async ring shared by all warps, so every
-// K/V byte is read once per block for all query heads of the group.
+// K/V byte is read once per block for all query heads of the group. The
+// block's q rows are read from global memory once: the narrow kernel keeps
+// them in registers as MMA A fragments; the wide one (head_dim up to 256,
+// whose fragments and accumulators would not fit in registers together)
+// keeps them in shared memory and reads a k-step's fragment with ldmatrix,
+// which yields the same registers (so the same bits) as the narrow path.
 //
-// Per tile and row: S = q k^T (m16n8k16, q in registers, k via ldmatrix),
+// Per tile and row: S = q k^T (m16n8k16, q as above, k via ldmatrix),
 // logits = (S * 2^q_exponent) * scale (+ bias), masked keys -inf; the row's tile max and
 // alpha; p = exp(logit - m_new) rounded to the KV dtype (the MMA operand);
 // l = alpha * l + sum(p) (sum of the rounded p, fixed order); acc = alpha *
 // acc then acc += P V (m16n8k16, V via ldmatrix.trans).
-template <int kDType, bool kSplitQ>
+template <int kDType, bool kSplitQ, int kMaxDim>
 __global__ void __launch_bounds__(128)
     MmaAttentionKernel(const ProblemParams* __restrict__ problems,
                        const WorkItem* __restrict__ items,
                        float* __restrict__ states, ErrorRecord* errors) {
+  using G = MmaGeometry<kMaxDim>;
+  constexpr int kStages = G::kStages;
+  constexpr int kSmemRowHalves = G::kSmemRowHalves;
+  constexpr int kStageHalves = G::kStageHalves;
+  constexpr int kMaxKSteps = G::kMaxKSteps;
+  constexpr int kMaxVTiles = G::kMaxVTiles;
+  constexpr int kRowAccFloatsPerWarp = G::kRowAccFloatsPerWarp;
+  constexpr bool kQInSmem = G::kQInSmem;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int nwarps = blockDim.x >> 5;
+  // [K ring][V ring][q_hi tile][q_lo tile][row acc]; the q tiles (16 *
+  // nwarps rows of kSmemRowHalves) only when kQInSmem, q_lo only when
+  // kSplitQ (G::SharedBytes).
   uint16_t* k_smem = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* v_smem = k_smem + kStages * kStageHalves;
-  float* row_acc = reinterpret_cast<float*>(v_smem + kStages * kStageHalves);
+  uint16_t* q_smem = v_smem + kStages * kStageHalves;
+  const int q_tile_halves = kQInSmem ? nwarps * 16 * kSmemRowHalves : 0;
+  uint16_t* q_lo_smem = q_smem + q_tile_halves;
+  float* row_acc = reinterpret_cast<float*>(
+      q_smem + (kSplitQ ? 2 : 1) * q_tile_halves);
 
   const WorkItem item = items[blockIdx.x];
   const ProblemParams& p = problems[item.problem];
@@ -435,10 +485,41 @@ __global__ void __launch_bounds__(128)
       p.query_start +
       (item.row_begin + int64_t{warp} * 16 + warp_rows - 1) / group_size);
 
-  // Query fragments (A operand, row-major 16 x 16 per k-step).
-  uint32_t q_frag[kMaxKSteps][4];
-  uint32_t q_lo_frag[kSplitQ ? kMaxKSteps : 1][4];
-  {
+  // Query fragments (A operand, row-major 16 x 16 per k-step): in
+  // registers for the whole block (narrow), or the block's rows copied to
+  // shared memory once (wide; zeros for rows past row_count). q_hi/q_lo
+  // rows are q_stride halves, zero-padded by PrepareQueriesKernel, and
+  // 32-byte aligned (256-byte aligned scratch, q_stride a multiple of 16).
+  uint32_t q_frag[kQInSmem ? 1 : kMaxKSteps][4];
+  uint32_t q_lo_frag[kSplitQ && !kQInSmem ? kMaxKSteps : 1][4];
+  if constexpr (kQInSmem) {
+    const int pieces = p.q_stride / 8;  // 16-byte pieces per row
+    const int total = nwarps * 16 * pieces;
+    for (int idx = tid; idx < total; idx += nthreads) {
+      const int local = idx / pieces;
+      const int piece = idx - local * pieces;
+      uint4 hi = make_uint4(0, 0, 0, 0);
+      uint4 lo = make_uint4(0, 0, 0, 0);
+      if (local < item.row_count) {
+        const int64_t row = item.row_begin + int64_t{local};
+        const int64_t offset =
+            ((row / group_size) * num_heads + kv_head * group_size +
+             row % group_size) *
+                p.q_stride +
+            piece * 8;
+        hi = *reinterpret_cast<const uint4*>(p.q_hi + offset);
+        if constexpr (kSplitQ) {
+          lo = *reinterpret_cast<const uint4*>(p.q_lo + offset);
+        }
+      }
+      *reinterpret_cast<uint4*>(q_smem + local * kSmemRowHalves + piece * 8) =
+          hi;
+      if constexpr (kSplitQ) {
+        *reinterpret_cast<uint4*>(q_lo_smem + local * kSmemRowHalves +
+                                  piece * 8) = lo;
+      }
+    }
+  } else {
     const int64_t stride = p.q_stride;
     const int64_t base0 = (int64_t{token[0]} * num_heads + head[0]) * stride;
     const int64_t base1 = (int64_t{token[1]} * num_heads + head[1]) * stride;
@@ -612,6 +693,27 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int ks = 0; ks < kMaxKSteps; ++ks) {
       if (ks < num_ksteps) {
+        // The k-step's A fragment. From shared memory: matrix j of the
+        // ldmatrix.x4 (lanes 8j..8j+7 give its row addresses) is rows
+        // (j & 1) * 8 + [0, 8) and columns (j >> 1) * 8 + [0, 8) of the
+        // warp's 16 x 16 block, so register j holds exactly q_frag[ks][j]
+        // of the register path (a0a1: row group, a2a3: row group + 8, a4a5
+        // and a6a7: the same rows, columns + 8).
+        uint32_t a[4];
+        uint32_t a_lo[4];
+        if constexpr (kQInSmem) {
+          const int q_offset =
+              (warp * 16 + (ld_matrix & 1) * 8 + ld_row) * kSmemRowHalves +
+              ks * 16 + (ld_matrix >> 1) * 8;
+          LdMatrixX4(a, q_smem + q_offset);
+          if constexpr (kSplitQ) LdMatrixX4(a_lo, q_lo_smem + q_offset);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            a[j] = q_frag[ks][j];
+            if constexpr (kSplitQ) a_lo[j] = q_lo_frag[ks][j];
+          }
+        }
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           uint32_t b[4];
@@ -619,11 +721,11 @@ __global__ void __launch_bounds__(128)
                             (np * 16 + (ld_matrix >> 1) * 8 + ld_row) *
                                 kSmemRowHalves +
                             ks * 16 + (ld_matrix & 1) * 8);
-          Mma16816<kDType>(s[2 * np], q_frag[ks], b[0], b[1]);
-          Mma16816<kDType>(s[2 * np + 1], q_frag[ks], b[2], b[3]);
+          Mma16816<kDType>(s[2 * np], a, b[0], b[1]);
+          Mma16816<kDType>(s[2 * np + 1], a, b[2], b[3]);
           if constexpr (kSplitQ) {
-            Mma16816<kDType>(s[2 * np], q_lo_frag[ks], b[0], b[1]);
-            Mma16816<kDType>(s[2 * np + 1], q_lo_frag[ks], b[2], b[3]);
+            Mma16816<kDType>(s[2 * np], a_lo, b[0], b[1]);
+            Mma16816<kDType>(s[2 * np + 1], a_lo, b[2], b[3]);
           }
         }
       }
@@ -1152,13 +1254,21 @@ using AttentionKernelFn = void (*)(const ProblemParams*, const WorkItem*,
 AttentionKernelFn KernelFor(KernelVariant variant) {
   switch (variant) {
     case KernelVariant::kMmaF16:
-      return MmaAttentionKernel<kF16, false>;
+      return MmaAttentionKernel<kF16, false, kMmaMaxDim>;
     case KernelVariant::kMmaF16SplitQ:
-      return MmaAttentionKernel<kF16, true>;
+      return MmaAttentionKernel<kF16, true, kMmaMaxDim>;
     case KernelVariant::kMmaBF16:
-      return MmaAttentionKernel<kBF16, false>;
+      return MmaAttentionKernel<kBF16, false, kMmaMaxDim>;
     case KernelVariant::kMmaBF16SplitQ:
-      return MmaAttentionKernel<kBF16, true>;
+      return MmaAttentionKernel<kBF16, true, kMmaMaxDim>;
+    case KernelVariant::kMmaWideF16:
+      return MmaAttentionKernel<kF16, false, kMmaWideMaxDim>;
+    case KernelVariant::kMmaWideF16SplitQ:
+      return MmaAttentionKernel<kF16, true, kMmaWideMaxDim>;
+    case KernelVariant::kMmaWideBF16:
+      return MmaAttentionKernel<kBF16, false, kMmaWideMaxDim>;
+    case KernelVariant::kMmaWideBF16SplitQ:
+      return MmaAttentionKernel<kBF16, true, kMmaWideMaxDim>;
     case KernelVariant::kSimtF32:
       return SimtAttentionKernel<kF32>;
     case KernelVariant::kSimtF16:
@@ -1169,7 +1279,29 @@ AttentionKernelFn KernelFor(KernelVariant variant) {
   return nullptr;
 }
 
-constexpr size_t kMmaRingBytes = size_t{2} * kStages * kStageHalves * 2;
+bool IsWideVariant(KernelVariant variant) {
+  return variant == KernelVariant::kMmaWideF16 ||
+         variant == KernelVariant::kMmaWideF16SplitQ ||
+         variant == KernelVariant::kMmaWideBF16 ||
+         variant == KernelVariant::kMmaWideBF16SplitQ;
+}
+
+bool IsSplitQVariant(KernelVariant variant) {
+  return variant == KernelVariant::kMmaF16SplitQ ||
+         variant == KernelVariant::kMmaBF16SplitQ ||
+         variant == KernelVariant::kMmaWideF16SplitQ ||
+         variant == KernelVariant::kMmaWideBF16SplitQ;
+}
+
+// Dynamic shared memory of a tensor-core block.
+size_t MmaSharedBytes(KernelVariant variant, int warps, bool full_mode) {
+  const bool split_q = IsSplitQVariant(variant);
+  return IsWideVariant(variant)
+             ? MmaGeometry<kMmaWideMaxDim>::SharedBytes(warps, split_q,
+                                                        full_mode)
+             : MmaGeometry<kMmaMaxDim>::SharedBytes(warps, split_q, full_mode);
+}
+
 constexpr size_t kSimtMaxAccBytes = size_t{2} * 8192 * sizeof(float);
 
 // Grid size for grid-stride kernels.
@@ -1186,32 +1318,69 @@ int SimtRowsPerBlock(int value_dim) {
   return rows < 1 ? 1 : (rows > kSimtMaxRows ? kSimtMaxRows : rows);
 }
 
+KernelVariant MmaVariantFor(bool bf16, bool split_q, int head_dim,
+                            int value_dim) {
+  const bool wide = head_dim > kMmaMaxDim || value_dim > kMmaMaxDim;
+  if (bf16) {
+    if (wide) {
+      return split_q ? KernelVariant::kMmaWideBF16SplitQ
+                     : KernelVariant::kMmaWideBF16;
+    }
+    return split_q ? KernelVariant::kMmaBF16SplitQ : KernelVariant::kMmaBF16;
+  }
+  if (wide) {
+    return split_q ? KernelVariant::kMmaWideF16SplitQ
+                   : KernelVariant::kMmaWideF16;
+  }
+  return split_q ? KernelVariant::kMmaF16SplitQ : KernelVariant::kMmaF16;
+}
+
+int MmaWarpsFor(KernelVariant variant, int64_t rows_per_head,
+                int64_t max_shared_bytes) {
+  int warps = rows_per_head <= 16 ? 1 : (rows_per_head <= 32 ? 2 : 4);
+  while (warps > 0 &&
+         static_cast<int64_t>(MmaSharedBytes(variant, warps, true)) >
+             max_shared_bytes) {
+    warps /= 2;
+  }
+  return warps;
+}
+
 size_t AttentionSharedBytes(const AttentionLaunch& launch) {
   if (IsMmaVariant(launch.variant)) {
-    return kMmaRingBytes +
-           (launch.full_mode ? size_t{4} * launch.warps * kRowAccFloatsPerWarp
-                             : 0);
+    return MmaSharedBytes(launch.variant, launch.warps, launch.full_mode);
   }
   return sizeof(SimtShared) +
          size_t{2} * launch.simt_rows * launch.max_value_dim * sizeof(float);
 }
 
 cudaError_t ConfigureAttentionKernels() {
-  const int mma_max =
-      static_cast<int>(kMmaRingBytes + size_t{4} * 4 * kRowAccFloatsPerWarp);
-  const int simt_max = static_cast<int>(sizeof(SimtShared) + kSimtMaxAccBytes);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int optin = 0;
+  err = cudaDeviceGetAttribute(
+      &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  const size_t simt_max = sizeof(SimtShared) + kSimtMaxAccBytes;
   for (int v = 0; v < kNumKernelVariants; ++v) {
     const KernelVariant variant = static_cast<KernelVariant>(v);
     const AttentionKernelFn fn = KernelFor(variant);
     cudaFuncAttributes attributes;
-    cudaError_t err = cudaFuncGetAttributes(&attributes, fn);
+    err = cudaFuncGetAttributes(&attributes, fn);
     if (err != cudaSuccess) return err;
-    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               IsMmaVariant(variant) ? mma_max : simt_max);
+    // The largest launch (4 warps, full mode); a wide variant on a device
+    // with less shared memory gets fewer warps or none (MmaWarpsFor).
+    const size_t wanted = IsMmaVariant(variant)
+                              ? MmaSharedBytes(variant, 4, /*full_mode=*/true)
+                              : simt_max;
+    err = cudaFuncSetAttribute(
+        fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(std::min(wanted, static_cast<size_t>(optin))));
     if (err != cudaSuccess) return err;
   }
   cudaFuncAttributes attributes;
-  cudaError_t err = cudaFuncGetAttributes(&attributes, MergeChunksKernel);
+  err = cudaFuncGetAttributes(&attributes, MergeChunksKernel);
   if (err != cudaSuccess) return err;
   err = cudaFuncGetAttributes(&attributes, PrepareQueriesKernel);
   if (err != cudaSuccess) return err;

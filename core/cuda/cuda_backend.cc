@@ -116,15 +116,19 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   }
   return std::unique_ptr<CudaBackend>(
       new CudaBackend(options.device, std::move(description),
-                      prop.multiProcessorCount, options, *std::move(streams)));
+                      prop.multiProcessorCount,
+                      static_cast<int64_t>(prop.sharedMemPerBlockOptin),
+                      options, *std::move(streams)));
 }
 
 CudaBackend::CudaBackend(int device, std::string description, int num_sms,
+                         int64_t max_shared_bytes,
                          const CudaBackendOptions& options,
                          std::unique_ptr<cuda::StreamPool> streams)
     : device_ordinal_(device),
       device_(std::move(description)),
       num_sms_(num_sms),
+      max_shared_bytes_(max_shared_bytes),
       options_(options),
       streams_(std::move(streams)),
       health_(device_) {}
@@ -416,6 +420,7 @@ absl::Status CudaBackend::AttendImpl(
   // States share the call's scratch with its inputs and outputs.
   limits.max_state_bytes =
       std::min(options_.max_state_bytes, streams_->scratch_bytes() / 4);
+  limits.max_shared_bytes = max_shared_bytes_;
   ATTN_ASSIGN_OR_RETURN(
       cuda::AttendPlan plan,
       cuda::AttendPlan::Create(problems, in_arena, num_sms_, limits));

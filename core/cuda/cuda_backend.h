@@ -22,8 +22,10 @@
 // pieces that fit.
 //
 // Kernels (attention_kernels.cu). fp16/bf16 KV with head_dim and value_dim
-// multiples of 8 up to 128 run on tensor cores (mma.sync m16n8k16, fp32
-// accumulation); fp32 KV and other dims run a SIMT kernel in fp32. Problems
+// multiples of 8 up to 256 run on tensor cores (mma.sync m16n8k16, fp32
+// accumulation; above 128, e.g. Gemma's 256, a variant that keeps q in
+// shared memory, with fewer warps per block where the device's shared
+// memory is short); fp32 KV and other dims run a SIMT kernel in fp32. Problems
 // with few row blocks (decode) use flash-decoding split-KV: one block per
 // (problem, KV head, 512-key chunk), serving every query head of the GQA
 // group from one load of each K/V tile, then a merge kernel combines the
@@ -138,7 +140,7 @@ class CudaBackend final : public AttentionBackend {
   class Arena;
 
   CudaBackend(int device, std::string description, int num_sms,
-              const CudaBackendOptions& options,
+              int64_t max_shared_bytes, const CudaBackendOptions& options,
               std::unique_ptr<cuda::StreamPool> streams);
   absl::Status AttendImpl(absl::Span<const AttentionProblem> problems,
                           float* kernel_ms);
@@ -154,6 +156,8 @@ class CudaBackend final : public AttentionBackend {
   const int device_ordinal_;
   const std::string device_;
   const int num_sms_;
+  // Dynamic shared memory a block may use (the device's opt-in limit).
+  const int64_t max_shared_bytes_;
   const CudaBackendOptions options_;
   const std::unique_ptr<cuda::StreamPool> streams_;
   cuda::DeviceHealth health_;

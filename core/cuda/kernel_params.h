@@ -30,7 +30,8 @@ inline constexpr int kTileKeys = static_cast<int>(kKeysPerTile);
 inline constexpr int kChunkTiles = static_cast<int>(kTilesPerChunk);
 
 // Tensor-core path limits: head_dim and value_dim up to kMmaMaxDim, both
-// multiples of 8 (16-byte rows), 16-bit KV.
+// multiples of 8 (16-byte rows), 16-bit KV (kMmaWideMaxDim in
+// attention_kernels.h for the wide kernel).
 inline constexpr int kMmaMaxDim = 128;
 // Rows (query token x query head of one GQA group) per warp on the
 // tensor-core path: one m16 MMA tile.

@@ -11,7 +11,9 @@
 #include <tuple>
 #include <vector>
 
+#include "core/cuda/attention_kernels.h"
 #include "core/cuda/kernel_params.h"
+#include "core/dtype.h"
 #include "core/kv_view.h"
 #include "gtest/gtest.h"
 
@@ -441,6 +443,130 @@ TEST_F(AttendPlanTest, RejectsShortBlockTablesAndTooManyHeads) {
   problems_.back().q.shape = {1, kMaxQueryHeads + 1, 16};
   problems_.back().kv.num_kv_heads = 1;
   EXPECT_EQ(Plan(132).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 16 item 6: fp16/bf16 with head_dim 192 or 256 (Gemma) runs on the
+// wide tensor-core kernel, q split or not, GQA or MHA, decode or prefill;
+// the narrow kernel keeps dims up to 128 and fp32 or dims over 256 stay on
+// SIMT. Every launch's shared memory fits the default per-block limit.
+TEST_F(AttendPlanTest, WideHeadsRunOnTensorCores) {
+  struct Expected {
+    DType kv;
+    DType q;
+    int dim;
+    KernelVariant variant;
+  };
+  const std::vector<Expected> expected = {
+      {DType::kFloat16, DType::kFloat16, 256, KernelVariant::kMmaWideF16},
+      {DType::kFloat16, DType::kFloat32, 256,
+       KernelVariant::kMmaWideF16SplitQ},
+      {DType::kBFloat16, DType::kBFloat16, 192, KernelVariant::kMmaWideBF16},
+      {DType::kBFloat16, DType::kFloat32, 192,
+       KernelVariant::kMmaWideBF16SplitQ},
+      {DType::kFloat16, DType::kFloat16, 136, KernelVariant::kMmaWideF16},
+      {DType::kBFloat16, DType::kBFloat16, 128, KernelVariant::kMmaBF16},
+      {DType::kFloat32, DType::kFloat32, 256, KernelVariant::kSimtF32},
+      {DType::kBFloat16, DType::kBFloat16, 264, KernelVariant::kSimtBF16},
+      {DType::kFloat16, DType::kFloat16, 196, KernelVariant::kSimtF16},
+  };
+  for (const Expected& e : expected) {
+    for (const auto& [heads, kv_heads, tokens] :
+         {std::tuple<int, int, int64_t>{16, 2, 1}, {8, 8, 1}, {16, 2, 70},
+          {8, 8, 300}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << DTypeName(e.kv) << " q " << DTypeName(e.q) << " dim "
+                   << e.dim << " heads " << heads << "/" << kv_heads
+                   << " tokens " << tokens);
+      problems_.clear();
+      AddPaged(e.kv, heads, kv_heads, e.dim, tokens, 1500);
+      problems_.back().q.dtype = e.q;
+      absl::StatusOr<AttendPlan> plan = Plan(/*num_sms=*/132);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      for (const auto& [launch, items] : plan->launches()) {
+        EXPECT_EQ(launch.variant, e.variant);
+        EXPECT_LE(AttentionSharedBytes(launch),
+                  static_cast<size_t>(kDefaultMaxSharedBytes));
+        if (IsMmaVariant(launch.variant)) {
+          const int64_t rows = tokens * (heads / kv_heads);
+          EXPECT_EQ(launch.warps, rows <= 16 ? 1 : (rows <= 32 ? 2 : 4));
+        }
+      }
+    }
+  }
+}
+
+// On a device with less shared memory per block than an H100 (A100: 163
+// KiB, sm_86/89: 99 KiB), wide blocks get fewer warps, and where not even
+// one warp fits the problem runs on SIMT; no launch exceeds the limit.
+TEST_F(AttendPlanTest, SharedMemoryLimitBoundsWideBlocks) {
+  struct Limit {
+    int64_t bytes;
+    int warps;         // of a 64-row split-q wide block; 0: SIMT
+    int narrow_warps;  // of a 64-row split-q narrow block
+  };
+  for (const Limit& limit :
+       {Limit{kDefaultMaxSharedBytes, 4, 4}, Limit{163 * 1024, 2, 4},
+        Limit{99 * 1024, 1, 4}, Limit{64 * 1024, 0, 1}}) {
+    SCOPED_TRACE(limit.bytes);
+    problems_.clear();
+    AddPaged(DType::kBFloat16, 16, 2, 256, 70, 1500);  // q fp32: split
+    AddPaged(DType::kBFloat16, 16, 2, 256, 1, 9000);   // decode, split KV
+    AddPaged(DType::kFloat16, 16, 2, 128, 70, 1500);   // narrow: unchanged
+    AttendPlan::Limits limits;
+    limits.max_shared_bytes = limit.bytes;
+    absl::StatusOr<AttendPlan> plan = Plan(/*num_sms=*/132, limits);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(MmaWarpsFor(KernelVariant::kMmaWideBF16SplitQ, 64, limit.bytes),
+              limit.warps);
+    bool wide_prefill_seen = false;
+    for (const auto& [launch, items] : plan->launches()) {
+      EXPECT_LE(AttentionSharedBytes(launch), static_cast<size_t>(limit.bytes));
+      for (const WorkItem& item : items) {
+        if (item.problem == 2) {
+          EXPECT_EQ(launch.variant, KernelVariant::kMmaF16SplitQ);
+          EXPECT_EQ(launch.warps, limit.narrow_warps);
+        } else if (limit.warps == 0) {
+          EXPECT_EQ(launch.variant, KernelVariant::kSimtBF16);
+        } else {
+          EXPECT_EQ(launch.variant, KernelVariant::kMmaWideBF16SplitQ);
+          EXPECT_LE(item.row_count, kMmaWarpRows * launch.warps);
+          if (item.problem == 0) {
+            EXPECT_EQ(launch.warps, limit.warps);
+            wide_prefill_seen = true;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(wide_prefill_seen, limit.warps > 0);
+  }
+}
+
+// The largest launch of every variant fits the default limit, and the wide
+// kernel's full-mode 4-warp block is the one that needs the most.
+TEST(MmaSharedBytesTest, EveryVariantFitsTheDefaultLimit) {
+  size_t largest = 0;
+  KernelVariant largest_variant = KernelVariant::kSimtF32;
+  for (int v = 0; v < kNumKernelVariants; ++v) {
+    AttentionLaunch launch;
+    launch.variant = static_cast<KernelVariant>(v);
+    launch.warps = 4;
+    launch.simt_rows = SimtRowsPerBlock(64);
+    launch.max_value_dim = 64;
+    launch.full_mode = true;
+    const size_t bytes = AttentionSharedBytes(launch);
+    EXPECT_LE(bytes, static_cast<size_t>(kDefaultMaxSharedBytes)) << v;
+    if (IsMmaVariant(launch.variant)) {
+      EXPECT_EQ(MmaWarpsFor(launch.variant, 64, kDefaultMaxSharedBytes), 4);
+      launch.full_mode = false;
+      EXPECT_LT(AttentionSharedBytes(launch), bytes) << v;
+    }
+    if (bytes > largest) {
+      largest = bytes;
+      largest_variant = launch.variant;
+    }
+  }
+  EXPECT_TRUE(largest_variant == KernelVariant::kMmaWideF16SplitQ ||
+              largest_variant == KernelVariant::kMmaWideBF16SplitQ);
 }
 
 }  // namespace

@@ -1191,5 +1191,202 @@ TEST_F(CudaBackendTest, ScratchBudget) {
   EXPECT_TRUE(AttendOne(*small, query, small_kv->View(3000), &small_out).ok());
 }
 
+// Issue 16 item 6: fp16/bf16 with head dims above 128 (Gemma's 256, and 192)
+// on the wide tensor-core kernel. Each case runs a prefill and a batch of
+// decode steps, on the default backend (split-KV where the planner chooses
+// it) and on one forced to full mode: both close to the CPU, bitwise equal
+// to each other, and every decode step bitwise equal to its prefill row.
+struct WideCase {
+  std::string name;
+  DType kv_dtype;
+  DType q_dtype;  // != kv_dtype: q split into hi + lo
+  int heads;
+  int kv_heads;
+  int head_dim;
+  int value_dim;
+  int32_t window;  // > 0: with 4 sink tokens and learned sink logits
+};
+
+void PrintTo(const WideCase& c, std::ostream* os) { *os << c.name; }
+
+class WideHeadMatchesCpuTest : public CudaBackendTest,
+                               public ::testing::WithParamInterface<WideCase> {
+};
+
+TEST_P(WideHeadMatchesCpuTest, PrefillAndDecodeInSplitAndFullMode) {
+  const WideCase& c = GetParam();
+  CudaBackendOptions full_options = FixtureOptions();
+  full_options.max_streams = 1;
+  full_options.max_state_bytes = 0;
+  std::unique_ptr<CudaBackend> full = MakeGpu(full_options);
+  ASSERT_NE(full, nullptr);
+  constexpr int64_t kLength = 1400;  // 3 chunks of 512 keys
+  constexpr int64_t kQueries = 70;   // prefill: the last 70 positions
+  std::mt19937 rng(616);
+  const HostTensor k =
+      RandomTensor({kLength, c.kv_heads, c.head_dim}, rng, c.kv_dtype);
+  const HostTensor v =
+      RandomTensor({kLength, c.kv_heads, c.value_dim}, rng, c.kv_dtype);
+  const HostTensor q =
+      RandomTensor({kQueries, c.heads, c.head_dim}, rng, c.q_dtype);
+  auto gpu_kv = MakePagedKv(*gpu_, c.kv_dtype, k, v, 40);
+  auto full_kv = MakePagedKv(*full, c.kv_dtype, k, v, 40);
+  auto cpu_kv = MakePagedKv(*cpu_, c.kv_dtype, k, v, 40);
+  ASSERT_TRUE(gpu_kv && full_kv && cpu_kv);
+
+  Query base;
+  base.mask.causal = true;
+  base.mask.window = c.window;
+  base.mask.num_sink_tokens = c.window > 0 ? 4 : 0;
+  base.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (c.window > 0) {
+    for (int h = 0; h < c.heads; ++h) base.sinks.push_back(0.5f * (h % 4) - 1);
+  }
+  AttentionBackend* backends[3] = {gpu_.get(), full.get(), cpu_.get()};
+  const PagedKv* kvs[3] = {gpu_kv.get(), full_kv.get(), cpu_kv.get()};
+  const char* names[3] = {"gpu", "full", "cpu"};
+
+  // Prefill of positions [kLength - kQueries, kLength).
+  Query prefill = base;
+  prefill.q = q.view();
+  prefill.mask.query_start = kLength - kQueries;
+  Outputs prefill_out[3];
+  for (int b = 0; b < 3; ++b) {
+    const absl::Status status =
+        AttendOne(*backends[b], prefill, kvs[b]->View(kLength), &prefill_out[b]);
+    ASSERT_TRUE(status.ok()) << names[b] << ": " << status;
+  }
+  // Decode steps at some of those positions, in one batch.
+  const std::vector<int64_t> steps = {0, 1, 31, 32, 69};  // rows of q
+  std::vector<Query> step_query(steps.size(), base);
+  Outputs step_out[3][5];
+  for (int b = 0; b < 3; ++b) {
+    std::vector<AttentionProblem> problems;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const int64_t pos = kLength - kQueries + steps[i];
+      step_query[i].q = q.rows(steps[i], steps[i] + 1);
+      step_query[i].mask.query_start = pos;
+      problems.push_back(MakeProblem(step_query[i], kvs[b]->View(pos + 1),
+                                     &step_out[b][i]));
+    }
+    const absl::Status status = backends[b]->Attend(problems);
+    ASSERT_TRUE(status.ok()) << names[b] << " decode: " << status;
+  }
+
+  const double tolerance = Tolerance(c.kv_dtype);
+  for (int b = 0; b < 2; ++b) {
+    ExpectClose(prefill_out[b].out, prefill_out[2].out, tolerance,
+                absl::StrCat(names[b], " prefill output"));
+    ExpectClose(prefill_out[b].lse, prefill_out[2].lse, tolerance,
+                absl::StrCat(names[b], " prefill lse"));
+  }
+  ExpectBitwise(prefill_out[1].out.data(), prefill_out[0].out.data(),
+                prefill_out[0].out.size(), "prefill: full vs default mode");
+  const size_t row_floats = static_cast<size_t>(c.heads) * c.value_dim;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const std::string what = absl::StrCat("decode at row ", steps[i]);
+    for (int b = 0; b < 2; ++b) {
+      ExpectClose(step_out[b][i].out, step_out[2][i].out, tolerance,
+                  absl::StrCat(names[b], " ", what));
+      ExpectBitwise(step_out[b][i].out.data(),
+                    prefill_out[0].out.data() + steps[i] * row_floats,
+                    row_floats, absl::StrCat(names[b], " ", what, " output"));
+      ExpectBitwise(step_out[b][i].lse.data(),
+                    prefill_out[0].lse.data() + steps[i] * c.heads, c.heads,
+                    absl::StrCat(names[b], " ", what, " lse"));
+    }
+  }
+}
+
+std::vector<WideCase> WideCases() {
+  std::vector<WideCase> cases;
+  for (DType kv : {DType::kFloat16, DType::kBFloat16}) {
+    for (int dim : {192, 256}) {
+      for (bool gqa : {true, false}) {
+        for (int32_t window : {0, 300}) {
+          WideCase c;
+          c.kv_dtype = kv;
+          // GQA with a float32 q (split into hi + lo), MHA with q in the
+          // KV dtype.
+          c.q_dtype = gqa ? DType::kFloat32 : kv;
+          c.heads = gqa ? 16 : 4;
+          c.kv_heads = gqa ? 2 : 4;
+          c.head_dim = dim;
+          c.value_dim = dim;
+          c.window = window;
+          c.name = absl::StrCat(DTypeName(kv), "_dim", dim,
+                                gqa ? "_gqa8_q_fp32" : "_mha",
+                                window > 0 ? "_window_sinks" : "_causal");
+          cases.push_back(c);
+        }
+      }
+    }
+    // Mixed dims: only one of them above 128.
+    WideCase k_wide{absl::StrCat(DTypeName(kv), "_dims_256_128"),
+                    kv, kv, 8, 2, 256, 128, 0};
+    WideCase v_wide{absl::StrCat(DTypeName(kv), "_dims_136_200_q_fp32"),
+                    kv, DType::kFloat32, 8, 1, 136, 200, 300};
+    cases.push_back(k_wide);
+    cases.push_back(v_wide);
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, WideHeadMatchesCpuTest,
+                         ::testing::ValuesIn(WideCases()),
+                         [](const ::testing::TestParamInfo<WideCase>& info) {
+                           return info.param.name;
+                         });
+
+// The wide kernel's rows are bitwise independent of the batch: a 256-dim
+// problem alone and batched with narrow and SIMT problems.
+TEST_F(CudaBackendTest, WideHeadBatchInvariance) {
+  std::mt19937 rng(256);
+  constexpr int64_t kLength = 900;
+  struct Spec {
+    DType dtype;
+    int heads, kv_heads, dim;
+    int64_t queries;
+  };
+  const std::vector<Spec> specs = {{DType::kBFloat16, 8, 2, 256, 1},
+                                   {DType::kFloat16, 16, 2, 192, 40},
+                                   {DType::kBFloat16, 8, 2, 64, 100},
+                                   {DType::kFloat32, 4, 4, 256, 3}};
+  std::vector<std::unique_ptr<PagedKv>> caches;
+  std::vector<HostTensor> queries;
+  for (const Spec& s : specs) {
+    const HostTensor k =
+        RandomTensor({kLength, s.kv_heads, s.dim}, rng, s.dtype);
+    const HostTensor v =
+        RandomTensor({kLength, s.kv_heads, s.dim}, rng, s.dtype);
+    caches.push_back(MakePagedKv(*gpu_, s.dtype, k, v, 64));
+    ASSERT_NE(caches.back(), nullptr);
+    queries.push_back(RandomTensor({s.queries, s.heads, s.dim}, rng));
+  }
+  std::vector<Query> query_list(specs.size());
+  std::vector<Outputs> alone(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    query_list[i].q = queries[i].view();
+    query_list[i].mask.query_start = kLength - specs[i].queries;
+    ASSERT_TRUE(
+        AttendOne(*gpu_, query_list[i], caches[i]->View(kLength), &alone[i])
+            .ok());
+  }
+  std::vector<Outputs> together(specs.size());
+  std::vector<AttentionProblem> problems;
+  for (size_t j = 0; j < specs.size(); ++j) {
+    const size_t i = specs.size() - 1 - j;
+    problems.push_back(MakeProblem(query_list[i], caches[i]->View(kLength),
+                                   &together[i]));
+  }
+  ASSERT_TRUE(gpu_->Attend(problems).ok());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ExpectBitwise(together[i].out.data(), alone[i].out.data(),
+                  alone[i].out.size(), absl::StrCat("problem ", i, " output"));
+    ExpectBitwise(together[i].lse.data(), alone[i].lse.data(),
+                  alone[i].lse.size(), absl::StrCat("problem ", i, " lse"));
+  }
+}
+
 }  // namespace
 }  // namespace attention
