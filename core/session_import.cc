@@ -149,19 +149,19 @@ absl::StatusOr<KvWrite> ChunkWrite(const SnapshotChunk& chunk,
       static_cast<int64_t>(chunk.v.size()) != v_bytes ||
       static_cast<int64_t>(chunk.index_k.size()) != index_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "snapshot data chunk ", index, " has ", chunk.k.size(),
-        " bytes of k, ", chunk.v.size(), " of v and ", chunk.index_k.size(),
-        " of index_k; ", n, " rows of layer ", layer, " (", heads,
-        " KV heads in ", DTypeName(layout.dtype),
+        "snapshot data chunk ", index, " has ", chunk.k.size(), " bytes of k, ",
+        chunk.v.size(), " of v and ", chunk.index_k.size(), " of index_k; ", n,
+        " rows of layer ", layer, " (", heads, " KV heads in ",
+        DTypeName(layout.dtype),
         layout.shared_values ? ", a shared latent without v" : "",
         layout.index_dim > 0 ? ", with index keys" : ", without index keys",
         ") take ", k_bytes, ", ", v_bytes, " and ", index_bytes));
   }
   const int64_t element = DTypeSize(layout.dtype);
-  ATTN_RETURN_IF_ERROR(CheckFinite(layout.dtype, write.k.data,
-                                   k_bytes / element, "snapshot k"));
-  ATTN_RETURN_IF_ERROR(CheckFinite(layout.dtype, write.v.data,
-                                   v_bytes / element, "snapshot v"));
+  ATTN_RETURN_IF_ERROR(
+      CheckFinite(layout.dtype, write.k.data, k_bytes / element, "snapshot k"));
+  ATTN_RETURN_IF_ERROR(
+      CheckFinite(layout.dtype, write.v.data, v_bytes / element, "snapshot v"));
   ATTN_RETURN_IF_ERROR(CheckFinite(layout.dtype, write.index_k.data,
                                    index_bytes / element, "snapshot index_k"));
   return write;
