@@ -30,11 +30,14 @@ struct M {
   __mmask16 k;
 };
 
-// Register blocking: kDotHeads row-heads share each key load; kPvHeads
-// row-heads x kPvBlocks value blocks in the P.V loop (16 zmm accumulators).
+// Register blocking: up to kDotHeads row-heads share each key load, and
+// row-heads x keys of one Q.K pass use up to kDotAccumulators zmm
+// accumulators; up to kPvHeads row-heads share each value load, and
+// row-heads x value blocks of one P.V pass use up to kPvAccumulators.
 constexpr int kDotHeads = 4;
+constexpr int kDotAccumulators = 16;
 constexpr int kPvHeads = 4;
-constexpr int kPvBlocks = 4;
+constexpr int kPvAccumulators = 16;
 
 inline V Zero() { return V{_mm512_setzero_ps()}; }
 inline V Splat(V, float c) { return V{_mm512_set1_ps(c)}; }
@@ -86,6 +89,7 @@ inline float ReduceMax(V a) { return _mm512_reduce_max_ps(a.x); }
 inline V SumTree16(const V* acc) {
   // Width 8: [a.lo8 + a.hi8 | b.lo8 + b.hi8] for input pairs.
   __m512 s8[8];
+#pragma GCC unroll 16
   for (int i = 0; i < 8; ++i) {
     const __m512 a = acc[2 * i].x, b = acc[2 * i + 1].x;
     s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
@@ -93,6 +97,7 @@ inline V SumTree16(const V* acc) {
   }
   // Width 4: each 128-bit quarter holds one input's 4 partial lanes.
   __m512 s4[4];
+#pragma GCC unroll 16
   for (int i = 0; i < 4; ++i) {
     const __m512 a = s8[2 * i], b = s8[2 * i + 1];
     s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
@@ -100,6 +105,7 @@ inline V SumTree16(const V* acc) {
   }
   // Width 2 and 1 inside each quarter.
   __m512 s2[2];
+#pragma GCC unroll 16
   for (int i = 0; i < 2; ++i) {
     const __m512 a = s4[2 * i], b = s4[2 * i + 1];
     s2[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),

@@ -9,8 +9,9 @@
 // ATTN_KERNEL_NAME, declares inside namespace
 // attention::cpu::ATTN_KERNEL_NAMESPACE the types V (16 floats) and M (16
 // lane flags), the register-blocking constants kDotHeads, kPvHeads (row-heads
-// sharing one key / value load, 1..4) and kPvBlocks (value blocks per P.V
-// pass), and the operations listed below, then
+// sharing one key / value load, 1..4), kDotAccumulators and kPvAccumulators
+// (vectors of partial sums one Q.K / P.V pass keeps in registers: row-heads
+// x keys, row-heads x value blocks), and the operations listed below, then
 // includes this file (once, never from a header). Everything here lands in
 // that per-ISA namespace, so no inline function is shared between
 // translation units built with different instruction-set flags.
@@ -183,35 +184,81 @@ inline V LoadRow(const std::byte* row, int block) {
   }
 }
 
+// Keys whose dots one pass computes together with kHeads row-heads: as
+// many as kDotAccumulators allows (a power of two dividing kLanes), so
+// that short dot chains of few row-heads still overlap.
+template <int kHeads>
+constexpr int DotKeys() {
+  int keys = 1;
+  while (keys < kLanes && 2 * keys * kHeads <= kDotAccumulators) keys *= 2;
+  return keys;
+}
+
+// acc[i][jj0 + k] = the 16 lanes of dot(q[i], key j0 + k) for k < kKeys:
+// lane l accumulates elements d = l (mod 16) in increasing d from +0. Each
+// key block is loaded and converted once for all kHeads row-heads, and each
+// query block is loaded once for all kKeys keys.
+template <ElementType kType, int kHeads, int kKeys, int kBlocks>
+inline void KeyDots(const TileJob& job, const float* const* q, int j0,
+                    V (*acc)[kLanes], int jj0) {
+  const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
+  const std::byte* key[kKeys];
+#pragma GCC unroll 16
+  for (int k = 0; k < kKeys; ++k) key[k] = job.k[j0 + k];
+  V a[kHeads][kKeys];
+#pragma GCC unroll 16
+  for (int i = 0; i < kHeads; ++i) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kKeys; ++k) a[i][k] = Zero();
+  }
+#pragma GCC unroll 8
+  for (int b = 0; b < blocks; ++b) {
+    V kb[kKeys];
+#pragma GCC unroll 16
+    for (int k = 0; k < kKeys; ++k) kb[k] = LoadRow<kType>(key[k], b);
+#pragma GCC unroll 16
+    for (int i = 0; i < kHeads; ++i) {
+      const V qb = Load(q[i] + b * kLanes);
+#pragma GCC unroll 16
+      for (int k = 0; k < kKeys; ++k) a[i][k] = Fma(qb, kb[k], a[i][k]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kHeads; ++i) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kKeys; ++k) acc[i][jj0 + k] = a[i][k];
+  }
+}
+
 // out[i][j] = canonical dot(q of row-head rhs[i], k[j]) for j < n; entries
-// [n, 32) of a half that holds keys are 0. Each key block is loaded and
-// converted once for all kHeads row-heads. kBlocks = head_dim_padded /
+// [n, 32) of a half that holds keys are 0. kBlocks = head_dim_padded /
 // kLanes when known at compile time, else 0.
 template <ElementType kType, int kHeads, int kBlocks>
 inline void JointDots(const TileJob& job, const int* rhs, float* out,
                       bool prefetch) {
-  const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
+  constexpr int kKeys = DotKeys<kHeads>();
   const float* q[kHeads];
   for (int i = 0; i < kHeads; ++i) {
     q[i] = job.q + static_cast<int64_t>(rhs[i]) * job.head_dim_padded;
   }
   for (int half = 0; half * kLanes < job.n; ++half) {
     V acc[kHeads][kLanes];
-    for (int jj = 0; jj < kLanes; ++jj) {
-      const int j = half * kLanes + jj;
-      V a[kHeads];
-      for (int i = 0; i < kHeads; ++i) a[i] = Zero();
-      if (j < job.n) {
-        const std::byte* key = job.k[j];
-        for (int b = 0; b < blocks; ++b) {
-          const V kb = LoadRow<kType>(key, b);
-          for (int i = 0; i < kHeads; ++i) {
-            a[i] = Fma(Load(q[i] + b * kLanes), kb, a[i]);
+    for (int jj = 0; jj < kLanes; jj += kKeys) {
+      const int j0 = half * kLanes + jj;
+      if (j0 + kKeys <= job.n) {
+        KeyDots<kType, kHeads, kKeys, kBlocks>(job, q, j0, acc, jj);
+      } else {
+        // The tile's last keys, one at a time; zeros past the end.
+        for (int k = 0; k < kKeys; ++k) {
+          if (j0 + k < job.n) {
+            KeyDots<kType, kHeads, 1, kBlocks>(job, q, j0 + k, acc, jj + k);
+          } else {
+            for (int i = 0; i < kHeads; ++i) acc[i][jj + k] = Zero();
           }
         }
       }
-      for (int i = 0; i < kHeads; ++i) acc[i][jj] = a[i];
-      if (prefetch && j < job.prefetch_n) {
+      for (int j = j0; prefetch && j < j0 + kKeys && j < job.prefetch_n;
+           ++j) {
         // Spread the next tile's prefetches over this tile's work. Keep
         // this code inline here: moved into a helper function that only
         // prefetches, GCC's IPA pure-const analysis deems the helper free
@@ -331,8 +378,8 @@ inline TileError MaskedLogits(const TileJob& job, int rh, uint32_t visible,
 }
 
 // Softmax part of the online update of row-head rh from its masked logits:
-// m and alpha; the probabilities replace the logits (l is updated by
-// AddProbabilities). False when the row-head sees no key of the tile (its
+// m and alpha; the probabilities replace the logits (l is updated with the
+// values, JointValues). False when the row-head sees no key of the tile (its
 // state then stays as it is).
 inline bool UpdateMaximum(const TileJob& job, int rh, float* logits) {
   const V l0 = Load(logits);
@@ -351,73 +398,83 @@ inline bool UpdateMaximum(const TileJob& job, int rh, float* logits) {
   return true;
 }
 
-// l = fma(alpha, l, sum_j p_j) for row-heads rhs[0, count), each sum in key
-// order one add at a time (invisible keys add +0: exact). Eight row-heads
-// at once, so that their dependency chains overlap.
-inline void AddProbabilities(const TileJob& job, const int* rhs, int count) {
-  constexpr int kChains = 8;
-  for (int i0 = 0; i0 < count; i0 += kChains) {
-    const int chains = count - i0 < kChains ? count - i0 : kChains;
-    const float* p[kChains];
-    for (int i = 0; i < kChains; ++i) {
-      // Spare chains repeat the first row-head and are discarded.
-      p[i] = job.work +
-             static_cast<int64_t>(rhs[i0 + (i < chains ? i : 0)]) * kTileKeys;
-    }
-    float sums[kChains] = {};
-    for (int j = 0; j < job.n; ++j) {
-      for (int i = 0; i < kChains; ++i) sums[i] += p[i][j];
-    }
-    for (int i = 0; i < chains; ++i) {
-      const int rh = rhs[i0 + i];
-      job.l[rh] = Fma(job.alpha[rh], job.l[rh], sums[i]);
-    }
-  }
+// Value blocks one P.V pass accumulates for kHeads row-heads: as many as
+// kPvAccumulators allows (a power of two).
+template <int kHeads>
+constexpr int PvBlocks() {
+  int blocks = 1;
+  while (2 * blocks * kHeads <= kPvAccumulators) blocks *= 2;
+  return blocks;
 }
 
 // acc[rh][d0, d0 + kBlocks * kLanes) = fma(alpha, acc, sum_j p_j v_j) for
 // the kHeads row-heads rhs[]: each value block is loaded and converted once
 // for all of them. p_j v_j for an invisible key is +-0 added to a sum that
-// is never -0, so it changes nothing.
-template <ElementType kType, int kHeads, int kBlocks>
+// is never -0, so it changes nothing. With kSumP the pass also sets
+// l = fma(alpha, l, sum_j p_j), the p_j added in key order one at a time
+// from +0 (invisible keys add +0: exact), riding on the P.V loop.
+template <ElementType kType, int kHeads, int kBlocks, bool kSumP>
 inline void JointValues(const TileJob& job, const int* rhs, int d0) {
   const float* p[kHeads];
   for (int i = 0; i < kHeads; ++i) {
     p[i] = job.work + static_cast<int64_t>(rhs[i]) * kTileKeys;
   }
   V pv[kHeads][kBlocks];
+  float p_sum[kHeads];
+#pragma GCC unroll 16
   for (int i = 0; i < kHeads; ++i) {
+    p_sum[i] = 0.0f;
+#pragma GCC unroll 16
     for (int b = 0; b < kBlocks; ++b) pv[i][b] = Zero();
   }
   const int first_block = d0 / kLanes;
   for (int j = 0; j < job.n; ++j) {
     const std::byte* row = job.v[j];
     V vb[kBlocks];
-    for (int b = 0; b < kBlocks; ++b)
+#pragma GCC unroll 16
+    for (int b = 0; b < kBlocks; ++b) {
       vb[b] = LoadRow<kType>(row, first_block + b);
+    }
+#pragma GCC unroll 16
     for (int i = 0; i < kHeads; ++i) {
+      if constexpr (kSumP) p_sum[i] = Add(p_sum[i], p[i][j]);
       const V pj = Splat(V{}, p[i][j]);
+#pragma GCC unroll 16
       for (int b = 0; b < kBlocks; ++b) pv[i][b] = Fma(pj, vb[b], pv[i][b]);
     }
   }
   for (int i = 0; i < kHeads; ++i) {
-    float* acc =
-        job.acc + static_cast<int64_t>(rhs[i]) * job.value_dim_padded + d0;
-    const V alpha = Splat(V{}, job.alpha[rhs[i]]);
+    const int rh = rhs[i];
+    float* acc = job.acc + static_cast<int64_t>(rh) * job.value_dim_padded + d0;
+    const V alpha = Splat(V{}, job.alpha[rh]);
     for (int b = 0; b < kBlocks; ++b) {
       Store(acc + b * kLanes, Fma(alpha, Load(acc + b * kLanes), pv[i][b]));
     }
+    if constexpr (kSumP) job.l[rh] = Fma(job.alpha[rh], job.l[rh], p_sum[i]);
+  }
+}
+
+// P.V passes of kBlocks value blocks from *d0 while they fit, then of
+// halves of that. The pass at d0 = 0 also updates l.
+template <ElementType kType, int kHeads, int kBlocks>
+inline void ValuePasses(const TileJob& job, const int* rhs, int* d0) {
+  for (; *d0 + kBlocks * kLanes <= job.value_dim_padded;
+       *d0 += kBlocks * kLanes) {
+    if (*d0 == 0) {
+      JointValues<kType, kHeads, kBlocks, true>(job, rhs, 0);
+    } else {
+      JointValues<kType, kHeads, kBlocks, false>(job, rhs, *d0);
+    }
+  }
+  if constexpr (kBlocks > 1) {
+    ValuePasses<kType, kHeads, kBlocks / 2>(job, rhs, d0);
   }
 }
 
 template <ElementType kType, int kHeads>
 inline void ValuesForHeads(const TileJob& job, const int* rhs) {
-  const int dims = job.value_dim_padded;
   int d0 = 0;
-  for (; d0 + kPvBlocks * kLanes <= dims; d0 += kPvBlocks * kLanes) {
-    JointValues<kType, kHeads, kPvBlocks>(job, rhs, d0);
-  }
-  for (; d0 < dims; d0 += kLanes) JointValues<kType, kHeads, 1>(job, rhs, d0);
+  ValuePasses<kType, kHeads, PvBlocks<kHeads>()>(job, rhs, &d0);
 }
 
 template <ElementType kType>
@@ -478,7 +535,6 @@ TileError UpdateTile(TileJob* job) {
     }
     if (UpdateMaximum(*job, rh, logits)) rhs[active++] = rh;
   }
-  AddProbabilities(*job, rhs, active);
   Values(*job, rhs, active);
   return TileError::kNone;
 }
