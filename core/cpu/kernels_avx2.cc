@@ -25,6 +25,8 @@ constexpr int kDotHeads = 4;
 constexpr int kDotAccumulators = 4;
 constexpr int kPvHeads = 2;
 constexpr int kPvAccumulators = 4;
+// Multiply-add probe chains: 6 vectors = 12 of the 16 ymm registers.
+constexpr int kFmaProbeChains = 6;
 
 inline V Zero() { return V{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V Splat(V, float c) {

@@ -11,7 +11,8 @@
 // lane flags), the register-blocking constants kDotHeads, kPvHeads (row-heads
 // sharing one key / value load, 1..4), kDotAccumulators and kPvAccumulators
 // (vectors of partial sums one Q.K / P.V pass keeps in registers: row-heads
-// x keys, row-heads x value blocks), and the operations listed below, then
+// x keys, row-heads x value blocks), kFmaProbeChains (independent chains of
+// the multiply-add probe), and the operations listed below, then
 // includes this file (once, never from a header). Everything here lands in
 // that per-ISA namespace, so no inline function is shared between
 // translation units built with different instruction-set flags.
@@ -593,9 +594,33 @@ void MergeState(float* a_m, float* a_l, float* a_acc, float b_m, float b_l,
   *a_m = m;
 }
 
+// Chains of a multiply-add latency each; kFmaProbeChains covers the
+// latency times the units of the processors the ISA file targets.
+float FmaProbe(int64_t rounds) {
+  V chain[kFmaProbeChains];
+  for (int i = 0; i < kFmaProbeChains; ++i) {
+    chain[i] = Splat(V{}, 0.5f + 0.01f * static_cast<float>(i));
+  }
+  // Converges to 1: no overflow, no denormals.
+  const V x = Splat(V{}, 0.999f);
+  const V y = Splat(V{}, 0.001f);
+  for (int64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 32
+    for (int i = 0; i < kFmaProbeChains; ++i) chain[i] = Fma(chain[i], x, y);
+  }
+  V sum = chain[0];
+  for (int i = 1; i < kFmaProbeChains; ++i) sum = Add(sum, chain[i]);
+  alignas(64) float lanes[kLanes];
+  Store(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
 constexpr KernelTable kKernelTable = {
-    ATTN_KERNEL_NAME, &ConvertRows, &UpdateTile, &TileLogits,
-    &TileWeights,     &MergeState,  &ScalarExp,
+    ATTN_KERNEL_NAME, &ConvertRows, &UpdateTile,
+    &TileLogits,      &TileWeights, &MergeState,
+    &ScalarExp,       &FmaProbe,    kFmaProbeChains * kLanes * 2,
 };
 
 }  // namespace attention::cpu::ATTN_KERNEL_NAMESPACE

@@ -23,6 +23,7 @@ constexpr int kDotHeads = 4;
 constexpr int kDotAccumulators = 4;
 constexpr int kPvHeads = 4;
 constexpr int kPvAccumulators = 8;
+constexpr int kFmaProbeChains = 4;
 
 inline V Zero() {
   V r;
