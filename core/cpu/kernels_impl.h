@@ -260,17 +260,14 @@ inline void JointDots(const TileJob& job, const int* rhs, float* out,
       }
       for (int j = j0; prefetch && j < j0 + kKeys && j < job.prefetch_n;
            ++j) {
-        // Spread the next tile's prefetches over this tile's work. Keep
-        // this code inline here: moved into a helper function that only
-        // prefetches, GCC's IPA pure-const analysis deems the helper free
-        // of side effects and deletes the calls.
+        // Spread the next tile's key prefetches over this tile's dots (its
+        // value prefetches over the first P.V pass): the memory system
+        // then sees a steady stream of requests. Keep this code inline
+        // here: moved into a helper function that only prefetches, GCC's
+        // IPA pure-const analysis deems the helper free of side effects and
+        // deletes the calls.
         if (const std::byte* next = job.prefetch_k[j]) {
           for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
-            __builtin_prefetch(next + o);
-          }
-        }
-        if (const std::byte* next = job.prefetch_v[j]) {
-          for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
             __builtin_prefetch(next + o);
           }
         }
@@ -415,7 +412,8 @@ constexpr int PvBlocks() {
 // l = fma(alpha, l, sum_j p_j), the p_j added in key order one at a time
 // from +0 (invisible keys add +0: exact), riding on the P.V loop.
 template <ElementType kType, int kHeads, int kBlocks, bool kSumP>
-inline void JointValues(const TileJob& job, const int* rhs, int d0) {
+inline void JointValues(const TileJob& job, const int* rhs, int d0,
+                        bool prefetch) {
   const float* p[kHeads];
   for (int i = 0; i < kHeads; ++i) {
     p[i] = job.work + static_cast<int64_t>(rhs[i]) * kTileKeys;
@@ -435,6 +433,16 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0) {
 #pragma GCC unroll 16
     for (int b = 0; b < kBlocks; ++b) {
       vb[b] = LoadRow<kType>(row, first_block + b);
+    }
+    if constexpr (kSumP) {
+      // The next tile's value rows (inline: see JointDots).
+      if (prefetch && j < job.prefetch_n) {
+        if (const std::byte* next = job.prefetch_v[j]) {
+          for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
+            __builtin_prefetch(next + o);
+          }
+        }
+      }
     }
 #pragma GCC unroll 16
     for (int i = 0; i < kHeads; ++i) {
@@ -456,43 +464,49 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0) {
 }
 
 // P.V passes of kBlocks value blocks from *d0 while they fit, then of
-// halves of that. The pass at d0 = 0 also updates l.
+// halves of that. The pass at d0 = 0 also updates l (and prefetches the
+// next tile's values when asked to).
 template <ElementType kType, int kHeads, int kBlocks>
-inline void ValuePasses(const TileJob& job, const int* rhs, int* d0) {
+inline void ValuePasses(const TileJob& job, const int* rhs, int* d0,
+                        bool prefetch) {
   for (; *d0 + kBlocks * kLanes <= job.value_dim_padded;
        *d0 += kBlocks * kLanes) {
     if (*d0 == 0) {
-      JointValues<kType, kHeads, kBlocks, true>(job, rhs, 0);
+      JointValues<kType, kHeads, kBlocks, true>(job, rhs, 0, prefetch);
     } else {
-      JointValues<kType, kHeads, kBlocks, false>(job, rhs, *d0);
+      JointValues<kType, kHeads, kBlocks, false>(job, rhs, *d0, false);
     }
   }
   if constexpr (kBlocks > 1) {
-    ValuePasses<kType, kHeads, kBlocks / 2>(job, rhs, d0);
+    ValuePasses<kType, kHeads, kBlocks / 2>(job, rhs, d0, prefetch);
   }
 }
 
 template <ElementType kType, int kHeads>
-inline void ValuesForHeads(const TileJob& job, const int* rhs) {
+inline void ValuesForHeads(const TileJob& job, const int* rhs, bool prefetch) {
   int d0 = 0;
-  ValuePasses<kType, kHeads, PvBlocks<kHeads>()>(job, rhs, &d0);
+  ValuePasses<kType, kHeads, PvBlocks<kHeads>()>(job, rhs, &d0, prefetch);
 }
 
 template <ElementType kType>
 inline void ValuesFor(const TileJob& job, const int* rhs, int count) {
   int i = 0;
   for (; i + kPvHeads <= count; i += kPvHeads) {
-    ValuesForHeads<kType, kPvHeads>(job, rhs + i);
+    ValuesForHeads<kType, kPvHeads>(job, rhs + i, i == 0);
   }
   switch (count - i) {
     case 1:
-      ValuesForHeads<kType, 1>(job, rhs + i);
+      ValuesForHeads<kType, 1>(job, rhs + i, i == 0);
       break;
     case 2:
-      if constexpr (kPvHeads > 2) ValuesForHeads<kType, 2>(job, rhs + i);
+      if constexpr (kPvHeads > 2) {
+        ValuesForHeads<kType, 2>(job, rhs + i, i == 0);
+      }
       break;
     case 3:
-      if constexpr (kPvHeads > 3) ValuesForHeads<kType, 3>(job, rhs + i);
+      if constexpr (kPvHeads > 3) {
+        ValuesForHeads<kType, 3>(job, rhs + i, i == 0);
+      }
       break;
     default:
       break;
