@@ -533,12 +533,10 @@ TileError UpdateTile(TileJob* job) {
     for (int h = 0; h < job->group; ++h) rhs[count++] = r * job->group + h;
   }
   Dots(*job, rhs, count);
-  // Statistics in row-head order, so the first error is the first in the
-  // canonical processing order; keep the row-heads that see a key.
-  int active = 0;
+  // Logits in row-head order, so the first error is the first in the
+  // canonical processing order. They replace the dots in place.
   for (int i = 0; i < count; ++i) {
     const int rh = rhs[i];
-    // The logits replace the dots in place.
     float* logits = job->work + static_cast<int64_t>(rh) * kTileKeys;
     int key = -1;
     const TileError error = MaskedLogits(
@@ -548,7 +546,15 @@ TileError UpdateTile(TileJob* job) {
       job->error_key = key;
       return error;
     }
-    if (UpdateMaximum(*job, rh, logits)) rhs[active++] = rh;
+  }
+  // Then the softmax statistics, in a loop of their own so that the
+  // row-heads' chains of dependent steps overlap; keep the row-heads that
+  // see a key.
+  int active = 0;
+  for (int i = 0; i < count; ++i) {
+    const int rh = rhs[i];
+    float* probabilities = job->work + static_cast<int64_t>(rh) * kTileKeys;
+    if (UpdateMaximum(*job, rh, probabilities)) rhs[active++] = rh;
   }
   Values(*job, rhs, active);
   return TileError::kNone;
