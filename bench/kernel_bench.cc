@@ -119,22 +119,31 @@ const cpu::KernelTable& KernelsOf(const CpuBackend& backend) {
   return *cpu::ScalarKernels();
 }
 
+// Rounds of the multiply-add probe that take about 250 us on one thread
+// (the scalar table is far slower than the SIMD ones).
+int64_t FmaProbeRounds(const cpu::KernelTable& kernels, float* sink) {
+  constexpr int64_t kTrial = 4096;
+  const Clock::time_point start = Clock::now();
+  *sink += kernels.fma_probe(kTrial);
+  const double seconds = std::max(Seconds(start), 1e-9);
+  return std::max<int64_t>(256, static_cast<int64_t>(kTrial * 250e-6 /
+                                                     seconds));
+}
+
 // Runs the backend ISA's multiply-add probe on the pool's threads, 16
-// pieces per thread like StreamRead; returns the floating-point operations
-// per second.
+// pieces of `rounds` per thread like StreamRead; returns the floating-point
+// operations per second.
 double FmaPeak(ThreadPool& pool, const cpu::KernelTable& kernels,
-               float* sink) {
-  constexpr int64_t kRoundsPerPiece = int64_t{1} << 15;
+               int64_t rounds, float* sink) {
   const int64_t pieces = int64_t{16} * pool.num_threads();
   std::vector<float> results(pieces);
   const Clock::time_point start = Clock::now();
-  pool.ParallelFor(pieces, [&](int64_t i) {
-    results[i] = kernels.fma_probe(kRoundsPerPiece);
-  });
+  pool.ParallelFor(pieces,
+                   [&](int64_t i) { results[i] = kernels.fma_probe(rounds); });
   const double seconds = Seconds(start);
   for (float r : results) *sink += r;
-  return static_cast<double>(pieces) * kRoundsPerPiece *
-         kernels.fma_probe_flops / seconds;
+  return static_cast<double>(pieces) * rounds * kernels.fma_probe_flops /
+         seconds;
 }
 
 // ---- Decode ----------------------------------------------------------------
@@ -241,7 +250,8 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
     Die(s, "decode");
   }
   StreamRead(pool, probe, kv_bytes, &sink);
-  FmaPeak(pool, kernels, &fma_sink);
+  const int64_t fma_rounds = FmaProbeRounds(kernels, &fma_sink);
+  FmaPeak(pool, kernels, fma_rounds, &fma_sink);
 
   // Each repetition reads with the probe, runs the multiply-add probe, then
   // decodes; the ratios are the medians of the per-repetition ratios, so
@@ -254,7 +264,7 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
       heap_s.push_back(StreamRead(pool, heap.data(), kv_bytes, &sink));
     }
     stream_s.push_back(StreamRead(pool, probe, kv_bytes, &sink));
-    fma_rate.push_back(FmaPeak(pool, kernels, &fma_sink));
+    fma_rate.push_back(FmaPeak(pool, kernels, fma_rounds, &fma_sink));
     const Clock::time_point start = Clock::now();
     if (absl::Status s = backend.Attend({&problem, 1}); !s.ok()) {
       Die(s, "decode");
