@@ -1,17 +1,22 @@
 // The kernel section of attn-bench: CPU attention kernels measured against
 // baselines run in the same process, on the same thread pool:
-//   * decode: one query row per head over a long paged fp16 KV history
-//     (T = 8192 and 32768, H = 32, H_kv = 8, head_dim 128) in a real
-//     BlockPool, as KV bytes read per second, divided by a plain streaming
-//     read (a sum) of a buffer of the same size in the same kind of memory,
-//     a backend arena (decode_bandwidth_ratio_*);
+//   * decode: one query row per head over a long paged KV history
+//     (T = 32768, head_dim 128, GQA H = 32 / H_kv = 8 and MHA 32 / 32, fp32,
+//     fp16 and bf16 KV; the fp16 GQA case also at T = 8192) in a real
+//     BlockPool, as KV bytes read per second, against the roofline measured
+//     in the same repetitions on the same threads: a plain streaming read (a
+//     sum) of a buffer of the same size in the same kind of memory, a backend
+//     arena, and a peak multiply-add probe of the backend's kernel ISA
+//     (decode_roofline_ratio_*: achieved / min(read bandwidth, multiply-add
+//     peak / flops per KV byte); decode_bandwidth_ratio_*: achieved / read
+//     bandwidth);
 //   * prefill: causal, T = 2048, H = H_kv = 16, head_dim 64, fp32, against
 //     the seeds' straightforward tiled_attention loop written in plain C++
 //     (prefill_gflops, prefill_vs_naive).
-// Every figure is the median of several repetitions; the two sides of a
-// ratio alternate so that machine noise hits both alike. Timing is done
-// here rather than with Google Benchmark because each ratio needs its two
-// sides interleaved repetition by repetition.
+// Every figure is the median of several repetitions; the sides of a ratio
+// alternate so that machine noise hits all alike. Timing is done here
+// rather than with Google Benchmark because each ratio needs its sides
+// interleaved repetition by repetition.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,6 +37,7 @@
 #include "core/block_pool.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_features.h"
+#include "core/cpu/kernels.h"
 #include "core/dtype.h"
 #include "core/engine.h"
 #include "core/kv_view.h"
@@ -99,24 +105,92 @@ double StreamRead(ThreadPool& pool, const std::byte* data, int64_t bytes,
   return seconds;
 }
 
+// ---- Multiply-add probe ----------------------------------------------------
+
+const cpu::KernelTable& KernelsOf(const CpuBackend& backend) {
+  switch (backend.isa()) {
+    case CpuIsa::kAvx512:
+      return *cpu::Avx512Kernels();
+    case CpuIsa::kAvx2:
+      return *cpu::Avx2Kernels();
+    case CpuIsa::kScalar:
+      break;
+  }
+  return *cpu::ScalarKernels();
+}
+
+// Rounds of the multiply-add probe that take about 250 us on one thread
+// (the scalar table is far slower than the SIMD ones).
+int64_t FmaProbeRounds(const cpu::KernelTable& kernels, float* sink) {
+  constexpr int64_t kTrial = 4096;
+  const Clock::time_point start = Clock::now();
+  *sink += kernels.fma_probe(kTrial);
+  const double seconds = std::max(Seconds(start), 1e-9);
+  return std::max<int64_t>(256, static_cast<int64_t>(kTrial * 250e-6 /
+                                                     seconds));
+}
+
+// Runs the backend ISA's multiply-add probe on the pool's threads, 16
+// pieces of `rounds` per thread like StreamRead; returns the floating-point
+// operations per second.
+double FmaPeak(ThreadPool& pool, const cpu::KernelTable& kernels,
+               int64_t rounds, float* sink) {
+  const int64_t pieces = int64_t{16} * pool.num_threads();
+  std::vector<float> results(pieces);
+  const Clock::time_point start = Clock::now();
+  pool.ParallelFor(pieces,
+                   [&](int64_t i) { results[i] = kernels.fma_probe(rounds); });
+  const double seconds = Seconds(start);
+  for (float r : results) *sink += r;
+  return static_cast<double>(pieces) * rounds * kernels.fma_probe_flops /
+         seconds;
+}
+
 // ---- Decode ----------------------------------------------------------------
+
+struct DecodeShape {
+  int64_t length = 32768;
+  int heads = 32;
+  int kv_heads = 8;
+  DType dtype = DType::kFloat16;
+  bool heap_probe = false;  // also read a plain heap buffer, for context
+};
+
+constexpr int kDecodeHeadDim = 128;
+
+// Floating-point operations per KV byte of a decode step: every query head
+// of a KV head's group does a head_dim multiply-add per key (Q.K) and a
+// value_dim multiply-add per value (P.V) on each K/V row it shares.
+double FlopsPerKvByte(const DecodeShape& shape) {
+  const double group = static_cast<double>(shape.heads) / shape.kv_heads;
+  const double flops = group * (2.0 * kDecodeHeadDim + 2.0 * kDecodeHeadDim);
+  const double bytes = 2.0 * kDecodeHeadDim * DTypeSize(shape.dtype);
+  return flops / bytes;
+}
 
 struct DecodeResult {
   double decode_gbps = 0;
   double stream_gbps = 0;  // the probe on backend (KV arena) memory
   double heap_gbps = 0;    // for context: the probe on a plain heap buffer
-  double ratio = 0;
+  double fma_gflops = 0;   // peak multiply-add rate, all threads
+  double flops_per_byte = 0;
+  double compute_gbps = 0;  // fma_gflops / flops_per_byte
+  double ratio = 0;           // decode / stream, median of paired reps
+  double roofline_ratio = 0;  // decode / min(stream, compute), median
+  bool compute_bound = false;  // in most repetitions
 };
 
-// One decode step (the last position) over `length` fp16 tokens stored in
+// One decode step (the last position) over `shape.length` tokens stored in
 // a real BlockPool with the engine's default block size.
-DecodeResult MeasureDecode(CpuBackend& backend, int64_t length, int reps) {
-  constexpr int kHeads = 32;
-  constexpr int kKvHeads = 8;
-  constexpr int kHeadDim = 128;
+DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
+                           int reps) {
+  const int kHeadDim = kDecodeHeadDim;
+  const int kHeads = shape.heads;
+  const int kKvHeads = shape.kv_heads;
+  const int64_t length = shape.length;
   const EngineOptions defaults;
   KvBlockLayout layout;
-  layout.dtype = DType::kFloat16;
+  layout.dtype = shape.dtype;
   layout.num_kv_heads = kKvHeads;
   layout.head_dim = kHeadDim;
   layout.value_dim = kHeadDim;
@@ -124,22 +198,21 @@ DecodeResult MeasureDecode(CpuBackend& backend, int64_t length, int reps) {
   PagedBlocks paged(backend, layout, length, defaults.kv_block_bytes,
                     kSection);
 
-  // Fill the history through the backend, reusing one random fp16 chunk
-  // (the values do not matter for speed, only that they are finite).
+  // Fill the history through the backend, reusing one random chunk (the
+  // values do not matter for speed, only that they are finite).
   constexpr int64_t kChunk = 2048;
   const int64_t per_token = int64_t{kKvHeads} * kHeadDim;
-  std::vector<uint16_t> chunk(kChunk * per_token);
+  std::vector<std::byte> chunk(kChunk * per_token * DTypeSize(shape.dtype));
   {
     const std::vector<float> raw = RandomFloats(kChunk * per_token, 11);
-    ConvertFromFloat(raw.data(), raw.size(), DType::kFloat16,
-                     reinterpret_cast<std::byte*>(chunk.data()));
+    ConvertFromFloat(raw.data(), raw.size(), shape.dtype, chunk.data());
   }
   for (int64_t start = 0; start < length; start += kChunk) {
     const int64_t n = std::min(kChunk, length - start);
     KvWrite write;
     write.layout = layout;
     write.start = start;
-    write.k = ViewOf(DType::kFloat16, {n, kKvHeads, kHeadDim}, chunk.data());
+    write.k = ViewOf(shape.dtype, {n, kKvHeads, kHeadDim}, chunk.data());
     write.v = write.k;
     write.blocks = paged.blocks;
     if (absl::Status s = backend.WriteKv(write); !s.ok()) Die(s, "write KV");
@@ -167,37 +240,67 @@ DecodeResult MeasureDecode(CpuBackend& backend, int64_t length, int reps) {
   std::memset(probe, 1, kv_bytes);
   // Reported for context only: ordinary heap memory (4 KiB pages where
   // transparent huge pages are opt-in, unlike the KV arena).
-  std::vector<std::byte> heap(kv_bytes, std::byte{1});
+  std::vector<std::byte> heap(shape.heap_probe ? kv_bytes : 0, std::byte{1});
+  const cpu::KernelTable& kernels = KernelsOf(backend);
+  ThreadPool& pool = backend.thread_pool();
   uint64_t sink = 0;
+  float fma_sink = 0;
   // Warm-up: page in, fill caches and thread scratch.
   if (absl::Status s = backend.Attend({&problem, 1}); !s.ok()) {
     Die(s, "decode");
   }
-  StreamRead(backend.thread_pool(), probe, kv_bytes, &sink);
+  StreamRead(pool, probe, kv_bytes, &sink);
+  const int64_t fma_rounds = FmaProbeRounds(kernels, &fma_sink);
+  FmaPeak(pool, kernels, fma_rounds, &fma_sink);
 
-  // Each repetition reads with the probe, then decodes; the ratio is the
-  // median of the per-repetition ratios, so slow phases of a loaded
-  // machine hit both sides of a pair.
-  std::vector<double> decode_s, stream_s, heap_s, ratios;
+  // Each repetition reads with the probe, runs the multiply-add probe, then
+  // decodes; the ratios are the medians of the per-repetition ratios, so
+  // slow phases of a loaded machine hit all sides of a repetition.
+  const double flops_per_byte = FlopsPerKvByte(shape);
+  std::vector<double> decode_s, stream_s, heap_s, fma_rate, ratios, roofline;
+  int compute_bound_reps = 0;
   for (int rep = 0; rep < reps; ++rep) {
-    heap_s.push_back(
-        StreamRead(backend.thread_pool(), heap.data(), kv_bytes, &sink));
-    stream_s.push_back(
-        StreamRead(backend.thread_pool(), probe, kv_bytes, &sink));
+    if (shape.heap_probe) {
+      heap_s.push_back(StreamRead(pool, heap.data(), kv_bytes, &sink));
+    }
+    stream_s.push_back(StreamRead(pool, probe, kv_bytes, &sink));
+    fma_rate.push_back(FmaPeak(pool, kernels, fma_rounds, &fma_sink));
     const Clock::time_point start = Clock::now();
     if (absl::Status s = backend.Attend({&problem, 1}); !s.ok()) {
       Die(s, "decode");
     }
     decode_s.push_back(Seconds(start));
-    ratios.push_back(stream_s.back() / decode_s.back());
+    const double decode_bps = kv_bytes / decode_s.back();
+    const double stream_bps = kv_bytes / stream_s.back();
+    const double compute_bps = fma_rate.back() / flops_per_byte;
+    ratios.push_back(decode_bps / stream_bps);
+    roofline.push_back(decode_bps / std::min(stream_bps, compute_bps));
+    if (compute_bps < stream_bps) ++compute_bound_reps;
   }
-  if (sink == 42) std::printf(" ");  // keep the probe's reads alive
+  if (sink == 42 || fma_sink == 42.0f) std::printf(" ");  // keep probes alive
   DecodeResult result;
   result.decode_gbps = kv_bytes / Median(decode_s) / 1e9;
   result.stream_gbps = kv_bytes / Median(stream_s) / 1e9;
-  result.heap_gbps = kv_bytes / Median(heap_s) / 1e9;
+  if (shape.heap_probe) result.heap_gbps = kv_bytes / Median(heap_s) / 1e9;
+  result.fma_gflops = Median(fma_rate) / 1e9;
+  result.flops_per_byte = flops_per_byte;
+  result.compute_gbps = result.fma_gflops / flops_per_byte;
   result.ratio = Median(ratios);
+  result.roofline_ratio = Median(roofline);
+  result.compute_bound = 2 * compute_bound_reps > reps;
   return result;
+}
+
+const char* DTypeLabel(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return "fp16";
+    case DType::kBFloat16:
+      return "bf16";
+    case DType::kFloat32:
+      break;
+  }
+  return "fp32";
 }
 
 // ---- Prefill ---------------------------------------------------------------
@@ -331,28 +434,68 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
   std::printf("kernel bench on %s\n", backend.device().c_str());
 
   const int decode_reps = options.quick ? 15 : 41;
-  for (int64_t length : {int64_t{8192}, int64_t{32768}}) {
-    std::printf("  decode T=%lld ...\n", static_cast<long long>(length));
+  // The fp16 GQA shape at two lengths (decode_bandwidth_ratio*), then the
+  // roofline of every KV type, GQA and MHA, at T = 32768.
+  std::vector<DecodeShape> shapes;
+  shapes.push_back({.length = 8192, .heap_probe = true});
+  for (int heads_per_kv : {4, 1}) {
+    for (DType dtype : {DType::kFloat16, DType::kFloat32, DType::kBFloat16}) {
+      shapes.push_back({.kv_heads = 32 / heads_per_kv,
+                        .dtype = dtype,
+                        .heap_probe = heads_per_kv == 4 &&
+                                      dtype == DType::kFloat16});
+    }
+  }
+  for (const DecodeShape& shape : shapes) {
+    const bool mha = shape.heads == shape.kv_heads;
+    const bool legacy = !mha && shape.dtype == DType::kFloat16;
+    const std::string type = DTypeLabel(shape.dtype);
+    const std::string what = absl::StrCat("T=", shape.length, " H=", shape.heads,
+                                          "/", shape.kv_heads, " ", type);
+    std::printf("  decode %s ...\n", what.c_str());
     std::fflush(stdout);
-    const DecodeResult r = MeasureDecode(backend, length, decode_reps);
-    const std::string t = absl::StrCat("T=", length);
-    report->AddRow(
-        kSection, absl::StrCat("decode ", t, " H=32 H_kv=8 d=128 fp16 KV read"),
-        r.decode_gbps, "GB/s");
-    report->AddRow(
-        kSection,
-        absl::StrCat("streaming-read probe, same bytes, KV arena (", t, ")"),
-        r.stream_gbps, "GB/s");
-    report->AddRow(
-        kSection,
-        absl::StrCat("same probe on a plain heap buffer (", t, "), context"),
-        r.heap_gbps, "GB/s");
-    report->AddRow(
-        kSection,
-        absl::StrCat("decode / probe, median of paired reps (", t, ")"),
-        r.ratio, "ratio");
-    report->AddFigure(absl::StrCat("decode_bandwidth_ratio_", length), r.ratio);
-    if (length == 32768) report->AddFigure("decode_bandwidth_ratio", r.ratio);
+    // The roofline-only shapes run fewer repetitions: --quick stays short.
+    const DecodeResult r =
+        MeasureDecode(backend, shape, legacy ? decode_reps : decode_reps / 2);
+    const char* bound = r.compute_bound ? "compute" : "memory";
+    report->AddRow(kSection, absl::StrCat("decode ", what, " d=128 KV read"),
+                   r.decode_gbps, "GB/s");
+    report->AddRow(kSection,
+                   absl::StrCat("streaming-read probe, same bytes (", what, ")"),
+                   r.stream_gbps, "GB/s");
+    if (shape.heap_probe) {
+      report->AddRow(kSection,
+                     absl::StrCat("same probe on a heap buffer (", what,
+                                  "), context"),
+                     r.heap_gbps, "GB/s");
+    }
+    report->AddRow(kSection,
+                   absl::StrCat("multiply-add peak, same threads (", what, ")"),
+                   r.fma_gflops, "GFLOP/s");
+    report->AddRow(kSection,
+                   absl::StrFormat("peak / %.2g flops per KV byte (%s)",
+                                   r.flops_per_byte, what),
+                   r.compute_gbps, "GB/s");
+    report->AddRow(kSection, absl::StrCat("decode / read probe (", what, ")"),
+                   r.ratio, "ratio");
+    report->AddRow(kSection,
+                   absl::StrCat("decode / roofline, ", bound, " bound (", what,
+                                ")"),
+                   r.roofline_ratio, "ratio");
+    if (legacy) {
+      report->AddFigure(absl::StrCat("decode_bandwidth_ratio_", shape.length),
+                        r.ratio);
+    }
+    if (shape.length != 32768) continue;
+    if (legacy) {
+      report->AddFigure("decode_bandwidth_ratio", r.ratio);
+      report->AddFigure("decode_roofline_ratio", r.roofline_ratio);
+      report->AddFact("decode_roofline_bound", bound);
+    }
+    const std::string suffix = absl::StrCat(mha ? "_mha_" : "_", type);
+    report->AddFigure(absl::StrCat("decode_roofline_ratio", suffix),
+                      r.roofline_ratio);
+    report->AddFact(absl::StrCat("decode_roofline_bound", suffix), bound);
   }
 
   std::printf("  prefill T=2048 ...\n");

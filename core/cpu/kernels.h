@@ -122,6 +122,14 @@ struct KernelTable {
 
   // The canonical exp of one value (x <= 0 or -inf), for tests.
   float (*exp)(float x);
+
+  // Peak multiply-add probe, for benchmarks: `rounds` rounds of
+  // independent fused multiply-add chains on full vectors, enough chains to
+  // keep every multiply-add unit of the processor busy, nothing else in
+  // the loop. Each round is fma_probe_flops floating-point operations (a
+  // multiply-add counts 2). Returns a value that depends on every chain.
+  float (*fma_probe)(int64_t rounds);
+  int fma_probe_flops;
 };
 
 // The tables compiled into this build; the AVX ones are nullptr when the

@@ -19,12 +19,14 @@ struct M {
   __m256 lo, hi;  // all-ones lanes where set
 };
 
-// Register blocking: kDotHeads row-heads share each key load (4 x 2 ymm
-// accumulators); kPvHeads row-heads x kPvBlocks value blocks in the P.V
-// loop (2 x 2 x 2 = 8 ymm accumulators).
+// Register blocking (see kernels_impl.h): at most 4 vectors (8 ymm) of
+// accumulators per Q.K and per P.V pass.
 constexpr int kDotHeads = 4;
+constexpr int kDotAccumulators = 4;
 constexpr int kPvHeads = 2;
-constexpr int kPvBlocks = 2;
+constexpr int kPvAccumulators = 4;
+// Multiply-add probe chains: 6 vectors = 12 of the 16 ymm registers.
+constexpr int kFmaProbeChains = 6;
 
 inline V Zero() { return V{_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V Splat(V, float c) {
@@ -126,9 +128,11 @@ inline float ReduceMax(V a) {
 // adds the two halves, then each stage pairs lane l with l + width.
 inline V SumTree16(const V* acc) {
   __m256 s8[16];
+#pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) s8[i] = _mm256_add_ps(acc[i].lo, acc[i].hi);
   // Width 4: [input 2i lanes l + l+4 | input 2i+1 lanes l + l+4].
   __m256 s4[8];
+#pragma GCC unroll 16
   for (int i = 0; i < 8; ++i) {
     const __m256 a = s8[2 * i], b = s8[2 * i + 1];
     s4[i] = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
@@ -137,6 +141,7 @@ inline V SumTree16(const V* acc) {
   // Width 2: 128-bit half h of s2[i] = [input 4i+h (2 lanes),
   // input 4i+2+h (2 lanes)].
   __m256 s2[4];
+#pragma GCC unroll 16
   for (int i = 0; i < 4; ++i) {
     const __m256 a = s4[2 * i], b = s4[2 * i + 1];
     s2[i] = _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
@@ -144,6 +149,7 @@ inline V SumTree16(const V* acc) {
   }
   // Width 1: lane 4 h + t of s1[i] = input 8i + 2t + h.
   __m256 s1[2];
+#pragma GCC unroll 16
   for (int i = 0; i < 2; ++i) {
     const __m256 a = s2[2 * i], b = s2[2 * i + 1];
     s1[i] = _mm256_add_ps(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),

@@ -30,11 +30,17 @@ struct M {
   __mmask16 k;
 };
 
-// Register blocking: kDotHeads row-heads share each key load; kPvHeads
-// row-heads x kPvBlocks value blocks in the P.V loop (16 zmm accumulators).
+// Register blocking: up to kDotHeads row-heads share each key load, and
+// row-heads x keys of one Q.K pass use up to kDotAccumulators zmm
+// accumulators; up to kPvHeads row-heads share each value load, and
+// row-heads x value blocks of one P.V pass use up to kPvAccumulators.
 constexpr int kDotHeads = 4;
+constexpr int kDotAccumulators = 16;
 constexpr int kPvHeads = 4;
-constexpr int kPvBlocks = 4;
+constexpr int kPvAccumulators = 16;
+// Independent chains of the multiply-add probe: 2 units x 4 cycles of
+// latency need 8; 16 leave room for longer latencies.
+constexpr int kFmaProbeChains = 16;
 
 inline V Zero() { return V{_mm512_setzero_ps()}; }
 inline V Splat(V, float c) { return V{_mm512_set1_ps(c)}; }
@@ -82,36 +88,51 @@ inline V Select(M m, V a, V b) {
 inline float ReduceMax(V a) { return _mm512_reduce_max_ps(a.x); }
 
 // Sixteen canonical lane sums at once: each stage adds lane l and lane
-// l + width of the same input, exactly the pairing of the scalar tree.
+// l + width of the same input, exactly the pairing of the scalar tree (an
+// addition is commutative, so which operand is which does not matter).
+// Lane-crossing shuffles compete with the multiply-adds for execution
+// ports on some processors, so each pair of vectors in the two stages that
+// cross 128-bit lanes takes one shuffle plus blends (which run anywhere),
+// and the inputs are taken in the order that leaves input i in lane i.
 inline V SumTree16(const V* acc) {
-  // Width 8: [a.lo8 + a.hi8 | b.lo8 + b.hi8] for input pairs.
+  // in[4 t + u']: the input whose sum ends up in lane 4 u + t, where
+  // u' = (0, 2, 1, 3)[u] (see the stages below).
+  constexpr int in[16] = {0, 8, 4, 12, 1, 9, 5, 13, 2, 10, 6, 14, 3, 11, 7, 15};
+  // Width 8: s8[i] = [x.lo8 + x.hi8 | y.lo8 + y.hi8] for x, y = inputs
+  // in[2i], in[2i + 1]: [x.q2, x.q3, y.q0, y.q1] + [x.q0, x.q1, y.q2, y.q3]
+  // (q: 128-bit quarters).
   __m512 s8[8];
+#pragma GCC unroll 16
   for (int i = 0; i < 8; ++i) {
-    const __m512 a = acc[2 * i].x, b = acc[2 * i + 1].x;
-    s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                          _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 x = acc[in[2 * i]].x, y = acc[in[2 * i + 1]].x;
+    s8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 3, 2)),
+                          _mm512_mask_blend_ps(0xff00, x, y));
   }
-  // Width 4: each 128-bit quarter holds one input's 4 partial lanes.
+  // Width 4: a = s8[2i] = [a0 a1 | a2 a3], b = s8[2i + 1] (quarters; a0 a1
+  // hold one input's 8 partial lanes, a2 a3 another's). s4[i] =
+  // [a1 b0 a3 b2] + [a0 b1 a2 b3]: each quarter one input's 4 partial lanes,
+  // inputs in[4i], in[4i + 2], in[4i + 1], in[4i + 3].
   __m512 s4[4];
+#pragma GCC unroll 16
   for (int i = 0; i < 4; ++i) {
     const __m512 a = s8[2 * i], b = s8[2 * i + 1];
-    s4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
-                          _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 b0a1b2a3 = _mm512_mask_blend_ps(0xf0f0, b, a);
+    s4[i] = _mm512_add_ps(
+        _mm512_shuffle_f32x4(b0a1b2a3, b0a1b2a3, _MM_SHUFFLE(2, 3, 0, 1)),
+        _mm512_mask_blend_ps(0xf0f0, a, b));
   }
-  // Width 2 and 1 inside each quarter.
+  // Width 2 and 1 inside each quarter: lane 4 u + t of s1 is quarter u of
+  // s4[t].
   __m512 s2[2];
+#pragma GCC unroll 16
   for (int i = 0; i < 2; ++i) {
     const __m512 a = s4[2 * i], b = s4[2 * i + 1];
     s2[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
                           _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
   }
-  const __m512 s1 =
+  return V{
       _mm512_add_ps(_mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                    _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  // Lane 4 q + t of s1 holds input 4 t + q; put input i in lane i.
-  const __m512i order =
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  return V{_mm512_permutexvar_ps(order, s1)};
+                    _mm512_shuffle_ps(s2[0], s2[1], _MM_SHUFFLE(3, 1, 3, 1)))};
 }
 
 }  // namespace attention::cpu::avx512_kernels

@@ -9,8 +9,10 @@
 // ATTN_KERNEL_NAME, declares inside namespace
 // attention::cpu::ATTN_KERNEL_NAMESPACE the types V (16 floats) and M (16
 // lane flags), the register-blocking constants kDotHeads, kPvHeads (row-heads
-// sharing one key / value load, 1..4) and kPvBlocks (value blocks per P.V
-// pass), and the operations listed below, then
+// sharing one key / value load, 1..4), kDotAccumulators and kPvAccumulators
+// (vectors of partial sums one Q.K / P.V pass keeps in registers: row-heads
+// x keys, row-heads x value blocks), kFmaProbeChains (independent chains of
+// the multiply-add probe), and the operations listed below, then
 // includes this file (once, never from a header). Everything here lands in
 // that per-ISA namespace, so no inline function is shared between
 // translation units built with different instruction-set flags.
@@ -183,46 +185,89 @@ inline V LoadRow(const std::byte* row, int block) {
   }
 }
 
+// Keys whose dots one pass computes together with kHeads row-heads: as
+// many as kDotAccumulators allows (a power of two dividing kLanes), so
+// that short dot chains of few row-heads still overlap.
+template <int kHeads>
+constexpr int DotKeys() {
+  int keys = 1;
+  while (keys < kLanes && 2 * keys * kHeads <= kDotAccumulators) keys *= 2;
+  return keys;
+}
+
+// acc[i][jj0 + k] = the 16 lanes of dot(q[i], key j0 + k) for k < kKeys:
+// lane l accumulates elements d = l (mod 16) in increasing d from +0. Each
+// key block is loaded and converted once for all kHeads row-heads, and each
+// query block is loaded once for all kKeys keys.
+template <ElementType kType, int kHeads, int kKeys, int kBlocks>
+inline void KeyDots(const TileJob& job, const float* const* q, int j0,
+                    V (*acc)[kLanes], int jj0) {
+  const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
+  const std::byte* key[kKeys];
+#pragma GCC unroll 16
+  for (int k = 0; k < kKeys; ++k) key[k] = job.k[j0 + k];
+  V a[kHeads][kKeys];
+#pragma GCC unroll 16
+  for (int i = 0; i < kHeads; ++i) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kKeys; ++k) a[i][k] = Zero();
+  }
+#pragma GCC unroll 8
+  for (int b = 0; b < blocks; ++b) {
+    V kb[kKeys];
+#pragma GCC unroll 16
+    for (int k = 0; k < kKeys; ++k) kb[k] = LoadRow<kType>(key[k], b);
+#pragma GCC unroll 16
+    for (int i = 0; i < kHeads; ++i) {
+      const V qb = Load(q[i] + b * kLanes);
+#pragma GCC unroll 16
+      for (int k = 0; k < kKeys; ++k) a[i][k] = Fma(qb, kb[k], a[i][k]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < kHeads; ++i) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kKeys; ++k) acc[i][jj0 + k] = a[i][k];
+  }
+}
+
 // out[i][j] = canonical dot(q of row-head rhs[i], k[j]) for j < n; entries
-// [n, 32) of a half that holds keys are 0. Each key block is loaded and
-// converted once for all kHeads row-heads. kBlocks = head_dim_padded /
+// [n, 32) of a half that holds keys are 0. kBlocks = head_dim_padded /
 // kLanes when known at compile time, else 0.
 template <ElementType kType, int kHeads, int kBlocks>
 inline void JointDots(const TileJob& job, const int* rhs, float* out,
                       bool prefetch) {
-  const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
+  constexpr int kKeys = DotKeys<kHeads>();
   const float* q[kHeads];
   for (int i = 0; i < kHeads; ++i) {
     q[i] = job.q + static_cast<int64_t>(rhs[i]) * job.head_dim_padded;
   }
   for (int half = 0; half * kLanes < job.n; ++half) {
     V acc[kHeads][kLanes];
-    for (int jj = 0; jj < kLanes; ++jj) {
-      const int j = half * kLanes + jj;
-      V a[kHeads];
-      for (int i = 0; i < kHeads; ++i) a[i] = Zero();
-      if (j < job.n) {
-        const std::byte* key = job.k[j];
-        for (int b = 0; b < blocks; ++b) {
-          const V kb = LoadRow<kType>(key, b);
-          for (int i = 0; i < kHeads; ++i) {
-            a[i] = Fma(Load(q[i] + b * kLanes), kb, a[i]);
+    for (int jj = 0; jj < kLanes; jj += kKeys) {
+      const int j0 = half * kLanes + jj;
+      if (j0 + kKeys <= job.n) {
+        KeyDots<kType, kHeads, kKeys, kBlocks>(job, q, j0, acc, jj);
+      } else {
+        // The tile's last keys, one at a time; zeros past the end.
+        for (int k = 0; k < kKeys; ++k) {
+          if (j0 + k < job.n) {
+            KeyDots<kType, kHeads, 1, kBlocks>(job, q, j0 + k, acc, jj + k);
+          } else {
+            for (int i = 0; i < kHeads; ++i) acc[i][jj + k] = Zero();
           }
         }
       }
-      for (int i = 0; i < kHeads; ++i) acc[i][jj] = a[i];
-      if (prefetch && j < job.prefetch_n) {
-        // Spread the next tile's prefetches over this tile's work. Keep
-        // this code inline here: moved into a helper function that only
-        // prefetches, GCC's IPA pure-const analysis deems the helper free
-        // of side effects and deletes the calls.
+      for (int j = j0; prefetch && j < j0 + kKeys && j < job.prefetch_n;
+           ++j) {
+        // Spread the next tile's key prefetches over this tile's dots (its
+        // value prefetches over the first P.V pass): the memory system
+        // then sees a steady stream of requests. Keep this code inline
+        // here: moved into a helper function that only prefetches, GCC's
+        // IPA pure-const analysis deems the helper free of side effects and
+        // deletes the calls.
         if (const std::byte* next = job.prefetch_k[j]) {
           for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
-            __builtin_prefetch(next + o);
-          }
-        }
-        if (const std::byte* next = job.prefetch_v[j]) {
-          for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
             __builtin_prefetch(next + o);
           }
         }
@@ -331,8 +376,8 @@ inline TileError MaskedLogits(const TileJob& job, int rh, uint32_t visible,
 }
 
 // Softmax part of the online update of row-head rh from its masked logits:
-// m and alpha; the probabilities replace the logits (l is updated by
-// AddProbabilities). False when the row-head sees no key of the tile (its
+// m and alpha; the probabilities replace the logits (l is updated with the
+// values, JointValues). False when the row-head sees no key of the tile (its
 // state then stays as it is).
 inline bool UpdateMaximum(const TileJob& job, int rh, float* logits) {
   const V l0 = Load(logits);
@@ -351,90 +396,117 @@ inline bool UpdateMaximum(const TileJob& job, int rh, float* logits) {
   return true;
 }
 
-// l = fma(alpha, l, sum_j p_j) for row-heads rhs[0, count), each sum in key
-// order one add at a time (invisible keys add +0: exact). Eight row-heads
-// at once, so that their dependency chains overlap.
-inline void AddProbabilities(const TileJob& job, const int* rhs, int count) {
-  constexpr int kChains = 8;
-  for (int i0 = 0; i0 < count; i0 += kChains) {
-    const int chains = count - i0 < kChains ? count - i0 : kChains;
-    const float* p[kChains];
-    for (int i = 0; i < kChains; ++i) {
-      // Spare chains repeat the first row-head and are discarded.
-      p[i] = job.work +
-             static_cast<int64_t>(rhs[i0 + (i < chains ? i : 0)]) * kTileKeys;
-    }
-    float sums[kChains] = {};
-    for (int j = 0; j < job.n; ++j) {
-      for (int i = 0; i < kChains; ++i) sums[i] += p[i][j];
-    }
-    for (int i = 0; i < chains; ++i) {
-      const int rh = rhs[i0 + i];
-      job.l[rh] = Fma(job.alpha[rh], job.l[rh], sums[i]);
-    }
-  }
+// Value blocks one P.V pass accumulates for kHeads row-heads: as many as
+// kPvAccumulators allows (a power of two).
+template <int kHeads>
+constexpr int PvBlocks() {
+  int blocks = 1;
+  while (2 * blocks * kHeads <= kPvAccumulators) blocks *= 2;
+  return blocks;
 }
 
 // acc[rh][d0, d0 + kBlocks * kLanes) = fma(alpha, acc, sum_j p_j v_j) for
 // the kHeads row-heads rhs[]: each value block is loaded and converted once
 // for all of them. p_j v_j for an invisible key is +-0 added to a sum that
-// is never -0, so it changes nothing.
-template <ElementType kType, int kHeads, int kBlocks>
-inline void JointValues(const TileJob& job, const int* rhs, int d0) {
+// is never -0, so it changes nothing. With kSumP the pass also sets
+// l = fma(alpha, l, sum_j p_j), the p_j added in key order one at a time
+// from +0 (invisible keys add +0: exact), riding on the P.V loop.
+template <ElementType kType, int kHeads, int kBlocks, bool kSumP>
+inline void JointValues(const TileJob& job, const int* rhs, int d0,
+                        bool prefetch) {
   const float* p[kHeads];
   for (int i = 0; i < kHeads; ++i) {
     p[i] = job.work + static_cast<int64_t>(rhs[i]) * kTileKeys;
   }
   V pv[kHeads][kBlocks];
+  float p_sum[kHeads];
+#pragma GCC unroll 16
   for (int i = 0; i < kHeads; ++i) {
+    p_sum[i] = 0.0f;
+#pragma GCC unroll 16
     for (int b = 0; b < kBlocks; ++b) pv[i][b] = Zero();
   }
   const int first_block = d0 / kLanes;
   for (int j = 0; j < job.n; ++j) {
     const std::byte* row = job.v[j];
     V vb[kBlocks];
-    for (int b = 0; b < kBlocks; ++b)
+#pragma GCC unroll 16
+    for (int b = 0; b < kBlocks; ++b) {
       vb[b] = LoadRow<kType>(row, first_block + b);
+    }
+    if constexpr (kSumP) {
+      // The next tile's value rows (inline: see JointDots).
+      if (prefetch && j < job.prefetch_n) {
+        if (const std::byte* next = job.prefetch_v[j]) {
+          for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
+            __builtin_prefetch(next + o);
+          }
+        }
+      }
+    }
+#pragma GCC unroll 16
     for (int i = 0; i < kHeads; ++i) {
+      if constexpr (kSumP) p_sum[i] = Add(p_sum[i], p[i][j]);
       const V pj = Splat(V{}, p[i][j]);
+#pragma GCC unroll 16
       for (int b = 0; b < kBlocks; ++b) pv[i][b] = Fma(pj, vb[b], pv[i][b]);
     }
   }
   for (int i = 0; i < kHeads; ++i) {
-    float* acc =
-        job.acc + static_cast<int64_t>(rhs[i]) * job.value_dim_padded + d0;
-    const V alpha = Splat(V{}, job.alpha[rhs[i]]);
+    const int rh = rhs[i];
+    float* acc = job.acc + static_cast<int64_t>(rh) * job.value_dim_padded + d0;
+    const V alpha = Splat(V{}, job.alpha[rh]);
     for (int b = 0; b < kBlocks; ++b) {
       Store(acc + b * kLanes, Fma(alpha, Load(acc + b * kLanes), pv[i][b]));
     }
+    if constexpr (kSumP) job.l[rh] = Fma(job.alpha[rh], job.l[rh], p_sum[i]);
+  }
+}
+
+// P.V passes of kBlocks value blocks from *d0 while they fit, then of
+// halves of that. The pass at d0 = 0 also updates l (and prefetches the
+// next tile's values when asked to).
+template <ElementType kType, int kHeads, int kBlocks>
+inline void ValuePasses(const TileJob& job, const int* rhs, int* d0,
+                        bool prefetch) {
+  for (; *d0 + kBlocks * kLanes <= job.value_dim_padded;
+       *d0 += kBlocks * kLanes) {
+    if (*d0 == 0) {
+      JointValues<kType, kHeads, kBlocks, true>(job, rhs, 0, prefetch);
+    } else {
+      JointValues<kType, kHeads, kBlocks, false>(job, rhs, *d0, false);
+    }
+  }
+  if constexpr (kBlocks > 1) {
+    ValuePasses<kType, kHeads, kBlocks / 2>(job, rhs, d0, prefetch);
   }
 }
 
 template <ElementType kType, int kHeads>
-inline void ValuesForHeads(const TileJob& job, const int* rhs) {
-  const int dims = job.value_dim_padded;
+inline void ValuesForHeads(const TileJob& job, const int* rhs, bool prefetch) {
   int d0 = 0;
-  for (; d0 + kPvBlocks * kLanes <= dims; d0 += kPvBlocks * kLanes) {
-    JointValues<kType, kHeads, kPvBlocks>(job, rhs, d0);
-  }
-  for (; d0 < dims; d0 += kLanes) JointValues<kType, kHeads, 1>(job, rhs, d0);
+  ValuePasses<kType, kHeads, PvBlocks<kHeads>()>(job, rhs, &d0, prefetch);
 }
 
 template <ElementType kType>
 inline void ValuesFor(const TileJob& job, const int* rhs, int count) {
   int i = 0;
   for (; i + kPvHeads <= count; i += kPvHeads) {
-    ValuesForHeads<kType, kPvHeads>(job, rhs + i);
+    ValuesForHeads<kType, kPvHeads>(job, rhs + i, i == 0);
   }
   switch (count - i) {
     case 1:
-      ValuesForHeads<kType, 1>(job, rhs + i);
+      ValuesForHeads<kType, 1>(job, rhs + i, i == 0);
       break;
     case 2:
-      if constexpr (kPvHeads > 2) ValuesForHeads<kType, 2>(job, rhs + i);
+      if constexpr (kPvHeads > 2) {
+        ValuesForHeads<kType, 2>(job, rhs + i, i == 0);
+      }
       break;
     case 3:
-      if constexpr (kPvHeads > 3) ValuesForHeads<kType, 3>(job, rhs + i);
+      if constexpr (kPvHeads > 3) {
+        ValuesForHeads<kType, 3>(job, rhs + i, i == 0);
+      }
       break;
     default:
       break;
@@ -461,12 +533,10 @@ TileError UpdateTile(TileJob* job) {
     for (int h = 0; h < job->group; ++h) rhs[count++] = r * job->group + h;
   }
   Dots(*job, rhs, count);
-  // Statistics in row-head order, so the first error is the first in the
-  // canonical processing order; keep the row-heads that see a key.
-  int active = 0;
+  // Logits in row-head order, so the first error is the first in the
+  // canonical processing order. They replace the dots in place.
   for (int i = 0; i < count; ++i) {
     const int rh = rhs[i];
-    // The logits replace the dots in place.
     float* logits = job->work + static_cast<int64_t>(rh) * kTileKeys;
     int key = -1;
     const TileError error = MaskedLogits(
@@ -476,9 +546,16 @@ TileError UpdateTile(TileJob* job) {
       job->error_key = key;
       return error;
     }
-    if (UpdateMaximum(*job, rh, logits)) rhs[active++] = rh;
   }
-  AddProbabilities(*job, rhs, active);
+  // Then the softmax statistics, in a loop of their own so that the
+  // row-heads' chains of dependent steps overlap; keep the row-heads that
+  // see a key.
+  int active = 0;
+  for (int i = 0; i < count; ++i) {
+    const int rh = rhs[i];
+    float* probabilities = job->work + static_cast<int64_t>(rh) * kTileKeys;
+    if (UpdateMaximum(*job, rh, probabilities)) rhs[active++] = rh;
+  }
   Values(*job, rhs, active);
   return TileError::kNone;
 }
@@ -537,9 +614,33 @@ void MergeState(float* a_m, float* a_l, float* a_acc, float b_m, float b_l,
   *a_m = m;
 }
 
+// Chains of a multiply-add latency each; kFmaProbeChains covers the
+// latency times the units of the processors the ISA file targets.
+float FmaProbe(int64_t rounds) {
+  V chain[kFmaProbeChains];
+  for (int i = 0; i < kFmaProbeChains; ++i) {
+    chain[i] = Splat(V{}, 0.5f + 0.01f * static_cast<float>(i));
+  }
+  // Converges to 1: no overflow, no denormals.
+  const V x = Splat(V{}, 0.999f);
+  const V y = Splat(V{}, 0.001f);
+  for (int64_t r = 0; r < rounds; ++r) {
+#pragma GCC unroll 32
+    for (int i = 0; i < kFmaProbeChains; ++i) chain[i] = Fma(chain[i], x, y);
+  }
+  V sum = chain[0];
+  for (int i = 1; i < kFmaProbeChains; ++i) sum = Add(sum, chain[i]);
+  alignas(64) float lanes[kLanes];
+  Store(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
 constexpr KernelTable kKernelTable = {
-    ATTN_KERNEL_NAME, &ConvertRows, &UpdateTile, &TileLogits,
-    &TileWeights,     &MergeState,  &ScalarExp,
+    ATTN_KERNEL_NAME, &ConvertRows, &UpdateTile,
+    &TileLogits,      &TileWeights, &MergeState,
+    &ScalarExp,       &FmaProbe,    kFmaProbeChains * kLanes * 2,
 };
 
 }  // namespace attention::cpu::ATTN_KERNEL_NAMESPACE

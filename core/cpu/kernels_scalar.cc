@@ -20,8 +20,10 @@ struct M {
 
 // Register blocking (no registers here, but the same loop structure).
 constexpr int kDotHeads = 4;
+constexpr int kDotAccumulators = 4;
 constexpr int kPvHeads = 4;
-constexpr int kPvBlocks = 2;
+constexpr int kPvAccumulators = 8;
+constexpr int kFmaProbeChains = 4;
 
 inline V Zero() {
   V r;

@@ -255,6 +255,21 @@ TEST_P(KernelTableTest, ExpIsBitwiseTheScalarExp) {
   }
 }
 
+TEST_P(KernelTableTest, FmaProbeComputesItsChains) {
+  // Chain i starts at 0.5 + 0.01 i in every lane and becomes
+  // 1 + (start - 1) 0.999^r after r rounds of fma(x, 0.999, 0.001).
+  const int lanes_times_chains = table_->fma_probe_flops / 2;
+  ASSERT_EQ(lanes_times_chains % kLanes, 0);
+  const int chains = lanes_times_chains / kLanes;
+  for (int64_t rounds : {0, 1, 1000}) {
+    double want = 0;
+    for (int i = 0; i < chains; ++i) {
+      want += kLanes * (1 + (0.5 + 0.01 * i - 1) * std::pow(0.999, rounds));
+    }
+    EXPECT_NEAR(table_->fma_probe(rounds), want, 1e-4 * want) << rounds;
+  }
+}
+
 TEST_P(KernelTableTest, ConvertRowsIsExactAndZeroPads) {
   // Every finite float16 / bfloat16 bit pattern, in rows of 37 elements
   // (two full blocks and a tail) padded to 48, plus a missing row.
