@@ -9,6 +9,7 @@
 
 #include "absl/time/time.h"
 #include "core/thread_pool.h"
+#include "server/decode_step_timing.h"
 
 namespace attention::server {
 
@@ -95,6 +96,10 @@ struct ServerOptions {
   // (e.g. to export a batch-size histogram); see
   // DecodeBatcherOptions::on_batch for the rules it must follow.
   std::function<void(int64_t batch_size)> on_decode_batch;
+  // Not a flag: when set, called with the server-side timing of every
+  // successful DecodeStep (server/decode_step_timing.h; attn-bench's latency
+  // budget). Unset, no timestamp is taken on the call's path.
+  std::function<void(const DecodeStepTiming&)> on_decode_step_timing;
 };
 
 }  // namespace attention::server
