@@ -16,10 +16,24 @@
 //   batching_speedup    tokens/s of 64 concurrent Decode streams (one session
 //                       each, context 2048, same shapes) / tokens/s of the
 //                       same steps sent one DecodeStep at a time.
+//   served_vs_engine_stream64
+//                       tokens/s of those 64 Decode streams / the engine
+//                       alone (no RPC) running the same steps as AppendEach
+//                       batches of 64, measured alternately.
+//   served_vs_engine_batchdecode64
+//                       tokens/s of BatchDecode calls carrying the same 64
+//                       steps (one call at a time) / the same engine rate.
 //   echo_stream64_*     messages/s of 64 concurrent echo streams on the
-//                       synchronous and the callback gRPC API: does the sync
-//                       API (which the attention service uses) limit
-//                       throughput at this concurrency?
+//                       synchronous and the callback gRPC API.
+//   stream64_vs_callback_echo_ctx16
+//                       steps/s of 64 Decode streams at context 16 (own
+//                       16-token sessions, cut back before each round) /
+//                       messages/s of 64 callback-API echo streams moving
+//                       the same bytes: the serving path against the
+//                       transport's limit when attention costs little.
+//   latency_ctx{16,2048}_{total,transport,decode,queue,engine,encode}_p{50,99}_us
+//                       one DecodeStep at a time, split with the server's
+//                       own timestamps (server/decode_step_timing.h).
 //
 // The two sides of every ratio are measured alternately in the same run, so
 // noise from other processes hits both. Contexts are built through the
@@ -767,18 +781,17 @@ absl::Status MeasureApis(const Harness& h, const std::string& session) {
 // (attention is a few microseconds) vs 64 callback-API echo streams moving
 // the same bytes, alternately. The sessions are cut back to 16 tokens
 // before each round (untimed).
-absl::Status MeasureSmallSteps(const Harness& h,
-                               const std::vector<std::string>& bases) {
+absl::Status MeasureSmallSteps(const Harness& h) {
   AttentionEngine& engine = h.server->engine();
   std::vector<std::string> sessions;
   std::vector<v1::DecodeRequest> requests;
+  // Sessions of their own (not forks of the long contexts, whose shared
+  // blocks a batched decode would treat as a shared prompt).
   for (int i = 0; i < kStreams; ++i) {
-    ATTN_ASSIGN_OR_RETURN(SessionInfo fork,
-                          engine.ForkSession(bases[i % bases.size()]));
-    ATTN_RETURN_IF_ERROR(
-        engine.TruncateSession(fork.session_id, kShortContext).status());
-    sessions.push_back(fork.session_id);
-    requests.push_back(MakeDecodeRequest(fork.session_id, 2000 + 3 * i));
+    ATTN_ASSIGN_OR_RETURN(
+        std::string id, PrefilledSession(engine, kShortContext, 3000 + 7 * i));
+    sessions.push_back(id);
+    requests.push_back(MakeDecodeRequest(id, 2000 + 3 * i));
   }
   const echo::EchoRequest echo_request = MakeEchoRequest(requests[0]);
   std::vector<std::unique_ptr<client::DecodeStream>> streams;
@@ -796,8 +809,17 @@ absl::Status MeasureSmallSteps(const Harness& h,
   ATTN_RETURN_IF_ERROR(BatchedRound(streams, requests, 4).status());
   ATTN_RETURN_IF_ERROR(
       EchoStreamRound(h.callback_echo, echo_request, 4).status());
-  double stream_sum = 0, echo_sum = 0;
+  std::vector<AppendRequest> engine_steps;
+  for (const v1::DecodeRequest& request : requests) {
+    engine_steps.push_back(EngineRequest(request));
+  }
+  double stream_sum = 0, echo_sum = 0, engine_wall = 0;
   for (int round = 0; round < rounds; ++round) {
+    ATTN_RETURN_IF_ERROR(reset());
+    ATTN_ASSIGN_OR_RETURN(RoundResult engine_round,
+                          EngineRound(engine, engine_steps, messages,
+                                      /*batched=*/true));
+    engine_wall += engine_round.wall_us;
     for (int side = 0; side < 2; ++side) {
       if ((side + round) % 2 == 0) {
         ATTN_RETURN_IF_ERROR(reset());
@@ -818,7 +840,16 @@ absl::Status MeasureSmallSteps(const Harness& h,
   }
   const double stream_rate = stream_sum / rounds;
   const double echo_rate = echo_sum / rounds;
+  // The engine's own time per step in these batches (no RPC): what the
+  // served steps pay on top of the echo's transport.
+  const double engine_step_us = engine_wall / (double{kStreams} * messages *
+                                               rounds);
   BenchReport& r = *h.report;
+  r.AddRow(kSection,
+           absl::StrCat("engine alone, AppendEach of 64 at ctx ", kShortContext,
+                        ": time per step"),
+           engine_step_us, "us");
+  r.AddFigure("engine_batched_step_us_ctx16", engine_step_us);
   r.AddRow(kSection,
            absl::StrCat("64 Decode streams, ctx ", kShortContext, ": steps/s"),
            stream_rate, "steps/s");
@@ -1200,7 +1231,7 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
                                           absl::StrCat("_ctx", kShortContext)));
   ATTN_RETURN_IF_ERROR(MeasureBatching(harness, bases, counter));
   ATTN_RETURN_IF_ERROR(MeasureApis(harness, bases[0]));
-  ATTN_RETURN_IF_ERROR(MeasureSmallSteps(harness, bases));
+  ATTN_RETURN_IF_ERROR(MeasureSmallSteps(harness));
   for (int64_t context : {kShortContext, kBatchContext}) {
     ATTN_RETURN_IF_ERROR(MeasureLatencyBudget(harness, bases[0], context));
   }
