@@ -119,6 +119,7 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
     if (queued == 0 || queued + steps <= options_.max_queued_steps) {
       queue_.push_back(std::move(entry));
       queued_steps_ += steps;
+      last_arrival_ = absl::Now();
       return;
     }
   }
@@ -160,8 +161,15 @@ void DecodeBatcher::WaitForBatch() {
   auto ready = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return queued_steps_ >= target || stopping_;
   };
-  if (ready()) return;
-  mu_.AwaitWithTimeout(absl::Condition(&ready), options_.batch_wait);
+  // Sleeps until the gap after the latest arrival would end, then looks
+  // again: no wake-up per arriving step.
+  const absl::Time limit = absl::Now() + kMaxWaitGaps * options_.batch_wait;
+  while (!ready()) {
+    const absl::Time gap_end =
+        std::min(last_arrival_ + options_.batch_wait, limit);
+    if (absl::Now() >= gap_end) return;
+    mu_.AwaitWithDeadline(absl::Condition(&ready), gap_end);
+  }
 }
 
 std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch() {

@@ -15,11 +15,16 @@
 //     callback, in queue order, and repeats. Only one batch runs at a time;
 //     steps arriving meanwhile queue up and form the next batch, so the
 //     engine is never idle while work waits (continuous batching).
-//   - The wait ends early once as many steps are queued as the previous
-//     batch held (the recent concurrency), so a lone client never waits and
-//     a steady group of N streams is gathered N at a time; after a burst,
-//     at most one batch waits the full `batch_wait` before the estimate
-//     adapts.
+//   - The wait ends once as many steps are queued as the previous batch
+//     held (the recent concurrency), so a lone client never waits and a
+//     steady group of N streams is gathered N at a time. Otherwise it lasts
+//     while steps keep arriving: it ends when none has arrived for
+//     `batch_wait`, and at the latest kMaxWaitGaps * `batch_wait` after it
+//     began. Steps of N streams answered together come back spread over
+//     the transport's time for N round trips (milliseconds on 2 cores), so
+//     this gathers them into one batch while the CPU is busy with that
+//     transport anyway, instead of splitting them into many small ones;
+//     after a burst the estimate adapts with the next batch.
 //   - Ordering: steps of one (session, layer) run in arrival order and never
 //     share a batch (the engine would fail a duplicate with ABORTED); a later
 //     duplicate is deferred to a later batch, together with every step of
@@ -62,8 +67,9 @@
 namespace attention::server {
 
 struct DecodeBatcherOptions {
-  // Longest time the first step of a batch waits for others to join it.
-  // Zero disables waiting; whatever is already queued is still batched.
+  // How long the batch being formed waits for one more step to arrive
+  // (the wait as a whole is bounded by kMaxWaitGaps times this). Zero
+  // disables waiting; whatever is already queued is still batched.
   absl::Duration batch_wait = absl::Microseconds(200);
   // Most independent steps per engine call (an atomic group always runs
   // whole, whatever its size).
@@ -87,6 +93,10 @@ struct BatchTimes {
 
 class DecodeBatcher {
  public:
+  // The longest wait for a batch, in units of DecodeBatcherOptions::
+  // batch_wait.
+  static constexpr int kMaxWaitGaps = 8;
+
   // Receives a step's result (what AttentionEngine::Append returns) or
   // UNAVAILABLE when the queue was full.
   using StepDone = absl::AnyInvocable<void(absl::StatusOr<AttentionOutput>)>;
@@ -171,6 +181,8 @@ class DecodeBatcher {
   int64_t queued_steps_ ABSL_GUARDED_BY(mu_) = 0;
   // Steps in the last independent batch: how many to wait for next time.
   int64_t expected_batch_ ABSL_GUARDED_BY(mu_) = 1;
+  // When the latest step was queued.
+  absl::Time last_arrival_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Last: started once everything above is initialized.
   std::thread batch_thread_;

@@ -86,7 +86,7 @@ struct ServerOptions {
   // drain_timeout and the snapshot the rest.
   std::string snapshot_dir;
   // Continuous batching of decode steps (server/decode_batcher.h): how long
-  // the first step of a batch waits for concurrent steps (0 = no waiting,
+  // a forming batch waits for one more concurrent step (0 = no waiting,
   // whatever is queued is still batched), the most steps per engine batch,
   // and the most steps queued before new ones fail with UNAVAILABLE.
   absl::Duration batch_wait = absl::Microseconds(200);
