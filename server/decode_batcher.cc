@@ -1,6 +1,7 @@
 #include "server/decode_batcher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>

@@ -8,13 +8,15 @@
 //     with its callback and returns: the gRPC callback thread that submits
 //     it never blocks on the engine, and no thread waits per step or per
 //     stream.
-//   - The batcher's own thread forms the batches: it waits (bounded by
-//     `batch_wait`) for more steps, takes a batch off the queue, runs it
+//   - The batcher's own thread forms the batches: it waits (bounded, see
+//     below) for more steps, takes a batch off the queue, runs it
 //     with AttentionEngine::AppendEach (the engine parallelizes it over its
 //     backend threads, this thread included), then calls every entry's
 //     callback, in queue order, and repeats. Only one batch runs at a time;
 //     steps arriving meanwhile queue up and form the next batch, so the
-//     engine is never idle while work waits (continuous batching).
+//     engine is never idle while work waits (continuous batching). A lone
+//     step pays one thread wake-up over a direct engine call; the gRPC
+//     thread that received it is free meanwhile.
 //   - The wait ends once as many steps are queued as the previous batch
 //     held (the recent concurrency), so a lone client never waits and a
 //     steady group of N streams is gathered N at a time. Otherwise it lasts
@@ -48,7 +50,6 @@
 #define ATTENTION_SERVER_DECODE_BATCHER_H_
 
 #include <cstdint>
-#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -63,6 +64,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/engine.h"
+#include "server/decode_step_timing.h"
 
 namespace attention::server {
 
@@ -82,13 +84,6 @@ struct DecodeBatcherOptions {
   // the engine call and before the entries' callbacks; never concurrently
   // with itself. Must be cheap and must not call the batcher.
   std::function<void(int64_t batch_size)> on_batch;
-};
-
-// When an entry's batch ran on the engine (for the per-call latency
-// breakdown); steady clock.
-struct BatchTimes {
-  std::chrono::steady_clock::time_point start;
-  std::chrono::steady_clock::time_point end;
 };
 
 class DecodeBatcher {

@@ -9,9 +9,13 @@
 #include <chrono>
 #include <functional>
 
-#include "server/decode_batcher.h"
-
 namespace attention::server {
+
+// When a DecodeBatcher entry's engine batch ran; steady clock.
+struct BatchTimes {
+  std::chrono::steady_clock::time_point start;
+  std::chrono::steady_clock::time_point end;
+};
 
 // Steady-clock instants of one DecodeStep, in order:
 //   received    the request message was allocated, right before gRPC
