@@ -29,7 +29,7 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
 void DecodeStreamReactor::OnReadDone(bool ok) {
   // The client half-closed (or went away): every step it sent is answered.
   if (!ok) {
-    Finish(grpc::Status::OK);
+    Close(grpc::Status::OK);
     return;
   }
   StartStep();
@@ -87,7 +87,13 @@ void DecodeStreamReactor::OnWriteDone(bool ok) {
 }
 
 void DecodeStreamReactor::End(const absl::Status& status) {
-  Finish(scope_.Finish(ToGrpcStatus(status)));
+  Close(scope_.Finish(ToGrpcStatus(status)));
+}
+
+void DecodeStreamReactor::Close(const grpc::Status& status) {
+  // No longer open once the client can see the status.
+  open_stream_.reset();
+  Finish(status);
 }
 
 }  // namespace attention::server

@@ -66,6 +66,8 @@ class DecodeStreamReactor final
   void OnStepDone(absl::StatusOr<AttentionOutput> output);
   // Ends the stream with `status`: the one place its status is converted.
   void End(const absl::Status& status);
+  // Finishes the stream (End, or a clean close by the client).
+  void Close(const grpc::Status& status);
 
   grpc::CallbackServerContext* const context_;
   const Deps deps_;
