@@ -58,6 +58,8 @@ class AppendCall final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
+  // Kept for the reply's status conversion, which may add trailing
+  // metadata to it.
   grpc::CallbackServerContext* const context_;
   RequestScope scope_;
   GrpcCallControl control_;
