@@ -16,10 +16,24 @@
 //   batching_speedup    tokens/s of 64 concurrent Decode streams (one session
 //                       each, context 2048, same shapes) / tokens/s of the
 //                       same steps sent one DecodeStep at a time.
+//   served_vs_engine_stream64
+//                       tokens/s of those 64 Decode streams / the engine
+//                       alone (no RPC) running the same steps as AppendEach
+//                       batches of 64, measured alternately.
+//   served_vs_engine_batchdecode64
+//                       tokens/s of BatchDecode calls carrying the same 64
+//                       steps (one call at a time) / the same engine rate.
 //   echo_stream64_*     messages/s of 64 concurrent echo streams on the
-//                       synchronous and the callback gRPC API: does the sync
-//                       API (which the attention service uses) limit
-//                       throughput at this concurrency?
+//                       synchronous and the callback gRPC API.
+//   stream64_vs_callback_echo_ctx16
+//                       steps/s of 64 Decode streams at context 16 (own
+//                       16-token sessions, cut back before each round) /
+//                       messages/s of 64 callback-API echo streams moving
+//                       the same bytes: the serving path against the
+//                       transport's limit when attention costs little.
+//   latency_ctx{16,2048}_{total,transport,decode,queue,engine,encode}_p{50,99}_us
+//                       one DecodeStep at a time, split with the server's
+//                       own timestamps (server/decode_step_timing.h).
 //
 // The two sides of every ratio are measured alternately in the same run, so
 // noise from other processes hits both. Contexts are built through the
@@ -50,6 +64,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.pb.h"
@@ -64,6 +79,7 @@
 #include "core/status_macros.h"
 #include "core/tensor.h"
 #include "server/attention_server.h"
+#include "server/decode_step_timing.h"
 #include "server/server_options.h"
 #include "server/snapshot_store.h"
 
@@ -282,6 +298,24 @@ echo::EchoRequest MakeEchoRequest(const v1::DecodeRequest& step) {
 // ---------------------------------------------------------------------------
 // The measurements.
 
+// Collects the server's DecodeStep timings (ServerOptions::
+// on_decode_step_timing) while armed.
+struct TimingCollector {
+  std::atomic<bool> armed{false};
+  absl::Mutex mu;
+  std::vector<server::DecodeStepTiming> timings ABSL_GUARDED_BY(mu);
+
+  void Record(const server::DecodeStepTiming& timing) {
+    if (!armed.load(std::memory_order_relaxed)) return;
+    absl::MutexLock lock(&mu);
+    timings.push_back(timing);
+  }
+  size_t count() {
+    absl::MutexLock lock(&mu);
+    return timings.size();
+  }
+};
+
 struct Harness {
   server::AttentionServer* server;
   client::AttentionClient* client;
@@ -289,6 +323,7 @@ struct Harness {
   echo::CallbackEcho::Stub* callback_echo;
   const BenchOptions* options;
   BenchReport* report;
+  TimingCollector* timings = nullptr;
 };
 
 absl::Status UnaryEcho(echo::Echo::Stub* stub,
@@ -493,6 +528,24 @@ absl::StatusOr<RoundResult> SequentialRound(
   return round;
 }
 
+// The same steps as BatchDecode calls of all 64 steps, one call after the
+// other from one thread.
+absl::StatusOr<RoundResult> BatchDecodeRound(
+    client::AttentionClient& client,
+    const std::vector<v1::DecodeRequest>& requests, int steps) {
+  v1::BatchDecodeRequest batch;
+  for (const v1::DecodeRequest& request : requests) {
+    *batch.add_steps() = request;
+  }
+  RoundResult round;
+  const Clock::time_point start = Clock::now();
+  for (int s = 0; s < steps; ++s) {
+    ATTN_RETURN_IF_ERROR(client.BatchDecode(batch).status());
+  }
+  round.wall_us = MicrosBetween(start, Clock::now());
+  return round;
+}
+
 // The same steps straight into the engine, without RPC: one Append at a
 // time, or (batched) one AppendEach of every session's step per step.
 absl::StatusOr<RoundResult> EngineRound(AttentionEngine& engine,
@@ -546,16 +599,21 @@ absl::Status MeasureBatching(const Harness& h,
   // Warm-up: every stream and session once each way.
   ATTN_RETURN_IF_ERROR(BatchedRound(streams, requests, 1).status());
   ATTN_RETURN_IF_ERROR(SequentialRound(*h.client, requests, 1).status());
+  ATTN_RETURN_IF_ERROR(BatchDecodeRound(*h.client, requests, 1).status());
 
-  double batched_wall = 0, sequential_wall = 0;
+  double batched_wall = 0, sequential_wall = 0, batch_decode_wall = 0;
   double engine_sequential_wall = 0, engine_batched_wall = 0;
   std::vector<double> batched_us, sequential_us;
   int64_t batches = 0, batched_steps = 0;
   for (int round = 0; round < rounds; ++round) {
     // Rotate which side goes first.
-    for (int side = 0; side < 4; ++side) {
-      const int what = (side + round) % 4;
-      if (what == 2 || what == 3) {
+    for (int side = 0; side < 5; ++side) {
+      const int what = (side + round) % 5;
+      if (what == 4) {
+        ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                              BatchDecodeRound(*h.client, requests, steps));
+        batch_decode_wall += result.wall_us;
+      } else if (what == 2 || what == 3) {
         ATTN_ASSIGN_OR_RETURN(
             RoundResult result,
             EngineRound(engine, engine_steps, steps, /*batched=*/what == 3));
@@ -591,6 +649,7 @@ absl::Status MeasureBatching(const Harness& h,
   const double engine_sequential_rate =
       tokens / (engine_sequential_wall * 1e-6);
   const double engine_batched_rate = tokens / (engine_batched_wall * 1e-6);
+  const double batch_decode_rate = tokens / (batch_decode_wall * 1e-6);
   const Percentiles batched = Summarize(batched_us);
   const Percentiles sequential = Summarize(sequential_us);
   const double mean_batch =
@@ -613,6 +672,19 @@ absl::Status MeasureBatching(const Harness& h,
            engine_batched_rate, "tok/s");
   r.AddRow(kSection, "bound on batching_speedup (engine batched / sequential)",
            engine_batched_rate / sequential_rate, "x");
+  r.AddRow(kSection, "BatchDecode calls of the 64 steps: tokens/s",
+           batch_decode_rate, "tok/s");
+  r.AddRow(kSection,
+           "served_vs_engine_stream64 (64 streams / engine AppendEach of 64)",
+           batched_rate / engine_batched_rate, "x");
+  r.AddRow(kSection,
+           "served_vs_engine_batchdecode64 (BatchDecode of 64 / engine "
+           "AppendEach of 64)",
+           batch_decode_rate / engine_batched_rate, "x");
+  r.AddFigure("served_vs_engine_stream64", batched_rate / engine_batched_rate);
+  r.AddFigure("served_vs_engine_batchdecode64",
+              batch_decode_rate / engine_batched_rate);
+  r.AddFigure("batchdecode64_tokens_per_s", batch_decode_rate);
   r.AddFigure("engine_sequential_tokens_per_s", engine_sequential_rate);
   r.AddFigure("engine_batched_tokens_per_s", engine_batched_rate);
   r.AddFigure("batching_speedup_engine_bound",
@@ -702,6 +774,163 @@ absl::Status MeasureApis(const Harness& h, const std::string& session) {
   r.AddFigure("echo_stream64_sync_msgs_per_s", sync_rate);
   r.AddFigure("echo_stream64_callback_msgs_per_s", callback_rate);
   r.AddFigure("callback_vs_sync_stream_ratio", callback_rate / sync_rate);
+  return absl::OkStatus();
+}
+
+// (e) Small steps at the transport's limit: 64 Decode streams at context 16
+// (attention is a few microseconds) vs 64 callback-API echo streams moving
+// the same bytes, alternately. The sessions are cut back to 16 tokens
+// before each round (untimed).
+absl::Status MeasureSmallSteps(const Harness& h) {
+  AttentionEngine& engine = h.server->engine();
+  std::vector<std::string> sessions;
+  std::vector<v1::DecodeRequest> requests;
+  // Sessions of their own (not forks of the long contexts, whose shared
+  // blocks a batched decode would treat as a shared prompt).
+  for (int i = 0; i < kStreams; ++i) {
+    ATTN_ASSIGN_OR_RETURN(
+        std::string id, PrefilledSession(engine, kShortContext, 3000 + 7 * i));
+    sessions.push_back(id);
+    requests.push_back(MakeDecodeRequest(id, 2000 + 3 * i));
+  }
+  const echo::EchoRequest echo_request = MakeEchoRequest(requests[0]);
+  std::vector<std::unique_ptr<client::DecodeStream>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(h.client->OpenDecodeStream());
+  }
+  auto reset = [&]() -> absl::Status {
+    for (const std::string& id : sessions) {
+      ATTN_RETURN_IF_ERROR(engine.TruncateSession(id, kShortContext).status());
+    }
+    return absl::OkStatus();
+  };
+  const int messages = h.options->quick ? 40 : 200;
+  const int rounds = h.options->quick ? 3 : 5;
+  ATTN_RETURN_IF_ERROR(BatchedRound(streams, requests, 4).status());
+  ATTN_RETURN_IF_ERROR(
+      EchoStreamRound(h.callback_echo, echo_request, 4).status());
+  std::vector<AppendRequest> engine_steps;
+  for (const v1::DecodeRequest& request : requests) {
+    engine_steps.push_back(EngineRequest(request));
+  }
+  double stream_sum = 0, echo_sum = 0, engine_wall = 0;
+  for (int round = 0; round < rounds; ++round) {
+    ATTN_RETURN_IF_ERROR(reset());
+    ATTN_ASSIGN_OR_RETURN(RoundResult engine_round,
+                          EngineRound(engine, engine_steps, messages,
+                                      /*batched=*/true));
+    engine_wall += engine_round.wall_us;
+    for (int side = 0; side < 2; ++side) {
+      if ((side + round) % 2 == 0) {
+        ATTN_RETURN_IF_ERROR(reset());
+        ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                              BatchedRound(streams, requests, messages));
+        stream_sum += double{kStreams} * messages / (result.wall_us * 1e-6);
+      } else {
+        ATTN_ASSIGN_OR_RETURN(
+            double rate,
+            EchoStreamRound(h.callback_echo, echo_request, messages));
+        echo_sum += rate;
+      }
+    }
+  }
+  for (auto& stream : streams) ATTN_RETURN_IF_ERROR(stream->Finish());
+  for (const std::string& id : sessions) {
+    ATTN_RETURN_IF_ERROR(engine.DeleteSession(id));
+  }
+  const double stream_rate = stream_sum / rounds;
+  const double echo_rate = echo_sum / rounds;
+  // The engine's own time per step in these batches (no RPC): what the
+  // served steps pay on top of the echo's transport.
+  const double engine_step_us = engine_wall / (double{kStreams} * messages *
+                                               rounds);
+  BenchReport& r = *h.report;
+  r.AddRow(kSection,
+           absl::StrCat("engine alone, AppendEach of 64 at ctx ", kShortContext,
+                        ": time per step"),
+           engine_step_us, "us");
+  r.AddFigure("engine_batched_step_us_ctx16", engine_step_us);
+  r.AddRow(kSection,
+           absl::StrCat("64 Decode streams, ctx ", kShortContext, ": steps/s"),
+           stream_rate, "steps/s");
+  r.AddRow(kSection, "64 callback echo streams, same bytes: messages/s",
+           echo_rate, "msg/s");
+  r.AddRow(kSection, "stream64_vs_callback_echo_ctx16", stream_rate / echo_rate,
+           "x");
+  r.AddFigure("stream64_ctx16_steps_per_s", stream_rate);
+  r.AddFigure("callback_echo_stream64_msgs_per_s", echo_rate);
+  r.AddFigure("stream64_vs_callback_echo_ctx16", stream_rate / echo_rate);
+  return absl::OkStatus();
+}
+
+// (f) The latency budget of one DecodeStep (one call at a time) at
+// `context` tokens: the client's round trip split with the server's
+// timestamps (server/decode_step_timing.h) into transport (everything the
+// server does not see: client stub and serialization, the network stack,
+// gRPC's transport on both sides), request decode (protobuf parse into the
+// arena + conversion and checks), queueing in the batcher (including the
+// batch thread's wake-up), engine, and reply encode (result into the
+// response + gRPC serialization in Finish). Each stage's p50 and p99 are
+// taken on their own, so they need not add up to the total's.
+absl::Status MeasureLatencyBudget(const Harness& h,
+                                  const std::string& base_session,
+                                  int64_t context) {
+  AttentionEngine& engine = h.server->engine();
+  ATTN_ASSIGN_OR_RETURN(SessionInfo fork, engine.ForkSession(base_session));
+  const v1::DecodeRequest step = MakeDecodeRequest(fork.session_id, 99);
+  const int samples = h.options->quick ? 400 : 2000;
+  const int warmup = 20;
+  std::vector<double> total_us, transport_us, decode_us, queue_us, engine_us,
+      encode_us;
+  auto us = [](server::DecodeStepTiming::Clock::time_point begin,
+               server::DecodeStepTiming::Clock::time_point end) {
+    return MicrosBetween(begin, end);
+  };
+  for (int i = -warmup; i < samples; ++i) {
+    ATTN_RETURN_IF_ERROR(
+        engine.TruncateSession(fork.session_id, context).status());
+    const size_t before = h.timings->count();
+    h.timings->armed.store(true);
+    const Clock::time_point begin = Clock::now();
+    ATTN_RETURN_IF_ERROR(h.client->DecodeStep(step).status());
+    const Clock::time_point end = Clock::now();
+    // The server reports right after handing the reply to gRPC; the client
+    // may see the reply first.
+    while (h.timings->count() == before) std::this_thread::yield();
+    h.timings->armed.store(false);
+    if (i < 0) continue;
+    server::DecodeStepTiming t;
+    {
+      absl::MutexLock lock(&h.timings->mu);
+      t = h.timings->timings.back();
+    }
+    const double total = MicrosBetween(begin, end);
+    total_us.push_back(total);
+    transport_us.push_back(total - us(t.received, t.replied));
+    decode_us.push_back(us(t.received, t.submitted));
+    queue_us.push_back(us(t.submitted, t.batch.start));
+    engine_us.push_back(us(t.batch.start, t.batch.end));
+    encode_us.push_back(us(t.batch.end, t.replied));
+  }
+  ATTN_RETURN_IF_ERROR(engine.DeleteSession(fork.session_id));
+  BenchReport& r = *h.report;
+  const std::string ctx = absl::StrCat("ctx", context);
+  const std::pair<const char*, std::vector<double>*> stages[] = {
+      {"total", &total_us},   {"transport", &transport_us},
+      {"decode", &decode_us}, {"queue", &queue_us},
+      {"engine", &engine_us}, {"encode", &encode_us}};
+  for (const auto& [name, values] : stages) {
+    const Percentiles p = Summarize(*values);
+    for (const auto& [which, value] : {std::pair{"p50", p.p50},
+                                       std::pair{"p99", p.p99}}) {
+      r.AddRow(kSection,
+               absl::StrFormat("DecodeStep latency budget, ctx %d: %s %s",
+                               context, name, which),
+               value, "us");
+    }
+    r.AddFigure(absl::StrCat("latency_", ctx, "_", name, "_p50_us"), p.p50);
+    r.AddFigure(absl::StrCat("latency_", ctx, "_", name, "_p99_us"), p.p99);
+  }
   return absl::OkStatus();
 }
 
@@ -938,6 +1167,7 @@ absl::Status MeasureSnapshot(const BenchOptions& options, BenchReport* report) {
 absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
   const Clock::time_point section_start = Clock::now();
   BatchCounter counter;
+  TimingCollector timings;
   SyncEchoService sync_echo;
   CallbackEchoService callback_echo;
 
@@ -952,6 +1182,10 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
     counter.batches.fetch_add(1, std::memory_order_relaxed);
     counter.steps.fetch_add(size, std::memory_order_relaxed);
   };
+  server_options.on_decode_step_timing =
+      [&timings](const server::DecodeStepTiming& timing) {
+        timings.Record(timing);
+      };
   const std::vector<grpc::Service*> extra = {&sync_echo, &callback_echo};
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<server::AttentionServer> server,
                         server::AttentionServer::Start(server_options, extra));
@@ -964,7 +1198,8 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
   std::unique_ptr<echo::CallbackEcho::Stub> callback_stub =
       echo::CallbackEcho::NewStub(client->channel());
   const Harness harness{server.get(),        client.get(), echo_stub.get(),
-                        callback_stub.get(), &options,     report};
+                        callback_stub.get(), &options,     report,
+                        &timings};
 
   // Base contexts (prefilled through the engine; not measured). The full
   // run gives every stream a context of its own.
@@ -996,6 +1231,10 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
                                           absl::StrCat("_ctx", kShortContext)));
   ATTN_RETURN_IF_ERROR(MeasureBatching(harness, bases, counter));
   ATTN_RETURN_IF_ERROR(MeasureApis(harness, bases[0]));
+  ATTN_RETURN_IF_ERROR(MeasureSmallSteps(harness));
+  for (int64_t context : {kShortContext, kBatchContext}) {
+    ATTN_RETURN_IF_ERROR(MeasureLatencyBudget(harness, bases[0], context));
+  }
 
   report->AddRow(kSection, "set-up: prefilling the base contexts", setup_s,
                  "s");

@@ -242,7 +242,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       std::make_unique<DecodeBatcher>(engine_ptr, batcher_options);
   server->service_ = std::make_unique<AttentionServiceImpl>(
       engine_ptr, server->decode_batcher_.get(), ServerVersion(),
-      options.max_message_bytes, metrics_ptr, authenticator_ptr);
+      options.max_message_bytes, metrics_ptr, authenticator_ptr,
+      options.on_decode_step_timing);
 
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);

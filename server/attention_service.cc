@@ -6,10 +6,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/client_string.h"
 #include "core/status_macros.h"
+#include "server/append_reply.h"
+#include "server/decode_stream_reactor.h"
 #include "server/grpc_call_control.h"
 #include "server/proto_convert.h"
 #include "server/reply_size.h"
@@ -27,70 +28,9 @@ constexpr int32_t kDefaultListPageSize = 100;
 // Longest page token: the last session id of a page.
 constexpr size_t kMaxPageTokenBytes = 64;
 
-// Sizes `result`'s output tensor for `request`'s [T, H, value_dim] output
-// and makes it the request's output destination, so that the engine writes
-// the output once, straight into the response. Leaves the request without a
-// destination when q or v is not rank 3 (the engine rejects it anyway).
-// REQUIRES: CheckReplySize passed for the request. Reusing `result` (the
-// Decode stream does) reuses its buffer.
-void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
-  if (request.q.rank() != 3 || request.v.rank() != 3) return;
-  const int64_t tokens = request.q.dim(0);
-  const int64_t heads = request.q.dim(1);
-  const int64_t value_dim = request.v.dim(2);
-  const int64_t bytes =
-      tokens * heads * value_dim * DTypeSize(request.output_dtype);
-  v1::Tensor* output = result->mutable_output();
-  output->set_dtype(DTypeToProto(request.output_dtype));
-  output->clear_shape();
-  output->add_shape(tokens);
-  output->add_shape(heads);
-  output->add_shape(value_dim);
-  std::string* data = output->mutable_data();
-  data->resize(static_cast<size_t>(bytes));
-  request.output_destination =
-      absl::MakeSpan(reinterpret_cast<std::byte*>(data->data()), data->size());
-}
-
-// Completes `result` from the engine's answer to `request`, whose output
-// PrepareOutput may have already placed in the response.
-void FinishResult(const AppendRequest& request, const AttentionOutput& output,
-                  v1::AttentionResult* result) {
-  if (request.output_destination.empty()) {
-    TensorToProto(output.output, result->mutable_output());
-  }
-  result->set_position(output.position);
-  result->clear_weights();
-  if (output.lse.has_value()) {
-    TensorToProto(*output.lse, result->mutable_lse());
-  } else {
-    result->clear_lse();
-  }
-  result->mutable_topk_indices()->Assign(output.topk_indices.begin(),
-                                         output.topk_indices.end());
-}
-
-// One append (Prefill, DecodeStep, a Decode stream's step): bounds its
-// reply, runs it with `run` (the engine, or the batcher for decode steps)
-// under `control`, and answers with the output written once, straight into
-// `response`.
-template <typename Run>
-absl::Status AppendAndRespond(AppendRequest& append,
-                              const CallControl* control,
-                              int64_t max_message_bytes,
-                              v1::AttentionResult* response, Run run) {
-  append.control = control;
-  ATTN_RETURN_IF_ERROR(
-      CheckReplySize(AppendReplyBytes(append), max_message_bytes));
-  // The selected positions of a top-k layer get what the message has left.
-  append.max_topk_indices_bytes = std::max<int64_t>(
-      0, max_message_bytes -
-             static_cast<int64_t>(AppendReplyBytes(append)));
-  PrepareOutput(append, response);
-  ATTN_ASSIGN_OR_RETURN(AttentionOutput output, run(append));
-  FinishResult(append, output, response);
-  return absl::OkStatus();
-}
+// Prefills run at once up to this many, each parallelized over the backend
+// threads; more wait in the executor's queue.
+constexpr int kPrefillThreads = 4;
 
 absl::Status Draining() {
   return absl::UnavailableError(
@@ -105,16 +45,24 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
                                            std::string version,
                                            int64_t max_message_bytes,
                                            ServerMetrics* metrics,
-                                           const Authenticator* authenticator)
+                                           const Authenticator* authenticator,
+                                           DecodeStepTimingHook
+                                               on_decode_step_timing)
     : engine_(engine),
       batcher_(batcher),
       version_(std::move(version)),
       max_message_bytes_(max_message_bytes),
       metrics_(metrics),
-      authenticator_(authenticator) {}
+      authenticator_(authenticator),
+      on_decode_step_timing_(std::move(on_decode_step_timing)),
+      prefill_executor_(kPrefillThreads) {
+  SetMessageAllocatorFor_Prefill(&prefill_messages_);
+  SetMessageAllocatorFor_DecodeStep(&decode_step_messages_);
+  SetMessageAllocatorFor_BatchDecode(&batch_decode_messages_);
+}
 
 absl::StatusOr<Tenant> AttentionServiceImpl::Caller(
-    const grpc::ServerContext& context) const {
+    const grpc::ServerContextBase& context) const {
   if (authenticator_ == nullptr) return DefaultTenant();
   return authenticator_->Authenticate(context);
 }
@@ -248,136 +196,116 @@ grpc::Status AttentionServiceImpl::TruncateSession(
   }()));
 }
 
-template <typename Request, typename Run>
-grpc::Status AttentionServiceImpl::UnaryAppend(grpc::ServerContext* context,
-                                               RpcMethod method,
-                                               const Request& request,
-                                               v1::AttentionResult* response,
-                                               Run run) {
-  RequestScope scope(metrics_, &in_flight_, method, request.session_id());
-  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    ATTN_ASSIGN_OR_RETURN(AppendRequest append,
-                          AppendRequestFromProto(request));
-    append.tenant = &tenant;
-    GrpcCallControl control(context);
-    return AppendAndRespond(append, &control, max_message_bytes_, response,
-                            run);
-  }()));
+template <typename Request>
+absl::Status AttentionServiceImpl::StartUnaryAppend(
+    grpc::CallbackServerContext* context, const Request& request,
+    v1::AttentionResult* response, AppendCall* call) {
+  ATTN_ASSIGN_OR_RETURN(call->tenant, Caller(*context));
+  ATTN_ASSIGN_OR_RETURN(AppendRequest append, AppendRequestFromProto(request));
+  call->appends.push_back(std::move(append));
+  call->AdoptAppends();
+  return PrepareAppendReply(call->appends[0], max_message_bytes_, response);
 }
 
-grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
-                                           const v1::PrefillRequest* request,
-                                           v1::AttentionResult* response) {
-  return UnaryAppend(
-      context, RpcMethod::kPrefill, *request, response,
-      [&](const AppendRequest& append) { return engine_->Append(append); });
-}
-
-grpc::Status AttentionServiceImpl::DecodeStep(grpc::ServerContext* context,
-                                              const v1::DecodeRequest* request,
-                                              v1::AttentionResult* response) {
-  return UnaryAppend(
-      context, RpcMethod::kDecodeStep, *request, response,
-      [&](const AppendRequest& append) { return batcher_->Append(append); });
-}
-
-grpc::Status AttentionServiceImpl::Decode(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::AttentionResult, v1::DecodeRequest>* stream) {
-  // The stream counts as in flight while open; each step is recorded as one
-  // Decode request (its own code and latency).
-  RequestScope scope(metrics_, &in_flight_, RpcMethod::kDecode, "");
-  absl::StatusOr<Tenant> tenant = Caller(*context);
-  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status()));
-  ScopedStreamMetric open_stream(metrics_);
-  GrpcCallControl control(context);
-  // Every session the stream has used stays in use (it cannot expire) until
-  // the stream closes.
-  absl::flat_hash_map<std::string, SessionHold> held;
-  v1::DecodeRequest request;
-  // Reused for every step, so a steady stream reuses its output buffer.
-  v1::AttentionResult result;
-  for (int64_t index = 0; stream->Read(&request); ++index) {
-    scope.Restart(request.session_id());
-    if (!held.contains(request.session_id())) {
-      // An unknown session fails the step below with NOT_FOUND.
-      absl::StatusOr<SessionHold> hold =
-          engine_->HoldSession(request.session_id(), *tenant);
-      if (hold.ok()) held.emplace(request.session_id(), *std::move(hold));
-    }
-    const absl::Status status = [&]() -> absl::Status {
-      ATTN_ASSIGN_OR_RETURN(
-          AppendRequest append,
-          AppendRequestFromProto(request,
-                                 absl::StrCat("requests[", index, "]")));
-      append.tenant = &*tenant;
-      return AppendAndRespond(
-          append, &control, max_message_bytes_, &result,
-          [&](const AppendRequest& a) { return batcher_->Append(a); });
-    }();
-    if (!status.ok()) {
-      // Say which request of the stream failed: the client has already
-      // seen `index` results and needs to know where the stream stopped.
-      return scope.Finish(ToGrpcStatus(absl::Status(
-          status.code(),
-          absl::StrCat("requests[", index, "]: ", status.message()))));
-    }
-    if (!stream->Write(result)) {
-      // The client went away after the step was committed (the documented
-      // race): it is applied, and nobody is listening.
-      return scope.Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                                       "the client closed the Decode stream"));
-    }
-    scope.Finish(grpc::Status::OK);
+grpc::ServerUnaryReactor* AttentionServiceImpl::Prefill(
+    grpc::CallbackServerContext* context, const v1::PrefillRequest* request,
+    v1::AttentionResult* response) {
+  auto* call = new AppendCall(context, metrics_, &in_flight_,
+                              RpcMethod::kPrefill, request->session_id());
+  if (absl::Status status =
+          StartUnaryAppend(context, *request, response, call);
+      !status.ok()) {
+    call->Reply(status);
+    return call;
   }
-  return grpc::Status::OK;
+  prefill_executor_.Schedule([this, call, response] {
+    const absl::StatusOr<AttentionOutput> output =
+        engine_->Append(call->appends[0]);
+    if (output.ok()) FinishAppendReply(call->appends[0], *output, response);
+    call->Reply(output.status());
+  });
+  return call;
 }
 
-grpc::Status AttentionServiceImpl::BatchDecode(
-    grpc::ServerContext* context, const v1::BatchDecodeRequest* request,
+grpc::ServerUnaryReactor* AttentionServiceImpl::DecodeStep(
+    grpc::CallbackServerContext* context, const v1::DecodeRequest* request,
+    v1::AttentionResult* response) {
+  auto* call = new AppendCall(context, metrics_, &in_flight_,
+                              RpcMethod::kDecodeStep, request->session_id());
+  DecodeStepTiming* timing = nullptr;
+  if (on_decode_step_timing_) {
+    call->EnableTiming(&on_decode_step_timing_);
+    timing = call->timing();
+    timing->handler = DecodeStepTiming::Clock::now();
+    timing->received =
+        ArenaMessagesOf<v1::DecodeRequest, v1::AttentionResult>(
+            context->GetRpcAllocatorState())
+            .allocated();
+  }
+  if (absl::Status status =
+          StartUnaryAppend(context, *request, response, call);
+      !status.ok()) {
+    call->Reply(status);
+    return call;
+  }
+  if (timing != nullptr) timing->submitted = DecodeStepTiming::Clock::now();
+  batcher_->AppendAsync(
+      call->appends[0],
+      [call, response](absl::StatusOr<AttentionOutput> output) {
+        if (output.ok()) FinishAppendReply(call->appends[0], *output, response);
+        call->Reply(output.status());
+      },
+      timing != nullptr ? &timing->batch : nullptr);
+  return call;
+}
+
+grpc::ServerBidiReactor<v1::DecodeRequest, v1::AttentionResult>*
+AttentionServiceImpl::Decode(grpc::CallbackServerContext* context) {
+  const DecodeStreamReactor::Deps deps{.engine = engine_,
+                                       .batcher = batcher_,
+                                       .metrics = metrics_,
+                                       .in_flight = &in_flight_,
+                                       .max_message_bytes = max_message_bytes_};
+  return new DecodeStreamReactor(context, deps, Caller(*context));
+}
+
+grpc::ServerUnaryReactor* AttentionServiceImpl::BatchDecode(
+    grpc::CallbackServerContext* context,
+    const v1::BatchDecodeRequest* request,
     v1::BatchDecodeResponse* response) {
-  RequestScope scope(metrics_, &in_flight_, RpcMethod::kBatchDecode, "");
-  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    GrpcCallControl control(context);
-    std::vector<AppendRequest> appends;
-    appends.reserve(request->steps_size());
-    double reply_bytes = 0;
+  auto* call = new AppendCall(context, metrics_, &in_flight_,
+                              RpcMethod::kBatchDecode, "");
+  const absl::Status status = [&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(call->tenant, Caller(*context));
+    call->appends.reserve(request->steps_size());
     for (int i = 0; i < request->steps_size(); ++i) {
       ATTN_ASSIGN_OR_RETURN(
           AppendRequest append,
           AppendRequestFromProto(request->steps(i),
                                  absl::StrCat("steps[", i, "]")));
-      append.control = &control;
-      append.tenant = &tenant;
-      reply_bytes += AppendReplyBytes(append);
-      appends.push_back(std::move(append));
+      call->appends.push_back(std::move(append));
     }
-    ATTN_RETURN_IF_ERROR(CheckReplySize(reply_bytes, max_message_bytes_));
-    // Steps returning top-k positions share what the message has left.
-    int64_t index_steps = 0;
-    for (const AppendRequest& append : appends) {
-      index_steps += append.return_topk_indices ? 1 : 0;
-    }
-    for (AppendRequest& append : appends) {
-      append.max_topk_indices_bytes = std::max<int64_t>(
-          0, (max_message_bytes_ - static_cast<int64_t>(reply_bytes)) /
-                 std::max<int64_t>(1, index_steps));
-    }
-    // Result messages are heap-allocated by the repeated field, so their
-    // buffers stay put while more are added.
-    for (AppendRequest& append : appends) {
-      PrepareOutput(append, response->add_results());
-    }
-    ATTN_ASSIGN_OR_RETURN(std::vector<AttentionOutput> outputs,
-                          batcher_->AppendAtomic(appends));
-    for (size_t i = 0; i < appends.size(); ++i) {
-      FinishResult(appends[i], outputs[i],
-                   response->mutable_results(static_cast<int>(i)));
-    }
-    return absl::OkStatus();
-  }()));
+    call->AdoptAppends();
+    return PrepareBatchReply(absl::MakeSpan(call->appends), max_message_bytes_,
+                             response);
+  }();
+  if (!status.ok()) {
+    call->Reply(status);
+    return call;
+  }
+  batcher_->AppendAtomicAsync(
+      call->appends,
+      [call, response](
+          absl::StatusOr<std::vector<AttentionOutput>> outputs) {
+        if (outputs.ok()) {
+          for (size_t i = 0; i < outputs->size(); ++i) {
+            FinishAppendReply(call->appends[i], (*outputs)[i],
+                              response->mutable_results(static_cast<int>(i)));
+          }
+        }
+        call->Reply(outputs.status());
+      });
+  return call;
 }
 
 grpc::Status AttentionServiceImpl::Attention(

@@ -1,5 +1,5 @@
 // AttentionServiceImpl: the attention.v1.AttentionService RPCs over an
-// AttentionEngine (synchronous gRPC API).
+// AttentionEngine.
 //
 // Each handler converts the request (proto_convert.h), makes one engine
 // call, and converts the result and status back (status_convert.h); the
@@ -7,6 +7,15 @@
 // (DecodeStep, Decode, BatchDecode) go through a DecodeBatcher, which runs
 // concurrent steps as one engine batch; it adds one code: UNAVAILABLE when
 // its queue is full (nothing applied; retry).
+//
+// The hot RPCs — Prefill, DecodeStep, the Decode stream and BatchDecode —
+// use gRPC's callback API: a handler converts and bounds the request on the
+// gRPC thread and hands the engine work to the DecodeBatcher (decode steps)
+// or a small CallExecutor (Prefill), whose completion sends the reply
+// (append_call.h, decode_stream_reactor.h). No thread blocks on the engine
+// per call or per stream. Their requests and responses live on one protobuf
+// arena per call (arena_messages.h). The other RPCs use the synchronous
+// API.
 //
 // Every call first learns its tenant from the Authenticator (UNAUTHENTICATED
 // when it cannot) and acts on that tenant's sessions only (core/engine.h).
@@ -29,25 +38,38 @@
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/engine.h"
+#include "server/append_call.h"
+#include "server/arena_messages.h"
 #include "server/authenticator.h"
+#include "server/call_executor.h"
 #include "server/decode_batcher.h"
+#include "server/decode_step_timing.h"
 #include "server/metrics.h"
 #include "server/request_scope.h"
 
 namespace attention::server {
 
-class AttentionServiceImpl final : public v1::AttentionService::Service {
+// The service with the hot RPCs on the callback API, the rest synchronous.
+using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_Prefill<
+    v1::AttentionService::WithCallbackMethod_DecodeStep<
+        v1::AttentionService::WithCallbackMethod_Decode<
+            v1::AttentionService::WithCallbackMethod_BatchDecode<
+                v1::AttentionService::Service>>>>;
+
+class AttentionServiceImpl final : public AttentionServiceBase {
  public:
   // `engine` and `batcher` (which must run on `engine`) must outlive the
   // service. `version` and `max_message_bytes` are reported by
   // GetServerInfo.
   // `metrics` may be null (no metrics); otherwise it must outlive the
   // service too. So must `authenticator`, which names each call's tenant;
-  // null runs every call as DefaultTenant().
+  // null runs every call as DefaultTenant(). `on_decode_step_timing`, when
+  // set, receives the timing of every successful DecodeStep.
   AttentionServiceImpl(AttentionEngine* engine, DecodeBatcher* batcher,
                        std::string version, int64_t max_message_bytes,
                        ServerMetrics* metrics = nullptr,
-                       const Authenticator* authenticator = nullptr);
+                       const Authenticator* authenticator = nullptr,
+                       DecodeStepTimingHook on_decode_step_timing = nullptr);
 
   // From now on CreateSession and ForkSession fail with UNAVAILABLE; calls
   // on existing sessions still run (graceful drain).
@@ -73,26 +95,26 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
   grpc::Status TruncateSession(grpc::ServerContext* context,
                                const v1::TruncateSessionRequest* request,
                                v1::SessionInfo* response) override;
-  grpc::Status Prefill(grpc::ServerContext* context,
-                       const v1::PrefillRequest* request,
-                       v1::AttentionResult* response) override;
-  grpc::Status DecodeStep(grpc::ServerContext* context,
-                          const v1::DecodeRequest* request,
-                          v1::AttentionResult* response) override;
+  // Runs on the CallExecutor (a prefill can take long).
+  grpc::ServerUnaryReactor* Prefill(grpc::CallbackServerContext* context,
+                                    const v1::PrefillRequest* request,
+                                    v1::AttentionResult* response) override;
+  grpc::ServerUnaryReactor* DecodeStep(grpc::CallbackServerContext* context,
+                                       const v1::DecodeRequest* request,
+                                       v1::AttentionResult* response) override;
   // One step per request, answered in order: the stream reads its next
   // request only once the previous step's result is written. Each step is
   // batched with concurrent steps of other callers (DecodeBatcher). The
   // first failing request ends the stream with its status; earlier steps
-  // stay applied.
-  grpc::Status Decode(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::AttentionResult, v1::DecodeRequest>* stream)
-      override;
+  // stay applied (decode_stream_reactor.h).
+  grpc::ServerBidiReactor<v1::DecodeRequest, v1::AttentionResult>* Decode(
+      grpc::CallbackServerContext* context) override;
   // All steps run as one atomic group through the DecodeBatcher (one engine
   // AppendBatch, ordered with other callers' steps): all or nothing.
-  grpc::Status BatchDecode(grpc::ServerContext* context,
-                           const v1::BatchDecodeRequest* request,
-                           v1::BatchDecodeResponse* response) override;
+  grpc::ServerUnaryReactor* BatchDecode(grpc::CallbackServerContext* context,
+                                        const v1::BatchDecodeRequest* request,
+                                        v1::BatchDecodeResponse* response)
+      override;
   grpc::Status Attention(grpc::ServerContext* context,
                          const v1::AttentionRequest* request,
                          v1::AttentionResult* response) override;
@@ -112,14 +134,15 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
 
  private:
   // The tenant of the call in `context`, or UNAUTHENTICATED.
-  absl::StatusOr<Tenant> Caller(const grpc::ServerContext& context) const;
-  // One unary append (Prefill, DecodeStep): the caller's tenant, the
-  // request converted, run with `run` (the engine or the batcher) under the
-  // call's control, and the reply written straight into `response`.
-  template <typename Request, typename Run>
-  grpc::Status UnaryAppend(grpc::ServerContext* context, RpcMethod method,
-                           const Request& request,
-                           v1::AttentionResult* response, Run run);
+  absl::StatusOr<Tenant> Caller(const grpc::ServerContextBase& context) const;
+  // The start of a unary append (Prefill, DecodeStep): the caller's tenant
+  // and the request converted and bounded into `call`, its reply prepared
+  // in `response`.
+  template <typename Request>
+  absl::Status StartUnaryAppend(grpc::CallbackServerContext* context,
+                                const Request& request,
+                                v1::AttentionResult* response,
+                                AppendCall* call);
 
   AttentionEngine* const engine_;
   DecodeBatcher* const batcher_;
@@ -127,8 +150,17 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
   const int64_t max_message_bytes_;
   ServerMetrics* const metrics_;
   const Authenticator* const authenticator_;
+  const DecodeStepTimingHook on_decode_step_timing_;
   InFlightCounter in_flight_;
   std::atomic<bool> draining_{false};
+  ArenaMessageAllocator<v1::PrefillRequest, v1::AttentionResult>
+      prefill_messages_;
+  ArenaMessageAllocator<v1::DecodeRequest, v1::AttentionResult>
+      decode_step_messages_;
+  ArenaMessageAllocator<v1::BatchDecodeRequest, v1::BatchDecodeResponse>
+      batch_decode_messages_;
+  // Runs Prefills. Last: destroyed (drained and joined) first.
+  CallExecutor prefill_executor_;
 };
 
 }  // namespace attention::server

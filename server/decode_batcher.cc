@@ -1,6 +1,7 @@
 #include "server/decode_batcher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 namespace attention::server {
@@ -44,26 +46,64 @@ absl::Status DecodeBatcher::ValidateOptions(
 
 DecodeBatcher::DecodeBatcher(AttentionEngine* engine,
                              DecodeBatcherOptions options)
-    : engine_(engine), options_(std::move(options)) {}
+    : engine_(engine),
+      options_(std::move(options)),
+      batch_thread_([this] { BatchThreadMain(); }) {}
 
-DecodeBatcher::~DecodeBatcher() = default;
+DecodeBatcher::~DecodeBatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  batch_thread_.join();
+}
+
+void DecodeBatcher::AppendAsync(const AppendRequest& request, StepDone done,
+                                BatchTimes* times) {
+  auto entry = std::make_unique<Entry>();
+  entry->requests = absl::MakeConstSpan(&request, 1);
+  entry->step_done = std::move(done);
+  entry->times = times;
+  Submit(std::move(entry));
+}
+
+void DecodeBatcher::AppendAtomicAsync(absl::Span<const AppendRequest> requests,
+                                      GroupDone done, BatchTimes* times) {
+  if (requests.empty()) {
+    done(std::vector<AttentionOutput>());
+    return;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->requests = requests;
+  entry->atomic = true;
+  entry->group_done = std::move(done);
+  entry->times = times;
+  Submit(std::move(entry));
+}
 
 absl::StatusOr<AttentionOutput> DecodeBatcher::Append(
     const AppendRequest& request) {
-  Entry entry;
-  entry.requests = absl::MakeConstSpan(&request, 1);
-  if (absl::Status status = Submit(entry); !status.ok()) return status;
-  return std::move(entry.step_result);
+  absl::StatusOr<AttentionOutput> result;
+  absl::Notification done;
+  AppendAsync(request, [&](absl::StatusOr<AttentionOutput> output) {
+    result = std::move(output);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return result;
 }
 
 absl::StatusOr<std::vector<AttentionOutput>> DecodeBatcher::AppendAtomic(
     absl::Span<const AppendRequest> requests) {
-  if (requests.empty()) return std::vector<AttentionOutput>();
-  Entry entry;
-  entry.requests = requests;
-  entry.atomic = true;
-  if (absl::Status status = Submit(entry); !status.ok()) return status;
-  return std::move(entry.group_result);
+  absl::StatusOr<std::vector<AttentionOutput>> result;
+  absl::Notification done;
+  AppendAtomicAsync(requests,
+                    [&](absl::StatusOr<std::vector<AttentionOutput>> outputs) {
+                      result = std::move(outputs);
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  return result;
 }
 
 int64_t DecodeBatcher::queued_steps() const {
@@ -71,45 +111,44 @@ int64_t DecodeBatcher::queued_steps() const {
   return queued_steps_;
 }
 
-absl::Status DecodeBatcher::Submit(Entry& entry) {
-  const int64_t steps = static_cast<int64_t>(entry.requests.size());
-  absl::MutexLock lock(&mu_);
-  if (queued_steps_ > 0 && queued_steps_ + steps > options_.max_queued_steps) {
-    return absl::UnavailableError(absl::StrCat(
-        "the server is overloaded: ", queued_steps_,
-        " decode steps are already queued (limit ", options_.max_queued_steps,
-        "); nothing was applied, retry with backoff (or raise "
-        "--max_queued_decode_steps)"));
+void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
+  const int64_t steps = static_cast<int64_t>(entry->requests.size());
+  int64_t queued = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    queued = queued_steps_;
+    if (queued == 0 || queued + steps <= options_.max_queued_steps) {
+      queue_.push_back(std::move(entry));
+      queued_steps_ += steps;
+      last_arrival_ = absl::Now();
+      return;
+    }
   }
-  queue_.push_back(&entry);
-  queued_steps_ += steps;
-  if (!leader_active_) {
-    leader_active_ = true;
-    entry.lead = true;
+  absl::Status full = absl::UnavailableError(absl::StrCat(
+      "the server is overloaded: ", queued,
+      " decode steps are already queued (limit ", options_.max_queued_steps,
+      "); nothing was applied, retry with backoff (or raise "
+      "--max_queued_decode_steps)"));
+  if (entry->atomic) {
+    entry->group_done(std::move(full));
+  } else {
+    entry->step_done(std::move(full));
   }
-  auto done_or_lead = [&entry] { return entry.done || entry.lead; };
-  mu_.Await(absl::Condition(&done_or_lead));
-  if (!entry.done) LeadUntilDone(entry);
-  return absl::OkStatus();
 }
 
-void DecodeBatcher::LeadUntilDone(Entry& self) {
-  while (!self.done) {
+void DecodeBatcher::BatchThreadMain() {
+  absl::MutexLock lock(&mu_);
+  auto work_or_stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() || stopping_;
+  };
+  while (true) {
+    mu_.Await(absl::Condition(&work_or_stop));
+    if (queue_.empty()) return;  // stopping, nothing left
     WaitForBatch();
-    std::vector<Entry*> batch = TakeBatch();
+    std::vector<std::unique_ptr<Entry>> batch = TakeBatch();
     mu_.Unlock();
-    RunBatch(batch);
+    RunBatch(std::move(batch));
     mu_.Lock();
-    // Owners read their results only after seeing `done` under mu_.
-    for (Entry* entry : batch) entry->done = true;
-  }
-  self.lead = false;
-  if (queue_.empty()) {
-    leader_active_ = false;
-  } else {
-    // The oldest waiting caller leads next; its entry is at the front, so
-    // it is in the next batch.
-    queue_.front()->lead = true;
   }
 }
 
@@ -121,22 +160,29 @@ void DecodeBatcher::WaitForBatch() {
   const int64_t target =
       std::min<int64_t>(options_.max_batch_size, expected_batch_);
   auto ready = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return queued_steps_ >= target;
+    return queued_steps_ >= target || stopping_;
   };
-  if (ready()) return;
-  mu_.AwaitWithTimeout(absl::Condition(&ready), options_.batch_wait);
+  // Sleeps until the gap after the latest arrival would end, then looks
+  // again: no wake-up per arriving step.
+  const absl::Time limit = absl::Now() + kMaxWaitGaps * options_.batch_wait;
+  while (!ready()) {
+    const absl::Time gap_end =
+        std::min(last_arrival_ + options_.batch_wait, limit);
+    if (absl::Now() >= gap_end) return;
+    mu_.AwaitWithDeadline(absl::Condition(&ready), gap_end);
+  }
 }
 
-std::vector<DecodeBatcher::Entry*> DecodeBatcher::TakeBatch() {
-  std::vector<Entry*> batch;
+std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch() {
+  std::vector<std::unique_ptr<Entry>> batch;
   if (queue_.front()->atomic) {
-    batch.push_back(queue_.front());
+    queued_steps_ -= static_cast<int64_t>(queue_.front()->requests.size());
+    batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
-    queued_steps_ -= static_cast<int64_t>(batch[0]->requests.size());
     return batch;
   }
   if (queue_.size() == 1) {  // a lone step: nothing to sort out
-    batch.push_back(queue_.front());
+    batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
     queued_steps_ -= 1;
     expected_batch_ = 1;
@@ -148,14 +194,14 @@ std::vector<DecodeBatcher::Entry*> DecodeBatcher::TakeBatch() {
   absl::flat_hash_set<StepKey> blocked;
   auto keep = queue_.begin();
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-    Entry* entry = *it;
+    Entry& entry = **it;
     bool take = false;
-    if (entry->atomic) {
-      for (const AppendRequest& request : entry->requests) {
+    if (entry.atomic) {
+      for (const AppendRequest& request : entry.requests) {
         blocked.insert(KeyOf(request));
       }
     } else if (static_cast<int>(batch.size()) < options_.max_batch_size) {
-      const StepKey key = KeyOf(entry->requests[0]);
+      const StepKey key = KeyOf(entry.requests[0]);
       if (!blocked.contains(key) && taken.insert(key).second) {
         take = true;
       } else {
@@ -163,9 +209,9 @@ std::vector<DecodeBatcher::Entry*> DecodeBatcher::TakeBatch() {
       }
     }
     if (take) {
-      batch.push_back(entry);
+      batch.push_back(std::move(*it));
     } else {
-      *keep++ = entry;
+      *keep++ = std::move(*it);
     }
   }
   queue_.erase(keep, queue_.end());
@@ -174,24 +220,39 @@ std::vector<DecodeBatcher::Entry*> DecodeBatcher::TakeBatch() {
   return batch;
 }
 
-void DecodeBatcher::RunBatch(absl::Span<Entry* const> batch) {
+void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch) {
+  const std::chrono::steady_clock::time_point start =
+      std::chrono::steady_clock::now();
+  auto record_times = [&] {
+    const std::chrono::steady_clock::time_point end =
+        std::chrono::steady_clock::now();
+    for (const std::unique_ptr<Entry>& entry : batch) {
+      if (entry->times != nullptr) *entry->times = {start, end};
+    }
+  };
   if (batch.size() == 1 && batch[0]->atomic) {
     Entry& group = *batch[0];
-    group.group_result = engine_->AppendBatch(group.requests);
+    absl::StatusOr<std::vector<AttentionOutput>> results =
+        engine_->AppendBatch(group.requests);
+    record_times();
     if (options_.on_batch) {
       options_.on_batch(static_cast<int64_t>(group.requests.size()));
     }
+    group.group_done(std::move(results));
     return;
   }
   std::vector<AppendRequest> requests;
   requests.reserve(batch.size());
-  for (const Entry* entry : batch) requests.push_back(entry->requests[0]);
+  for (const std::unique_ptr<Entry>& entry : batch) {
+    requests.push_back(entry->requests[0]);
+  }
   std::vector<absl::StatusOr<AttentionOutput>> results =
       engine_->AppendEach(requests);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i]->step_result = std::move(results[i]);
-  }
+  record_times();
   if (options_.on_batch) options_.on_batch(static_cast<int64_t>(batch.size()));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i]->step_done(std::move(results[i]));
+  }
 }
 
 }  // namespace attention::server

@@ -1,62 +1,77 @@
 // DecodeBatcher: continuous batching of decode steps. Steps submitted
 // concurrently (from Decode streams, DecodeStep calls and BatchDecode calls
 // on any sessions) are gathered and run as ONE engine call, and every caller
-// gets its own result.
+// gets its own result through its completion callback.
 //
-// Design (leader/follower, no batcher thread):
-//   - A caller queues its step and blocks. When no batch is being formed or
-//     run, the caller becomes the *leader*: it waits (bounded by
-//     `batch_wait`) for more steps, takes a batch off the queue, runs it on
-//     its own thread with AttentionEngine::AppendEach, hands every caller its
-//     result, and repeats until its own step is done. Then it hands the lead
-//     to the oldest queued caller (if any) and returns.
-//   - Running the batch on a caller's thread avoids a thread hop on every
-//     step (a lone DecodeStep runs exactly as a direct engine call would)
-//     and leaves nothing to start or join. Only one batch runs at a time;
+// Design (one batch thread, completion callbacks):
+//   - A submission (AppendAsync / AppendAtomicAsync) only queues the step
+//     with its callback and returns: the gRPC callback thread that submits
+//     it never blocks on the engine, and no thread waits per step or per
+//     stream.
+//   - The batcher's own thread forms the batches: it waits (bounded, see
+//     below) for more steps, takes a batch off the queue, runs it
+//     with AttentionEngine::AppendEach (the engine parallelizes it over its
+//     backend threads, this thread included), then calls every entry's
+//     callback, in queue order, and repeats. Only one batch runs at a time;
 //     steps arriving meanwhile queue up and form the next batch, so the
-//     engine is never idle while work waits (continuous batching).
-//   - The wait ends early once as many steps are queued as the previous
-//     batch held (the recent concurrency), so a lone client never waits and
-//     a steady group of N streams is gathered N at a time; after a burst,
-//     at most one batch waits the full `batch_wait` before the estimate
-//     adapts.
+//     engine is never idle while work waits (continuous batching). A lone
+//     step pays one thread wake-up over a direct engine call; the gRPC
+//     thread that received it is free meanwhile.
+//   - The wait ends once as many steps are queued as the previous batch
+//     held (the recent concurrency), so a lone client never waits and a
+//     steady group of N streams is gathered N at a time. Otherwise it lasts
+//     while steps keep arriving: it ends when none has arrived for
+//     `batch_wait`, and at the latest kMaxWaitGaps * `batch_wait` after it
+//     began. Steps of N streams answered together come back spread over
+//     the transport's time for N round trips (milliseconds on 2 cores), so
+//     this gathers them into one batch while the CPU is busy with that
+//     transport anyway, instead of splitting them into many small ones;
+//     after a burst the estimate adapts with the next batch.
 //   - Ordering: steps of one (session, layer) run in arrival order and never
 //     share a batch (the engine would fail a duplicate with ABORTED); a later
 //     duplicate is deferred to a later batch, together with every step of
 //     that (session, layer) queued behind it.
 //   - Atomic groups (BatchDecode) go through the same queue and run, when
 //     they reach its front, as one all-or-nothing AttentionEngine::AppendBatch
-//     call of their own, so they keep their all-or-nothing semantics and the
-//     per-(session, layer) order relative to the other steps.
+//     call of their own (however many steps: one engine batch), so they keep
+//     their all-or-nothing semantics and the per-(session, layer) order
+//     relative to the other steps.
 //   - Back-pressure: when more than `max_queued_steps` steps are waiting, a
 //     new submission fails at once with UNAVAILABLE instead of queueing.
 //
 // Results are bitwise those of AttentionEngine::Append (the engine
 // guarantees batch invariance); each step succeeds or fails on its own.
 //
-// Thread-safety: all methods are thread-safe. Append and AppendAtomic block
-// the calling thread until the step (or group) has run.
+// Thread-safety: all methods are thread-safe. Callbacks run on the batch
+// thread (or, for a refused submission, on the submitting thread before the
+// submission returns); they must be short (finish a reply, start the next
+// read) and must not call the blocking Append / AppendAtomic.
 #ifndef ATTENTION_SERVER_DECODE_BATCHER_H_
 #define ATTENTION_SERVER_DECODE_BATCHER_H_
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/engine.h"
+#include "server/decode_step_timing.h"
 
 namespace attention::server {
 
 struct DecodeBatcherOptions {
-  // Longest time the first step of a batch waits for others to join it.
-  // Zero disables waiting; whatever is already queued is still batched.
+  // How long the batch being formed waits for one more step to arrive
+  // (the wait as a whole is bounded by kMaxWaitGaps times this). Zero
+  // disables waiting; whatever is already queued is still batched.
   absl::Duration batch_wait = absl::Microseconds(200);
   // Most independent steps per engine call (an atomic group always runs
   // whole, whatever its size).
@@ -65,37 +80,60 @@ struct DecodeBatcherOptions {
   // UNAVAILABLE. A submission into an empty queue is always accepted.
   int64_t max_queued_steps = 4096;
   // Called once per engine call with its number of steps (e.g. for the
-  // attention_decode_batch_size histogram). Runs on the thread that ran the
-  // batch, after the engine call and before the callers are woken; never
-  // concurrently with itself. Must be cheap and must not call the batcher.
+  // attention_decode_batch_size histogram). Runs on the batch thread, after
+  // the engine call and before the entries' callbacks; never concurrently
+  // with itself. Must be cheap and must not call the batcher.
   std::function<void(int64_t batch_size)> on_batch;
 };
 
 class DecodeBatcher {
  public:
+  // The longest wait for a batch, in units of DecodeBatcherOptions::
+  // batch_wait.
+  static constexpr int kMaxWaitGaps = 8;
+
+  // Receives a step's result (what AttentionEngine::Append returns) or
+  // UNAVAILABLE when the queue was full.
+  using StepDone = absl::AnyInvocable<void(absl::StatusOr<AttentionOutput>)>;
+  // Receives an atomic group's results (what AppendBatch returns) or
+  // UNAVAILABLE when the queue was full.
+  using GroupDone =
+      absl::AnyInvocable<void(absl::StatusOr<std::vector<AttentionOutput>>)>;
+
   // INVALID_ARGUMENT naming the offending option.
   static absl::Status ValidateOptions(const DecodeBatcherOptions& options);
 
-  // `engine` must outlive the batcher. REQUIRES: ValidateOptions(options)
-  // is OK.
+  // `engine` must outlive the batcher. Starts the batch thread. REQUIRES:
+  // ValidateOptions(options) is OK.
   DecodeBatcher(AttentionEngine* engine, DecodeBatcherOptions options);
-  // REQUIRES: no Append / AppendAtomic call in progress.
+  // Runs what is still queued (calling its callbacks), then joins the batch
+  // thread. REQUIRES: no submission in progress or to come.
   ~DecodeBatcher();
 
   DecodeBatcher(const DecodeBatcher&) = delete;
   DecodeBatcher& operator=(const DecodeBatcher&) = delete;
 
-  // Runs one independent step in the next suitable batch and returns what
-  // AttentionEngine::Append would (same status codes, same bits), or
-  // UNAVAILABLE when the queue is full (nothing was applied; retry later).
-  // `request` (and the tensors it views, and its output destination) must
-  // stay valid until the call returns.
-  absl::StatusOr<AttentionOutput> Append(const AppendRequest& request);
+  // Queues one independent step for the next suitable batch and returns at
+  // once. `done` runs exactly once: with what AttentionEngine::Append would
+  // return (same status codes, same bits), on the batch thread after the
+  // step ran; or with UNAVAILABLE when the queue is full (nothing applied;
+  // retry later), on this thread before AppendAsync returns. `request` (and
+  // the tensors it views, its output destination, control and tenant) must
+  // stay valid until `done` runs. When `times` is not null, it receives when
+  // the step's batch ran, before `done` runs.
+  void AppendAsync(const AppendRequest& request, StepDone done,
+                   BatchTimes* times = nullptr);
 
-  // Runs `requests` as one all-or-nothing AttentionEngine::AppendBatch call
-  // (BatchDecode), ordered with the other steps of the same sessions and
-  // layers. Same results and codes as AppendBatch, or UNAVAILABLE when the
-  // queue is full.
+  // Queues `requests` to run as one all-or-nothing
+  // AttentionEngine::AppendBatch call (BatchDecode), ordered with the other
+  // steps of the same sessions and layers. `done` runs exactly once, as for
+  // AppendAsync, with AppendBatch's results and codes (or UNAVAILABLE).
+  void AppendAtomicAsync(absl::Span<const AppendRequest> requests,
+                         GroupDone done, BatchTimes* times = nullptr);
+
+  // Blocking forms of the above: submit, then wait for the result. Not on
+  // the batch thread (not from a callback or on_batch).
+  absl::StatusOr<AttentionOutput> Append(const AppendRequest& request);
   absl::StatusOr<std::vector<AttentionOutput>> AppendAtomic(
       absl::Span<const AppendRequest> requests);
 
@@ -105,44 +143,44 @@ class DecodeBatcher {
   int64_t queued_steps() const;
 
  private:
-  // One submission: a lone step or an atomic group. Owned by the caller's
-  // stack frame, which blocks until `done`.
+  // One submission: a lone step or an atomic group, with its callback.
   struct Entry {
     absl::Span<const AppendRequest> requests;
     bool atomic = false;
-    // Set under mu_. `lead`: this caller must now run batches.
-    bool done = false;
-    bool lead = false;
-    // Written by the leader before `done` is set; read by the owner after.
-    absl::StatusOr<AttentionOutput> step_result;
-    absl::StatusOr<std::vector<AttentionOutput>> group_result;
+    StepDone step_done;    // !atomic
+    GroupDone group_done;  // atomic
+    BatchTimes* times = nullptr;
   };
 
-  // Queues `entry`, then waits for it to be done, leading batches when its
-  // turn comes. UNAVAILABLE when the queue is full (entry not queued).
-  absl::Status Submit(Entry& entry);
-  // Runs batches until `self` is done, then passes the lead on.
-  void LeadUntilDone(Entry& self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues `entry`, or answers it with UNAVAILABLE when the queue is full.
+  void Submit(std::unique_ptr<Entry> entry);
+  // The batch thread: forms and runs batches until stopping_ and the queue
+  // is empty.
+  void BatchThreadMain();
   // The bounded wait for more steps before a batch is taken.
   void WaitForBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the next batch from the queue: the front atomic group alone, or
   // up to max_batch_size independent steps with distinct (session, layer)
   // that no earlier queued step of the same (session, layer) precedes.
-  std::vector<Entry*> TakeBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs a batch taken by TakeBatch (without holding mu_) and stores every
-  // entry's result.
-  void RunBatch(absl::Span<Entry* const> batch);
+  std::vector<std::unique_ptr<Entry>> TakeBatch()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs a batch taken by TakeBatch (without holding mu_) and calls every
+  // entry's callback with its result.
+  void RunBatch(std::vector<std::unique_ptr<Entry>> batch);
 
   AttentionEngine* const engine_;
   const DecodeBatcherOptions options_;
 
   mutable absl::Mutex mu_;
-  std::deque<Entry*> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<Entry>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  // True while some caller leads (forms or runs a batch).
-  bool leader_active_ ABSL_GUARDED_BY(mu_) = false;
   // Steps in the last independent batch: how many to wait for next time.
   int64_t expected_batch_ ABSL_GUARDED_BY(mu_) = 1;
+  // When the latest step was queued.
+  absl::Time last_arrival_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Last: started once everything above is initialized.
+  std::thread batch_thread_;
 };
 
 }  // namespace attention::server

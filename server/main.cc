@@ -92,9 +92,10 @@ ABSL_FLAG(std::string, snapshot_dir, "",
           "(one file each, crash-safe); at start, the sessions found there "
           "are restored with their ids before the server reports SERVING.");
 ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(200),
-          "Continuous batching: longest time the first decode step of a "
-          "batch waits for concurrent steps (e.g. 200us; 0 = no waiting, "
-          "queued steps are still batched).");
+          "Continuous batching: how long a forming batch of decode steps "
+          "waits for one more concurrent step (the whole wait stays under 8 "
+          "times this; e.g. 200us; 0 = no waiting, queued steps are still "
+          "batched).");
 ABSL_FLAG(int, max_batch_size, 256,
           "Most decode steps run as one engine batch.");
 ABSL_FLAG(int64_t, max_queued_decode_steps, 4096,

@@ -23,8 +23,12 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
     }
     if (unparsed_ && methods->QueryInterceptionHookPoint(
                          InterceptionHookPoints::PRE_SEND_STATUS)) {
+      // The synchronous handlers answer INTERNAL, the callback ones
+      // UNIMPLEMENTED with no message.
       const grpc::Status status = methods->GetSendStatus();
-      if (status.error_code() == grpc::StatusCode::INTERNAL) {
+      if (status.error_code() == grpc::StatusCode::INTERNAL ||
+          (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
+           status.error_message().empty())) {
         methods->ModifySendStatus(grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat("the request bytes are not a valid protobuf message "

@@ -1,6 +1,7 @@
 // ParseErrorInterceptor: answers a request whose bytes are not a valid
 // protobuf message with INVALID_ARGUMENT and a message, instead of the
-// INTERNAL with no message that gRPC's synchronous handlers send.
+// INTERNAL (synchronous handlers) or UNIMPLEMENTED (callback handlers) with
+// no message that gRPC sends.
 //
 // gRPC deserializes a unary request before our handler runs and, when that
 // fails, answers without calling it. The interceptor notes the failure

@@ -9,6 +9,7 @@
 
 #include "absl/time/time.h"
 #include "core/thread_pool.h"
+#include "server/decode_step_timing.h"
 
 namespace attention::server {
 
@@ -85,7 +86,7 @@ struct ServerOptions {
   // drain_timeout and the snapshot the rest.
   std::string snapshot_dir;
   // Continuous batching of decode steps (server/decode_batcher.h): how long
-  // the first step of a batch waits for concurrent steps (0 = no waiting,
+  // a forming batch waits for one more concurrent step (0 = no waiting,
   // whatever is queued is still batched), the most steps per engine batch,
   // and the most steps queued before new ones fail with UNAVAILABLE.
   absl::Duration batch_wait = absl::Microseconds(200);
@@ -95,6 +96,10 @@ struct ServerOptions {
   // (e.g. to export a batch-size histogram); see
   // DecodeBatcherOptions::on_batch for the rules it must follow.
   std::function<void(int64_t batch_size)> on_decode_batch;
+  // Not a flag: when set, called with the server-side timing of every
+  // successful DecodeStep (server/decode_step_timing.h; attn-bench's latency
+  // budget). Unset, no timestamp is taken on the call's path.
+  std::function<void(const DecodeStepTiming&)> on_decode_step_timing;
 };
 
 }  // namespace attention::server

@@ -1,9 +1,11 @@
 // DecodeBatcher tests: concurrent steps share engine batches, steps of one
 // (session, layer) keep their order and never share a batch, failures stay
 // independent, atomic groups stay all-or-nothing, a full queue answers
-// UNAVAILABLE, and every result is bitwise what AttentionEngine::Append
-// gives. Nothing here is timed: batches are made deterministic by holding
-// the first batch (in the on_batch observer) until the other steps queue.
+// UNAVAILABLE, asynchronous submissions from one thread complete through
+// their callbacks on the batch thread, and every result is bitwise what
+// AttentionEngine::Append gives. Nothing here is timed: batches are made
+// deterministic by holding the first batch (in the on_batch observer) until
+// the other steps queue.
 #include "server/decode_batcher.h"
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
@@ -561,6 +564,117 @@ TEST_F(DecodeBatcherTest, OutputDestinationIsFilledInPlace) {
     ASSERT_TRUE(expected.ok());
     EXPECT_EQ(destination, Bytes(expected->output));
   }
+}
+
+TEST_F(DecodeBatcherTest, AsyncStepsFromOneThreadShareABatchViaCallbacks) {
+  MakeBatcher(DecodeBatcherOptions());
+  constexpr int kSessions = 7;
+  for (int s = 0; s < kSessions; ++s) AddSession(2 + 4 * s);
+  StartHeldFirstBatch(0);
+  // One thread submits every step (sessions 1..6 on layer 0, then session 1
+  // twice more on layer 1) and an atomic group, without waiting.
+  struct Step {
+    int session, layer;
+  };
+  const std::vector<Step> order = {{1, 0}, {2, 0}, {3, 0}, {4, 0}, {5, 0},
+                                   {6, 0}, {1, 1}, {1, 1}};
+  std::vector<std::unique_ptr<Tokens>> tokens;
+  std::vector<AppendRequest> requests;
+  for (size_t i = 0; i < order.size(); ++i) {
+    tokens.push_back(std::make_unique<Tokens>(1, 600 + i));
+    requests.push_back(
+        DecodeRequest(ids_[order[i].session], order[i].layer, *tokens[i]));
+  }
+  Tokens g(1, 650);
+  const std::vector<AppendRequest> group = {DecodeRequest(ids_[2], 1, g),
+                                            DecodeRequest(ids_[3], 1, g)};
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<AttentionOutput>> results(order.size());
+  absl::StatusOr<std::vector<AttentionOutput>> group_result;
+  std::vector<std::thread::id> callback_threads;
+  int done = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    batcher_->AppendAsync(requests[i],
+                          [&, i](absl::StatusOr<AttentionOutput> output) {
+                            absl::MutexLock lock(&mu);
+                            results[i] = std::move(output);
+                            callback_threads.push_back(
+                                std::this_thread::get_id());
+                            ++done;
+                          });
+  }
+  batcher_->AppendAtomicAsync(
+      group, [&](absl::StatusOr<std::vector<AttentionOutput>> outputs) {
+        absl::MutexLock lock(&mu);
+        group_result = std::move(outputs);
+        callback_threads.push_back(std::this_thread::get_id());
+        ++done;
+      });
+  EXPECT_EQ(batcher_->queued_steps(),
+            static_cast<int64_t>(requests.size() + group.size()));
+  recorder_->Release();
+  {
+    absl::MutexLock lock(&mu);
+    const int expected = static_cast<int>(requests.size()) + 1;
+    auto all_done = [&] { return done == expected; };
+    mu.Await(absl::Condition(&all_done));
+  }
+  FinishFirstBatch(0);
+  // Held batch; 1/L0..6/L0 and the first 1/L1; the second 1/L1, which may
+  // not share a batch with the first; the group (its own batch).
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 7, 1, 2}));
+  // Every callback ran on the batch thread, not on the submitting one.
+  for (std::thread::id id : callback_threads) {
+    EXPECT_NE(id, std::this_thread::get_id());
+    EXPECT_EQ(id, callback_threads[0]);
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    auto expected = ReferenceStep(order[i].session, order[i].layer, *tokens[i]);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(results[i]->position, expected->position) << i;
+    EXPECT_EQ(Bytes(results[i]->output), Bytes(expected->output)) << i;
+  }
+  ASSERT_TRUE(group_result.ok()) << group_result.status();
+  auto ref_group = reference_->AppendBatch(
+      std::vector<AppendRequest>{DecodeRequest(reference_ids_[2], 1, g),
+                                 DecodeRequest(reference_ids_[3], 1, g)});
+  ASSERT_TRUE(ref_group.ok());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Bytes((*group_result)[i].output), Bytes((*ref_group)[i].output));
+  }
+}
+
+TEST_F(DecodeBatcherTest, ARefusedAsyncStepIsAnsweredOnTheSubmittingThread) {
+  DecodeBatcherOptions options;
+  options.max_queued_steps = 1;
+  MakeBatcher(options);
+  for (int s = 0; s < 3; ++s) AddSession(4);
+  StartHeldFirstBatch(0);
+  Tokens t1(1, 41), t2(1, 42);
+  const AppendRequest queued = DecodeRequest(ids_[1], 0, t1);
+  const AppendRequest refused = DecodeRequest(ids_[2], 0, t2);
+  absl::Notification queued_done;
+  absl::StatusOr<AttentionOutput> queued_result;
+  batcher_->AppendAsync(queued, [&](absl::StatusOr<AttentionOutput> output) {
+    queued_result = std::move(output);
+    queued_done.Notify();
+  });
+  bool answered = false;
+  std::thread::id answered_on;
+  batcher_->AppendAsync(refused, [&](absl::StatusOr<AttentionOutput> output) {
+    EXPECT_EQ(output.status().code(), absl::StatusCode::kUnavailable);
+    answered = true;
+    answered_on = std::this_thread::get_id();
+  });
+  EXPECT_TRUE(answered);
+  EXPECT_EQ(answered_on, std::this_thread::get_id());
+  recorder_->Release();
+  queued_done.WaitForNotification();
+  FinishFirstBatch(0);
+  ASSERT_TRUE(queued_result.ok()) << queued_result.status();
+  EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths,
+            (std::vector<int64_t>{4, 4}));
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+#include "server/call_executor.h"
+
+#include <utility>
+
+namespace attention::server {
+
+CallExecutor::CallExecutor(int num_threads) {
+  threads_.reserve(num_threads);
+  for (int i = 0; i < num_threads; ++i) {
+    threads_.emplace_back([this] { ThreadMain(); });
+  }
+}
+
+CallExecutor::~CallExecutor() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& thread : threads_) thread.join();
+}
+
+void CallExecutor::Schedule(absl::AnyInvocable<void() &&> work) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(work));
+}
+
+void CallExecutor::ThreadMain() {
+  auto work_or_stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !queue_.empty() || stopping_;
+  };
+  while (true) {
+    absl::AnyInvocable<void() &&> work;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&work_or_stop));
+      if (queue_.empty()) return;  // stopping, nothing left
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::move(work)();
+  }
+}
+
+}  // namespace attention::server

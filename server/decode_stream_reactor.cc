@@ -1,0 +1,99 @@
+#include "server/decode_stream_reactor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/append_reply.h"
+#include "server/proto_convert.h"
+#include "server/status_convert.h"
+
+namespace attention::server {
+
+DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
+                                         const Deps& deps,
+                                         absl::StatusOr<Tenant> tenant)
+    : context_(context),
+      deps_(deps),
+      scope_(deps.metrics, deps.in_flight, RpcMethod::kDecode, ""),
+      control_(context),
+      tenant_(std::move(tenant)) {
+  if (!tenant_.ok()) {
+    End(tenant_.status());
+    return;
+  }
+  open_stream_.emplace(deps.metrics);
+  StartRead(&request_);
+}
+
+void DecodeStreamReactor::OnReadDone(bool ok) {
+  // The client half-closed (or went away): every step it sent is answered.
+  if (!ok) {
+    Close(grpc::Status::OK);
+    return;
+  }
+  StartStep();
+}
+
+void DecodeStreamReactor::StartStep() {
+  scope_.Restart(request_.session_id());
+  if (!held_.contains(request_.session_id())) {
+    // An unknown session fails the step below with NOT_FOUND.
+    absl::StatusOr<SessionHold> hold =
+        deps_.engine->HoldSession(request_.session_id(), *tenant_);
+    if (hold.ok()) held_.emplace(request_.session_id(), *std::move(hold));
+  }
+  const absl::Status status = [&]() -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(
+        append_, AppendRequestFromProto(request_,
+                                        absl::StrCat("requests[", index_, "]")));
+    append_.control = &control_;
+    append_.tenant = &*tenant_;
+    return PrepareAppendReply(append_, deps_.max_message_bytes, &result_);
+  }();
+  if (!status.ok()) {
+    OnStepDone(status);
+    return;
+  }
+  deps_.batcher->AppendAsync(append_,
+                             [this](absl::StatusOr<AttentionOutput> output) {
+                               OnStepDone(std::move(output));
+                             });
+}
+
+void DecodeStreamReactor::OnStepDone(absl::StatusOr<AttentionOutput> output) {
+  if (!output.ok()) {
+    // Say which request of the stream failed: the client has already seen
+    // `index_` results and needs to know where the stream stopped.
+    End(absl::Status(output.status().code(),
+                     absl::StrCat("requests[", index_, "]: ",
+                                  output.status().message())));
+    return;
+  }
+  FinishAppendReply(append_, *output, &result_);
+  StartWrite(&result_);
+}
+
+void DecodeStreamReactor::OnWriteDone(bool ok) {
+  if (!ok) {
+    // The client went away after the step was committed (the documented
+    // race): it is applied, and nobody is listening.
+    End(absl::CancelledError("the client closed the Decode stream"));
+    return;
+  }
+  scope_.Finish(grpc::Status::OK);
+  ++index_;
+  StartRead(&request_);
+}
+
+void DecodeStreamReactor::End(const absl::Status& status) {
+  Close(scope_.Finish(ToGrpcStatus(status)));
+}
+
+void DecodeStreamReactor::Close(const grpc::Status& status) {
+  // No longer open once the client can see the status.
+  open_stream_.reset();
+  Finish(status);
+}
+
+}  // namespace attention::server

@@ -1,0 +1,89 @@
+// DecodeStreamReactor: one Decode stream (bidirectional) on gRPC's callback
+// API. One step per request, answered in order:
+//
+//   read request -> convert, bound -> DecodeBatcher (queued with the steps
+//   of every other stream and call) -> result written -> read the next
+//
+// The stream reads its next request only once the previous step's result
+// is written, so the order within a stream is the order of its requests,
+// and at most one step per stream is in the batcher. No thread waits for
+// the stream: between steps it is only this object; reads and writes
+// complete on gRPC's threads, steps on the batcher's.
+//
+// The first failing request ends the stream with its status, prefixed with
+// `requests[i]: ` (the client has seen i results); earlier steps stay
+// applied. Every session the stream has used stays in use (it cannot
+// expire) until the stream ends. The stream counts as in flight while open;
+// each step is recorded as one Decode request (its own code and latency).
+#ifndef ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
+#define ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
+
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/server_callback.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attention/v1/attention.pb.h"
+#include "core/engine.h"
+#include "server/decode_batcher.h"
+#include "server/grpc_call_control.h"
+#include "server/metrics.h"
+#include "server/request_scope.h"
+
+namespace attention::server {
+
+class DecodeStreamReactor final
+    : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::AttentionResult> {
+ public:
+  // What the stream runs on; everything must outlive the stream.
+  struct Deps {
+    AttentionEngine* engine;
+    DecodeBatcher* batcher;
+    ServerMetrics* metrics;  // may be null
+    InFlightCounter* in_flight;
+    int64_t max_message_bytes;
+  };
+
+  // `tenant` is the caller's tenant, or the status the stream ends with at
+  // once (UNAUTHENTICATED). Deletes itself when gRPC is done with the
+  // stream (OnDone).
+  DecodeStreamReactor(grpc::CallbackServerContext* context, const Deps& deps,
+                      absl::StatusOr<Tenant> tenant);
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnDone() override { delete this; }
+
+ private:
+  // Runs request_ as step `index_`: converted, bounded and queued in the
+  // batcher; OnStepDone follows.
+  void StartStep();
+  void OnStepDone(absl::StatusOr<AttentionOutput> output);
+  // Ends the stream with `status`: the one place its status is converted.
+  void End(const absl::Status& status);
+  // Finishes the stream (End, or a clean close by the client).
+  void Close(const grpc::Status& status);
+
+  grpc::CallbackServerContext* const context_;
+  const Deps deps_;
+  RequestScope scope_;
+  std::optional<ScopedStreamMetric> open_stream_;  // once authenticated
+  GrpcCallControl control_;
+  const absl::StatusOr<Tenant> tenant_;
+  absl::flat_hash_map<std::string, SessionHold> held_;
+  int64_t index_ = 0;
+  v1::DecodeRequest request_;
+  // The step being run: views into request_, output into result_. Reused,
+  // so a steady stream reuses its buffers.
+  AppendRequest append_;
+  v1::AttentionResult result_;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
