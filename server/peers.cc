@@ -74,7 +74,9 @@ std::shared_ptr<client::AttentionClient> Peers::ClientFor(
   std::shared_ptr<client::AttentionClient>& client = clients_[target];
   if (client == nullptr) {
     client::ClientOptions options = options_.client;
-    if (client::UsesTls(options)) options.tls_server_name = server_name;
+    if (client::UsesTls(options) && options.tls_server_name.empty()) {
+      options.tls_server_name = server_name;
+    }
     options.retry_max_attempts = 1;
     options.call_timeout = options_.probe_timeout;
     client = std::shared_ptr<client::AttentionClient>(

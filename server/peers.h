@@ -10,9 +10,10 @@
 // its ServerInfo says it is not draining.
 //
 // Calls to peers use the replica's own transport security and identity
-// (PeerOptions::client): TLS verifying the peer against the CA of
-// --tls_client_ca_file under the name --peers gives, the replica's
-// certificate as client certificate, and --peer_token_file's bearer token.
+// (PeerOptions::client; see ServerOptions::peer_tls_ca_file): TLS
+// verifying the peer (under the name --peers gives unless the options name
+// one), the replica's certificate as client certificate, and
+// --peer_token_file's bearer token.
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef ATTENTION_SERVER_PEERS_H_
@@ -38,8 +39,8 @@ struct PeerOptions {
   std::string peers;
   // This replica's advertise address (left out of the peers).
   std::string self_address;
-  // How peers are called: transport security and bearer token. Its
-  // tls_server_name is replaced by each entry's host.
+  // How peers are called: transport security and bearer token. An empty
+  // tls_server_name means each entry's host.
   client::ClientOptions client;
   // Deadline of each health / ServerInfo probe.
   absl::Duration probe_timeout = absl::Seconds(1);
