@@ -43,12 +43,15 @@ struct Replica {
 };
 
 std::vector<std::string> ReplicaFlags(std::vector<std::string> extra) {
-  std::vector<std::string> flags = {
-      "--port=0",         "--listen_address=127.0.0.1",
-      "--backend=cpu",    "--threads=1",
-      "--metrics_port=-1", "--kv_cache_bytes=16777216",
-      "--kv_block_bytes=4096", "--drain_timeout=20s",
-      "--log_level=warning"};
+  std::vector<std::string> flags = {"--port=0",
+                                    "--listen_address=127.0.0.1",
+                                    "--backend=cpu",
+                                    "--threads=1",
+                                    "--metrics_port=-1",
+                                    "--kv_cache_bytes=16777216",
+                                    "--kv_block_bytes=4096",
+                                    "--drain_timeout=20s",
+                                    "--log_level=warning"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
 }
@@ -137,10 +140,10 @@ v1::SessionSpec SinkSpec() {
 // whose sessions never move.
 struct Mirrored {
   std::string name;
-  std::string id;            // on the replica (then its new owner)
+  std::string id;  // on the replica (then its new owner)
   client::SessionHandle reference;
-  Tokens tokens;             // every token either side will get
-  int64_t next = 0;          // the next token to append
+  Tokens tokens;     // every token either side will get
+  int64_t next = 0;  // the next token to append
 };
 
 std::string OutputBytes(const v1::AttentionResult& result) {
@@ -157,13 +160,12 @@ void DecodeBoth(client::AttentionClient& replica, Mirrored& mirrored) {
     return info;
   }());
   const int64_t t = mirrored.next++;
-  for (int layer = 0; layer < mirrored.reference.spec().num_layers();
-       ++layer) {
+  for (int layer = 0; layer < mirrored.reference.spec().num_layers(); ++layer) {
     const Tokens& tk = mirrored.tokens;
     auto moved = handle.DecodeStep(layer, tk.q_rows(t, 1), tk.k_rows(t, 1),
                                    tk.v_rows(t, 1));
-    auto kept = mirrored.reference.DecodeStep(
-        layer, tk.q_rows(t, 1), tk.k_rows(t, 1), tk.v_rows(t, 1));
+    auto kept = mirrored.reference.DecodeStep(layer, tk.q_rows(t, 1),
+                                              tk.k_rows(t, 1), tk.v_rows(t, 1));
     ASSERT_TRUE(moved.ok()) << mirrored.name << ": " << moved.status();
     ASSERT_TRUE(kept.ok()) << mirrored.name << ": " << kept.status();
     EXPECT_EQ(moved->position(), kept->position()) << mirrored.name;
@@ -190,9 +192,9 @@ Mirrored CreateBoth(const std::string& name, const v1::SessionSpec& spec,
     const Tokens& tk = mirrored.tokens;
     auto a = on_replica->Prefill(layer, tk.q_rows(0, prefill),
                                  tk.k_rows(0, prefill), tk.v_rows(0, prefill));
-    auto b = on_reference->Prefill(layer, tk.q_rows(0, prefill),
-                                   tk.k_rows(0, prefill),
-                                   tk.v_rows(0, prefill));
+    auto b =
+        on_reference->Prefill(layer, tk.q_rows(0, prefill),
+                              tk.k_rows(0, prefill), tk.v_rows(0, prefill));
     EXPECT_TRUE(a.ok() && b.ok()) << name;
     if (a.ok() && b.ok()) EXPECT_EQ(OutputBytes(*a), OutputBytes(*b)) << name;
   }
@@ -205,8 +207,8 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
   std::unique_ptr<Replica> c = StartReplica({});
   ASSERT_NE(b, nullptr);
   ASSERT_NE(c, nullptr);
-  std::unique_ptr<Replica> a = StartReplica(
-      {absl::StrCat("--peers=", b->address, ",", c->address)});
+  std::unique_ptr<Replica> a =
+      StartReplica({absl::StrCat("--peers=", b->address, ",", c->address)});
   ASSERT_NE(a, nullptr);
   auto reference = StartTestServer();
   ATTN_ASSERT_OK(reference);
@@ -301,9 +303,9 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
   // bitwise as on the reference.
   {
     const int64_t t = streamed.next;
-    client::SessionHandle handle(owners[streamed.id]->client.get(),
-                                 *owners[streamed.id]->client->GetSession(
-                                     streamed.id));
+    client::SessionHandle handle(
+        owners[streamed.id]->client.get(),
+        *owners[streamed.id]->client->GetSession(streamed.id));
     auto moved_step = handle.DecodeStep(1, streamed.tokens.q_rows(t, 1),
                                         streamed.tokens.k_rows(t, 1),
                                         streamed.tokens.v_rows(t, 1));
@@ -330,8 +332,8 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
 }
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/handover-",
-                                       name, "-", getpid());
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/handover-", name, "-", getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
@@ -346,7 +348,8 @@ std::vector<std::string> RestoredIds(const std::string& dir) {
   auto listed = restarted->client->ListSessions();
   EXPECT_TRUE(listed.ok()) << listed.status();
   if (listed.ok()) {
-    for (const v1::SessionInfo& info : *listed) ids.push_back(info.session_id());
+    for (const v1::SessionInfo& info : *listed)
+      ids.push_back(info.session_id());
   }
   return ids;
 }
@@ -376,8 +379,8 @@ TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
 
   // With B and C: the session goes to C after B refuses it.
   {
-    std::unique_ptr<Replica> a = StartReplica(
-        {absl::StrCat("--peers=", b->address, ",", c->address)});
+    std::unique_ptr<Replica> a =
+        StartReplica({absl::StrCat("--peers=", b->address, ",", c->address)});
     ASSERT_NE(a, nullptr);
     auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
     ATTN_ASSERT_OK(session);
@@ -392,9 +395,9 @@ TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
   // With B alone: it falls back to the snapshot.
   {
     const std::string dir = FreshDir("full-peer");
-    std::unique_ptr<Replica> a = StartReplica(
-        {absl::StrCat("--peers=", b->address),
-         absl::StrCat("--snapshot_dir=", dir)});
+    std::unique_ptr<Replica> a =
+        StartReplica({absl::StrCat("--peers=", b->address),
+                      absl::StrCat("--snapshot_dir=", dir)});
     ASSERT_NE(a, nullptr);
     auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
     ATTN_ASSERT_OK(session);
@@ -450,10 +453,10 @@ TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
   const std::string auth = absl::StrCat("--auth_tokens_file=", tokens_file);
   std::unique_ptr<Replica> b = StartReplica({auth}, "alice-token");
   ASSERT_NE(b, nullptr);
-  std::unique_ptr<Replica> a = StartReplica(
-      {auth, absl::StrCat("--peers=", b->address),
-       absl::StrCat("--peer_token_file=", peer_token_file)},
-      "alice-token");
+  std::unique_ptr<Replica> a =
+      StartReplica({auth, absl::StrCat("--peers=", b->address),
+                    absl::StrCat("--peer_token_file=", peer_token_file)},
+                   "alice-token");
   ASSERT_NE(a, nullptr);
   client::ClientOptions bob_options;
   bob_options.auth_token = "bob-token";
