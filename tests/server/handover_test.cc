@@ -101,6 +101,82 @@ RawReply RawGetSession(client::AttentionClient& client, const std::string& id,
   return reply;
 }
 
+// Every RPC naming session `id` (of the session `reference` mirrors) on
+// `client` answers NOT_FOUND with `owner` in the trailer and the message.
+void ExpectRedirectedEverywhere(client::AttentionClient& client,
+                                const std::string& id,
+                                const client::SessionHandle& reference,
+                                const std::string& owner) {
+  const Tokens tokens = RandomTokens(reference.spec(), 1, 99);
+  auto decode = reference.MakeDecodeRequest(0, tokens.q, tokens.k, tokens.v);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  decode->set_session_id(id);
+  auto prefill = reference.MakePrefillRequest(0, tokens.q, tokens.k, tokens.v);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  prefill->set_session_id(id);
+  const auto expect = [&](const char* what, grpc::ClientContext& context,
+                          const grpc::Status& status) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND)
+        << what << ": " << status.error_message();
+    EXPECT_EQ(OwnerTrailer(context), owner) << what;
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr(owner)) << what;
+  };
+  v1::AttentionService::Stub& stub = *client.stub();
+  {
+    grpc::ClientContext context;
+    v1::DeleteSessionRequest request;
+    request.set_session_id(id);
+    v1::DeleteSessionResponse response;
+    expect("DeleteSession", context,
+           stub.DeleteSession(&context, request, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::ForkSessionRequest request;
+    request.set_session_id(id);
+    v1::SessionInfo response;
+    expect("ForkSession", context,
+           stub.ForkSession(&context, request, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::TruncateSessionRequest request;
+    request.set_session_id(id);
+    v1::SessionInfo response;
+    expect("TruncateSession", context,
+           stub.TruncateSession(&context, request, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::AttentionResult response;
+    expect("Prefill", context, stub.Prefill(&context, *prefill, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::AttentionResult response;
+    expect("DecodeStep", context,
+           stub.DecodeStep(&context, *decode, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::BatchDecodeRequest request;
+    *request.add_steps() = *decode;
+    v1::BatchDecodeResponse response;
+    expect("BatchDecode", context,
+           stub.BatchDecode(&context, request, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::ExportSessionRequest request;
+    request.set_session_id(id);
+    auto reader = stub.ExportSession(&context, request);
+    v1::SessionChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    expect("ExportSession", context, reader->Finish());
+  }
+}
+
 // Which of `replicas` holds session `id` now (waits for the handover).
 Replica* FindOwner(const std::vector<Replica*>& replicas,
                    const std::string& id) {
@@ -286,6 +362,11 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
   EXPECT_EQ(moved.owner, owners[sessions[1].id]->address);
   EXPECT_THAT(moved.status.error_message(),
               ::testing::HasSubstr(owners[sessions[1].id]->address));
+
+  // So does every other RPC naming a moved session.
+  ExpectRedirectedEverywhere(*a->client, sessions[2].id,
+                             sessions[2].reference,
+                             owners[sessions[2].id]->address);
 
   // The stream's next request (layer 1 of the same token) ends it with the
   // redirect; that step was not applied anywhere.
