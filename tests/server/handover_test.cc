@@ -28,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "server/tokens_file.h"
 #include "tests/server/server_process.h"
+#include "tests/server/test_certificates.h"
 #include "tests/server/test_server.h"
 
 namespace attention::testing {
@@ -56,9 +57,11 @@ std::vector<std::string> ReplicaFlags(std::vector<std::string> extra) {
   return flags;
 }
 
-// Starts a replica; `token` is the bearer token its client sends.
-std::unique_ptr<Replica> StartReplica(std::vector<std::string> extra,
-                                      const std::string& token = "") {
+// Starts a replica; `token` is the bearer token its client sends, over
+// the transport `client_options` give.
+std::unique_ptr<Replica> StartReplica(
+    std::vector<std::string> extra, const std::string& token = "",
+    client::ClientOptions options = client::ClientOptions()) {
   auto replica = std::make_unique<Replica>();
   replica->process =
       std::make_unique<ServerProcess>(ReplicaFlags(std::move(extra)));
@@ -66,7 +69,6 @@ std::unique_ptr<Replica> StartReplica(std::vector<std::string> extra,
   EXPECT_GT(port, 0) << replica->process->output();
   if (port <= 0) return nullptr;
   replica->address = absl::StrCat("127.0.0.1:", port);
-  client::ClientOptions options;
   options.auth_token = token;
   options.retry_max_attempts = 1;
   replica->client = client::AttentionClient::Connect(replica->address, options);
@@ -612,6 +614,48 @@ TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
   bob_on_a.reset();
   ExpectExitedZero(*a);
   std::filesystem::remove_all(dir);
+}
+
+TEST(HandoverTest, PeersTalkTlsWithThePeerToken) {
+  auto dir = MakeTempDirectory();
+  ATTN_ASSERT_OK(dir);
+  auto ca = MakeCa(*dir, "ca");
+  ATTN_ASSERT_OK(ca);
+  auto cert = MakeCertificate(*ca, *dir, "server", "attention-server",
+                              CertificateUse::kServer);
+  ATTN_ASSERT_OK(cert);
+  const std::string tokens_file = *dir + "/tokens";
+  WriteFile(tokens_file,
+            absl::StrCat("alice ", server::DigestTokenHex("alice-token"),
+                         " - -\npeer ", server::DigestTokenHex("peer-token"),
+                         " - -\n"));
+  const std::string peer_token_file = *dir + "/peer-token";
+  WriteFile(peer_token_file, "peer-token");
+  const std::vector<std::string> tls = {
+      absl::StrCat("--tls_cert_file=", cert->cert),
+      absl::StrCat("--tls_key_file=", cert->key),
+      absl::StrCat("--auth_tokens_file=", tokens_file)};
+  client::ClientOptions client_tls;
+  client_tls.tls_ca_file = ca->cert;
+  client_tls.tls_server_name = "localhost";
+  std::unique_ptr<Replica> b = StartReplica(tls, "alice-token", client_tls);
+  ASSERT_NE(b, nullptr);
+  std::vector<std::string> a_flags = tls;
+  a_flags.push_back(absl::StrCat("--peers=", b->address));
+  a_flags.push_back(absl::StrCat("--peer_token_file=", peer_token_file));
+  a_flags.push_back(absl::StrCat("--peer_tls_ca_file=", ca->cert));
+  a_flags.push_back("--peer_tls_server_name=localhost");
+  std::unique_ptr<Replica> a = StartReplica(a_flags, "alice-token", client_tls);
+  ASSERT_NE(a, nullptr);
+  auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  a->process->Signal(SIGTERM);
+  ExpectExitedZero(*a);
+  // Moved over TLS, still alice's.
+  auto moved = b->client->GetSession(session->session_id());
+  ATTN_EXPECT_OK(moved);
+  if (moved.ok()) EXPECT_EQ(moved->owner(), b->address);
+  std::filesystem::remove_all(*dir);
 }
 
 }  // namespace
