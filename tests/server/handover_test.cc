@@ -4,9 +4,11 @@
 // SERVING peers, answers later calls - including the next request of an open
 // Decode stream - with NOT_FOUND and `attention-session-owner` metadata, and
 // exits 0; decoding continues on the new owner bitwise as on a server whose
-// sessions never moved. Without a SERVING peer, or when peers refuse, the
-// sessions go to the next peer or to --snapshot_dir. Redirects answer only
-// the session's own tenant.
+// sessions never moved; every RPC naming a moved session redirects. Without
+// a SERVING peer, or when peers refuse, the sessions go to the next peer or
+// to --snapshot_dir; a session whose export is refused stays behind.
+// Redirects answer only the session's own tenant, only the peer identity
+// may send a handover import, and peers talk TLS with the peer token.
 #include <signal.h>
 #include <sys/wait.h>
 
