@@ -100,8 +100,9 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         ParseHostPort(options.advertise_address, "advertise_address").status());
   }
   if (!options.peers.empty()) {
-    ATTN_RETURN_IF_ERROR(
-        Peers::Create(PeerOptions{.peers = options.peers}).status());
+    PeerOptions peers;
+    peers.peers = options.peers;
+    ATTN_RETURN_IF_ERROR(Peers::Create(std::move(peers)).status());
   }
   return DecodeBatcher::ValidateOptions(BatcherOptions(options));
 }

@@ -262,7 +262,11 @@ TEST_F(SessionManagerTest, ListPagesThroughIdsInOrder) {
   EXPECT_EQ(listed, std::vector<std::string>(created.begin(), created.end()));
 }
 
-Tenant NamedTenant(const std::string& name) { return Tenant{.name = name}; }
+Tenant NamedTenant(const std::string& name) {
+  Tenant tenant;
+  tenant.name = name;
+  return tenant;
+}
 
 TEST_F(SessionManagerTest, ASealMakesCallsWaitAndCommitRedirectsThem) {
   SessionManager manager = MakeManager();

@@ -276,7 +276,9 @@ Mirrored CreateBoth(const std::string& name, const v1::SessionSpec& spec,
         on_reference->Prefill(layer, tk.q_rows(0, prefill),
                               tk.k_rows(0, prefill), tk.v_rows(0, prefill));
     EXPECT_TRUE(a.ok() && b.ok()) << name;
-    if (a.ok() && b.ok()) EXPECT_EQ(OutputBytes(*a), OutputBytes(*b)) << name;
+    if (a.ok() && b.ok()) {
+      EXPECT_EQ(OutputBytes(*a), OutputBytes(*b)) << name;
+    }
   }
   mirrored.next = prefill;
   return mirrored;
@@ -473,7 +475,9 @@ TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
     ExpectExitedZero(*a);
     auto on_c = c->client->GetSession(session->session_id());
     ATTN_EXPECT_OK(on_c);
-    if (on_c.ok()) EXPECT_EQ(on_c->owner(), c->address);
+    if (on_c.ok()) {
+      EXPECT_EQ(on_c->owner(), c->address);
+    }
     ATTN_EXPECT_CODE(b->client->GetSession(session->session_id()),
                      absl::StatusCode::kNotFound);
   }
@@ -656,7 +660,9 @@ TEST(HandoverTest, PeersTalkTlsWithThePeerToken) {
   // Moved over TLS, still alice's.
   auto moved = b->client->GetSession(session->session_id());
   ATTN_EXPECT_OK(moved);
-  if (moved.ok()) EXPECT_EQ(moved->owner(), b->address);
+  if (moved.ok()) {
+    EXPECT_EQ(moved->owner(), b->address);
+  }
   std::filesystem::remove_all(*dir);
 }
 
