@@ -23,7 +23,7 @@ void AppendCall::EnableTiming(const DecodeStepTimingHook* hook) {
 }
 
 void AppendCall::Reply(const absl::Status& status) {
-  const grpc::Status reply = scope_.Finish(ToGrpcStatus(status));
+  const grpc::Status reply = scope_.Finish(ToGrpcStatus(status, context_));
   if (hook_ == nullptr || !status.ok()) {
     Finish(reply);
     return;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/client_string.h"
+#include "core/moved_sessions.h"
 #include "core/status_macros.h"
 #include "server/append_reply.h"
 #include "server/decode_stream_reactor.h"
@@ -61,10 +62,51 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
   SetMessageAllocatorFor_BatchDecode(&batch_decode_messages_);
 }
 
+absl::Status AttentionServiceImpl::HandoverImportOptions(
+    const grpc::ServerContext& context, ImportOptions& options) const {
+  if (context.client_metadata().find(kHandoverMetadata) ==
+      context.client_metadata().end()) {
+    return absl::OkStatus();
+  }
+  const bool authenticates =
+      authenticator_ != nullptr && authenticator_->enabled();
+  if (authenticates && options.tenant.name != peer_tenant_) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a handover import (", kHandoverMetadata,
+        " metadata) keeps the session's owner and is accepted only from the "
+        "peer identity '", peer_tenant_,
+        "' (--peer_tenant); replicas call their peers with --peer_token_file "
+        "or their client certificate"));
+  }
+  options.keep_owner = true;
+  if (authenticates) {
+    options.owner_quota = [auth = authenticator_](const std::string& owner) {
+      return auth->QuotaOf(owner);
+    };
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tenant> AttentionServiceImpl::Caller(
     const grpc::ServerContextBase& context) const {
   if (authenticator_ == nullptr) return DefaultTenant();
   return authenticator_->Authenticate(context);
+}
+
+void AttentionServiceImpl::SessionReply(const SessionInfo& info,
+                                        v1::SessionInfo* out) const {
+  SessionInfoToProto(info, out);
+  out->set_owner(advertise_address());
+}
+
+void AttentionServiceImpl::SetAdvertiseAddress(std::string address) {
+  absl::MutexLock lock(&advertise_mu_);
+  advertise_address_ = std::move(address);
+}
+
+std::string AttentionServiceImpl::advertise_address() const {
+  absl::MutexLock lock(&advertise_mu_);
+  return advertise_address_;
 }
 
 void AttentionServiceImpl::StartDraining() {
@@ -84,9 +126,9 @@ grpc::Status AttentionServiceImpl::CreateSession(
         SessionInfo info,
         engine_->CreateSession(
             spec, absl::Seconds(request->idle_timeout_seconds()), tenant));
-    SessionInfoToProto(info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::GetSession(
@@ -98,9 +140,9 @@ grpc::Status AttentionServiceImpl::GetSession(
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
                           engine_->GetSession(request->session_id(), tenant));
-    SessionInfoToProto(info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::ListSessions(
@@ -134,7 +176,7 @@ grpc::Status AttentionServiceImpl::ListSessions(
     for (const SessionInfo& info : infos) {
       if (response->sessions_size() == page_size) break;
       v1::SessionInfo entry;
-      SessionInfoToProto(info, &entry);
+      SessionReply(info, &entry);
       bytes += static_cast<int64_t>(entry.ByteSizeLong()) + 16;
       if (bytes > budget) {
         if (response->sessions_size() > 0) break;
@@ -151,7 +193,7 @@ grpc::Status AttentionServiceImpl::ListSessions(
           response->sessions(response->sessions_size() - 1).session_id());
     }
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::DeleteSession(
@@ -162,7 +204,7 @@ grpc::Status AttentionServiceImpl::DeleteSession(
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     return engine_->DeleteSession(request->session_id(), tenant);
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::ForkSession(
@@ -172,12 +214,17 @@ grpc::Status AttentionServiceImpl::ForkSession(
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    if (draining_.load(std::memory_order_acquire)) return Draining();
+    if (draining_.load(std::memory_order_acquire)) {
+      // A session handed over is forked at its new owner: say where.
+      ATTN_RETURN_IF_ERROR(
+          engine_->GetSession(request->session_id(), tenant).status());
+      return Draining();
+    }
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
                           engine_->ForkSession(request->session_id(), tenant));
-    SessionInfoToProto(info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::TruncateSession(
@@ -191,9 +238,9 @@ grpc::Status AttentionServiceImpl::TruncateSession(
         SessionInfo info,
         engine_->TruncateSession(request->session_id(), request->length(),
                                  tenant));
-    SessionInfoToProto(info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 template <typename Request>
@@ -323,7 +370,7 @@ grpc::Status AttentionServiceImpl::Attention(
     ATTN_ASSIGN_OR_RETURN(AttentionOutput output, engine_->Attend(stateless));
     AttentionOutputToProto(output, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::ExportSession(
@@ -348,7 +395,7 @@ grpc::Status AttentionServiceImpl::ExportSession(
             }));
     if (metrics_ != nullptr) metrics_->RecordExport(bytes);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::ImportSession(
@@ -359,6 +406,8 @@ grpc::Status AttentionServiceImpl::ImportSession(
     if (draining_.load(std::memory_order_acquire)) return Draining();
     ImportOptions options;
     ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
+    ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
+    const bool handover = options.keep_owner;
     ATTN_ASSIGN_OR_RETURN(
         const ImportResult result,
         ReadSessionImport(
@@ -369,10 +418,13 @@ grpc::Status AttentionServiceImpl::ImportSession(
               }
               return reader->Read(record);
             }));
-    if (metrics_ != nullptr) metrics_->RecordImport(result.kv_bytes);
-    SessionInfoToProto(result.info, response);
+    if (metrics_ != nullptr) {
+      metrics_->RecordImport(result.kv_bytes);
+      if (handover) metrics_->RecordHandoverReceived();
+    }
+    SessionReply(result.info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::GetServerInfo(
@@ -380,7 +432,7 @@ grpc::Status AttentionServiceImpl::GetServerInfo(
     v1::ServerInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kGetServerInfo, "");
   absl::StatusOr<Tenant> tenant = Caller(*context);
-  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status()));
+  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status(), context));
   const TenantStats usage = engine_->tenant_stats(tenant->name);
   response->set_tenant(tenant->name);
   response->set_tenant_sessions(usage.sessions);
@@ -405,6 +457,11 @@ grpc::Status AttentionServiceImpl::GetServerInfo(
   response->set_session_metadata_bytes(stats.session_metadata_bytes);
   response->set_max_session_metadata_bytes(
       options.sessions.max_metadata_bytes);
+  response->set_advertise_address(advertise_address());
+  response->set_draining(draining());
+  response->set_queued_steps(batcher_->queued_steps());
+  response->set_kv_cache_free_bytes(stats.pool.capacity_bytes -
+                                    stats.pool.used_bytes);
   return scope.Finish(grpc::Status::OK);
 }
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/moved_sessions.h"
 #include "core/status_macros.h"
 #include "server/append_reply.h"
 #include "server/proto_convert.h"
@@ -37,13 +38,17 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
 
 void DecodeStreamReactor::StartStep() {
   scope_.Restart(request_.session_id());
+  absl::Status held_status;
   if (!held_.contains(request_.session_id())) {
     // An unknown session fails the step below with NOT_FOUND.
     absl::StatusOr<SessionHold> hold =
         deps_.engine->HoldSession(request_.session_id(), *tenant_);
     if (hold.ok()) held_.emplace(request_.session_id(), *std::move(hold));
+    held_status = hold.status();
   }
   const absl::Status status = [&]() -> absl::Status {
+    // A moved session's redirect ends the stream here (once looked up).
+    if (MovedSessionOwner(held_status).has_value()) return held_status;
     ATTN_ASSIGN_OR_RETURN(
         append_, AppendRequestFromProto(request_,
                                         absl::StrCat("requests[", index_, "]")));
@@ -65,9 +70,8 @@ void DecodeStreamReactor::OnStepDone(absl::StatusOr<AttentionOutput> output) {
   if (!output.ok()) {
     // Say which request of the stream failed: the client has already seen
     // `index_` results and needs to know where the stream stopped.
-    End(absl::Status(output.status().code(),
-                     absl::StrCat("requests[", index_, "]: ",
-                                  output.status().message())));
+    End(PrefixStatus(absl::StrCat("requests[", index_, "]: "),
+                     output.status()));
     return;
   }
   FinishAppendReply(append_, *output, &result_);
@@ -87,7 +91,7 @@ void DecodeStreamReactor::OnWriteDone(bool ok) {
 }
 
 void DecodeStreamReactor::End(const absl::Status& status) {
-  Close(scope_.Finish(ToGrpcStatus(status)));
+  Close(scope_.Finish(ToGrpcStatus(status, context_)));
 }
 
 void DecodeStreamReactor::Close(const grpc::Status& status) {
