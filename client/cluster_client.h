@@ -42,12 +42,12 @@
 // has the session (NOT_FOUND without a new owner: a replacement pod at the
 // same address), the client looks for the session on every other replica.
 // Found: it is used from then on, and the call is re-sent when that is
-// safe (it failed with NOT_FOUND, or it only reads: GetSession,
-// TruncateSession, ExportSession before any record). An append that failed
-// with UNAVAILABLE is never re-sent (it may have been applied): the error
-// names the replica and where the session is now. Not found: NOT_FOUND or
-// UNAVAILABLE naming the replica; the client never creates an empty
-// session in a lost one's place.
+// safe (it failed with NOT_FOUND, or it may be repeated: GetSession,
+// TruncateSession, DeleteSession, ExportSession before any record). An
+// append or a fork that failed with UNAVAILABLE is never re-sent (it may
+// have been applied): the error names the replica and where the session is
+// now. Not found: NOT_FOUND or UNAVAILABLE naming the replica; the client
+// never creates an empty session in a lost one's place.
 //
 // Other errors are the server's, unchanged (code and message).
 //
