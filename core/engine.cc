@@ -13,6 +13,7 @@
 #include "core/call_cost.h"
 #include "core/client_string.h"
 #include "core/request_validation.h"
+#include "core/moved_sessions.h"
 #include "core/status_macros.h"
 
 namespace attention {
@@ -21,8 +22,8 @@ namespace {
 // Prefixes a batch step's errors with its index so a caller can find it.
 absl::Status AtStep(const absl::Status& status, size_t step, size_t steps) {
   if (status.ok() || steps == 1) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat("step ", step, ": ", status.message()));
+  // Keeps the payloads: a moved session's redirect stays one.
+  return PrefixStatus(absl::StrCat("step ", step, ": "), status);
 }
 
 // Converts the float32 result to the requested dtype. INVALID_ARGUMENT when a
@@ -175,6 +176,18 @@ absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
                         sessions_.Find(id, tenant));
   ATTN_RETURN_IF_ERROR(CheckTransferable(session->spec()));
   return SessionExport::Start(backend_.get(), *session, options_.version);
+}
+
+absl::StatusOr<SessionSeal> AttentionEngine::SealSession(
+    const std::string& id, absl::Time deadline) {
+  return sessions_.Seal(id, deadline);
+}
+
+absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSealed(
+    const SessionSeal& seal) {
+  ATTN_RETURN_IF_ERROR(CheckTransferable(seal.session().spec()));
+  return SessionExport::Start(backend_.get(), seal.session(),
+                              options_.version);
 }
 
 absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(
@@ -709,6 +722,8 @@ EngineStats AttentionEngine::stats() const {
   stats.shared_kv_chunks_total = backend_->shared_chunk_computations();
   stats.backend_failed = !backend_->failure().ok();
   stats.backend_scratch_bytes = backend_->scratch_bytes();
+  stats.moved_sessions = sessions_.moved_sessions();
+  stats.moved_session_redirects_total = sessions_.redirects_total();
   return stats;
 }
 

@@ -163,6 +163,10 @@ struct EngineStats {
   bool backend_failed = false;
   // AttentionBackend::scratch_bytes().
   int64_t backend_scratch_bytes = 0;
+  // Sessions handed over to other replicas that lookups still redirect
+  // (SessionManager::moved_sessions), and the redirects answered so far.
+  int64_t moved_sessions = 0;
+  int64_t moved_session_redirects_total = 0;
 };
 
 // Thread-safety: all methods are thread-safe. Calls on different sessions
@@ -222,6 +226,13 @@ class AttentionEngine {
   // destroyed before the engine.
   absl::StatusOr<std::unique_ptr<SessionExport>> ExportSession(
       const std::string& id, const Tenant& tenant = DefaultTenant());
+  // Seals session `id` (any tenant) for a handover to another replica; see
+  // SessionManager::Seal for the waiting and the errors.
+  absl::StatusOr<SessionSeal> SealSession(const std::string& id,
+                                          absl::Time deadline);
+  // A snapshot of the sealed session, as ExportSession (same refusals).
+  absl::StatusOr<std::unique_ptr<SessionExport>> ExportSealed(
+      const SessionSeal& seal);
   // Starts restoring a session from a snapshot whose header is `header`
   // (see core/session_import.h for the protocol and its errors;
   // FAILED_PRECONDITION for an MLA shared-latent or top-k spec). The import

@@ -105,6 +105,11 @@ class Session {
   // so idle time counts from the end of the last call. Use SessionRef.
   void BeginUse() { users_.fetch_add(1, std::memory_order_acq_rel); }
   void EndUse(absl::Time now);
+  // Calls running on the session now (SessionRefs; a Decode stream's
+  // SessionHold is not one): a seal (SessionManager::Seal) waits for none.
+  void BeginCall() { calls_.fetch_add(1, std::memory_order_acq_rel); }
+  void EndCall() { calls_.fetch_sub(1, std::memory_order_acq_rel); }
+  int32_t calls() const { return calls_.load(std::memory_order_acquire); }
 
  private:
   Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
@@ -122,14 +127,16 @@ class Session {
   const int64_t metadata_bytes_;
   std::atomic<int64_t> last_used_ns_;  // absl::ToUnixNanos
   std::atomic<int32_t> users_{0};
+  std::atomic<int32_t> calls_{0};
 
   mutable absl::Mutex mu_;
   std::vector<LayerKvCache> layers_ ABSL_GUARDED_BY(mu_);
 };
 
 // A session held by one call: while any SessionRef to a session lives, the
-// session does not expire (Session::BeginUse); the last one to go restarts
-// its idle clock. Move-only.
+// session does not expire (Session::BeginUse) and counts a call
+// (Session::BeginCall); the last one to go restarts its idle clock.
+// Move-only.
 class SessionRef {
  public:
   SessionRef() = default;
@@ -138,6 +145,7 @@ class SessionRef {
              const std::function<absl::Time()>* clock)
       : session_(std::move(session)), clock_(clock) {
     session_->BeginUse();
+    session_->BeginCall();
   }
   SessionRef(SessionRef&& other) = default;
   SessionRef& operator=(SessionRef&& other) {
@@ -156,7 +164,10 @@ class SessionRef {
 
  private:
   void Release() {
-    if (session_ != nullptr) session_->EndUse((*clock_)());
+    if (session_ != nullptr) {
+      session_->EndCall();
+      session_->EndUse((*clock_)());
+    }
     session_.reset();
   }
 

@@ -1,5 +1,6 @@
 #include "core/session_manager.h"
 
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -21,8 +22,20 @@ absl::Status SessionNotFound(const std::string& id) {
 
 }  // namespace
 
+SessionSeal::~SessionSeal() {
+  if (manager_ != nullptr) manager_->EndSeal(session_, nullptr);
+}
+
+void SessionSeal::Commit(const std::string& new_owner) {
+  if (manager_ == nullptr) return;
+  manager_->EndSeal(session_, &new_owner);
+  manager_ = nullptr;
+}
+
 SessionManager::SessionManager(BlockPool* pool, SessionManagerOptions options)
-    : pool_(pool), options_(std::move(options)) {
+    : pool_(pool),
+      options_(std::move(options)),
+      moved_(options_.max_sessions) {
   if (options_.reap_interval > absl::ZeroDuration()) {
     reaper_ = std::thread([this] { ReaperMain(); });
   }
@@ -164,10 +177,11 @@ absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
   const absl::Time now = options_.now();
   std::vector<std::shared_ptr<Session>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
+  AwaitUnsealed(id);
   auto it = sessions_.find(id);
   // Another tenant's session is answered exactly as a missing one.
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
-    return SessionNotFound(id);
+    return NotFound(id, tenant);
   }
   if (it->second->Expired(now)) {
     Erase(it, &expired);
@@ -184,10 +198,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
   // Another tenant's session is answered exactly as a missing one.
-  if (it == sessions_.end() || it->second->owner() != tenant.name ||
-      it->second->Expired(options_.now())) {
-    return SessionNotFound(id);
+  if (it == sessions_.end() || it->second->owner() != tenant.name) {
+    return NotFound(id, tenant);
   }
+  if (it->second->Expired(options_.now())) return SessionNotFound(id);
   return it->second;
 }
 
@@ -219,9 +233,10 @@ absl::Status SessionManager::Delete(const std::string& id,
                                     const Tenant& tenant) {
   std::vector<std::shared_ptr<Session>> removed;  // freed outside the lock
   absl::MutexLock lock(&mu_);
+  AwaitUnsealed(id);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
-    return SessionNotFound(id);
+    return NotFound(id, tenant);
   }
   Erase(it, &removed);
   return absl::OkStatus();
@@ -248,6 +263,64 @@ TenantStats SessionManager::tenant_stats(const std::string& name) const {
     usage = it->second;
   }
   return usage->stats();
+}
+
+absl::Status SessionManager::NotFound(const std::string& id,
+                                      const Tenant& tenant) const {
+  if (std::optional<std::string> owner = moved_.OwnerOf(id, tenant.name)) {
+    redirects_total_.fetch_add(1, std::memory_order_relaxed);
+    return SessionMovedError(id, *owner);
+  }
+  return SessionNotFound(id);
+}
+
+void SessionManager::AwaitUnsealed(const std::string& id) {
+  if (sealed_.empty()) return;
+  const auto unsealed = [this, &id]() {
+    mu_.AssertHeld();
+    return !sealed_.contains(id);
+  };
+  mu_.Await(absl::Condition(&unsealed));
+}
+
+absl::StatusOr<SessionSeal> SessionManager::Seal(const std::string& id,
+                                                 absl::Time deadline) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || it->second->Expired(options_.now())) {
+      return SessionNotFound(id);
+    }
+    if (!sealed_.insert(id).second) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "session ", QuoteClientString(id), " is being moved already"));
+    }
+    session = it->second;
+  }
+  // From here on no new call starts on it; wait for the running ones.
+  SessionSeal seal(this, session);
+  while (session->calls() > 0) {
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          "session ", QuoteClientString(id),
+          " still had calls running when its seal timed out; try again"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return seal;
+}
+
+void SessionManager::EndSeal(const std::shared_ptr<Session>& session,
+                             const std::string* new_owner) {
+  std::vector<std::shared_ptr<Session>> removed;  // freed outside the lock
+  absl::MutexLock lock(&mu_);
+  sealed_.erase(session->id());
+  if (new_owner == nullptr) return;
+  // Recorded before the waiting calls can look again (same lock).
+  moved_.Add(session->id(), session->owner(), *new_owner);
+  auto it = sessions_.find(session->id());
+  if (it != sessions_.end() && it->second == session) Erase(it, &removed);
 }
 
 int64_t SessionManager::ExpireIdle(absl::Time now) {

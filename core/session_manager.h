@@ -2,6 +2,7 @@
 #ifndef ATTENTION_CORE_SESSION_MANAGER_H_
 #define ATTENTION_CORE_SESSION_MANAGER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -12,12 +13,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/block_pool.h"
+#include "core/moved_sessions.h"
 #include "core/session.h"
 #include "core/session_spec.h"
 #include "core/tenant.h"
@@ -41,11 +44,49 @@ struct SessionManagerOptions {
   std::function<absl::Time()> now = [] { return absl::Now(); };
 };
 
+class SessionManager;
+
+// A session sealed for a move to another replica (SessionManager::Seal):
+// while the seal lives, calls on the session wait (Get, Delete and what uses
+// them). Commit ends the move: the session is removed here and remembered as
+// moved, so the waiting calls and later ones get the redirect
+// (SessionMovedError). Destroying an uncommitted seal unseals the session:
+// it stays here as if nothing had happened (the waiting calls run).
+// Move-only; the manager must outlive it.
+class SessionSeal {
+ public:
+  SessionSeal(SessionSeal&& other) noexcept
+      : manager_(other.manager_), session_(std::move(other.session_)) {
+    other.manager_ = nullptr;
+  }
+  SessionSeal& operator=(SessionSeal&&) = delete;
+  ~SessionSeal();
+
+  // The sealed session: no call runs on it, so its state is at rest.
+  Session& session() const { return *session_; }
+  // Removes the session and records that it now lives at `new_owner`.
+  void Commit(const std::string& new_owner);
+
+ private:
+  friend class SessionManager;
+  SessionSeal(SessionManager* manager, std::shared_ptr<Session> session)
+      : manager_(manager), session_(std::move(session)) {}
+
+  SessionManager* manager_;  // null once committed or moved from
+  std::shared_ptr<Session> session_;
+};
+
 // Every session belongs to the tenant that created it: the methods taking a
 // `tenant` only ever see that tenant's sessions, and answer another
 // tenant's session id exactly as an unknown one (NOT_FOUND, same message),
 // so that ids cannot be probed. `tenant` defaults to DefaultTenant(), which
 // is what a server authenticating nobody runs everything as.
+//
+// A session handed over to another replica (Seal, SessionSeal::Commit)
+// leaves a tombstone: its tenant's lookups of the id then fail with the
+// redirect (SessionMovedError: NOT_FOUND naming the new owner); other
+// tenants still get the plain NOT_FOUND. At most max_sessions tombstones are
+// kept (the oldest go first).
 //
 // Thread-safety: all methods are thread-safe. Returned sessions stay valid
 // while referenced even if deleted or expired meanwhile; their blocks are
@@ -68,9 +109,10 @@ class SessionManager {
       const SessionSpec& spec, absl::Duration idle_timeout,
       const Tenant& tenant = DefaultTenant());
 
-  // NOT_FOUND for an unknown or expired id, or one of another tenant. The
-  // session is in use (it cannot expire) until the returned ref goes; its
-  // idle clock restarts then.
+  // NOT_FOUND for an unknown or expired id, or one of another tenant (the
+  // redirect for a moved one). The session is in use (it cannot expire)
+  // until the returned ref goes; its idle clock restarts then. Waits while
+  // the session is sealed.
   absl::StatusOr<SessionRef> Get(const std::string& id,
                                  const Tenant& tenant = DefaultTenant());
 
@@ -89,7 +131,8 @@ class SessionManager {
   std::vector<std::shared_ptr<Session>> ListAllTenants(const std::string& after,
                                                        int64_t limit) const;
 
-  // Removes the session at once. NOT_FOUND as Get.
+  // Removes the session at once. NOT_FOUND as Get; waits while it is
+  // sealed.
   absl::Status Delete(const std::string& id,
                       const Tenant& tenant = DefaultTenant());
 
@@ -110,6 +153,19 @@ class SessionManager {
                      const TenantQuota& quota);
   // The accounting of tenant `name`, created on first use.
   std::shared_ptr<TenantUsage> UsageOf(const std::string& name);
+  // Seals session `id`, of any tenant, for a move: from now on calls on it
+  // wait (see SessionSeal), and this waits until no call runs on it (a
+  // Decode stream holding it between steps does not count). NOT_FOUND for
+  // an unknown or expired id, FAILED_PRECONDITION when it is sealed already,
+  // UNAVAILABLE when calls still run on it at `deadline` (then it is
+  // unsealed again: try later).
+  absl::StatusOr<SessionSeal> Seal(const std::string& id, absl::Time deadline);
+  // Tombstones held now, and lookups answered with a redirect so far.
+  int64_t moved_sessions() const { return moved_.size(); }
+  int64_t redirects_total() const {
+    return redirects_total_.load(std::memory_order_relaxed);
+  }
+
   // Whether `id` names a live session (it may expire right after).
   bool Contains(const std::string& id) const;
   // A fresh unguessable id (128 random bits, hex).
@@ -133,8 +189,19 @@ class SessionManager {
   const std::function<absl::Time()>* clock() const { return &options_.now; }
 
  private:
+  friend class SessionSeal;
+
   absl::Status Insert(std::shared_ptr<Session> session,
                       const TenantQuota& quota);
+  // What a lookup of `id` by `tenant` that found nothing answers: the
+  // redirect when `id` moved and was `tenant`'s, else plain NOT_FOUND.
+  absl::Status NotFound(const std::string& id, const Tenant& tenant) const;
+  // Blocks while `id` is sealed.
+  void AwaitUnsealed(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SessionSeal's end: unseals `session`; with `new_owner` also removes it
+  // and records the move.
+  void EndSeal(const std::shared_ptr<Session>& session,
+               const std::string* new_owner);
   using Table = absl::btree_map<std::string, std::shared_ptr<Session>>;
   // Removes `it` from the table, moving the session to `removed` (freed
   // when its last reference goes, outside the lock); returns the next
@@ -158,6 +225,10 @@ class SessionManager {
   int64_t expired_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Ids of the sessions being moved now (Seal).
+  absl::flat_hash_set<std::string> sealed_ ABSL_GUARDED_BY(mu_);
+  MovedSessions moved_;
+  mutable std::atomic<int64_t> redirects_total_{0};
   std::thread reaper_;
 };
 

@@ -8,6 +8,8 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -20,9 +22,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/backend_factory.h"
+#include "core/read_file.h"
+#include "core/status_macros.h"
+#include "absl/strings/ascii.h"
+#include "server/host_port.h"
 #include "server/auth_interceptor.h"
 #include "server/log.h"
 #include "server/parse_error_interceptor.h"
+#include "server/session_handover.h"
 #include "server/snapshot_store.h"
 #include "server/transport_security.h"
 
@@ -88,7 +95,37 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         absl::StrCat("cpu_spin ", absl::FormatDuration(options.cpu_spin),
                      " must be between 0 and 10ms (e.g. 100us)"));
   }
+  if (!options.advertise_address.empty()) {
+    ATTN_RETURN_IF_ERROR(
+        ParseHostPort(options.advertise_address, "advertise_address")
+            .status());
+  }
+  if (!options.peers.empty()) {
+    ATTN_RETURN_IF_ERROR(Peers::Create(PeerOptions{.peers = options.peers})
+                             .status());
+  }
   return DecodeBatcher::ValidateOptions(BatcherOptions(options));
+}
+
+// How a replica calls its peers: its own transport security and identity.
+absl::StatusOr<client::ClientOptions> PeerClientOptions(
+    const ServerOptions& options) {
+  client::ClientOptions client;
+  client.max_send_message_bytes = options.max_message_bytes;
+  client.max_receive_message_bytes = options.max_message_bytes;
+  if (!options.tls_cert_file.empty()) {
+    client.tls = true;
+    client.tls_ca_file = options.tls_client_ca_file;
+    client.tls_cert_file = options.tls_cert_file;
+    client.tls_key_file = options.tls_key_file;
+  }
+  if (!options.peer_token_file.empty()) {
+    ATTN_ASSIGN_OR_RETURN(
+        std::string token,
+        ReadFile(options.peer_token_file, "peer token file"));
+    client.auth_token = std::string(absl::StripAsciiWhitespace(token));
+  }
+  return client;
 }
 
 TransportSecurityOptions TransportOptions(const ServerOptions& options) {
@@ -135,6 +172,20 @@ std::string ListenUri(const std::string& address, int port) {
   return absl::StrCat(address, ":", port);
 }
 
+// The address clients should use: options.advertise_address, or the bound
+// one (the host name in place of a wildcard listen address).
+std::string AdvertiseAddress(const ServerOptions& options, int bound_port) {
+  if (!options.advertise_address.empty()) return options.advertise_address;
+  std::string host = options.listen_address;
+  if (host == "0.0.0.0" || host == "::" || host == "[::]") {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
+      host = name;
+    }
+  }
+  return ListenUri(host, bound_port);
+}
+
 // The name clients check with grpc.health.v1 (besides "" = the server).
 constexpr char kServiceName[] = "attention.v1.AttentionService";
 
@@ -153,6 +204,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   if (absl::Status status = ValidateOptions(options); !status.ok()) {
     return status;
   }
+  absl::StatusOr<client::ClientOptions> peer_client =
+      PeerClientOptions(options);
+  if (!peer_client.ok()) return peer_client.status();
   auto credentials = MakeServerCredentials(TransportOptions(options));
   if (!credentials.ok()) return credentials.status();
   AuthenticatorOptions auth_options;
@@ -243,6 +297,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   server->service_ = std::make_unique<AttentionServiceImpl>(
       engine_ptr, server->decode_batcher_.get(), ServerVersion(),
       options.max_message_bytes, metrics_ptr, authenticator_ptr);
+  server->service_->AcceptHandoversFrom(options.peer_tenant);
 
   // Both are process-wide switches read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
@@ -280,6 +335,16 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
                      " (port in use or address not available); choose another "
                      "--port/--listen_address, or --port=0 for a free port"));
   }
+  server->service_->SetAdvertiseAddress(
+      AdvertiseAddress(options, server->port_));
+  if (!options.peers.empty()) {
+    auto peers = Peers::Create(
+        PeerOptions{.peers = options.peers,
+                    .self_address = server->advertise_address(),
+                    .client = *std::move(peer_client)});
+    if (!peers.ok()) return peers.status();
+    server->peers_ = *std::move(peers);
+  }
   server->SetServing(true);
   // A backend that failed for good (a sticky GPU fault) answers UNAVAILABLE
   // to every call: report NOT_SERVING so that the pod is restarted.
@@ -302,6 +367,10 @@ AttentionServer::AttentionServer(const ServerOptions& options,
       engine_(std::move(engine)) {}
 
 AttentionServer::~AttentionServer() { Shutdown(); }
+
+std::string AttentionServer::advertise_address() const {
+  return service_->advertise_address();
+}
 
 std::string AttentionServer::local_target() const {
   return absl::StrCat("localhost:", port_);
@@ -340,6 +409,7 @@ void AttentionServer::Shutdown() {
       {{"in_flight", service_->in_flight()},
        {"drain_timeout", absl::FormatDuration(options_.drain_timeout)},
        {"sessions", engine_->stats().active_sessions}});
+  if (peers_ != nullptr) HandOverSessions(deadline);
   while (service_->in_flight() > 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
@@ -360,6 +430,18 @@ void AttentionServer::Shutdown() {
          {"kv_bytes", saved.bytes},
          {"duration_ms", absl::ToInt64Milliseconds(saved.duration)}});
   }
+}
+
+void AttentionServer::HandOverSessions(absl::Time deadline) {
+  SessionHandover handover(engine_.get(), peers_.get(), metrics_.get(),
+                           advertise_address());
+  const HandoverResult result = handover.HandOverAll(deadline);
+  Log(result.failed + result.left > 0 ? LogLevel::kWarning : LogLevel::kInfo,
+      "handover_finished",
+      {{"sent", result.sent},
+       {"failed", result.failed},
+       {"left", result.left},
+       {"duration_ms", absl::ToInt64Milliseconds(result.duration)}});
 }
 
 int AttentionServer::metrics_port() const {

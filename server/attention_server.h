@@ -20,6 +20,7 @@
 #include "server/backend_watch.h"
 #include "server/decode_batcher.h"
 #include "server/metrics.h"
+#include "server/peers.h"
 #include "server/server_options.h"
 
 namespace attention::server {
@@ -52,6 +53,9 @@ class AttentionServer {
 
   // The bound port (the ephemeral one when options.port was 0).
   int port() const { return port_; }
+  // The address clients should use for this replica (SessionInfo.owner):
+  // options().advertise_address, or the bound host:port.
+  std::string advertise_address() const;
   // "localhost:<port>", for clients on the same machine.
   std::string local_target() const;
   const ServerOptions& options() const { return options_; }
@@ -72,9 +76,11 @@ class AttentionServer {
   void SetServing(bool serving);
 
   // Drains, then stops: reports NOT_SERVING, refuses new sessions with
-  // UNAVAILABLE, waits until no call or Decode stream is in flight or
-  // options().drain_timeout has passed, then stops the gRPC server
-  // (cancelling what is left). Idempotent; blocks until done.
+  // UNAVAILABLE, hands the sessions over to SERVING peers (with
+  // options().peers; server/session_handover.h), waits until no call or
+  // Decode stream is in flight or options().drain_timeout has passed, then
+  // stops the gRPC server (cancelling what is left) and snapshots what is
+  // left (with options().snapshot_dir). Idempotent; blocks until done.
   void Shutdown();
 
   // The bound metrics port, or -1 without a metrics endpoint.
@@ -89,6 +95,8 @@ class AttentionServer {
   AttentionServer(const ServerOptions& options,
                   std::unique_ptr<AttentionEngine> engine,
                   std::string backend_reason);
+  // The drain's handover of every session to peers_, until `deadline`.
+  void HandOverSessions(absl::Time deadline);
 
   const ServerOptions options_;
   const std::string backend_reason_;
@@ -101,6 +109,8 @@ class AttentionServer {
   std::unique_ptr<AttentionServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
+  // With options().peers: the replicas the drain hands sessions to.
+  std::unique_ptr<Peers> peers_;
   // Last: stopped first. Turns health NOT_SERVING when the backend fails.
   std::unique_ptr<BackendWatch> backend_watch_;
 

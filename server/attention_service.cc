@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "core/client_string.h"
+#include "core/moved_sessions.h"
 #include "core/status_macros.h"
 #include "server/grpc_call_control.h"
 #include "server/proto_convert.h"
@@ -113,10 +114,51 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
       metrics_(metrics),
       authenticator_(authenticator) {}
 
+absl::Status AttentionServiceImpl::HandoverImportOptions(
+    const grpc::ServerContext& context, ImportOptions& options) const {
+  if (context.client_metadata().find(kHandoverMetadata) ==
+      context.client_metadata().end()) {
+    return absl::OkStatus();
+  }
+  const bool authenticates =
+      authenticator_ != nullptr && authenticator_->enabled();
+  if (authenticates && options.tenant.name != peer_tenant_) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a handover import (", kHandoverMetadata,
+        " metadata) keeps the session's owner and is accepted only from the "
+        "peer identity '", peer_tenant_,
+        "' (--peer_tenant); replicas call their peers with --peer_token_file "
+        "or their client certificate"));
+  }
+  options.keep_owner = true;
+  if (authenticates) {
+    options.owner_quota = [auth = authenticator_](const std::string& owner) {
+      return auth->QuotaOf(owner);
+    };
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tenant> AttentionServiceImpl::Caller(
     const grpc::ServerContext& context) const {
   if (authenticator_ == nullptr) return DefaultTenant();
   return authenticator_->Authenticate(context);
+}
+
+void AttentionServiceImpl::SessionReply(const SessionInfo& info,
+                                        v1::SessionInfo* out) const {
+  SessionInfoToProto(info, out);
+  out->set_owner(advertise_address());
+}
+
+void AttentionServiceImpl::SetAdvertiseAddress(std::string address) {
+  absl::MutexLock lock(&advertise_mu_);
+  advertise_address_ = std::move(address);
+}
+
+std::string AttentionServiceImpl::advertise_address() const {
+  absl::MutexLock lock(&advertise_mu_);
+  return advertise_address_;
 }
 
 void AttentionServiceImpl::StartDraining() {
@@ -136,9 +178,9 @@ grpc::Status AttentionServiceImpl::CreateSession(
         SessionInfo info,
         engine_->CreateSession(
             spec, absl::Seconds(request->idle_timeout_seconds()), tenant));
-    SessionInfoToProto(info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::GetSession(
@@ -150,9 +192,9 @@ grpc::Status AttentionServiceImpl::GetSession(
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
                           engine_->GetSession(request->session_id(), tenant));
-    SessionInfoToProto(info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::ListSessions(
@@ -186,7 +228,7 @@ grpc::Status AttentionServiceImpl::ListSessions(
     for (const SessionInfo& info : infos) {
       if (response->sessions_size() == page_size) break;
       v1::SessionInfo entry;
-      SessionInfoToProto(info, &entry);
+      SessionReply(info, &entry);
       bytes += static_cast<int64_t>(entry.ByteSizeLong()) + 16;
       if (bytes > budget) {
         if (response->sessions_size() > 0) break;
@@ -203,7 +245,7 @@ grpc::Status AttentionServiceImpl::ListSessions(
           response->sessions(response->sessions_size() - 1).session_id());
     }
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::DeleteSession(
@@ -214,7 +256,7 @@ grpc::Status AttentionServiceImpl::DeleteSession(
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     return engine_->DeleteSession(request->session_id(), tenant);
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::ForkSession(
@@ -227,9 +269,9 @@ grpc::Status AttentionServiceImpl::ForkSession(
     if (draining_.load(std::memory_order_acquire)) return Draining();
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
                           engine_->ForkSession(request->session_id(), tenant));
-    SessionInfoToProto(info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::TruncateSession(
@@ -243,9 +285,9 @@ grpc::Status AttentionServiceImpl::TruncateSession(
         SessionInfo info,
         engine_->TruncateSession(request->session_id(), request->length(),
                                  tenant));
-    SessionInfoToProto(info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 template <typename Request, typename Run>
@@ -263,7 +305,7 @@ grpc::Status AttentionServiceImpl::UnaryAppend(grpc::ServerContext* context,
     GrpcCallControl control(context);
     return AppendAndRespond(append, &control, max_message_bytes_, response,
                             run);
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::Prefill(grpc::ServerContext* context,
@@ -289,7 +331,7 @@ grpc::Status AttentionServiceImpl::Decode(
   // Decode request (its own code and latency).
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kDecode, "");
   absl::StatusOr<Tenant> tenant = Caller(*context);
-  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status()));
+  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status(), context));
   ScopedStreamMetric open_stream(metrics_);
   GrpcCallControl control(context);
   // Every session the stream has used stays in use (it cannot expire) until
@@ -300,13 +342,17 @@ grpc::Status AttentionServiceImpl::Decode(
   v1::AttentionResult result;
   for (int64_t index = 0; stream->Read(&request); ++index) {
     scope.Restart(request.session_id());
+    absl::Status held_status;
     if (!held.contains(request.session_id())) {
       // An unknown session fails the step below with NOT_FOUND.
       absl::StatusOr<SessionHold> hold =
           engine_->HoldSession(request.session_id(), *tenant);
       if (hold.ok()) held.emplace(request.session_id(), *std::move(hold));
+      held_status = hold.status();
     }
     const absl::Status status = [&]() -> absl::Status {
+      // A moved session's redirect ends the stream here (once looked up).
+      if (MovedSessionOwner(held_status).has_value()) return held_status;
       ATTN_ASSIGN_OR_RETURN(
           AppendRequest append,
           AppendRequestFromProto(request,
@@ -319,9 +365,9 @@ grpc::Status AttentionServiceImpl::Decode(
     if (!status.ok()) {
       // Say which request of the stream failed: the client has already
       // seen `index` results and needs to know where the stream stopped.
-      return scope.Finish(ToGrpcStatus(absl::Status(
-          status.code(),
-          absl::StrCat("requests[", index, "]: ", status.message()))));
+      return scope.Finish(ToGrpcStatus(
+          PrefixStatus(absl::StrCat("requests[", index, "]: "), status),
+          context));
     }
     if (!stream->Write(result)) {
       // The client went away after the step was committed (the documented
@@ -377,7 +423,7 @@ grpc::Status AttentionServiceImpl::BatchDecode(
                    response->mutable_results(static_cast<int>(i)));
     }
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::Attention(
@@ -395,7 +441,7 @@ grpc::Status AttentionServiceImpl::Attention(
     ATTN_ASSIGN_OR_RETURN(AttentionOutput output, engine_->Attend(stateless));
     AttentionOutputToProto(output, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::ExportSession(
@@ -420,7 +466,7 @@ grpc::Status AttentionServiceImpl::ExportSession(
             }));
     if (metrics_ != nullptr) metrics_->RecordExport(bytes);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::ImportSession(
@@ -431,6 +477,8 @@ grpc::Status AttentionServiceImpl::ImportSession(
     if (draining_.load(std::memory_order_acquire)) return Draining();
     ImportOptions options;
     ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
+    ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
+    const bool handover = options.keep_owner;
     ATTN_ASSIGN_OR_RETURN(
         const ImportResult result,
         ReadSessionImport(
@@ -441,10 +489,13 @@ grpc::Status AttentionServiceImpl::ImportSession(
               }
               return reader->Read(record);
             }));
-    if (metrics_ != nullptr) metrics_->RecordImport(result.kv_bytes);
-    SessionInfoToProto(result.info, response);
+    if (metrics_ != nullptr) {
+      metrics_->RecordImport(result.kv_bytes);
+      if (handover) metrics_->RecordHandoverReceived();
+    }
+    SessionReply(result.info, response);
     return absl::OkStatus();
-  }()));
+  }(), context));
 }
 
 grpc::Status AttentionServiceImpl::GetServerInfo(
@@ -452,7 +503,7 @@ grpc::Status AttentionServiceImpl::GetServerInfo(
     v1::ServerInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kGetServerInfo, "");
   absl::StatusOr<Tenant> tenant = Caller(*context);
-  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status()));
+  if (!tenant.ok()) return scope.Finish(ToGrpcStatus(tenant.status(), context));
   const TenantStats usage = engine_->tenant_stats(tenant->name);
   response->set_tenant(tenant->name);
   response->set_tenant_sessions(usage.sessions);
@@ -477,6 +528,11 @@ grpc::Status AttentionServiceImpl::GetServerInfo(
   response->set_session_metadata_bytes(stats.session_metadata_bytes);
   response->set_max_session_metadata_bytes(
       options.sessions.max_metadata_bytes);
+  response->set_advertise_address(advertise_address());
+  response->set_draining(draining());
+  response->set_queued_steps(batcher_->queued_steps());
+  response->set_kv_cache_free_bytes(stats.pool.capacity_bytes -
+                                    stats.pool.used_bytes);
   return scope.Finish(grpc::Status::OK);
 }
 

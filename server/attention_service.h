@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "core/engine.h"
@@ -52,6 +54,22 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
   // From now on CreateSession and ForkSession fail with UNAVAILABLE; calls
   // on existing sessions still run (graceful drain).
   void StartDraining();
+  // ImportSession calls carrying kHandoverMetadata (a draining peer handing
+  // a session over; server/session_handover.h) keep the snapshot's owner
+  // tenant - instead of becoming the caller's - when the caller is the
+  // tenant named `peer_tenant` (a tokens-file tenant or a client
+  // certificate's CN), or when the server authenticates nobody; from any
+  // other caller they fail with PERMISSION_DENIED. Call before serving.
+  void AcceptHandoversFrom(std::string peer_tenant) {
+    peer_tenant_ = std::move(peer_tenant);
+  }
+  // Whether StartDraining has been called.
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+  // The replica's --advertise_address ("host:port"): SessionInfo.owner and
+  // ServerInfo.advertise_address. Set once the port is bound, before the
+  // server reports SERVING.
+  void SetAdvertiseAddress(std::string address);
+  std::string advertise_address() const;
   // Calls and open streams currently inside a handler.
   int64_t in_flight() const { return in_flight_.count(); }
 
@@ -111,6 +129,13 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
                              v1::ServerInfo* response) override;
 
  private:
+  // `info` as the reply's SessionInfo, owned by this replica.
+  void SessionReply(const SessionInfo& info, v1::SessionInfo* out) const;
+  // Completes `options` (the caller's tenant set) for an ImportSession
+  // call: a handover's keeps the snapshot's owner (see
+  // AcceptHandoversFrom); PERMISSION_DENIED when the caller may not.
+  absl::Status HandoverImportOptions(const grpc::ServerContext& context,
+                                     ImportOptions& options) const;
   // The tenant of the call in `context`, or UNAUTHENTICATED.
   absl::StatusOr<Tenant> Caller(const grpc::ServerContext& context) const;
   // One unary append (Prefill, DecodeStep): the caller's tenant, the
@@ -129,6 +154,9 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
   const Authenticator* const authenticator_;
   InFlightCounter in_flight_;
   std::atomic<bool> draining_{false};
+  std::string peer_tenant_ = "peer";
+  mutable absl::Mutex advertise_mu_;
+  std::string advertise_address_ ABSL_GUARDED_BY(advertise_mu_);
 };
 
 }  // namespace attention::server

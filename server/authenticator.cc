@@ -151,6 +151,14 @@ absl::Status Authenticator::Reload() {
   return absl::OkStatus();
 }
 
+TenantQuota Authenticator::QuotaOf(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  for (const TokenEntry& entry : entries_) {
+    if (entry.tenant.name == name) return entry.tenant.quota;
+  }
+  return TenantQuota{};
+}
+
 std::vector<std::string> Authenticator::tenant_names() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> names;

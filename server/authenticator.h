@@ -81,6 +81,10 @@ class Authenticator {
   // a tokens file.
   absl::Status Reload();
 
+  // The quota the tokens file gives tenant `name` now (none in the other
+  // modes, or for a tenant it does not name).
+  TenantQuota QuotaOf(const std::string& name) const;
+
   // The tenants of the tokens file now, in file order (empty in the other
   // modes): the only tenant names metrics may carry.
   std::vector<std::string> tenant_names() const;

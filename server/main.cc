@@ -26,6 +26,11 @@ ABSL_FLAG(std::string, listen_address, "0.0.0.0",
           "Address to listen on (0.0.0.0 = all IPv4 interfaces).");
 ABSL_FLAG(int, port, 50051,
           "gRPC port; 0 picks a free port and prints it (see --port_file).");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port clients should use for this replica (SessionInfo.owner, "
+          "ServerInfo.advertise_address; in Kubernetes the pod's stable DNS "
+          "name). Default: the bound address and port (the host name for a "
+          "wildcard --listen_address).");
 ABSL_FLAG(std::string, port_file, "",
           "When set, the bound port is written to this file once serving.");
 ABSL_FLAG(int, metrics_port, 9464,
@@ -91,6 +96,17 @@ ABSL_FLAG(std::string, snapshot_dir, "",
           "of --drain_timeout), every session is written to this directory "
           "(one file each, crash-safe); at start, the sessions found there "
           "are restored with their ids before the server reports SERVING.");
+ABSL_FLAG(std::string, peers, "",
+          "The other replicas: comma-separated host:port, hosts may be DNS "
+          "names resolving to several addresses (a headless Service). When "
+          "set, SIGTERM first hands every session over to the SERVING peer "
+          "with the most free KV memory; the rest go to --snapshot_dir.");
+ABSL_FLAG(std::string, peer_token_file, "",
+          "File holding the bearer token sent to --peers (a token of the "
+          "--peer_tenant tenant in their tokens file).");
+ABSL_FLAG(std::string, peer_tenant, "peer",
+          "Tenant (tokens file) or client-certificate CN whose handover "
+          "imports keep the session's owner tenant.");
 ABSL_FLAG(absl::Duration, batch_wait, absl::Microseconds(200),
           "Continuous batching: longest time the first decode step of a "
           "batch waits for concurrent steps (e.g. 200us; 0 = no waiting, "
@@ -108,6 +124,7 @@ ServerOptions OptionsFromFlags() {
   ServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen_address);
   options.port = absl::GetFlag(FLAGS_port);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
@@ -131,6 +148,9 @@ ServerOptions OptionsFromFlags() {
   options.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.snapshot_dir = absl::GetFlag(FLAGS_snapshot_dir);
+  options.peers = absl::GetFlag(FLAGS_peers);
+  options.peer_token_file = absl::GetFlag(FLAGS_peer_token_file);
+  options.peer_tenant = absl::GetFlag(FLAGS_peer_tenant);
   options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_queued_decode_steps =
@@ -191,6 +211,7 @@ int Run() {
   Log(LogLevel::kInfo, "server_started",
       {{"version", ServerVersion()},
        {"port", (*server)->port()},
+       {"advertise_address", (*server)->advertise_address()},
        {"metrics_port", (*server)->metrics_port()},
        {"backend", (*server)->backend_name()},
        {"backend_reason", (*server)->backend_reason()},

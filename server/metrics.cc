@@ -200,6 +200,14 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
     corrupt_.fetch_add(corrupt, std::memory_order_relaxed);
   }
 
+  void RecordHandover(bool sent) {
+    (sent ? handovers_sent_ : handovers_failed_)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
+  void RecordHandoverReceived() {
+    handovers_received_.fetch_add(1, std::memory_order_relaxed);
+  }
+
   void AddStreams(int64_t delta) {
     streams_active_.fetch_add(delta, std::memory_order_relaxed);
   }
@@ -291,6 +299,20 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         "*.corrupt).",
         MetricType::Counter, load(corrupt_)));
 
+    families.push_back(Scalar(
+        "attention_handovers_sent_total",
+        "Sessions this replica handed over to a peer while draining.",
+        MetricType::Counter, load(handovers_sent_)));
+    families.push_back(Scalar(
+        "attention_handovers_failed_total",
+        "Sessions a draining replica tried to hand over and could not (they "
+        "fall back to --snapshot_dir when set).",
+        MetricType::Counter, load(handovers_failed_)));
+    families.push_back(Scalar(
+        "attention_handovers_received_total",
+        "Sessions a draining peer handed over to this replica.",
+        MetricType::Counter, load(handovers_received_)));
+
     // Holding the lock while the provider runs is what lets
     // SetStateProvider promise that a replaced provider is no longer used.
     absl::MutexLock lock(&provider_mu_);
@@ -344,6 +366,16 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         "Device memory reserved at start-up for per-call scratch, outside "
         "the KV cache.",
         MetricType::Gauge, d(s.backend_scratch_bytes)));
+    families->push_back(Scalar(
+        "attention_moved_sessions",
+        "Sessions handed over to peers whose ids this replica still "
+        "redirects (tombstones).",
+        MetricType::Gauge, d(s.moved_sessions)));
+    families->push_back(Scalar(
+        "attention_moved_session_redirects_total",
+        "Calls on a moved session answered with NOT_FOUND naming its new "
+        "owner (attention-session-owner).",
+        MetricType::Counter, d(s.moved_session_redirects_total)));
     families->push_back(Scalar("attention_kv_cache_capacity_bytes",
                                "KV block pool capacity.", MetricType::Gauge,
                                d(s.kv_cache_capacity_bytes)));
@@ -398,6 +430,9 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
   std::atomic<int64_t> snapshot_duration_ns_{0};
   std::atomic<int64_t> restored_{0};
   std::atomic<int64_t> corrupt_{0};
+  std::atomic<int64_t> handovers_sent_{0};
+  std::atomic<int64_t> handovers_failed_{0};
+  std::atomic<int64_t> handovers_received_{0};
 
   mutable absl::Mutex provider_mu_;
   std::function<MetricsState()> provider_ ABSL_GUARDED_BY(provider_mu_);
@@ -478,6 +513,14 @@ void ServerMetrics::RecordSnapshot(int64_t written, int64_t failed,
 
 void ServerMetrics::RecordRestore(int64_t restored, int64_t corrupt) {
   collector_->RecordRestore(restored, corrupt);
+}
+
+void ServerMetrics::RecordHandover(bool sent) {
+  collector_->RecordHandover(sent);
+}
+
+void ServerMetrics::RecordHandoverReceived() {
+  collector_->RecordHandoverReceived();
 }
 
 void ServerMetrics::StreamOpened() { collector_->AddStreams(1); }

@@ -131,6 +131,10 @@ struct MetricsState {
   // attention_backend_failed (0 or 1) and attention_backend_scratch_bytes.
   int64_t backend_failed = 0;
   int64_t backend_scratch_bytes = 0;
+  // attention_moved_sessions (tombstones held) and
+  // attention_moved_session_redirects_total: EngineStats' counts.
+  int64_t moved_sessions = 0;
+  int64_t moved_session_redirects_total = 0;
 };
 
 inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {
@@ -148,6 +152,8 @@ inline MetricsState MetricsStateFromEngineStats(const EngineStats& stats) {
   state.shared_kv_chunks_total = stats.shared_kv_chunks_total;
   state.backend_failed = stats.backend_failed ? 1 : 0;
   state.backend_scratch_bytes = stats.backend_scratch_bytes;
+  state.moved_sessions = stats.moved_sessions;
+  state.moved_session_redirects_total = stats.moved_session_redirects_total;
   return state;
 }
 
@@ -210,6 +216,11 @@ class ServerMetrics {
   void RecordSnapshot(int64_t written, int64_t failed, absl::Duration duration);
   // The restore at start-up: sessions restored, files found corrupt.
   void RecordRestore(int64_t restored, int64_t corrupt);
+  // Handovers on drain (server/session_handover.h): a session this replica
+  // moved to a peer (`sent`) or tried to and could not; and a session a
+  // draining peer moved here (a handover's ImportSession).
+  void RecordHandover(bool sent);
+  void RecordHandoverReceived();
 
   // Open Decode streams (attention_streams_active). Calls must pair up.
   void StreamOpened();

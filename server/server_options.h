@@ -17,6 +17,12 @@ struct ServerOptions {
   // AttentionServer::port()).
   std::string listen_address = "0.0.0.0";
   int port = 50051;
+  // The address clients should use for this replica ("host:port"), reported
+  // as SessionInfo.owner and ServerInfo.advertise_address (in Kubernetes the
+  // pod's stable DNS name). Empty = the bound address: listen_address (the
+  // host name for a wildcard address such as 0.0.0.0) and the bound port
+  // (the ephemeral one when port is 0).
+  std::string advertise_address;
   // Prometheus metrics endpoint (/metrics) port; 0 picks a free port
   // (AttentionServer::metrics_port()), -1 serves no endpoint (metrics are
   // still recorded). The attention-server flag defaults to 9464; embedded
@@ -84,6 +90,24 @@ struct ServerOptions {
   // before it serves. In-flight calls then get the first half of
   // drain_timeout and the snapshot the rest.
   std::string snapshot_dir;
+  // Fleets (server/session_handover.h). The other replicas, as a
+  // comma-separated list of host:port whose hosts may be DNS names
+  // resolving to several addresses (a headless Service), re-resolved when
+  // used. When set, the drain first hands every session over to the SERVING
+  // peer with the most free KV memory (within the call part of
+  // drain_timeout); what could not be moved is then snapshotted to
+  // snapshot_dir when that is set. Empty = no handover.
+  std::string peers;
+  // A file holding the bearer token this replica sends to its peers (a
+  // token of the tenant peer_tenant in their tokens file); empty = none.
+  // With TLS, peers are verified against tls_client_ca_file (the system's
+  // roots without it) under the name --peers gives, and tls_cert_file /
+  // tls_key_file are the client certificate.
+  std::string peer_token_file;
+  // The identity whose handover imports keep the session's owner tenant: a
+  // tokens-file tenant, or the client certificate's CN in client-cert mode
+  // (server/authenticator.h). Ignored when nobody is authenticated.
+  std::string peer_tenant = "peer";
   // Continuous batching of decode steps (server/decode_batcher.h): how long
   // the first step of a batch waits for concurrent steps (0 = no waiting,
   // whatever is queued is still batched), the most steps per engine batch,

@@ -40,6 +40,12 @@ absl::StatusOr<int64_t> WriteSessionExport(
     SessionExport& session_export,
     const std::function<absl::Status(v1::SessionChunk&)>& write);
 
+// Metadata of an ImportSession call by a draining replica handing the
+// session over (server/session_handover.h); its value is the sender's
+// advertise address. The import then keeps the snapshot's owner tenant
+// (AttentionServiceImpl::AcceptHandoversFrom says who may send it).
+inline constexpr char kHandoverMetadata[] = "attention-handover-from";
+
 struct ImportResult {
   SessionInfo info;
   int64_t kv_bytes = 0;

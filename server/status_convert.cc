@@ -1,6 +1,9 @@
 #include "server/status_convert.h"
 
+#include <optional>
 #include <string>
+
+#include "core/moved_sessions.h"
 
 namespace attention::server {
 
@@ -51,6 +54,16 @@ grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(ToGrpcCode(status.code()), std::string(status.message()));
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status,
+                          grpc::ServerContextBase* context) {
+  if (context != nullptr) {
+    if (std::optional<std::string> owner = MovedSessionOwner(status)) {
+      context->AddTrailingMetadata(kSessionOwnerMetadata, *owner);
+    }
+  }
+  return ToGrpcStatus(status);
 }
 
 }  // namespace attention::server

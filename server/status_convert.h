@@ -2,6 +2,7 @@
 #ifndef ATTENTION_SERVER_STATUS_CONVERT_H_
 #define ATTENTION_SERVER_STATUS_CONVERT_H_
 
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
@@ -12,6 +13,17 @@ namespace attention::server {
 // absl and gRPC share the canonical code space, so every code maps to
 // itself; a code outside it becomes UNKNOWN (with the message kept).
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// The trailing metadata key of a moved session's redirect; its value is the
+// new owner's "host:port" (core/moved_sessions.h).
+inline constexpr char kSessionOwnerMetadata[] = "attention-session-owner";
+
+// The one conversion of a call's final status: ToGrpcStatus(status), and
+// for a moved session's redirect (MovedSessionOwner) the trailing metadata
+// kSessionOwnerMetadata on `context` (a sync or callback server context;
+// null adds nothing).
+grpc::Status ToGrpcStatus(const absl::Status& status,
+                          grpc::ServerContextBase* context);
 
 // The gRPC code for `code` (UNKNOWN for a value outside the canonical set).
 grpc::StatusCode ToGrpcCode(absl::StatusCode code);

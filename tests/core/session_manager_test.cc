@@ -1,11 +1,16 @@
 #include "core/session_manager.h"
 
+#include <atomic>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/moved_sessions.h"
 #include "core/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 
@@ -255,6 +260,113 @@ TEST_F(SessionManagerTest, ListPagesThroughIdsInOrder) {
     after = listed.back();
   }
   EXPECT_EQ(listed, std::vector<std::string>(created.begin(), created.end()));
+}
+
+Tenant NamedTenant(const std::string& name) { return Tenant{.name = name}; }
+
+TEST_F(SessionManagerTest, ASealMakesCallsWaitAndCommitRedirectsThem) {
+  SessionManager manager = MakeManager();
+  const Tenant alice = NamedTenant("alice");
+  const Tenant bob = NamedTenant("bob");
+  auto session = manager.Create(SmallSpec(), absl::ZeroDuration(), alice);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string id = (*session)->id();
+  auto seal = manager.Seal(id, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(seal.ok()) << seal.status();
+  EXPECT_EQ(manager.Seal(id, absl::Now()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  std::atomic<bool> done{false};
+  absl::Status waited;
+  std::thread call([&] {
+    waited = manager.Get(id, alice).status();
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(done.load());  // waits while sealed
+  seal->Commit("replica-1.example:50051");
+  call.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(MovedSessionOwner(waited), "replica-1.example:50051");
+  EXPECT_NE(waited.message().find("replica-1.example:50051"),
+            absl::string_view::npos);
+  EXPECT_FALSE(manager.Contains(id));
+  EXPECT_EQ(MovedSessionOwner(manager.Find(id, alice).status()),
+            "replica-1.example:50051");
+  EXPECT_EQ(MovedSessionOwner(manager.Delete(id, alice)),
+            "replica-1.example:50051");
+  // To another tenant the id is simply unknown.
+  const absl::Status to_bob = manager.Get(id, bob).status();
+  const absl::Status unknown = manager.Get("0123", bob).status();
+  EXPECT_EQ(to_bob.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(MovedSessionOwner(to_bob), std::nullopt);
+  EXPECT_EQ(to_bob.message().find("replica-1"), absl::string_view::npos);
+  EXPECT_EQ(to_bob.message().substr(to_bob.message().find("' not found")),
+            unknown.message().substr(unknown.message().find("' not found")));
+  EXPECT_EQ(manager.moved_sessions(), 1);
+  EXPECT_EQ(manager.redirects_total(), 3);  // Get, Find, Delete: alice's
+}
+
+TEST_F(SessionManagerTest, AnUncommittedSealLetsTheWaitingCallsRun) {
+  SessionManager manager = MakeManager();
+  auto session = manager.Create(SmallSpec(), absl::ZeroDuration());
+  ASSERT_TRUE(session.ok());
+  const std::string id = (*session)->id();
+  absl::Status waited = absl::UnknownError("not run");
+  {
+    auto sealed = manager.Seal(id, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(sealed.ok()) << sealed.status();
+    std::optional<SessionSeal> seal(*std::move(sealed));
+    std::thread call([&] { waited = manager.Get(id).status(); });
+    absl::SleepFor(absl::Milliseconds(20));
+    seal.reset();  // the move failed: unseals
+    call.join();
+  }
+  EXPECT_TRUE(waited.ok()) << waited;
+  EXPECT_TRUE(manager.Contains(id));
+  EXPECT_EQ(manager.moved_sessions(), 0);
+}
+
+TEST_F(SessionManagerTest, ASealWaitsForRunningCallsButNotForHolds) {
+  SessionManager manager = MakeManager();
+  auto session = manager.Create(SmallSpec(), absl::ZeroDuration());
+  ASSERT_TRUE(session.ok());
+  const std::string id = (*session)->id();
+  auto ref = manager.Get(id);
+  ASSERT_TRUE(ref.ok());
+  // A call runs: the seal times out and undoes itself.
+  EXPECT_EQ(manager.Seal(id, absl::Now() + absl::Milliseconds(20))
+                .status()
+                .code(),
+            absl::StatusCode::kUnavailable);
+  // A Decode stream's hold between steps does not keep the seal waiting.
+  SessionHold hold(ref->shared(), manager.clock());
+  *ref = SessionRef();
+  auto seal = manager.Seal(id, absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(seal.ok()) << seal.status();
+  EXPECT_EQ(manager.Seal("unknown", absl::Now()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(MovedSessionsTest, KeepsTheNewestTombstonesOnly) {
+  MovedSessions moved(2);
+  moved.Add("a", "t", "x:1");
+  moved.Add("b", "t", "x:2");
+  moved.Add("c", "u", "x:3");
+  EXPECT_EQ(moved.size(), 2);
+  EXPECT_EQ(moved.OwnerOf("a", "t"), std::nullopt);
+  EXPECT_EQ(moved.OwnerOf("b", "t"), "x:2");
+  EXPECT_EQ(moved.OwnerOf("c", "t"), std::nullopt);  // another tenant's
+  EXPECT_EQ(moved.OwnerOf("c", "u"), "x:3");
+}
+
+TEST(MovedSessionsTest, APrefixKeepsTheRedirect) {
+  const absl::Status moved = SessionMovedError("id", "x:1");
+  const absl::Status prefixed = PrefixStatus("step 2: ", moved);
+  EXPECT_EQ(prefixed.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(prefixed.message().substr(0, 8), "step 2: ");
+  EXPECT_EQ(MovedSessionOwner(prefixed), "x:1");
+  EXPECT_EQ(MovedSessionOwner(absl::NotFoundError("plain")), std::nullopt);
 }
 
 }  // namespace

@@ -119,6 +119,11 @@ TEST(ServerMetricsTest, ExposesEveryFamilyWithItsType) {
       {"attention_snapshots_corrupt_total", "counter"},
       {"attention_backend_failed", "gauge"},
       {"attention_backend_scratch_bytes", "gauge"},
+      {"attention_handovers_sent_total", "counter"},
+      {"attention_handovers_failed_total", "counter"},
+      {"attention_handovers_received_total", "counter"},
+      {"attention_moved_sessions", "gauge"},
+      {"attention_moved_session_redirects_total", "counter"},
       {"attention_build_info", "gauge"},
   };
   EXPECT_EQ(ExposedTypes(metrics->TextExposition()), expected);
@@ -132,6 +137,10 @@ TEST(ServerMetricsTest, SnapshotCountersAddUp) {
   metrics->RecordImport(512);
   metrics->RecordSnapshot(3, 1, absl::Milliseconds(1500));
   metrics->RecordRestore(2, 1);
+  metrics->RecordHandover(true);
+  metrics->RecordHandover(true);
+  metrics->RecordHandover(false);
+  metrics->RecordHandoverReceived();
   const auto families = metrics->Collect();
   const auto value = [&](const std::string& name) {
     const MetricFamily* family = FindFamily(families, name);
@@ -151,6 +160,9 @@ TEST(ServerMetricsTest, SnapshotCountersAddUp) {
   EXPECT_DOUBLE_EQ(value("attention_snapshot_duration_seconds"), 1.5);
   EXPECT_EQ(value("attention_sessions_restored_total"), 2);
   EXPECT_EQ(value("attention_snapshots_corrupt_total"), 1);
+  EXPECT_EQ(value("attention_handovers_sent_total"), 2);
+  EXPECT_EQ(value("attention_handovers_failed_total"), 1);
+  EXPECT_EQ(value("attention_handovers_received_total"), 1);
 }
 
 TEST(ServerMetricsTest, PrecreatesEveryMethodAndCodeAtZero) {

@@ -27,97 +27,14 @@
 #include "absl/time/time.h"
 #include "client/attention_client.h"
 #include "gtest/gtest.h"
+#include "tests/server/server_process.h"
 
 extern char** environ;
 
 namespace attention {
 namespace {
 
-// A child attention-server process.
-class ServerProcess {
- public:
-  explicit ServerProcess(std::vector<std::string> flags) {
-    port_file_ = absl::StrCat(::testing::TempDir(), "/attention-server-port-",
-                              getpid(), "-", counter_++);
-    std::remove(port_file_.c_str());
-    output_file_ = port_file_ + ".out";
-    std::vector<std::string> args = {ATTN_SERVER_BINARY,
-                                     "--port_file=" + port_file_};
-    args.insert(args.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    // stdout and stderr go to one file, read by output().
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO,
-                                     output_file_.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    if (posix_spawn(&pid_, ATTN_SERVER_BINARY, &actions, nullptr, argv.data(),
-                    environ) != 0) {
-      pid_ = -1;
-    }
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~ServerProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-    std::remove(port_file_.c_str());
-    std::remove(output_file_.c_str());
-  }
-
-  bool started() const { return pid_ > 0; }
-
-  // The port from --port_file, or 0 if the server exited or took too long.
-  int WaitForPort() {
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < deadline) {
-      std::ifstream in(port_file_);
-      std::string text;
-      int port = 0;
-      if (in >> text && absl::SimpleAtoi(text, &port) && port > 0) return port;
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exited_ = true;
-        status_ = status;
-        return 0;
-      }
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return 0;
-  }
-
-  void Signal(int signal_number) { kill(pid_, signal_number); }
-
-  // What the server wrote to stdout and stderr so far.
-  std::string output() const {
-    std::ifstream in(output_file_);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
-  // The raw wait status once the process has exited.
-  int Wait() {
-    if (!exited_) {
-      while (waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
-      }
-      exited_ = true;
-    }
-    return status_;
-  }
-
- private:
-  static inline int counter_ = 0;
-  std::string port_file_;
-  std::string output_file_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int status_ = 0;
-};
+using ::attention::testing::ServerProcess;
 
 const std::vector<std::string> kSmallServer = {"--port=0",
                                                "--backend=cpu",

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -42,6 +43,86 @@ TEST_F(ServerServicesTest, ServerInfoDescribesTheServer) {
   EXPECT_EQ(info->active_sessions(), 0);
   EXPECT_EQ(info->max_message_bytes(), TestServerOptions().max_message_bytes);
   EXPECT_GT(server_->server->port(), 0);
+  // What a placer needs (see the proto's "Fleets").
+  EXPECT_EQ(info->advertise_address(),
+            absl::StrCat("127.0.0.1:", server_->server->port()));
+  EXPECT_FALSE(info->draining());
+  EXPECT_EQ(info->queued_steps(), 0);
+  EXPECT_EQ(info->kv_cache_free_bytes(), TestServerOptions().kv_cache_bytes);
+
+  auto session = client().OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(session->spec(), 3, 1);
+  ATTN_ASSERT_OK(session->Prefill(0, tokens.q, tokens.k, tokens.v));
+  auto used = client().GetServerInfo();
+  ATTN_ASSERT_OK(used);
+  EXPECT_GT(used->kv_cache_used_bytes(), 0);
+  EXPECT_EQ(used->kv_cache_free_bytes(),
+            used->kv_cache_capacity_bytes() - used->kv_cache_used_bytes());
+}
+
+TEST_F(ServerServicesTest, EverySessionInfoNamesTheOwner) {
+  const std::string owner = server_->server->advertise_address();
+  EXPECT_EQ(owner, absl::StrCat("127.0.0.1:", server_->server->port()));
+  auto created = client().CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(created);
+  EXPECT_EQ(created->owner(), owner);
+  auto got = client().GetSession(created->session_id());
+  ATTN_ASSERT_OK(got);
+  EXPECT_EQ(got->owner(), owner);
+  auto fork = client().ForkSession(created->session_id());
+  ATTN_ASSERT_OK(fork);
+  EXPECT_EQ(fork->owner(), owner);
+  auto truncated = client().TruncateSession(created->session_id(), 0);
+  ATTN_ASSERT_OK(truncated);
+  EXPECT_EQ(truncated->owner(), owner);
+  auto listed = client().ListSessions();
+  ATTN_ASSERT_OK(listed);
+  ASSERT_EQ(listed->size(), 2u);
+  for (const v1::SessionInfo& info : *listed) EXPECT_EQ(info.owner(), owner);
+  std::vector<v1::SessionChunk> chunks;
+  ATTN_ASSERT_OK(client().ExportSession(
+      created->session_id(),
+      [&](const v1::SessionChunk& chunk) -> absl::Status {
+        chunks.push_back(chunk);
+        return absl::OkStatus();
+      }));
+  size_t next = 0;
+  auto imported = client().ImportSession(
+      [&](v1::SessionChunk* chunk) -> absl::StatusOr<bool> {
+        if (next == chunks.size()) return false;
+        *chunk = chunks[next++];
+        return true;
+      });
+  ATTN_ASSERT_OK(imported);
+  EXPECT_EQ(imported->owner(), owner);
+}
+
+TEST(AdvertiseAddressTest, TheFlagNamesTheOwner) {
+  server::ServerOptions options = TestServerOptions();
+  options.advertise_address = "replica-7.attention.example:50051";
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  auto info = (*server)->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->advertise_address(), options.advertise_address);
+  auto created = (*server)->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(created);
+  EXPECT_EQ(created->owner(), options.advertise_address);
+}
+
+TEST(AdvertiseAddressTest, AMalformedAddressIsRefused) {
+  for (const char* bad : {"no-port", ":50051", "host:0", "host:65536",
+                          "host:http", "::1:50051"}) {
+    server::ServerOptions options = TestServerOptions();
+    options.advertise_address = bad;
+    auto server = server::AttentionServer::Start(options);
+    ATTN_EXPECT_CODE(server, absl::StatusCode::kInvalidArgument);
+    if (!server.ok()) {
+      EXPECT_THAT(std::string(server.status().message()),
+                  ::testing::HasSubstr("advertise_address"));
+    }
+  }
 }
 
 TEST_F(ServerServicesTest, HealthServiceReportsServing) {
@@ -86,6 +167,10 @@ TEST_F(ServerServicesTest, ShutdownLetsInFlightStreamsFinish) {
     if (!health.ok() || *health != client::ServingStatus::kServing) break;
     absl::SleepFor(absl::Milliseconds(10));
   }
+  // Placers see the replica draining.
+  auto info = client().GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_TRUE(info->draining());
   // The open stream is still served.
   auto second = stream->Step(*session->MakeDecodeRequest(
       0, tokens.q_rows(1, 1), tokens.k_rows(1, 1), tokens.v_rows(1, 1)));

@@ -1,0 +1,84 @@
+// Peers: the other replicas of a fleet, as --peers names them, for a
+// draining replica to hand its sessions over to (server/session_handover.h).
+//
+// --peers is a comma-separated list of host:port; each host is an address
+// or a DNS name, re-resolved on every Serving() call (the headless Service
+// of a StatefulSet resolves to every ready pod). Every address found is a
+// candidate; this replica itself is recognised by ServerInfo.
+// advertise_address and left out. A candidate is SERVING when its
+// grpc.health.v1 status for attention.v1.AttentionService is SERVING and
+// its ServerInfo says it is not draining.
+//
+// Calls to peers use the replica's own transport security and identity
+// (PeerOptions::client): TLS verifying the peer against the CA of
+// --tls_client_ca_file under the name --peers gives, the replica's
+// certificate as client certificate, and --peer_token_file's bearer token.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef ATTENTION_SERVER_PEERS_H_
+#define ATTENTION_SERVER_PEERS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/attention_client.h"
+#include "server/host_port.h"
+
+namespace attention::server {
+
+struct PeerOptions {
+  // --peers: comma-separated host:port entries (see above).
+  std::string peers;
+  // This replica's advertise address (left out of the peers).
+  std::string self_address;
+  // How peers are called: transport security and bearer token. Its
+  // tls_server_name is replaced by each entry's host.
+  client::ClientOptions client;
+  // Deadline of each health / ServerInfo probe.
+  absl::Duration probe_timeout = absl::Seconds(1);
+};
+
+// A SERVING peer as last probed.
+struct Peer {
+  std::string target;             // the resolved "ip:port" called
+  std::string advertise_address;  // its SessionInfo.owner
+  int64_t kv_cache_free_bytes = 0;
+  std::shared_ptr<client::AttentionClient> client;
+};
+
+class Peers {
+ public:
+  // INVALID_ARGUMENT naming --peers for an entry that is not host:port.
+  static absl::StatusOr<std::unique_ptr<Peers>> Create(PeerOptions options);
+
+  // Resolves the entries again and probes every address found; returns the
+  // SERVING ones other than this replica, most kv_cache_free_bytes first.
+  // Empty when none is (or names do not resolve); failures are logged.
+  std::vector<Peer> Serving();
+
+  const PeerOptions& options() const { return options_; }
+
+ private:
+  Peers(PeerOptions options, std::vector<HostPort> entries)
+      : options_(std::move(options)), entries_(std::move(entries)) {}
+  // The client for `target`, created on first use.
+  std::shared_ptr<client::AttentionClient> ClientFor(
+      const std::string& target, const std::string& server_name);
+
+  const PeerOptions options_;
+  const std::vector<HostPort> entries_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<client::AttentionClient>>
+      clients_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_PEERS_H_

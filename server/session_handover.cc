@@ -1,0 +1,190 @@
+#include "server/session_handover.h"
+
+#include <grpcpp/client_context.h>
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "client/attention_client.h"
+#include "server/log.h"
+#include "server/session_transfer.h"
+
+namespace attention::server {
+namespace {
+
+// How long one attempt to seal a session waits for its running calls
+// before the session is put back at the end of the queue.
+constexpr absl::Duration kSealWait = absl::Milliseconds(500);
+
+// Whether a failed import may nevertheless have created the session on the
+// peer: the whole snapshot was sent and the answer is not one of the
+// import's refusals (which leave nothing behind).
+bool OutcomeUnknown(const grpc::Status& status, bool all_sent) {
+  if (!all_sent) return false;
+  switch (status.error_code()) {
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+SessionHandover::SessionHandover(AttentionEngine* engine, Peers* peers,
+                                 ServerMetrics* metrics,
+                                 std::string self_address)
+    : engine_(engine),
+      peers_(peers),
+      metrics_(metrics),
+      self_address_(std::move(self_address)) {}
+
+HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  HandoverResult result;
+  std::vector<std::string> queue;
+  for (std::string after;;) {
+    std::vector<SessionInfo> page = engine_->ListAllSessions(after, 1000);
+    if (page.empty()) break;
+    for (SessionInfo& info : page) queue.push_back(std::move(info.session_id));
+    after = queue.back();
+  }
+  // Busy sessions go back to the end, once each.
+  std::vector<std::string> retried;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    if (absl::Now() >= deadline) {
+      result.left += static_cast<int64_t>(queue.size() - i);
+      break;
+    }
+    switch (HandOver(queue[i], deadline)) {
+      case Outcome::kSent:
+        ++result.sent;
+        break;
+      case Outcome::kFailed:
+        if (std::find(retried.begin(), retried.end(), queue[i]) ==
+            retried.end()) {
+          retried.push_back(queue[i]);
+          queue.push_back(queue[i]);
+        } else {
+          ++result.failed;
+        }
+        break;
+      case Outcome::kRefused:
+        ++result.failed;
+        break;
+      case Outcome::kNoPeer:
+        result.left += static_cast<int64_t>(queue.size() - i);
+        i = queue.size();
+        break;
+      case Outcome::kGone:
+        break;
+    }
+  }
+  result.duration = absl::Now() - start;
+  return result;
+}
+
+SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
+                                                   absl::Time deadline) {
+  std::vector<Peer> peers = peers_->Serving();
+  if (peers.empty()) return Outcome::kNoPeer;
+  absl::StatusOr<SessionSeal> seal =
+      engine_->SealSession(id, std::min(deadline, absl::Now() + kSealWait));
+  if (!seal.ok()) {
+    // Deleted or expired meanwhile: nothing to move.
+    if (seal.status().code() == absl::StatusCode::kNotFound) {
+      return Outcome::kGone;
+    }
+    Log(LogLevel::kWarning, "handover_failed",
+        {{"session", id}, {"error", seal.status().ToString()}});
+    return Outcome::kFailed;
+  }
+  // An export this replica refuses (an MLA or top-k session) goes nowhere.
+  if (absl::StatusOr<std::unique_ptr<SessionExport>> check =
+          engine_->ExportSealed(*seal);
+      !check.ok()) {
+    Log(LogLevel::kWarning, "handover_failed",
+        {{"session", id}, {"error", check.status().ToString()}});
+    if (metrics_ != nullptr) metrics_->RecordHandover(false);
+    return Outcome::kRefused;
+  }
+  for (const Peer& peer : peers) {
+    bool unknown = false;
+    const absl::Status sent = SendTo(peer, *seal, deadline, &unknown);
+    if (sent.ok() || unknown) {
+      // Never live on two replicas: an unknown outcome counts as moved.
+      seal->Commit(peer.advertise_address);
+      if (metrics_ != nullptr) metrics_->RecordHandover(sent.ok());
+      Log(sent.ok() ? LogLevel::kInfo : LogLevel::kError, "handover",
+          {{"session", id},
+           {"to", peer.advertise_address},
+           {"error", sent.ok() ? std::string() : sent.ToString()}});
+      return sent.ok() ? Outcome::kSent : Outcome::kRefused;
+    }
+    Log(LogLevel::kWarning, "handover_refused",
+        {{"session", id},
+         {"to", peer.advertise_address},
+         {"error", sent.ToString()}});
+  }
+  if (metrics_ != nullptr) metrics_->RecordHandover(false);
+  return Outcome::kFailed;
+}
+
+absl::Status SessionHandover::SendTo(const Peer& peer, const SessionSeal& seal,
+                                     absl::Time deadline, bool* unknown) {
+  *unknown = false;
+  // A refused export is this replica's answer, not the peer's.
+  absl::StatusOr<std::unique_ptr<SessionExport>> session_export =
+      engine_->ExportSealed(seal);
+  if (!session_export.ok()) return session_export.status();
+
+  auto stub = v1::AttentionService::NewStub(peer.client->channel());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  context.AddMetadata(kHandoverMetadata, self_address_);
+  const std::string& token = peers_->options().client.auth_token;
+  if (!token.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  }
+  v1::SessionInfo reply;
+  std::unique_ptr<grpc::ClientWriter<v1::SessionChunk>> writer =
+      stub->ImportSession(&context, &reply);
+  bool all_sent = true;
+  const absl::StatusOr<int64_t> written = WriteSessionExport(
+      **session_export, [&](v1::SessionChunk& record) -> absl::Status {
+        if (record.has_header()) record.set_keep_session_id(true);
+        if (!writer->Write(record)) {
+          all_sent = false;
+          return absl::UnavailableError("the peer closed the import stream");
+        }
+        return absl::OkStatus();
+      });
+  if (!written.ok() && all_sent) {
+    // The export failed mid-way: end the import so the peer drops it.
+    context.TryCancel();
+    all_sent = false;
+  }
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (status.ok()) {
+    if (metrics_ != nullptr) metrics_->RecordExport(*written);
+    return absl::OkStatus();
+  }
+  *unknown = OutcomeUnknown(status, all_sent);
+  if (!written.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {
+    return written.status();
+  }
+  return absl::Status(
+      client::FromGrpcStatus(status).code(),
+      absl::StrCat("peer ", peer.advertise_address, ": ",
+                   status.error_message()));
+}
+
+}  // namespace attention::server

@@ -1,0 +1,80 @@
+// SessionHandover: what a draining replica does with its sessions when
+// other replicas are SERVING (--peers): it moves each one to the peer with
+// the most free KV memory instead of dropping it.
+//
+// Design: one session at a time, for every tenant's sessions:
+//   1. the SERVING peers are probed again (Peers::Serving), so each session
+//      goes to the peer with the most free KV memory now;
+//   2. the session is sealed here (SessionManager::Seal): calls on it wait,
+//      and the seal waits until none runs, so its state is at rest;
+//   3. it is exported into an ImportSession call on the peer, keeping its
+//      id (keep_session_id) and its tenant (the call carries
+//      kHandoverMetadata, which a peer honours from a peer identity only;
+//      see AttentionServiceImpl::ImportSession);
+//   4. on success it is deleted here and remembered as moved
+//      (SessionSeal::Commit): the waiting calls and later ones get the
+//      redirect; on a refusal it is unsealed (the waiting calls run here)
+//      and the next peer is tried.
+// A session is thus never live on two replicas: it is sealed here before
+// the peer accepts calls on it, and when an import's outcome is unknown
+// (the peer may have created it: the stream broke or timed out after the
+// whole snapshot was sent) it is treated as moved. Sessions that could not
+// be moved (no SERVING peer, every peer refused, the export refused - MLA
+// and top-k sessions, calls that kept it busy) stay here; the drain then
+// snapshots them when --snapshot_dir is set.
+//
+// Forks share KV blocks here; each is exported whole, so the peer holds
+// one copy per fork.
+//
+// Thread-safety: HandOverAll runs once, on the drain's thread.
+#ifndef ATTENTION_SERVER_SESSION_HANDOVER_H_
+#define ATTENTION_SERVER_SESSION_HANDOVER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/engine.h"
+#include "server/metrics.h"
+#include "server/peers.h"
+#include "server/session_transfer.h"
+
+namespace attention::server {
+
+struct HandoverResult {
+  int64_t sent = 0;    // moved to a peer
+  int64_t failed = 0;  // tried and left here (or, outcome unknown, dropped)
+  int64_t left = 0;    // not tried: no SERVING peer, or out of time
+  absl::Duration duration;
+};
+
+class SessionHandover {
+ public:
+  // Every pointer must outlive the handover; `metrics` may be null.
+  SessionHandover(AttentionEngine* engine, Peers* peers,
+                  ServerMetrics* metrics, std::string self_address);
+
+  // Moves every session it can before `deadline` (see above).
+  HandoverResult HandOverAll(absl::Time deadline);
+
+ private:
+  // kFailed may succeed later (busy, or every peer refused); kRefused will
+  // not (the export is refused, or the outcome is unknown).
+  enum class Outcome { kSent, kFailed, kRefused, kNoPeer, kGone };
+  // Moves session `id`: seals it, tries the peers in order.
+  Outcome HandOver(const std::string& id, absl::Time deadline);
+  // One ImportSession call carrying `seal`'s session to `peer`. OK when the
+  // peer holds it now; `*unknown` tells a failure whose outcome is unknown.
+  absl::Status SendTo(const Peer& peer, const SessionSeal& seal,
+                      absl::Time deadline, bool* unknown);
+
+  AttentionEngine* const engine_;
+  Peers* const peers_;
+  ServerMetrics* const metrics_;
+  const std::string self_address_;
+};
+
+}  // namespace attention::server
+
+#endif  // ATTENTION_SERVER_SESSION_HANDOVER_H_

@@ -1,0 +1,508 @@
+// Replicas handing their sessions over on drain (--peers), run as real
+// attention-server processes on the loopback interface: a SIGTERM'd replica
+// moves every session (fp32 and fp16 KV, GQA, windows, sinks, forks) to its
+// SERVING peers, answers later calls - including the next request of an open
+// Decode stream - with NOT_FOUND and `attention-session-owner` metadata, and
+// exits 0; decoding continues on the new owner bitwise as on a server whose
+// sessions never moved. Without a SERVING peer, or when peers refuse, the
+// sessions go to the next peer or to --snapshot_dir. Redirects answer only
+// the session's own tenant.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "attention/v1/attention.grpc.pb.h"
+#include "client/attention_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/tokens_file.h"
+#include "tests/server/server_process.h"
+#include "tests/server/test_server.h"
+
+namespace attention::testing {
+namespace {
+
+constexpr char kOwnerMetadata[] = "attention-session-owner";
+
+// A replica: an attention-server process and a client of it.
+struct Replica {
+  std::unique_ptr<ServerProcess> process;
+  std::string address;  // its advertise address, 127.0.0.1:port
+  std::unique_ptr<client::AttentionClient> client;
+};
+
+std::vector<std::string> ReplicaFlags(std::vector<std::string> extra) {
+  std::vector<std::string> flags = {
+      "--port=0",         "--listen_address=127.0.0.1",
+      "--backend=cpu",    "--threads=1",
+      "--metrics_port=-1", "--kv_cache_bytes=16777216",
+      "--kv_block_bytes=4096", "--drain_timeout=20s",
+      "--log_level=warning"};
+  flags.insert(flags.end(), extra.begin(), extra.end());
+  return flags;
+}
+
+// Starts a replica; `token` is the bearer token its client sends.
+std::unique_ptr<Replica> StartReplica(std::vector<std::string> extra,
+                                      const std::string& token = "") {
+  auto replica = std::make_unique<Replica>();
+  replica->process =
+      std::make_unique<ServerProcess>(ReplicaFlags(std::move(extra)));
+  const int port = replica->process->WaitForPort();
+  EXPECT_GT(port, 0) << replica->process->output();
+  if (port <= 0) return nullptr;
+  replica->address = absl::StrCat("127.0.0.1:", port);
+  client::ClientOptions options;
+  options.auth_token = token;
+  options.retry_max_attempts = 1;
+  replica->client = client::AttentionClient::Connect(replica->address, options);
+  return replica;
+}
+
+// The raw answer of a GetSession call: status and owner trailer.
+struct RawReply {
+  grpc::Status status;
+  std::optional<std::string> owner;  // attention-session-owner
+};
+
+std::optional<std::string> OwnerTrailer(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(kOwnerMetadata);
+  if (it == trailers.end()) return std::nullopt;
+  return std::string(it->second.data(), it->second.size());
+}
+
+RawReply RawGetSession(client::AttentionClient& client, const std::string& id,
+                       const std::string& token = "") {
+  grpc::ClientContext context;
+  if (!token.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  }
+  v1::GetSessionRequest request;
+  request.set_session_id(id);
+  v1::SessionInfo info;
+  RawReply reply;
+  reply.status = client.stub()->GetSession(&context, request, &info);
+  reply.owner = OwnerTrailer(context);
+  return reply;
+}
+
+// Which of `replicas` holds session `id` now (waits for the handover).
+Replica* FindOwner(const std::vector<Replica*>& replicas,
+                   const std::string& id) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    for (Replica* replica : replicas) {
+      if (replica->client->GetSession(id).ok()) return replica;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return nullptr;
+}
+
+// Also closes the replica's client first: gRPC's shutdown waits a few
+// seconds for idle connections.
+void ExpectExitedZero(Replica& replica) {
+  replica.client.reset();
+  ServerProcess& process = *replica.process;
+  const int status = process.Wait();
+  ASSERT_TRUE(WIFEXITED(status))
+      << "killed by signal " << WTERMSIG(status) << "\n"
+      << process.output();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << process.output();
+}
+
+v1::SessionSpec SinkSpec() {
+  v1::SessionSpec spec = MakeSpec(1, 2, 1, 8);
+  v1::LayerSpec* layer = spec.add_layers();
+  layer->set_window(3);
+  layer->set_num_sink_tokens(2);
+  layer->add_sink_logits(0.25f);
+  layer->add_sink_logits(-0.5f);
+  return spec;
+}
+
+// One session kept on a replica and, identically, on a reference server
+// whose sessions never move.
+struct Mirrored {
+  std::string name;
+  std::string id;            // on the replica (then its new owner)
+  client::SessionHandle reference;
+  Tokens tokens;             // every token either side will get
+  int64_t next = 0;          // the next token to append
+};
+
+std::string OutputBytes(const v1::AttentionResult& result) {
+  return result.output().data();
+}
+
+// Appends token `mirrored.next` to every layer on both sides, expecting
+// bitwise equal outputs.
+void DecodeBoth(client::AttentionClient& replica, Mirrored& mirrored) {
+  client::SessionHandle handle(&replica, [&] {
+    v1::SessionInfo info;
+    info.set_session_id(mirrored.id);
+    *info.mutable_spec() = mirrored.reference.spec();
+    return info;
+  }());
+  const int64_t t = mirrored.next++;
+  for (int layer = 0; layer < mirrored.reference.spec().num_layers();
+       ++layer) {
+    const Tokens& tk = mirrored.tokens;
+    auto moved = handle.DecodeStep(layer, tk.q_rows(t, 1), tk.k_rows(t, 1),
+                                   tk.v_rows(t, 1));
+    auto kept = mirrored.reference.DecodeStep(
+        layer, tk.q_rows(t, 1), tk.k_rows(t, 1), tk.v_rows(t, 1));
+    ASSERT_TRUE(moved.ok()) << mirrored.name << ": " << moved.status();
+    ASSERT_TRUE(kept.ok()) << mirrored.name << ": " << kept.status();
+    EXPECT_EQ(moved->position(), kept->position()) << mirrored.name;
+    EXPECT_EQ(OutputBytes(*moved), OutputBytes(*kept))
+        << mirrored.name << " token " << t << " layer " << layer;
+  }
+}
+
+// Creates `spec` on `replica` and on `reference`, prefilling `prefill`
+// tokens on both.
+Mirrored CreateBoth(const std::string& name, const v1::SessionSpec& spec,
+                    client::AttentionClient& replica,
+                    client::AttentionClient& reference, int64_t prefill,
+                    uint32_t seed) {
+  auto on_replica = replica.OpenSession(spec);
+  auto on_reference = reference.OpenSession(spec);
+  EXPECT_TRUE(on_replica.ok()) << on_replica.status();
+  EXPECT_TRUE(on_reference.ok()) << on_reference.status();
+  Mirrored mirrored{.name = name,
+                    .id = on_replica->id(),
+                    .reference = *on_reference,
+                    .tokens = RandomTokens(on_replica->spec(), 64, seed)};
+  for (int layer = 0; layer < spec.num_layers(); ++layer) {
+    const Tokens& tk = mirrored.tokens;
+    auto a = on_replica->Prefill(layer, tk.q_rows(0, prefill),
+                                 tk.k_rows(0, prefill), tk.v_rows(0, prefill));
+    auto b = on_reference->Prefill(layer, tk.q_rows(0, prefill),
+                                   tk.k_rows(0, prefill),
+                                   tk.v_rows(0, prefill));
+    EXPECT_TRUE(a.ok() && b.ok()) << name;
+    if (a.ok() && b.ok()) EXPECT_EQ(OutputBytes(*a), OutputBytes(*b)) << name;
+  }
+  mirrored.next = prefill;
+  return mirrored;
+}
+
+TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
+  std::unique_ptr<Replica> b = StartReplica({});
+  std::unique_ptr<Replica> c = StartReplica({});
+  ASSERT_NE(b, nullptr);
+  ASSERT_NE(c, nullptr);
+  std::unique_ptr<Replica> a = StartReplica(
+      {absl::StrCat("--peers=", b->address, ",", c->address)});
+  ASSERT_NE(a, nullptr);
+  auto reference = StartTestServer();
+  ATTN_ASSERT_OK(reference);
+  client::AttentionClient& ref = *(*reference)->client;
+
+  std::vector<Mirrored> sessions;
+  sessions.push_back(
+      CreateBoth("fp32 gqa", MakeSpec(2, 4, 2, 8), *a->client, ref, 5, 1));
+  sessions.push_back(CreateBoth("fp16",
+                                MakeSpec(1, 2, 1, 8, {}, v1::DTYPE_FLOAT16),
+                                *a->client, ref, 4, 2));
+  sessions.push_back(CreateBoth("window", MakeSpec(2, 2, 2, 8, {3, 0}),
+                                *a->client, ref, 6, 3));
+  sessions.push_back(CreateBoth("sinks", SinkSpec(), *a->client, ref, 3, 4));
+  // A fork of the fp32 session (sharing its blocks on A), diverging.
+  {
+    auto fork = a->client->ForkSession(sessions[0].id);
+    ATTN_ASSERT_OK(fork);
+    auto ref_fork = sessions[0].reference.Fork();
+    ATTN_ASSERT_OK(ref_fork);
+    Mirrored forked{.name = "fork",
+                    .id = fork->session_id(),
+                    .reference = *ref_fork,
+                    .tokens = RandomTokens(fork->spec(), 64, 5),
+                    .next = sessions[0].next};
+    sessions.push_back(std::move(forked));
+  }
+  for (Mirrored& mirrored : sessions) DecodeBoth(*a->client, mirrored);
+  for (const Mirrored& mirrored : sessions) {
+    auto info = a->client->GetSession(mirrored.id);
+    ATTN_ASSERT_OK(info);
+    EXPECT_EQ(info->owner(), a->address);
+  }
+
+  // A Decode stream on A, mid-way through the fp32 session's token.
+  Mirrored& streamed = sessions[0];
+  grpc::ClientContext stream_context;
+  auto stream = a->client->stub()->Decode(&stream_context);
+  const auto step_request = [&](int layer, int64_t t) {
+    auto request = streamed.reference.MakeDecodeRequest(
+        layer, streamed.tokens.q_rows(t, 1), streamed.tokens.k_rows(t, 1),
+        streamed.tokens.v_rows(t, 1));
+    EXPECT_TRUE(request.ok());
+    request->set_session_id(streamed.id);
+    return *request;
+  };
+  {
+    const int64_t t = streamed.next;
+    ASSERT_TRUE(stream->Write(step_request(0, t)));
+    v1::AttentionResult result;
+    ASSERT_TRUE(stream->Read(&result));
+    auto kept = streamed.reference.DecodeStep(0, streamed.tokens.q_rows(t, 1),
+                                              streamed.tokens.k_rows(t, 1),
+                                              streamed.tokens.v_rows(t, 1));
+    ATTN_ASSERT_OK(kept);
+    EXPECT_EQ(OutputBytes(result), OutputBytes(*kept));
+  }
+
+  a->process->Signal(SIGTERM);
+  std::map<std::string, Replica*> owners;
+  for (const Mirrored& mirrored : sessions) {
+    Replica* owner = FindOwner({b.get(), c.get()}, mirrored.id);
+    ASSERT_NE(owner, nullptr) << mirrored.name << " was not handed over\n"
+                              << a->process->output();
+    owners[mirrored.id] = owner;
+    auto info = owner->client->GetSession(mirrored.id);
+    ATTN_ASSERT_OK(info);
+    EXPECT_EQ(info->owner(), owner->address);
+  }
+
+  // While the stream keeps A up, a unary call on a moved session gets the
+  // redirect.
+  const RawReply moved = RawGetSession(*a->client, sessions[1].id);
+  EXPECT_EQ(moved.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(moved.owner, owners[sessions[1].id]->address);
+  EXPECT_THAT(moved.status.error_message(),
+              ::testing::HasSubstr(owners[sessions[1].id]->address));
+
+  // The stream's next request (layer 1 of the same token) ends it with the
+  // redirect; that step was not applied anywhere.
+  EXPECT_TRUE(stream->Write(step_request(1, streamed.next)));
+  v1::AttentionResult unused;
+  EXPECT_FALSE(stream->Read(&unused));
+  const grpc::Status ended = stream->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::NOT_FOUND)
+      << ended.error_message();
+  EXPECT_EQ(OwnerTrailer(stream_context), owners[streamed.id]->address);
+  stream.reset();
+  ExpectExitedZero(*a);
+
+  // The client re-sends that step at the new owner, and decoding goes on
+  // bitwise as on the reference.
+  {
+    const int64_t t = streamed.next;
+    client::SessionHandle handle(owners[streamed.id]->client.get(),
+                                 *owners[streamed.id]->client->GetSession(
+                                     streamed.id));
+    auto moved_step = handle.DecodeStep(1, streamed.tokens.q_rows(t, 1),
+                                        streamed.tokens.k_rows(t, 1),
+                                        streamed.tokens.v_rows(t, 1));
+    auto kept = streamed.reference.DecodeStep(1, streamed.tokens.q_rows(t, 1),
+                                              streamed.tokens.k_rows(t, 1),
+                                              streamed.tokens.v_rows(t, 1));
+    ATTN_ASSERT_OK(moved_step);
+    ATTN_ASSERT_OK(kept);
+    EXPECT_EQ(OutputBytes(*moved_step), OutputBytes(*kept));
+    ++streamed.next;
+  }
+  for (Mirrored& mirrored : sessions) {
+    for (int i = 0; i < 3; ++i) {
+      DecodeBoth(*owners[mirrored.id]->client, mirrored);
+    }
+    auto moved_info = owners[mirrored.id]->client->GetSession(mirrored.id);
+    auto kept_info = mirrored.reference.Info();
+    ATTN_ASSERT_OK(moved_info);
+    ATTN_ASSERT_OK(kept_info);
+    EXPECT_THAT(moved_info->layer_lengths(),
+                ::testing::ElementsAreArray(kept_info->layer_lengths()))
+        << mirrored.name;
+  }
+}
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/handover-",
+                                       name, "-", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The session ids `replica` restores from `dir`.
+std::vector<std::string> RestoredIds(const std::string& dir) {
+  std::unique_ptr<Replica> restarted =
+      StartReplica({absl::StrCat("--snapshot_dir=", dir)});
+  std::vector<std::string> ids;
+  if (restarted == nullptr) return ids;
+  auto listed = restarted->client->ListSessions();
+  EXPECT_TRUE(listed.ok()) << listed.status();
+  if (listed.ok()) {
+    for (const v1::SessionInfo& info : *listed) ids.push_back(info.session_id());
+  }
+  return ids;
+}
+
+TEST(HandoverTest, WithoutAServingPeerSessionsGoToTheSnapshot) {
+  const std::string dir = FreshDir("no-peer");
+  // Nothing listens on port 1.
+  std::unique_ptr<Replica> a = StartReplica(
+      {"--peers=127.0.0.1:1", absl::StrCat("--snapshot_dir=", dir)});
+  ASSERT_NE(a, nullptr);
+  auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  a->process->Signal(SIGTERM);
+  ExpectExitedZero(*a);
+  EXPECT_THAT(RestoredIds(dir), ::testing::ElementsAre(session->session_id()));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
+  // B has the most free KV memory but no room for another session.
+  std::unique_ptr<Replica> b =
+      StartReplica({"--max_sessions=1", "--kv_cache_bytes=33554432"});
+  ASSERT_NE(b, nullptr);
+  ATTN_ASSERT_OK(b->client->CreateSession(MakeSpec(1, 2, 1, 8)));
+  std::unique_ptr<Replica> c = StartReplica({});
+  ASSERT_NE(c, nullptr);
+
+  // With B and C: the session goes to C after B refuses it.
+  {
+    std::unique_ptr<Replica> a = StartReplica(
+        {absl::StrCat("--peers=", b->address, ",", c->address)});
+    ASSERT_NE(a, nullptr);
+    auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+    ATTN_ASSERT_OK(session);
+    a->process->Signal(SIGTERM);
+    ExpectExitedZero(*a);
+    auto on_c = c->client->GetSession(session->session_id());
+    ATTN_EXPECT_OK(on_c);
+    if (on_c.ok()) EXPECT_EQ(on_c->owner(), c->address);
+    ATTN_EXPECT_CODE(b->client->GetSession(session->session_id()),
+                     absl::StatusCode::kNotFound);
+  }
+  // With B alone: it falls back to the snapshot.
+  {
+    const std::string dir = FreshDir("full-peer");
+    std::unique_ptr<Replica> a = StartReplica(
+        {absl::StrCat("--peers=", b->address),
+         absl::StrCat("--snapshot_dir=", dir)});
+    ASSERT_NE(a, nullptr);
+    auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+    ATTN_ASSERT_OK(session);
+    a->process->Signal(SIGTERM);
+    ExpectExitedZero(*a);
+    EXPECT_THAT(RestoredIds(dir),
+                ::testing::ElementsAre(session->session_id()));
+    std::filesystem::remove_all(dir);
+  }
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+}
+
+TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
+  const std::string dir = FreshDir("tenants");
+  const std::string tokens_file = dir + "/tokens";
+  WriteFile(tokens_file,
+            absl::StrCat("alice ", server::DigestTokenHex("alice-token"),
+                         " - -\nbob ", server::DigestTokenHex("bob-token"),
+                         " - -\npeer ", server::DigestTokenHex("peer-token"),
+                         " - -\n"));
+  const std::string peer_token_file = dir + "/peer-token";
+  WriteFile(peer_token_file, "peer-token\n");
+  const std::string auth = absl::StrCat("--auth_tokens_file=", tokens_file);
+  std::unique_ptr<Replica> b = StartReplica({auth}, "alice-token");
+  ASSERT_NE(b, nullptr);
+  std::unique_ptr<Replica> a = StartReplica(
+      {auth, absl::StrCat("--peers=", b->address),
+       absl::StrCat("--peer_token_file=", peer_token_file)},
+      "alice-token");
+  ASSERT_NE(a, nullptr);
+  client::ClientOptions bob_options;
+  bob_options.auth_token = "bob-token";
+  auto bob_on_a = client::AttentionClient::Connect(a->address, bob_options);
+  auto bob_on_b = client::AttentionClient::Connect(b->address, bob_options);
+
+  auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  const std::string id = session->session_id();
+  // An open stream (one step done: its handler runs) keeps A up after the
+  // handover.
+  auto keeper = a->client->OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(keeper);
+  const Tokens tokens = RandomTokens(keeper->spec(), 1, 7);
+  auto step = keeper->MakeDecodeRequest(0, tokens.q, tokens.k, tokens.v);
+  ATTN_ASSERT_OK(step);
+  grpc::ClientContext keep_alive;
+  keep_alive.AddMetadata("authorization", "Bearer alice-token");
+  auto stream = a->client->stub()->Decode(&keep_alive);
+  ASSERT_TRUE(stream->Write(*step));
+  v1::AttentionResult first;
+  ASSERT_TRUE(stream->Read(&first));
+
+  a->process->Signal(SIGTERM);
+  ASSERT_NE(FindOwner({b.get()}, id), nullptr) << a->process->output();
+  // On B the session still belongs to alice.
+  ATTN_EXPECT_CODE(bob_on_b->GetSession(id), absl::StatusCode::kNotFound);
+
+  const RawReply alice = RawGetSession(*a->client, id, "alice-token");
+  EXPECT_EQ(alice.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(alice.owner, b->address);
+  // To bob the moved id looks exactly like one that never existed.
+  const RawReply bob = RawGetSession(*bob_on_a, id, "bob-token");
+  const RawReply unknown =
+      RawGetSession(*bob_on_a, std::string(32, '0'), "bob-token");
+  EXPECT_EQ(bob.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(bob.owner, std::nullopt);
+  EXPECT_THAT(bob.status.error_message(),
+              ::testing::Not(::testing::HasSubstr(b->address)));
+  EXPECT_EQ(unknown.status.error_message().substr(
+                unknown.status.error_message().find("' not found")),
+            bob.status.error_message().substr(
+                bob.status.error_message().find("' not found")));
+
+  // A handover import is the peer identity's alone.
+  {
+    std::vector<v1::SessionChunk> chunks;
+    ATTN_ASSERT_OK(b->client->ExportSession(
+        id, [&](const v1::SessionChunk& chunk) -> absl::Status {
+          chunks.push_back(chunk);
+          return absl::OkStatus();
+        }));
+    chunks[0].mutable_header()->set_session_id(std::string(32, '1'));
+    chunks[0].set_keep_session_id(true);
+    grpc::ClientContext context;
+    context.AddMetadata("authorization", "Bearer bob-token");
+    context.AddMetadata("attention-handover-from", "127.0.0.1:9");
+    v1::SessionInfo info;
+    auto writer = bob_on_b->stub()->ImportSession(&context, &info);
+    for (const v1::SessionChunk& chunk : chunks) {
+      if (!writer->Write(chunk)) break;
+    }
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << status.error_message();
+  }
+
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  stream.reset();
+  bob_on_a.reset();
+  ExpectExitedZero(*a);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace attention::testing

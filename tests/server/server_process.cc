@@ -1,0 +1,97 @@
+#include "tests/server/server_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+
+extern char** environ;
+
+namespace attention::testing {
+
+std::string ServerProcess::DefaultBinary() { return ATTN_SERVER_BINARY; }
+
+ServerProcess::ServerProcess(std::vector<std::string> flags,
+                             std::string binary)
+    : binary_(std::move(binary)) {
+  port_file_ = absl::StrCat(::testing::TempDir(), "/attention-server-port-",
+                            getpid(), "-", counter_++);
+  std::remove(port_file_.c_str());
+  output_file_ = port_file_ + ".out";
+  std::vector<std::string> args = {binary_, "--port_file=" + port_file_};
+  args.insert(args.end(), flags.begin(), flags.end());
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  // stdout and stderr go to one file, read by output().
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO,
+                                   output_file_.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  if (posix_spawn(&pid_, binary_.c_str(), &actions, nullptr, argv.data(),
+                  environ) != 0) {
+    pid_ = -1;
+  }
+  posix_spawn_file_actions_destroy(&actions);
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ > 0 && !exited_) {
+    kill(pid_, SIGKILL);
+    Wait();
+  }
+  std::remove(port_file_.c_str());
+  std::remove(output_file_.c_str());
+}
+
+int ServerProcess::WaitForPort() {
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file_);
+    std::string text;
+    int port = 0;
+    if (in >> text && absl::SimpleAtoi(text, &port) && port > 0) return port;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      status_ = status;
+      return 0;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return 0;
+}
+
+void ServerProcess::Signal(int signal_number) { kill(pid_, signal_number); }
+
+std::string ServerProcess::output() const {
+  std::ifstream in(output_file_);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+int ServerProcess::Wait() {
+  if (!exited_) {
+    while (waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {
+    }
+    exited_ = true;
+  }
+  return status_;
+}
+
+}  // namespace attention::testing
