@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/memory/memory.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/placement.h"
@@ -21,6 +22,16 @@ namespace {
 // Redirects one call follows before giving up (a session moves once per
 // drain; more means replicas disagree about it).
 constexpr int kMaxMoves = 4;
+
+// True when the call failed before any connection to the replica existed,
+// so the replica never saw it: gRPC fails such a call with UNAVAILABLE
+// "failed to connect to all addresses" (no transport was ready to carry
+// it). A call cut after it was sent fails otherwise (reset, GOAWAY, ...).
+bool NeverSent(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         absl::StrContains(status.message(),
+                           "failed to connect to all addresses");
+}
 
 bool Unreachable(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
@@ -423,7 +434,8 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
         "replica restarts with its --snapshot_dir"));
   }
   SetOwner(session_id, AddressOf(*found));
-  if (resend == Resend::kIfFoundElsewhere) return found;
+  // A call the replica never saw may go to the session's new place.
+  if (resend == Resend::kIfFoundElsewhere || NeverSent(status)) return found;
   return absl::UnavailableError(absl::StrCat(
       method, " on session ", QuoteClientString(session_id), ": replica ", from,
       " became unreachable (", status.message(), "); the session is now on ",
@@ -651,9 +663,11 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
       return;
     }
     const absl::Status& status = got.status();
-    if (status.code() == absl::StatusCode::kNotFound && moves < kMaxMoves) {
-      // A session of the part moved or is gone, and the part changed
-      // nothing: find each session's owner again and send the part again.
+    if ((status.code() == absl::StatusCode::kNotFound || NeverSent(status)) &&
+        moves < kMaxMoves) {
+      // A session of the part moved or is gone, or the replica never saw
+      // the part: it changed nothing. Find each session's owner again and
+      // send the part again.
       std::set<std::string> sessions;
       for (int step : part.steps) {
         sessions.insert(request.steps(step).session_id());
@@ -819,9 +833,16 @@ void ClusterDecodeStream::Pump(Lane* lane) {
     }
     status = next.status();
   } else if (status.code() == absl::StatusCode::kUnavailable) {
+    // Recover re-sends only a stream the replica never saw (no connection):
+    // then none of its requests was applied.
     absl::StatusOr<std::shared_ptr<ClusterReplica>> next =
         cluster_->Recover(front->request.session_id(), "Decode", *replica,
                           status, ClusterClient::Resend::kNever);
+    if (next.ok() && front->moves < kMaxMoves) {
+      ++front->moves;
+      for (Entry* entry : pending) Dispatch(entry);
+      return;
+    }
     if (!next.ok()) status = next.status();
   }
   for (Entry* entry : pending) {

@@ -43,10 +43,11 @@
 // same address), the client looks for the session on every other replica.
 // Found: it is used from then on, and the call is re-sent when that is
 // safe (it failed with NOT_FOUND, or it may be repeated: GetSession,
-// TruncateSession, DeleteSession, ExportSession before any record). An
-// append or a fork that failed with UNAVAILABLE is never re-sent (it may
-// have been applied): the error names the replica and where the session is
-// now. Not found: NOT_FOUND or UNAVAILABLE naming the replica; the client
+// TruncateSession, DeleteSession, ExportSession before any record, or any
+// call that never reached the replica: gRPC found no connection to it). An
+// append or a fork that failed with UNAVAILABLE otherwise is never re-sent
+// (it may have been applied): the error names the replica and where the
+// session is now. Not found: NOT_FOUND or UNAVAILABLE naming the replica; the client
 // never creates an empty session in a lost one's place.
 //
 // Other errors are the server's, unchanged (code and message).
