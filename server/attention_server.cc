@@ -115,7 +115,10 @@ absl::StatusOr<client::ClientOptions> PeerClientOptions(
   client.max_receive_message_bytes = options.max_message_bytes;
   if (!options.tls_cert_file.empty()) {
     client.tls = true;
-    client.tls_ca_file = options.tls_client_ca_file;
+    client.tls_ca_file = options.peer_tls_ca_file.empty()
+                             ? options.tls_client_ca_file
+                             : options.peer_tls_ca_file;
+    client.tls_server_name = options.peer_tls_server_name;
     client.tls_cert_file = options.tls_cert_file;
     client.tls_key_file = options.tls_key_file;
   }

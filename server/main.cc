@@ -104,6 +104,12 @@ ABSL_FLAG(std::string, peers, "",
 ABSL_FLAG(std::string, peer_token_file, "",
           "File holding the bearer token sent to --peers (a token of the "
           "--peer_tenant tenant in their tokens file).");
+ABSL_FLAG(std::string, peer_tls_ca_file, "",
+          "With TLS: CA (PEM) verifying the peers' server certificates; empty "
+          "= --tls_client_ca_file, or the system's roots.");
+ABSL_FLAG(std::string, peer_tls_server_name, "",
+          "With TLS: the name the peers' certificates must carry; empty = the "
+          "host of each --peers entry.");
 ABSL_FLAG(std::string, peer_tenant, "peer",
           "Tenant (tokens file) or client-certificate CN whose handover "
           "imports keep the session's owner tenant.");
@@ -151,6 +157,8 @@ ServerOptions OptionsFromFlags() {
   options.peers = absl::GetFlag(FLAGS_peers);
   options.peer_token_file = absl::GetFlag(FLAGS_peer_token_file);
   options.peer_tenant = absl::GetFlag(FLAGS_peer_tenant);
+  options.peer_tls_ca_file = absl::GetFlag(FLAGS_peer_tls_ca_file);
+  options.peer_tls_server_name = absl::GetFlag(FLAGS_peer_tls_server_name);
   options.batch_wait = absl::GetFlag(FLAGS_batch_wait);
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_queued_decode_steps =

@@ -200,9 +200,9 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
     corrupt_.fetch_add(corrupt, std::memory_order_relaxed);
   }
 
-  void RecordHandover(bool sent) {
-    (sent ? handovers_sent_ : handovers_failed_)
-        .fetch_add(1, std::memory_order_relaxed);
+  void RecordHandovers(int64_t sent, int64_t failed) {
+    handovers_sent_.fetch_add(sent, std::memory_order_relaxed);
+    handovers_failed_.fetch_add(failed, std::memory_order_relaxed);
   }
   void RecordHandoverReceived() {
     handovers_received_.fetch_add(1, std::memory_order_relaxed);
@@ -515,8 +515,8 @@ void ServerMetrics::RecordRestore(int64_t restored, int64_t corrupt) {
   collector_->RecordRestore(restored, corrupt);
 }
 
-void ServerMetrics::RecordHandover(bool sent) {
-  collector_->RecordHandover(sent);
+void ServerMetrics::RecordHandovers(int64_t sent, int64_t failed) {
+  collector_->RecordHandovers(sent, failed);
 }
 
 void ServerMetrics::RecordHandoverReceived() {

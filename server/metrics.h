@@ -216,10 +216,10 @@ class ServerMetrics {
   void RecordSnapshot(int64_t written, int64_t failed, absl::Duration duration);
   // The restore at start-up: sessions restored, files found corrupt.
   void RecordRestore(int64_t restored, int64_t corrupt);
-  // Handovers on drain (server/session_handover.h): a session this replica
-  // moved to a peer (`sent`) or tried to and could not; and a session a
-  // draining peer moved here (a handover's ImportSession).
-  void RecordHandover(bool sent);
+  // Handovers on drain (server/session_handover.h): sessions this replica
+  // moved to a peer, and those it could not; and a session a draining peer
+  // moved here (a handover's ImportSession).
+  void RecordHandovers(int64_t sent, int64_t failed);
   void RecordHandoverReceived();
 
   // Open Decode streams (attention_streams_active). Calls must pair up.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "server/log.h"
 
 namespace attention::server {
@@ -74,7 +75,9 @@ std::shared_ptr<client::AttentionClient> Peers::ClientFor(
   std::shared_ptr<client::AttentionClient>& client = clients_[target];
   if (client == nullptr) {
     client::ClientOptions options = options_.client;
-    if (client::UsesTls(options)) options.tls_server_name = server_name;
+    if (client::UsesTls(options) && options.tls_server_name.empty()) {
+      options.tls_server_name = server_name;
+    }
     options.retry_max_attempts = 1;
     options.call_timeout = options_.probe_timeout;
     client = std::shared_ptr<client::AttentionClient>(
@@ -83,22 +86,43 @@ std::shared_ptr<client::AttentionClient> Peers::ClientFor(
   return client;
 }
 
+absl::StatusOr<v1::ServerInfo> Peers::Probe(const std::string& target,
+                                            const std::string& server_name) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto failed = failed_.find(target);
+    if (failed != failed_.end() &&
+        absl::Now() - failed->second < options_.failure_backoff) {
+      return absl::UnavailableError("did not answer recently");
+    }
+  }
+  std::shared_ptr<client::AttentionClient> client =
+      ClientFor(target, server_name);
+  absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
+  absl::StatusOr<client::ServingStatus> health =
+      client->CheckHealth("attention.v1.AttentionService");
+  absl::MutexLock lock(&mu_);
+  if (!info.ok() || !health.ok()) {
+    const absl::Status error = info.ok() ? health.status() : info.status();
+    Log(LogLevel::kWarning, "peer_unreachable",
+        {{"peer", target}, {"error", error.ToString()}});
+    failed_[target] = absl::Now();
+    return error;
+  }
+  failed_.erase(target);
+  if (*health != client::ServingStatus::kServing) {
+    return absl::UnavailableError("not SERVING");
+  }
+  return info;
+}
+
 std::vector<Peer> Peers::Serving() {
   std::vector<Peer> serving;
   for (const HostPort& entry : entries_) {
     for (const std::string& target : Resolve(entry)) {
-      std::shared_ptr<client::AttentionClient> client =
-          ClientFor(target, entry.host);
-      absl::StatusOr<client::ServingStatus> health =
-          client->CheckHealth("attention.v1.AttentionService");
-      if (!health.ok() || *health != client::ServingStatus::kServing) continue;
-      absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
-      if (!info.ok()) {
-        Log(LogLevel::kWarning, "peer_unreachable",
-            {{"peer", target}, {"error", info.status().ToString()}});
-        continue;
-      }
-      if (info->draining() || info->advertise_address().empty() ||
+      absl::StatusOr<v1::ServerInfo> info = Probe(target, entry.host);
+      if (!info.ok() || info->draining() ||
+          info->advertise_address().empty() ||
           info->advertise_address() == options_.self_address) {
         continue;
       }
@@ -111,7 +135,7 @@ std::vector<Peer> Peers::Serving() {
       serving.push_back(Peer{.target = target,
                              .advertise_address = info->advertise_address(),
                              .kv_cache_free_bytes = info->kv_cache_free_bytes(),
-                             .client = std::move(client)});
+                             .client = ClientFor(target, entry.host)});
     }
   }
   std::stable_sort(serving.begin(), serving.end(),

@@ -10,9 +10,10 @@
 // its ServerInfo says it is not draining.
 //
 // Calls to peers use the replica's own transport security and identity
-// (PeerOptions::client): TLS verifying the peer against the CA of
-// --tls_client_ca_file under the name --peers gives, the replica's
-// certificate as client certificate, and --peer_token_file's bearer token.
+// (PeerOptions::client; see ServerOptions::peer_tls_ca_file): TLS
+// verifying the peer (under the name --peers gives unless the options name
+// one), the replica's certificate as client certificate, and
+// --peer_token_file's bearer token.
 //
 // Thread-safety: all methods are thread-safe.
 #ifndef ATTENTION_SERVER_PEERS_H_
@@ -38,11 +39,14 @@ struct PeerOptions {
   std::string peers;
   // This replica's advertise address (left out of the peers).
   std::string self_address;
-  // How peers are called: transport security and bearer token. Its
-  // tls_server_name is replaced by each entry's host.
+  // How peers are called: transport security and bearer token. An empty
+  // tls_server_name means each entry's host.
   client::ClientOptions client;
   // Deadline of each health / ServerInfo probe.
   absl::Duration probe_timeout = absl::Seconds(1);
+  // An address that did not answer a probe is not probed again for this
+  // long (a dead pod's address would cost probe_timeout per session).
+  absl::Duration failure_backoff = absl::Seconds(5);
 };
 
 // A SERVING peer as last probed.
@@ -58,9 +62,10 @@ class Peers {
   // INVALID_ARGUMENT naming --peers for an entry that is not host:port.
   static absl::StatusOr<std::unique_ptr<Peers>> Create(PeerOptions options);
 
-  // Resolves the entries again and probes every address found; returns the
-  // SERVING ones other than this replica, most kv_cache_free_bytes first.
-  // Empty when none is (or names do not resolve); failures are logged.
+  // Resolves the entries again and probes every address found (but those
+  // that failed within failure_backoff); returns the SERVING ones other
+  // than this replica, most kv_cache_free_bytes first. Empty when none is
+  // (or names do not resolve); failures are logged.
   std::vector<Peer> Serving();
 
   const PeerOptions& options() const { return options_; }
@@ -68,6 +73,9 @@ class Peers {
  private:
   Peers(PeerOptions options, std::vector<HostPort> entries)
       : options_(std::move(options)), entries_(std::move(entries)) {}
+  // Probes `target`: its ServerInfo when it is SERVING.
+  absl::StatusOr<v1::ServerInfo> Probe(const std::string& target,
+                                       const std::string& server_name);
   // The client for `target`, created on first use.
   std::shared_ptr<client::AttentionClient> ClientFor(
       const std::string& target, const std::string& server_name);
@@ -77,6 +85,8 @@ class Peers {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<client::AttentionClient>>
       clients_ ABSL_GUARDED_BY(mu_);
+  // Addresses whose last probe failed, and when.
+  absl::flat_hash_map<std::string, absl::Time> failed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attention::server

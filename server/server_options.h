@@ -100,10 +100,15 @@ struct ServerOptions {
   std::string peers;
   // A file holding the bearer token this replica sends to its peers (a
   // token of the tenant peer_tenant in their tokens file); empty = none.
-  // With TLS, peers are verified against tls_client_ca_file (the system's
-  // roots without it) under the name --peers gives, and tls_cert_file /
-  // tls_key_file are the client certificate.
+  // Read at start-up.
   std::string peer_token_file;
+  // With TLS (tls_cert_file set), peers are called over TLS: verified
+  // against peer_tls_ca_file (empty = tls_client_ca_file, or the system's
+  // roots without either) under the name peer_tls_server_name (empty = the
+  // host of each --peers entry), with tls_cert_file / tls_key_file as the
+  // client certificate.
+  std::string peer_tls_ca_file;
+  std::string peer_tls_server_name;
   // The identity whose handover imports keep the session's owner tenant: a
   // tokens-file tenant, or the client certificate's CN in client-cert mode
   // (server/authenticator.h). Ignored when nobody is authenticated.

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "client/attention_client.h"
@@ -56,36 +57,30 @@ HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
     for (SessionInfo& info : page) queue.push_back(std::move(info.session_id));
     after = queue.back();
   }
-  // Busy sessions go back to the end, once each.
-  std::vector<std::string> retried;
+  // A session that may move later (busy, or refused by every peer) goes
+  // back to the end of the queue, once.
+  absl::flat_hash_set<std::string> retried;
   for (size_t i = 0; i < queue.size(); ++i) {
     if (absl::Now() >= deadline) {
       result.left += static_cast<int64_t>(queue.size() - i);
       break;
     }
-    switch (HandOver(queue[i], deadline)) {
-      case Outcome::kSent:
-        ++result.sent;
-        break;
-      case Outcome::kFailed:
-        if (std::find(retried.begin(), retried.end(), queue[i]) ==
-            retried.end()) {
-          retried.push_back(queue[i]);
-          queue.push_back(queue[i]);
-        } else {
-          ++result.failed;
-        }
-        break;
-      case Outcome::kRefused:
-        ++result.failed;
-        break;
-      case Outcome::kNoPeer:
-        result.left += static_cast<int64_t>(queue.size() - i);
-        i = queue.size();
-        break;
-      case Outcome::kGone:
-        break;
+    const Outcome outcome = HandOver(queue[i], deadline);
+    if (outcome == Outcome::kNoPeer) {
+      result.left += static_cast<int64_t>(queue.size() - i);
+      break;
     }
+    if (outcome == Outcome::kFailed && retried.insert(queue[i]).second) {
+      queue.push_back(queue[i]);
+      continue;
+    }
+    if (outcome == Outcome::kSent) ++result.sent;
+    if (outcome == Outcome::kFailed || outcome == Outcome::kRefused) {
+      ++result.failed;
+    }
+  }
+  if (metrics_ != nullptr) {
+    metrics_->RecordHandovers(result.sent, result.failed + result.left);
   }
   result.duration = absl::Now() - start;
   return result;
@@ -106,22 +101,21 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
         {{"session", id}, {"error", seal.status().ToString()}});
     return Outcome::kFailed;
   }
-  // An export this replica refuses (an MLA or top-k session) goes nowhere.
-  if (absl::StatusOr<std::unique_ptr<SessionExport>> check =
-          engine_->ExportSealed(*seal);
-      !check.ok()) {
-    Log(LogLevel::kWarning, "handover_failed",
-        {{"session", id}, {"error", check.status().ToString()}});
-    if (metrics_ != nullptr) metrics_->RecordHandover(false);
-    return Outcome::kRefused;
-  }
   for (const Peer& peer : peers) {
+    // An export this replica refuses (an MLA or top-k session) goes nowhere.
+    absl::StatusOr<std::unique_ptr<SessionExport>> session_export =
+        engine_->ExportSealed(*seal);
+    if (!session_export.ok()) {
+      Log(LogLevel::kWarning, "handover_failed",
+          {{"session", id}, {"error", session_export.status().ToString()}});
+      return Outcome::kRefused;
+    }
     bool unknown = false;
-    const absl::Status sent = SendTo(peer, *seal, deadline, &unknown);
+    const absl::Status sent =
+        SendTo(peer, **session_export, deadline, &unknown);
     if (sent.ok() || unknown) {
       // Never live on two replicas: an unknown outcome counts as moved.
       seal->Commit(peer.advertise_address);
-      if (metrics_ != nullptr) metrics_->RecordHandover(sent.ok());
       Log(sent.ok() ? LogLevel::kInfo : LogLevel::kError, "handover",
           {{"session", id},
            {"to", peer.advertise_address},
@@ -133,18 +127,13 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
          {"to", peer.advertise_address},
          {"error", sent.ToString()}});
   }
-  if (metrics_ != nullptr) metrics_->RecordHandover(false);
   return Outcome::kFailed;
 }
 
-absl::Status SessionHandover::SendTo(const Peer& peer, const SessionSeal& seal,
+absl::Status SessionHandover::SendTo(const Peer& peer,
+                                     SessionExport& session_export,
                                      absl::Time deadline, bool* unknown) {
   *unknown = false;
-  // A refused export is this replica's answer, not the peer's.
-  absl::StatusOr<std::unique_ptr<SessionExport>> session_export =
-      engine_->ExportSealed(seal);
-  if (!session_export.ok()) return session_export.status();
-
   auto stub = v1::AttentionService::NewStub(peer.client->channel());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
@@ -158,7 +147,7 @@ absl::Status SessionHandover::SendTo(const Peer& peer, const SessionSeal& seal,
       stub->ImportSession(&context, &reply);
   bool all_sent = true;
   const absl::StatusOr<int64_t> written = WriteSessionExport(
-      **session_export, [&](v1::SessionChunk& record) -> absl::Status {
+      session_export, [&](v1::SessionChunk& record) -> absl::Status {
         if (record.has_header()) record.set_keep_session_id(true);
         if (!writer->Write(record)) {
           all_sent = false;

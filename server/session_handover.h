@@ -13,8 +13,12 @@
 //      see AttentionServiceImpl::ImportSession);
 //   4. on success it is deleted here and remembered as moved
 //      (SessionSeal::Commit): the waiting calls and later ones get the
-//      redirect; on a refusal it is unsealed (the waiting calls run here)
-//      and the next peer is tried.
+//      redirect; on a refusal the next peer is tried, and when every peer
+//      refused it is unsealed (the waiting calls run here) and tried once
+//      more at the end.
+// While a session is sealed, a decode step of it that the DecodeBatcher
+// already queued holds up its engine batch until the move ends (the
+// engine's lookup waits); calls on other sessions run on.
 // A session is thus never live on two replicas: it is sealed here before
 // the peer accepts calls on it, and when an import's outcome is unknown
 // (the peer may have created it: the stream broke or timed out after the
@@ -64,9 +68,10 @@ class SessionHandover {
   enum class Outcome { kSent, kFailed, kRefused, kNoPeer, kGone };
   // Moves session `id`: seals it, tries the peers in order.
   Outcome HandOver(const std::string& id, absl::Time deadline);
-  // One ImportSession call carrying `seal`'s session to `peer`. OK when the
-  // peer holds it now; `*unknown` tells a failure whose outcome is unknown.
-  absl::Status SendTo(const Peer& peer, const SessionSeal& seal,
+  // One ImportSession call carrying `session_export` (of a sealed session)
+  // to `peer`. OK when the peer holds the session now; `*unknown` tells a
+  // failure whose outcome is unknown.
+  absl::Status SendTo(const Peer& peer, SessionExport& session_export,
                       absl::Time deadline, bool* unknown);
 
   AttentionEngine* const engine_;

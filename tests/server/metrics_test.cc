@@ -137,9 +137,7 @@ TEST(ServerMetricsTest, SnapshotCountersAddUp) {
   metrics->RecordImport(512);
   metrics->RecordSnapshot(3, 1, absl::Milliseconds(1500));
   metrics->RecordRestore(2, 1);
-  metrics->RecordHandover(true);
-  metrics->RecordHandover(true);
-  metrics->RecordHandover(false);
+  metrics->RecordHandovers(2, 1);
   metrics->RecordHandoverReceived();
   const auto families = metrics->Collect();
   const auto value = [&](const std::string& name) {
