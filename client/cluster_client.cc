@@ -33,6 +33,19 @@ bool NeverSent(const absl::Status& status) {
                            "failed to connect to all addresses");
 }
 
+// NOT_FOUND for a session that `replica` answered it does not have (with
+// `status`) and no other replica has either.
+absl::Status NoLongerAnywhere(absl::string_view session_id,
+                              const std::string& replica,
+                              const absl::Status& status) {
+  return absl::NotFoundError(absl::StrCat(
+      "session ", QuoteClientString(session_id), " is not on replica ",
+      replica, " (", status.message(),
+      ") nor on any other replica: it was deleted, it expired, or it was "
+      "lost with its replica (killed, restarted without --snapshot_dir); it "
+      "is not recreated"));
+}
+
 bool Unreachable(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded;
@@ -402,29 +415,24 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
       return found;
     }
     Forget(session_id);
-    return absl::NotFoundError(absl::StrCat(
-        "session ", QuoteClientString(session_id), " is not on replica ", from,
-        " (", status.message(),
-        ") nor on any other replica: it was deleted, it expired, or it was "
-        "lost with its replica (killed, restarted without --snapshot_dir); "
-        "it is not recreated"));
+    return NoLongerAnywhere(session_id, from, status);
   }
   if (status.code() != absl::StatusCode::kUnavailable) return status;
   // The replica's own UNAVAILABLE (overloaded) while it holds the session:
   // the server's answer stands.
   absl::StatusOr<v1::SessionInfo> here = replica.probe->GetSession(session_id);
   if (here.ok()) return status;
-  if (here.status().code() == absl::StatusCode::kNotFound &&
-      !MovedSessionOwner(here.status()).has_value()) {
-    // Reachable again (restarted) without the session: as NOT_FOUND.
-    return Recover(session_id, method, replica, here.status(), resend);
-  }
   std::shared_ptr<Replica> found;
   if (std::optional<std::string> owner = MovedSessionOwner(here.status())) {
     found = ReplicaAt(*owner);
   } else {
     if (Unreachable(here.status())) MarkUnreachable(replica, here.status());
     found = Locate(session_id, &replica);
+  }
+  if (found == nullptr && here.status().code() == absl::StatusCode::kNotFound) {
+    // Reachable again (restarted) without the session.
+    Forget(session_id);
+    return NoLongerAnywhere(session_id, from, here.status());
   }
   if (found == nullptr) {
     return absl::UnavailableError(absl::StrCat(

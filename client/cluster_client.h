@@ -11,8 +11,9 @@
 // Membership. The target is a DNS name resolving to the replicas (the
 // headless Service; re-resolved every refresh_interval and after a replica
 // fails) or a fixed list "host:port,host:port" (cluster_target.h). The
-// client keeps one channel per replica and probes each one's health and
-// GetServerInfo (draining, free KV) every refresh_interval.
+// client keeps one channel per replica for the calls (and a second one,
+// without retries, for probes and look-ups) and probes each replica's
+// health and GetServerInfo (draining, free KV) every refresh_interval.
 //
 // Placement (placement.h). CreateSession goes to a SERVING, non-draining
 // replica: the one with the most free KV; near-ties, and sessions given a
