@@ -98,10 +98,17 @@ class Fleet {
     flags.push_back(absl::StrCat("--port=", ports_[i]));
     if (peers_) flags.push_back("--peers=" + List());
     flags.insert(flags.end(), extra_flags_.begin(), extra_flags_.end());
+    const std::vector<std::string>& own = replica_flags_[i];
+    flags.insert(flags.end(), own.begin(), own.end());
     if (static_cast<int>(replicas_.size()) <= i) replicas_.resize(i + 1);
     replicas_[i].reset();
     replicas_[i] = std::make_unique<ServerProcess>(flags);
     return replicas_[i]->WaitForPort() > 0;
+  }
+  // Flags of replica `i` alone, from its next Start on.
+  void AddFlags(int i, std::vector<std::string> flags) {
+    replica_flags_[i].insert(replica_flags_[i].end(), flags.begin(),
+                             flags.end());
   }
   // Adds a replica on a new port.
   int Add() {
@@ -130,6 +137,7 @@ class Fleet {
  private:
   std::vector<std::string> extra_flags_;
   bool peers_;
+  std::map<int, std::vector<std::string>> replica_flags_;
   std::vector<int> ports_;
   std::vector<std::unique_ptr<ServerProcess>> replicas_;
 };
@@ -383,7 +391,7 @@ TEST(ClusterClientTest, PlacementKeysColocateRelatedSessionsAndForks) {
   EXPECT_EQ(owners.size(), 1u);
   // Different keys spread.
   std::set<std::string> spread;
-  for (int key = 0; key < 24; ++key) {
+  for (int key = 0; key < 48; ++key) {
     auto info = (*cluster)->CreateSession(MixedSpec(key), absl::ZeroDuration(),
                                           absl::StrCat("user-", key));
     ATTN_ASSERT_OK(info);
@@ -555,27 +563,35 @@ TEST(ClusterClientTest, AReplicaRestartedFromItsSnapshotDirCarriesOn) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/fleet-snap-",
                                        getpid());
   std::filesystem::create_directories(dir);
-  Fleet fleet(2, {"--snapshot_dir=" + dir});
+  // Replica 1 keeps its sessions in a snapshot directory.
+  Fleet fleet(2);
+  fleet.AddFlags(1, {"--snapshot_dir=" + dir});
+  ASSERT_TRUE(fleet.Start(1));
   auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
   ATTN_ASSERT_OK(cluster);
+  const std::string restarted = fleet.address(1);
+  // Sessions on both replicas (placement ties spread them at random).
   std::vector<Workload> workloads;
-  for (int i = 0; i < 8; ++i) {
+  int on_restarted = 0;
+  for (int i = 0; i < 40 && (i < 8 || on_restarted < 2 ||
+                             i - on_restarted < 2);
+       ++i) {
     workloads.push_back(NewWorkload(**cluster, i, kPrompt + 3));
     PrefillAll(**cluster, workloads.back());
+    on_restarted += (*cluster)->OwnerOf(workloads.back().id) == restarted;
   }
+  ASSERT_GE(on_restarted, 2);
   // Replica 1 restarts alone (the other keeps serving): without peers to
   // take its sessions it writes them to its snapshot directory.
-  const std::string restarted = fleet.address(1);
   fleet.replica(1).Signal(SIGTERM);
   EXPECT_EQ(ExitCode(fleet.replica(1)), 0) << fleet.replica(1).output();
   ASSERT_TRUE(fleet.Start(1));
   ASSERT_TRUE(AwaitState(**cluster, restarted,
                          client::ReplicaStatus::State::kServing));
-  int restored = 0;
-  for (const Workload& w : workloads) {
-    restored += (*cluster)->OwnerOf(w.id) == restarted;
-  }
-  EXPECT_GT(restored, 0);
+  auto direct = client::AttentionClient::Connect(restarted);
+  auto restored = direct->ListSessions();
+  ATTN_ASSERT_OK(restored);
+  EXPECT_EQ(static_cast<int>(restored->size()), on_restarted);
   StreamStep(**cluster, workloads);
   for (const Workload& w : workloads) ExpectOneShot(**cluster, w);
   std::error_code ignored;
