@@ -12,8 +12,8 @@
 #include "absl/strings/str_format.h"
 #include "core/call_cost.h"
 #include "core/client_string.h"
-#include "core/request_validation.h"
 #include "core/moved_sessions.h"
+#include "core/request_validation.h"
 #include "core/status_macros.h"
 
 namespace attention {
@@ -178,16 +178,15 @@ absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
   return SessionExport::Start(backend_.get(), *session, options_.version);
 }
 
-absl::StatusOr<SessionSeal> AttentionEngine::SealSession(
-    const std::string& id, absl::Time deadline) {
+absl::StatusOr<SessionSeal> AttentionEngine::SealSession(const std::string& id,
+                                                         absl::Time deadline) {
   return sessions_.Seal(id, deadline);
 }
 
 absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSealed(
     const SessionSeal& seal) {
   ATTN_RETURN_IF_ERROR(CheckTransferable(seal.session().spec()));
-  return SessionExport::Start(backend_.get(), seal.session(),
-                              options_.version);
+  return SessionExport::Start(backend_.get(), seal.session(), options_.version);
 }
 
 absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(

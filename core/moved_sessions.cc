@@ -1,8 +1,8 @@
 #include "core/moved_sessions.h"
 
 #include "absl/strings/cord.h"
-#include "absl/types/optional.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/optional.h"
 #include "core/client_string.h"
 
 namespace attention {
@@ -11,8 +11,8 @@ absl::Status SessionMovedError(absl::string_view id, absl::string_view owner) {
   absl::Status status = absl::NotFoundError(absl::StrCat(
       "session ", QuoteClientString(id),
       " is not on this replica: it was handed over to ", owner,
-      " when this replica drained; send this and later calls on it to ",
-      owner, " (trailing metadata attention-session-owner)"));
+      " when this replica drained; send this and later calls on it to ", owner,
+      " (trailing metadata attention-session-owner)"));
   status.SetPayload(kSessionOwnerPayload, absl::Cord(owner));
   return status;
 }

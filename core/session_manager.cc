@@ -33,9 +33,7 @@ void SessionSeal::Commit(const std::string& new_owner) {
 }
 
 SessionManager::SessionManager(BlockPool* pool, SessionManagerOptions options)
-    : pool_(pool),
-      options_(std::move(options)),
-      moved_(options_.max_sessions) {
+    : pool_(pool), options_(std::move(options)), moved_(options_.max_sessions) {
   if (options_.reap_interval > absl::ZeroDuration()) {
     reaper_ = std::thread([this] { ReaperMain(); });
   }

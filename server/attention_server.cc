@@ -1,5 +1,7 @@
 #include "server/attention_server.h"
 
+#include <unistd.h>
+
 #include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -7,8 +9,6 @@
 #include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
-
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,14 +19,14 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/backend_factory.h"
 #include "core/read_file.h"
 #include "core/status_macros.h"
-#include "absl/strings/ascii.h"
-#include "server/host_port.h"
 #include "server/auth_interceptor.h"
+#include "server/host_port.h"
 #include "server/log.h"
 #include "server/parse_error_interceptor.h"
 #include "server/session_handover.h"
@@ -97,12 +97,12 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   }
   if (!options.advertise_address.empty()) {
     ATTN_RETURN_IF_ERROR(
-        ParseHostPort(options.advertise_address, "advertise_address")
-            .status());
+        ParseHostPort(options.advertise_address, "advertise_address").status());
   }
   if (!options.peers.empty()) {
-    ATTN_RETURN_IF_ERROR(Peers::Create(PeerOptions{.peers = options.peers})
-                             .status());
+    PeerOptions peers;
+    peers.peers = options.peers;
+    ATTN_RETURN_IF_ERROR(Peers::Create(std::move(peers)).status());
   }
   return DecodeBatcher::ValidateOptions(BatcherOptions(options));
 }
@@ -123,9 +123,8 @@ absl::StatusOr<client::ClientOptions> PeerClientOptions(
     client.tls_key_file = options.tls_key_file;
   }
   if (!options.peer_token_file.empty()) {
-    ATTN_ASSIGN_OR_RETURN(
-        std::string token,
-        ReadFile(options.peer_token_file, "peer token file"));
+    ATTN_ASSIGN_OR_RETURN(std::string token,
+                          ReadFile(options.peer_token_file, "peer token file"));
     client.auth_token = std::string(absl::StripAsciiWhitespace(token));
   }
   return client;
@@ -341,10 +340,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   server->service_->SetAdvertiseAddress(
       AdvertiseAddress(options, server->port_));
   if (!options.peers.empty()) {
-    auto peers = Peers::Create(
-        PeerOptions{.peers = options.peers,
-                    .self_address = server->advertise_address(),
-                    .client = *std::move(peer_client)});
+    auto peers =
+        Peers::Create(PeerOptions{.peers = options.peers,
+                                  .self_address = server->advertise_address(),
+                                  .client = *std::move(peer_client)});
     if (!peers.ok()) return peers.status();
     server->peers_ = *std::move(peers);
   }

@@ -266,7 +266,12 @@ grpc::Status AttentionServiceImpl::ForkSession(
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    if (draining_.load(std::memory_order_acquire)) return Draining();
+    if (draining_.load(std::memory_order_acquire)) {
+      // A session handed over is forked at its new owner: say where.
+      ATTN_RETURN_IF_ERROR(
+          engine_->GetSession(request->session_id(), tenant).status());
+      return Draining();
+    }
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
                           engine_->ForkSession(request->session_id(), tenant));
     SessionReply(info, response);

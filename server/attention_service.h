@@ -51,8 +51,9 @@ class AttentionServiceImpl final : public v1::AttentionService::Service {
                        ServerMetrics* metrics = nullptr,
                        const Authenticator* authenticator = nullptr);
 
-  // From now on CreateSession and ForkSession fail with UNAVAILABLE; calls
-  // on existing sessions still run (graceful drain).
+  // From now on CreateSession and ForkSession fail with UNAVAILABLE (a fork
+  // of a session not here: NOT_FOUND, or the redirect of a moved one);
+  // calls on existing sessions still run (graceful drain).
   void StartDraining();
   // ImportSession calls carrying kHandoverMetadata (a draining peer handing
   // a session over; server/session_handover.h) keep the snapshot's owner

@@ -16,8 +16,8 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address,
     result.host = std::string(address.substr(0, colon));
     if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) port = 0;
   }
-  const bool bare_ipv6 = result.host.find(':') != std::string::npos &&
-                         result.host.front() != '[';
+  const bool bare_ipv6 =
+      result.host.find(':') != std::string::npos && result.host.front() != '[';
   if (result.host.empty() || bare_ipv6 || port < 1 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " ", QuoteClientString(address),

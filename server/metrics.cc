@@ -299,19 +299,19 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         "*.corrupt).",
         MetricType::Counter, load(corrupt_)));
 
-    families.push_back(Scalar(
-        "attention_handovers_sent_total",
-        "Sessions this replica handed over to a peer while draining.",
-        MetricType::Counter, load(handovers_sent_)));
+    families.push_back(
+        Scalar("attention_handovers_sent_total",
+               "Sessions this replica handed over to a peer while draining.",
+               MetricType::Counter, load(handovers_sent_)));
     families.push_back(Scalar(
         "attention_handovers_failed_total",
         "Sessions a draining replica tried to hand over and could not (they "
         "fall back to --snapshot_dir when set).",
         MetricType::Counter, load(handovers_failed_)));
-    families.push_back(Scalar(
-        "attention_handovers_received_total",
-        "Sessions a draining peer handed over to this replica.",
-        MetricType::Counter, load(handovers_received_)));
+    families.push_back(
+        Scalar("attention_handovers_received_total",
+               "Sessions a draining peer handed over to this replica.",
+               MetricType::Counter, load(handovers_received_)));
 
     // Holding the lock while the provider runs is what lets
     // SetStateProvider promise that a replaced provider is no longer used.
@@ -366,11 +366,11 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         "Device memory reserved at start-up for per-call scratch, outside "
         "the KV cache.",
         MetricType::Gauge, d(s.backend_scratch_bytes)));
-    families->push_back(Scalar(
-        "attention_moved_sessions",
-        "Sessions handed over to peers whose ids this replica still "
-        "redirects (tombstones).",
-        MetricType::Gauge, d(s.moved_sessions)));
+    families->push_back(
+        Scalar("attention_moved_sessions",
+               "Sessions handed over to peers whose ids this replica still "
+               "redirects (tombstones).",
+               MetricType::Gauge, d(s.moved_sessions)));
     families->push_back(Scalar(
         "attention_moved_session_redirects_total",
         "Calls on a moved session answered with NOT_FOUND naming its new "

@@ -44,10 +44,9 @@ std::vector<std::string> Resolve(const HostPort& entry) {
       continue;
     }
     const std::string ip = text;
-    const std::string target =
-        address->ai_family == AF_INET6
-            ? absl::StrCat("[", ip, "]:", entry.port)
-            : absl::StrCat(ip, ":", entry.port);
+    const std::string target = address->ai_family == AF_INET6
+                                   ? absl::StrCat("[", ip, "]:", entry.port)
+                                   : absl::StrCat(ip, ":", entry.port);
     if (seen.insert(target).second) targets.push_back(target);
   }
   freeaddrinfo(found);
@@ -121,8 +120,7 @@ std::vector<Peer> Peers::Serving() {
   for (const HostPort& entry : entries_) {
     for (const std::string& target : Resolve(entry)) {
       absl::StatusOr<v1::ServerInfo> info = Probe(target, entry.host);
-      if (!info.ok() || info->draining() ||
-          info->advertise_address().empty() ||
+      if (!info.ok() || info->draining() || info->advertise_address().empty() ||
           info->advertise_address() == options_.self_address) {
         continue;
       }

@@ -170,10 +170,9 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
   if (!written.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {
     return written.status();
   }
-  return absl::Status(
-      client::FromGrpcStatus(status).code(),
-      absl::StrCat("peer ", peer.advertise_address, ": ",
-                   status.error_message()));
+  return absl::Status(client::FromGrpcStatus(status).code(),
+                      absl::StrCat("peer ", peer.advertise_address, ": ",
+                                   status.error_message()));
 }
 
 }  // namespace attention::server

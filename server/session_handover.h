@@ -56,8 +56,8 @@ struct HandoverResult {
 class SessionHandover {
  public:
   // Every pointer must outlive the handover; `metrics` may be null.
-  SessionHandover(AttentionEngine* engine, Peers* peers,
-                  ServerMetrics* metrics, std::string self_address);
+  SessionHandover(AttentionEngine* engine, Peers* peers, ServerMetrics* metrics,
+                  std::string self_address);
 
   // Moves every session it can before `deadline` (see above).
   HandoverResult HandOverAll(absl::Time deadline);

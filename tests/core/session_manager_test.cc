@@ -10,8 +10,8 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "core/moved_sessions.h"
 #include "core/cpu/cpu_backend.h"
+#include "core/moved_sessions.h"
 #include "gtest/gtest.h"
 
 namespace attention {
@@ -262,7 +262,11 @@ TEST_F(SessionManagerTest, ListPagesThroughIdsInOrder) {
   EXPECT_EQ(listed, std::vector<std::string>(created.begin(), created.end()));
 }
 
-Tenant NamedTenant(const std::string& name) { return Tenant{.name = name}; }
+Tenant NamedTenant(const std::string& name) {
+  Tenant tenant;
+  tenant.name = name;
+  return tenant;
+}
 
 TEST_F(SessionManagerTest, ASealMakesCallsWaitAndCommitRedirectsThem) {
   SessionManager manager = MakeManager();
@@ -335,10 +339,9 @@ TEST_F(SessionManagerTest, ASealWaitsForRunningCallsButNotForHolds) {
   auto ref = manager.Get(id);
   ASSERT_TRUE(ref.ok());
   // A call runs: the seal times out and undoes itself.
-  EXPECT_EQ(manager.Seal(id, absl::Now() + absl::Milliseconds(20))
-                .status()
-                .code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      manager.Seal(id, absl::Now() + absl::Milliseconds(20)).status().code(),
+      absl::StatusCode::kUnavailable);
   // A Decode stream's hold between steps does not keep the seal waiting.
   SessionHold hold(ref->shared(), manager.clock());
   *ref = SessionRef();

@@ -4,9 +4,11 @@
 // SERVING peers, answers later calls - including the next request of an open
 // Decode stream - with NOT_FOUND and `attention-session-owner` metadata, and
 // exits 0; decoding continues on the new owner bitwise as on a server whose
-// sessions never moved. Without a SERVING peer, or when peers refuse, the
-// sessions go to the next peer or to --snapshot_dir. Redirects answer only
-// the session's own tenant.
+// sessions never moved; every RPC naming a moved session redirects. Without
+// a SERVING peer, or when peers refuse, the sessions go to the next peer or
+// to --snapshot_dir; a session whose export is refused stays behind.
+// Redirects answer only the session's own tenant, only the peer identity
+// may send a handover import, and peers talk TLS with the peer token.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -28,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "server/tokens_file.h"
 #include "tests/server/server_process.h"
+#include "tests/server/test_certificates.h"
 #include "tests/server/test_server.h"
 
 namespace attention::testing {
@@ -43,19 +46,24 @@ struct Replica {
 };
 
 std::vector<std::string> ReplicaFlags(std::vector<std::string> extra) {
-  std::vector<std::string> flags = {
-      "--port=0",         "--listen_address=127.0.0.1",
-      "--backend=cpu",    "--threads=1",
-      "--metrics_port=-1", "--kv_cache_bytes=16777216",
-      "--kv_block_bytes=4096", "--drain_timeout=20s",
-      "--log_level=warning"};
+  std::vector<std::string> flags = {"--port=0",
+                                    "--listen_address=127.0.0.1",
+                                    "--backend=cpu",
+                                    "--threads=1",
+                                    "--metrics_port=-1",
+                                    "--kv_cache_bytes=16777216",
+                                    "--kv_block_bytes=4096",
+                                    "--drain_timeout=20s",
+                                    "--log_level=warning"};
   flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
 }
 
-// Starts a replica; `token` is the bearer token its client sends.
-std::unique_ptr<Replica> StartReplica(std::vector<std::string> extra,
-                                      const std::string& token = "") {
+// Starts a replica; `token` is the bearer token its client sends, over
+// the transport `client_options` give.
+std::unique_ptr<Replica> StartReplica(
+    std::vector<std::string> extra, const std::string& token = "",
+    client::ClientOptions options = client::ClientOptions()) {
   auto replica = std::make_unique<Replica>();
   replica->process =
       std::make_unique<ServerProcess>(ReplicaFlags(std::move(extra)));
@@ -63,7 +71,6 @@ std::unique_ptr<Replica> StartReplica(std::vector<std::string> extra,
   EXPECT_GT(port, 0) << replica->process->output();
   if (port <= 0) return nullptr;
   replica->address = absl::StrCat("127.0.0.1:", port);
-  client::ClientOptions options;
   options.auth_token = token;
   options.retry_max_attempts = 1;
   replica->client = client::AttentionClient::Connect(replica->address, options);
@@ -96,6 +103,82 @@ RawReply RawGetSession(client::AttentionClient& client, const std::string& id,
   reply.status = client.stub()->GetSession(&context, request, &info);
   reply.owner = OwnerTrailer(context);
   return reply;
+}
+
+// Every RPC naming session `id` (of the session `reference` mirrors) on
+// `client` answers NOT_FOUND with `owner` in the trailer and the message.
+void ExpectRedirectedEverywhere(client::AttentionClient& client,
+                                const std::string& id,
+                                const client::SessionHandle& reference,
+                                const std::string& owner) {
+  const Tokens tokens = RandomTokens(reference.spec(), 1, 99);
+  auto decode = reference.MakeDecodeRequest(0, tokens.q, tokens.k, tokens.v);
+  ASSERT_TRUE(decode.ok()) << decode.status();
+  decode->set_session_id(id);
+  auto prefill = reference.MakePrefillRequest(0, tokens.q, tokens.k, tokens.v);
+  ASSERT_TRUE(prefill.ok()) << prefill.status();
+  prefill->set_session_id(id);
+  const auto expect = [&](const char* what, grpc::ClientContext& context,
+                          const grpc::Status& status) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND)
+        << what << ": " << status.error_message();
+    EXPECT_EQ(OwnerTrailer(context), owner) << what;
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr(owner)) << what;
+  };
+  v1::AttentionService::Stub& stub = *client.stub();
+  {
+    grpc::ClientContext context;
+    v1::DeleteSessionRequest request;
+    request.set_session_id(id);
+    v1::DeleteSessionResponse response;
+    expect("DeleteSession", context,
+           stub.DeleteSession(&context, request, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::ForkSessionRequest request;
+    request.set_session_id(id);
+    v1::SessionInfo response;
+    expect("ForkSession", context,
+           stub.ForkSession(&context, request, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::TruncateSessionRequest request;
+    request.set_session_id(id);
+    v1::SessionInfo response;
+    expect("TruncateSession", context,
+           stub.TruncateSession(&context, request, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::AttentionResult response;
+    expect("Prefill", context, stub.Prefill(&context, *prefill, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::AttentionResult response;
+    expect("DecodeStep", context,
+           stub.DecodeStep(&context, *decode, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::BatchDecodeRequest request;
+    *request.add_steps() = *decode;
+    v1::BatchDecodeResponse response;
+    expect("BatchDecode", context,
+           stub.BatchDecode(&context, request, &response));
+  }
+  {
+    grpc::ClientContext context;
+    v1::ExportSessionRequest request;
+    request.set_session_id(id);
+    auto reader = stub.ExportSession(&context, request);
+    v1::SessionChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    expect("ExportSession", context, reader->Finish());
+  }
 }
 
 // Which of `replicas` holds session `id` now (waits for the handover).
@@ -137,10 +220,10 @@ v1::SessionSpec SinkSpec() {
 // whose sessions never move.
 struct Mirrored {
   std::string name;
-  std::string id;            // on the replica (then its new owner)
+  std::string id;  // on the replica (then its new owner)
   client::SessionHandle reference;
-  Tokens tokens;             // every token either side will get
-  int64_t next = 0;          // the next token to append
+  Tokens tokens;     // every token either side will get
+  int64_t next = 0;  // the next token to append
 };
 
 std::string OutputBytes(const v1::AttentionResult& result) {
@@ -157,13 +240,12 @@ void DecodeBoth(client::AttentionClient& replica, Mirrored& mirrored) {
     return info;
   }());
   const int64_t t = mirrored.next++;
-  for (int layer = 0; layer < mirrored.reference.spec().num_layers();
-       ++layer) {
+  for (int layer = 0; layer < mirrored.reference.spec().num_layers(); ++layer) {
     const Tokens& tk = mirrored.tokens;
     auto moved = handle.DecodeStep(layer, tk.q_rows(t, 1), tk.k_rows(t, 1),
                                    tk.v_rows(t, 1));
-    auto kept = mirrored.reference.DecodeStep(
-        layer, tk.q_rows(t, 1), tk.k_rows(t, 1), tk.v_rows(t, 1));
+    auto kept = mirrored.reference.DecodeStep(layer, tk.q_rows(t, 1),
+                                              tk.k_rows(t, 1), tk.v_rows(t, 1));
     ASSERT_TRUE(moved.ok()) << mirrored.name << ": " << moved.status();
     ASSERT_TRUE(kept.ok()) << mirrored.name << ": " << kept.status();
     EXPECT_EQ(moved->position(), kept->position()) << mirrored.name;
@@ -190,11 +272,13 @@ Mirrored CreateBoth(const std::string& name, const v1::SessionSpec& spec,
     const Tokens& tk = mirrored.tokens;
     auto a = on_replica->Prefill(layer, tk.q_rows(0, prefill),
                                  tk.k_rows(0, prefill), tk.v_rows(0, prefill));
-    auto b = on_reference->Prefill(layer, tk.q_rows(0, prefill),
-                                   tk.k_rows(0, prefill),
-                                   tk.v_rows(0, prefill));
+    auto b =
+        on_reference->Prefill(layer, tk.q_rows(0, prefill),
+                              tk.k_rows(0, prefill), tk.v_rows(0, prefill));
     EXPECT_TRUE(a.ok() && b.ok()) << name;
-    if (a.ok() && b.ok()) EXPECT_EQ(OutputBytes(*a), OutputBytes(*b)) << name;
+    if (a.ok() && b.ok()) {
+      EXPECT_EQ(OutputBytes(*a), OutputBytes(*b)) << name;
+    }
   }
   mirrored.next = prefill;
   return mirrored;
@@ -205,8 +289,8 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
   std::unique_ptr<Replica> c = StartReplica({});
   ASSERT_NE(b, nullptr);
   ASSERT_NE(c, nullptr);
-  std::unique_ptr<Replica> a = StartReplica(
-      {absl::StrCat("--peers=", b->address, ",", c->address)});
+  std::unique_ptr<Replica> a =
+      StartReplica({absl::StrCat("--peers=", b->address, ",", c->address)});
   ASSERT_NE(a, nullptr);
   auto reference = StartTestServer();
   ATTN_ASSERT_OK(reference);
@@ -285,6 +369,11 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
   EXPECT_THAT(moved.status.error_message(),
               ::testing::HasSubstr(owners[sessions[1].id]->address));
 
+  // So does every other RPC naming a moved session.
+  ExpectRedirectedEverywhere(*a->client, sessions[2].id,
+                             sessions[2].reference,
+                             owners[sessions[2].id]->address);
+
   // The stream's next request (layer 1 of the same token) ends it with the
   // redirect; that step was not applied anywhere.
   EXPECT_TRUE(stream->Write(step_request(1, streamed.next)));
@@ -301,9 +390,9 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
   // bitwise as on the reference.
   {
     const int64_t t = streamed.next;
-    client::SessionHandle handle(owners[streamed.id]->client.get(),
-                                 *owners[streamed.id]->client->GetSession(
-                                     streamed.id));
+    client::SessionHandle handle(
+        owners[streamed.id]->client.get(),
+        *owners[streamed.id]->client->GetSession(streamed.id));
     auto moved_step = handle.DecodeStep(1, streamed.tokens.q_rows(t, 1),
                                         streamed.tokens.k_rows(t, 1),
                                         streamed.tokens.v_rows(t, 1));
@@ -330,8 +419,8 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
 }
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/handover-",
-                                       name, "-", getpid());
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/handover-", name, "-", getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
@@ -346,7 +435,8 @@ std::vector<std::string> RestoredIds(const std::string& dir) {
   auto listed = restarted->client->ListSessions();
   EXPECT_TRUE(listed.ok()) << listed.status();
   if (listed.ok()) {
-    for (const v1::SessionInfo& info : *listed) ids.push_back(info.session_id());
+    for (const v1::SessionInfo& info : *listed)
+      ids.push_back(info.session_id());
   }
   return ids;
 }
@@ -376,8 +466,8 @@ TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
 
   // With B and C: the session goes to C after B refuses it.
   {
-    std::unique_ptr<Replica> a = StartReplica(
-        {absl::StrCat("--peers=", b->address, ",", c->address)});
+    std::unique_ptr<Replica> a =
+        StartReplica({absl::StrCat("--peers=", b->address, ",", c->address)});
     ASSERT_NE(a, nullptr);
     auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
     ATTN_ASSERT_OK(session);
@@ -385,16 +475,18 @@ TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
     ExpectExitedZero(*a);
     auto on_c = c->client->GetSession(session->session_id());
     ATTN_EXPECT_OK(on_c);
-    if (on_c.ok()) EXPECT_EQ(on_c->owner(), c->address);
+    if (on_c.ok()) {
+      EXPECT_EQ(on_c->owner(), c->address);
+    }
     ATTN_EXPECT_CODE(b->client->GetSession(session->session_id()),
                      absl::StatusCode::kNotFound);
   }
   // With B alone: it falls back to the snapshot.
   {
     const std::string dir = FreshDir("full-peer");
-    std::unique_ptr<Replica> a = StartReplica(
-        {absl::StrCat("--peers=", b->address),
-         absl::StrCat("--snapshot_dir=", dir)});
+    std::unique_ptr<Replica> a =
+        StartReplica({absl::StrCat("--peers=", b->address),
+                      absl::StrCat("--snapshot_dir=", dir)});
     ASSERT_NE(a, nullptr);
     auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
     ATTN_ASSERT_OK(session);
@@ -450,10 +542,10 @@ TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
   const std::string auth = absl::StrCat("--auth_tokens_file=", tokens_file);
   std::unique_ptr<Replica> b = StartReplica({auth}, "alice-token");
   ASSERT_NE(b, nullptr);
-  std::unique_ptr<Replica> a = StartReplica(
-      {auth, absl::StrCat("--peers=", b->address),
-       absl::StrCat("--peer_token_file=", peer_token_file)},
-      "alice-token");
+  std::unique_ptr<Replica> a =
+      StartReplica({auth, absl::StrCat("--peers=", b->address),
+                    absl::StrCat("--peer_token_file=", peer_token_file)},
+                   "alice-token");
   ASSERT_NE(a, nullptr);
   client::ClientOptions bob_options;
   bob_options.auth_token = "bob-token";
@@ -528,6 +620,50 @@ TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
   bob_on_a.reset();
   ExpectExitedZero(*a);
   std::filesystem::remove_all(dir);
+}
+
+TEST(HandoverTest, PeersTalkTlsWithThePeerToken) {
+  auto dir = MakeTempDirectory();
+  ATTN_ASSERT_OK(dir);
+  auto ca = MakeCa(*dir, "ca");
+  ATTN_ASSERT_OK(ca);
+  auto cert = MakeCertificate(*ca, *dir, "server", "attention-server",
+                              CertificateUse::kServer);
+  ATTN_ASSERT_OK(cert);
+  const std::string tokens_file = *dir + "/tokens";
+  WriteFile(tokens_file,
+            absl::StrCat("alice ", server::DigestTokenHex("alice-token"),
+                         " - -\npeer ", server::DigestTokenHex("peer-token"),
+                         " - -\n"));
+  const std::string peer_token_file = *dir + "/peer-token";
+  WriteFile(peer_token_file, "peer-token");
+  const std::vector<std::string> tls = {
+      absl::StrCat("--tls_cert_file=", cert->cert),
+      absl::StrCat("--tls_key_file=", cert->key),
+      absl::StrCat("--auth_tokens_file=", tokens_file)};
+  client::ClientOptions client_tls;
+  client_tls.tls_ca_file = ca->cert;
+  client_tls.tls_server_name = "localhost";
+  std::unique_ptr<Replica> b = StartReplica(tls, "alice-token", client_tls);
+  ASSERT_NE(b, nullptr);
+  std::vector<std::string> a_flags = tls;
+  a_flags.push_back(absl::StrCat("--peers=", b->address));
+  a_flags.push_back(absl::StrCat("--peer_token_file=", peer_token_file));
+  a_flags.push_back(absl::StrCat("--peer_tls_ca_file=", ca->cert));
+  a_flags.push_back("--peer_tls_server_name=localhost");
+  std::unique_ptr<Replica> a = StartReplica(a_flags, "alice-token", client_tls);
+  ASSERT_NE(a, nullptr);
+  auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  a->process->Signal(SIGTERM);
+  ExpectExitedZero(*a);
+  // Moved over TLS, still alice's.
+  auto moved = b->client->GetSession(session->session_id());
+  ATTN_EXPECT_OK(moved);
+  if (moved.ok()) {
+    EXPECT_EQ(moved->owner(), b->address);
+  }
+  std::filesystem::remove_all(*dir);
 }
 
 }  // namespace

@@ -23,8 +23,7 @@ namespace attention::testing {
 
 std::string ServerProcess::DefaultBinary() { return ATTN_SERVER_BINARY; }
 
-ServerProcess::ServerProcess(std::vector<std::string> flags,
-                             std::string binary)
+ServerProcess::ServerProcess(std::vector<std::string> flags, std::string binary)
     : binary_(std::move(binary)) {
   port_file_ = absl::StrCat(::testing::TempDir(), "/attention-server-port-",
                             getpid(), "-", counter_++);

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "core/moved_sessions.h"
 #include "gtest/gtest.h"
 
 namespace attention::server {
@@ -50,6 +51,19 @@ TEST(StatusConvertTest, CodeOutsideTheCanonicalSetBecomesUnknown) {
   const grpc::Status converted = ToGrpcStatus(status);
   EXPECT_EQ(converted.error_code(), grpc::StatusCode::UNKNOWN);
   EXPECT_EQ(converted.error_message(), "odd");
+}
+
+TEST(StatusConvertTest, ARedirectKeepsCodeAndMessageWithOrWithoutContext) {
+  const absl::Status moved = SessionMovedError("abc", "replica-2:50051");
+  for (grpc::ServerContext* context :
+       {static_cast<grpc::ServerContext*>(nullptr)}) {
+    const grpc::Status converted = ToGrpcStatus(moved, context);
+    EXPECT_EQ(converted.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(converted.error_message(), std::string(moved.message()));
+  }
+  // (The trailing metadata itself is checked end to end by
+  // tests/server/handover_test.cc.)
+  EXPECT_EQ(kSessionOwnerMetadata, std::string("attention-session-owner"));
 }
 
 }  // namespace
