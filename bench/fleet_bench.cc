@@ -89,10 +89,9 @@ absl::StatusOr<Request> RandomRequest(const std::string& session,
   request.set_session_id(session);
   const int64_t q = spec.num_q_heads(), kv = spec.num_kv_heads();
   const int64_t d = spec.head_dim();
-  ATTN_ASSIGN_OR_RETURN(
-      *request.mutable_q(),
-      client::MakeTensor(RandomValues(tokens * q * d, seed), {tokens, q, d},
-                         v1::DTYPE_FLOAT16));
+  ATTN_ASSIGN_OR_RETURN(*request.mutable_q(),
+                        client::MakeTensor(RandomValues(tokens * q * d, seed),
+                                           {tokens, q, d}, v1::DTYPE_FLOAT16));
   ATTN_ASSIGN_OR_RETURN(
       *request.mutable_k(),
       client::MakeTensor(RandomValues(tokens * kv * d, seed + 1),
@@ -221,10 +220,10 @@ absl::Status MeasureDecode(const BenchOptions& options, BenchReport* report) {
   const int64_t pool = std::max<int64_t>(int64_t{256} << 20, 2 * needed);
   ATTN_ASSIGN_OR_RETURN(Fleet single,
                         Fleet::Start({ReplicaOptions(options, pool)}));
-  ATTN_ASSIGN_OR_RETURN(
-      Fleet three,
-      Fleet::Start({ReplicaOptions(options, pool), ReplicaOptions(options, pool),
-                    ReplicaOptions(options, pool)}));
+  ATTN_ASSIGN_OR_RETURN(Fleet three,
+                        Fleet::Start({ReplicaOptions(options, pool),
+                                      ReplicaOptions(options, pool),
+                                      ReplicaOptions(options, pool)}));
   ATTN_ASSIGN_OR_RETURN(std::vector<std::string> single_ids,
                         PlaceSessions(*single.cluster, sessions, context));
   ATTN_ASSIGN_OR_RETURN(std::vector<std::string> three_ids,
@@ -242,9 +241,9 @@ absl::Status MeasureDecode(const BenchOptions& options, BenchReport* report) {
     for (int side = 0; side < 2; ++side) {
       const bool fleet_side = (side + round) % 2 == 0;
       ATTN_ASSIGN_OR_RETURN(
-          double rate,
-          fleet_side ? DecodeRound(*three.cluster, three_ids, steps)
-                     : DecodeRound(*single.cluster, single_ids, steps));
+          double rate, fleet_side
+                           ? DecodeRound(*three.cluster, three_ids, steps)
+                           : DecodeRound(*single.cluster, single_ids, steps));
       (fleet_side ? three_rates : single_rates).push_back(rate);
     }
   }
@@ -276,8 +275,7 @@ absl::Status MeasureDecode(const BenchOptions& options, BenchReport* report) {
 // time from Shutdown until it has handed them all over (and exited). The
 // sessions are copies of one 64 MiB session (64 layers of 256 tokens, H 8,
 // d 128, fp16): prefilled once, exported, imported again with new ids.
-absl::Status MeasureHandover(const BenchOptions& options,
-                             BenchReport* report) {
+absl::Status MeasureHandover(const BenchOptions& options, BenchReport* report) {
   constexpr int kLayers = 64;
   constexpr int64_t kTokens = 256;
   const int64_t session_bytes = kLayers * kTokens * 8 * kHeadDim * 2 * 2;
@@ -323,12 +321,12 @@ absl::Status MeasureHandover(const BenchOptions& options,
     size_t next = 0;
     ATTN_RETURN_IF_ERROR(
         client
-            ->ImportSession([&](v1::SessionChunk* record)
-                                -> absl::StatusOr<bool> {
-              if (next == records.size()) return false;
-              *record = records[next++];
-              return true;
-            })
+            ->ImportSession(
+                [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+                  if (next == records.size()) return false;
+                  *record = records[next++];
+                  return true;
+                })
             .status());
   }
   records.clear();
@@ -341,23 +339,24 @@ absl::Status MeasureHandover(const BenchOptions& options,
   const int64_t received = peer->engine().stats().active_sessions;
   peer->Shutdown();
   if (held != sessions || received != sessions) {
-    return absl::InternalError(absl::StrCat(
-        "handover: the source held ", held, " sessions, the peer received ",
-        received, " of ", sessions));
+    return absl::InternalError(absl::StrCat("handover: the source held ", held,
+                                            " sessions, the peer received ",
+                                            received, " of ", sessions));
   }
   const std::string size = absl::StrCat(total >> 20, " MiB");
-  report->AddFact("fleet_handover_size",
-                  absl::StrCat(size, " (", sessions, " sessions of ",
-                               session_bytes >> 20, " MiB)",
-                               options.quick ? ", --quick: not 1 GiB" : ""));
-  report->AddRow(kSection, absl::StrCat("drain handing over ", size),
-                 seconds, "s");
+  report->AddFact(
+      "fleet_handover_size",
+      absl::StrCat(size, " (", sessions, " sessions of ", session_bytes >> 20,
+                   " MiB)", options.quick ? ", --quick: not 1 GiB" : ""));
+  report->AddRow(kSection, absl::StrCat("drain handing over ", size), seconds,
+                 "s");
   report->AddRow(kSection, "handover rate",
                  static_cast<double>(total) * 1e-9 / seconds, "GB/s");
-  report->AddFigure(options.quick ? "handover_seconds_256mib"
-                                  : "handover_seconds_1gib",
-                    seconds);
-  report->AddFigure("handover_gbps", static_cast<double>(total) * 1e-9 / seconds);
+  report->AddFigure(
+      options.quick ? "handover_seconds_256mib" : "handover_seconds_1gib",
+      seconds);
+  report->AddFigure("handover_gbps",
+                    static_cast<double>(total) * 1e-9 / seconds);
   return absl::OkStatus();
 }
 
@@ -365,8 +364,7 @@ absl::Status RunFleet(const BenchOptions& options, BenchReport* report) {
   const Clock::time_point start = Clock::now();
   ATTN_RETURN_IF_ERROR(MeasureDecode(options, report));
   ATTN_RETURN_IF_ERROR(MeasureHandover(options, report));
-  report->AddRow(kSection, "fleet section wall time", SecondsSince(start),
-                 "s");
+  report->AddRow(kSection, "fleet section wall time", SecondsSince(start), "s");
   return absl::OkStatus();
 }
 

@@ -717,22 +717,22 @@ int RunExport() {
   std::optional<Progress> progress;
   std::string bytes;
   const auto sink = [&](const v1::SessionChunk& record) -> absl::Status {
-        if (record.has_header()) {
-          progress.emplace("exported", record.header().kv_bytes());
-        }
-        record.SerializeToString(&bytes);
-        const uint32_t size = static_cast<uint32_t>(bytes.size());
-        const char prefix[4] = {
-            static_cast<char>(size), static_cast<char>(size >> 8),
-            static_cast<char>(size >> 16), static_cast<char>(size >> 24)};
-        out.write(prefix, 4);
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        if (!out) return absl::InternalError("cannot write " + temporary);
-        if (record.has_data() && progress.has_value()) {
-          progress->Add(record.data().k().size() + record.data().v().size());
-        }
-        return absl::OkStatus();
-      };
+    if (record.has_header()) {
+      progress.emplace("exported", record.header().kv_bytes());
+    }
+    record.SerializeToString(&bytes);
+    const uint32_t size = static_cast<uint32_t>(bytes.size());
+    const char prefix[4] = {
+        static_cast<char>(size), static_cast<char>(size >> 8),
+        static_cast<char>(size >> 16), static_cast<char>(size >> 24)};
+    out.write(prefix, 4);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) return absl::InternalError("cannot write " + temporary);
+    if (record.has_data() && progress.has_value()) {
+      progress->Add(record.data().k().size() + record.data().v().size());
+    }
+    return absl::OkStatus();
+  };
   absl::Status status = cluster != nullptr ? cluster->ExportSession(id, sink)
                                            : client->ExportSession(id, sink);
   out.close();

@@ -39,8 +39,8 @@ absl::Status NoLongerAnywhere(absl::string_view session_id,
                               const std::string& replica,
                               const absl::Status& status) {
   return absl::NotFoundError(absl::StrCat(
-      "session ", QuoteClientString(session_id), " is not on replica ",
-      replica, " (", status.message(),
+      "session ", QuoteClientString(session_id), " is not on replica ", replica,
+      " (", status.message(),
       ") nor on any other replica: it was deleted, it expired, or it was "
       "lost with its replica (killed, restarted without --snapshot_dir); it "
       "is not recreated"));
@@ -118,12 +118,11 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Open(
   ATTN_ASSIGN_OR_RETURN(ClusterTarget parsed, ParseClusterTarget(target));
   // Unreadable TLS files fail here rather than on every call.
   ATTN_RETURN_IF_ERROR(OpenChannel("localhost", options.client).status());
-  auto cluster =
-      absl::WrapUnique(new ClusterClient(std::move(parsed), std::move(options)));
+  auto cluster = absl::WrapUnique(
+      new ClusterClient(std::move(parsed), std::move(options)));
   cluster->Refresh();
-  cluster->refresher_ = std::thread([raw = cluster.get()] {
-    raw->RefreshLoop();
-  });
+  cluster->refresher_ =
+      std::thread([raw = cluster.get()] { raw->RefreshLoop(); });
   return cluster;
 }
 
@@ -167,8 +166,7 @@ void ClusterClient::Refresh() {
     absl::MutexLock lock(&mu_);
     if (addresses.ok()) {
       resolve_error_.clear();
-      const std::set<std::string> listed(addresses->begin(),
-                                         addresses->end());
+      const std::set<std::string> listed(addresses->begin(), addresses->end());
       for (const std::string& address : listed) {
         if (!replicas_.contains(address)) {
           replicas_[address] = std::make_shared<Replica>(address, options_);
@@ -199,8 +197,8 @@ void ClusterClient::Probe(Replica& replica) {
   absl::MutexLock lock(&mu_);
   ReplicaStatus& status = replica.status;
   if (!info.ok()) {
-    status.state = Unreachable(info.status()) ? State::kUnreachable
-                                              : State::kNotServing;
+    status.state =
+        Unreachable(info.status()) ? State::kUnreachable : State::kNotServing;
     status.error = std::string(info.status().message());
     return;
   }
@@ -297,9 +295,10 @@ std::string ClusterClient::DescribeReplicas() const {
   std::vector<std::string> parts;
   for (const ReplicaStatus& replica : Replicas()) {
     if (!replica.listed) continue;
-    std::string part = absl::StrCat(replica.address, " ",
-                                    ReplicaStateName(replica.state));
-    if (!replica.error.empty()) absl::StrAppend(&part, " (", replica.error, ")");
+    std::string part =
+        absl::StrCat(replica.address, " ", ReplicaStateName(replica.state));
+    if (!replica.error.empty())
+      absl::StrAppend(&part, " (", replica.error, ")");
     parts.push_back(std::move(part));
   }
   absl::MutexLock lock(&mu_);
@@ -317,8 +316,7 @@ void ClusterClient::SetOwner(absl::string_view session_id,
   owners_[std::string(session_id)] = address;
 }
 
-void ClusterClient::Learn(const v1::SessionInfo& info,
-                          const Replica& replica) {
+void ClusterClient::Learn(const v1::SessionInfo& info, const Replica& replica) {
   SetOwner(info.session_id(),
            info.owner().empty() ? AddressOf(replica) : info.owner());
 }
@@ -354,7 +352,8 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Confirm(
     absl::string_view session_id, const std::shared_ptr<Replica>& replica) {
   // The full call timeout: on a draining replica the answer waits while
   // the session is sealed for its move.
-  absl::StatusOr<v1::SessionInfo> info = replica->client->GetSession(session_id);
+  absl::StatusOr<v1::SessionInfo> info =
+      replica->client->GetSession(session_id);
   if (info.ok()) return replica;
   if (std::optional<std::string> owner = MovedSessionOwner(info.status())) {
     SetOwner(session_id, *owner);
@@ -391,10 +390,10 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::OwnerReplica(
     SetOwner(session_id, AddressOf(*found));
     return found;
   }
-  return absl::NotFoundError(absl::StrCat(
-      "session ", QuoteClientString(session_id),
-      " is on none of the cluster's replicas that answered (",
-      DescribeReplicas(), ")"));
+  return absl::NotFoundError(
+      absl::StrCat("session ", QuoteClientString(session_id),
+                   " is on none of the cluster's replicas that answered (",
+                   DescribeReplicas(), ")"));
 }
 
 absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
@@ -461,8 +460,8 @@ absl::StatusOr<T> ClusterClient::OnSession(
   for (int moves = 0;; ++moves) {
     absl::StatusOr<T> result = call(*replica->client);
     if (result.ok() || moves == kMaxMoves) return result;
-    ATTN_ASSIGN_OR_RETURN(
-        replica, Recover(session_id, method, *replica, result.status(), resend));
+    ATTN_ASSIGN_OR_RETURN(replica, Recover(session_id, method, *replica,
+                                           result.status(), resend));
   }
 }
 
@@ -474,8 +473,8 @@ std::string ClusterClient::PlacementNonce() {
   return absl::StrCat(nonce_seed_, "/", nonce_++);
 }
 
-std::vector<std::shared_ptr<ClusterReplica>>
-ClusterClient::PlacementCandidates(absl::string_view key, bool keyed) {
+std::vector<std::shared_ptr<ClusterReplica>> ClusterClient::PlacementCandidates(
+    absl::string_view key, bool keyed) {
   std::vector<ReplicaLoad> loads;
   std::map<std::string, std::shared_ptr<Replica>> by_address;
   {
@@ -496,8 +495,8 @@ ClusterClient::PlacementCandidates(absl::string_view key, bool keyed) {
     }
   }
   std::vector<std::shared_ptr<Replica>> candidates;
-  for (const std::string& address : PlacementOrder(
-           loads, key, keyed, options_.placement_tie_fraction)) {
+  for (const std::string& address :
+       PlacementOrder(loads, key, keyed, options_.placement_tie_fraction)) {
     candidates.push_back(by_address[address]);
   }
   return candidates;
@@ -507,8 +506,7 @@ absl::StatusOr<v1::SessionInfo> ClusterClient::CreateSession(
     const v1::SessionSpec& spec, absl::Duration idle_timeout,
     absl::string_view placement_key) {
   const bool keyed = !placement_key.empty();
-  const std::string key =
-      keyed ? std::string(placement_key) : PlacementNonce();
+  const std::string key = keyed ? std::string(placement_key) : PlacementNonce();
   std::vector<std::shared_ptr<Replica>> candidates =
       PlacementCandidates(key, keyed);
   if (candidates.empty()) {
@@ -539,9 +537,8 @@ absl::StatusOr<v1::SessionInfo> ClusterClient::CreateSession(
     refusals.push_back(
         absl::StrCat(AddressOf(*replica), ": ", info.status().message()));
   }
-  return absl::Status(code,
-                      absl::StrCat("no replica accepted the session (",
-                                   absl::StrJoin(refusals, "; "), ")"));
+  return absl::Status(code, absl::StrCat("no replica accepted the session (",
+                                         absl::StrJoin(refusals, "; "), ")"));
 }
 
 absl::StatusOr<v1::SessionInfo> ClusterClient::GetSession(
@@ -583,12 +580,12 @@ absl::StatusOr<std::vector<v1::SessionInfo>> ClusterClient::ListSessions() {
 }
 
 absl::Status ClusterClient::DeleteSession(absl::string_view session_id) {
-  absl::StatusOr<bool> deleted = OnSession<bool>(
-      session_id, "DeleteSession", Resend::kIfFoundElsewhere,
-      [&](AttentionClient& client) -> absl::StatusOr<bool> {
-        ATTN_RETURN_IF_ERROR(client.DeleteSession(session_id));
-        return true;
-      });
+  absl::StatusOr<bool> deleted =
+      OnSession<bool>(session_id, "DeleteSession", Resend::kIfFoundElsewhere,
+                      [&](AttentionClient& client) -> absl::StatusOr<bool> {
+                        ATTN_RETURN_IF_ERROR(client.DeleteSession(session_id));
+                        return true;
+                      });
   if (deleted.ok()) Forget(session_id);
   return deleted.status();
 }
@@ -694,8 +691,8 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
     part.status = status;
     if (status.code() == absl::StatusCode::kUnavailable) {
       absl::StatusOr<std::shared_ptr<Replica>> next =
-          Recover(request.steps(part.steps.front()).session_id(),
-                  "BatchDecode", *part.replica, status, Resend::kNever);
+          Recover(request.steps(part.steps.front()).session_id(), "BatchDecode",
+                  *part.replica, status, Resend::kNever);
       if (!next.ok()) part.status = next.status();
     }
   };
@@ -721,8 +718,8 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
       failed->status.code(),
       absl::StrCat("BatchDecode split over ", parts.size(),
                    " replicas (all or nothing per replica): the steps on ",
-                   absl::StrJoin(applied, ", "),
-                   " were applied; those on ", AddressOf(*failed->replica),
+                   absl::StrJoin(applied, ", "), " were applied; those on ",
+                   AddressOf(*failed->replica),
                    " failed: ", failed->status.message()));
 }
 
@@ -736,7 +733,8 @@ absl::StatusOr<v1::AttentionResult> ClusterClient::Attention(
     absl::StatusOr<v1::AttentionResult> result =
         replica->client->Attention(request);
     // Stateless: another replica computes the same.
-    if (result.ok() || result.status().code() != absl::StatusCode::kUnavailable) {
+    if (result.ok() ||
+        result.status().code() != absl::StatusCode::kUnavailable) {
       return result;
     }
     RequestRefresh();
@@ -760,8 +758,8 @@ absl::Status ClusterClient::ExportSession(
     // Once the sink has records, starting again would repeat them.
     if (status.ok() || delivered || moves == kMaxMoves) return status;
     ATTN_ASSIGN_OR_RETURN(replica,
-                          Recover(session_id, "ExportSession", *replica,
-                                  status, Resend::kIfFoundElsewhere));
+                          Recover(session_id, "ExportSession", *replica, status,
+                                  Resend::kIfFoundElsewhere));
   }
 }
 
@@ -830,7 +828,8 @@ void ClusterDecodeStream::Pump(Lane* lane) {
   std::shared_ptr<ClusterReplica> replica = lane->replica;
   lanes_.erase(replica.get());
   absl::Status status = result.status();
-  if (status.code() == absl::StatusCode::kNotFound && front->moves < kMaxMoves) {
+  if (status.code() == absl::StatusCode::kNotFound &&
+      front->moves < kMaxMoves) {
     absl::StatusOr<std::shared_ptr<ClusterReplica>> next =
         cluster_->Recover(front->request.session_id(), "Decode", *replica,
                           status, ClusterClient::Resend::kNever);
@@ -873,7 +872,8 @@ absl::StatusOr<v1::AttentionResult> ClusterDecodeStream::Read() {
     return absl::OutOfRangeError("the Decode stream has ended");
   }
   if (entries_.empty()) {
-    if (writes_done_) return absl::OutOfRangeError("the Decode stream has ended");
+    if (writes_done_)
+      return absl::OutOfRangeError("the Decode stream has ended");
     return absl::FailedPreconditionError(
         "Read without a written request waiting for its result");
   }

@@ -48,8 +48,8 @@
 // call that never reached the replica: gRPC found no connection to it). An
 // append or a fork that failed with UNAVAILABLE otherwise is never re-sent
 // (it may have been applied): the error names the replica and where the
-// session is now. Not found: NOT_FOUND or UNAVAILABLE naming the replica; the client
-// never creates an empty session in a lost one's place.
+// session is now. Not found: NOT_FOUND or UNAVAILABLE naming the replica; the
+// client never creates an empty session in a lost one's place.
 //
 // Other errors are the server's, unchanged (code and message).
 //
@@ -268,9 +268,11 @@ class ClusterClient {
                                   const Replica* skip);
   // After `status` from `replica` for `method` on the session: the replica
   // to send the call to again, or the error to return.
-  absl::StatusOr<std::shared_ptr<Replica>> Recover(
-      absl::string_view session_id, absl::string_view method,
-      const Replica& replica, const absl::Status& status, Resend resend);
+  absl::StatusOr<std::shared_ptr<Replica>> Recover(absl::string_view session_id,
+                                                   absl::string_view method,
+                                                   const Replica& replica,
+                                                   const absl::Status& status,
+                                                   Resend resend);
 
   // Runs `call` on the session's owner, following moves (Recover).
   template <typename T>
@@ -299,8 +301,7 @@ class ClusterClient {
   std::map<std::string, std::shared_ptr<Replica>> replicas_
       ABSL_GUARDED_BY(mu_);
   // Session id -> owner address.
-  std::map<std::string, std::string, std::less<>> owners_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string, std::less<>> owners_ ABSL_GUARDED_BY(mu_);
   std::string resolve_error_ ABSL_GUARDED_BY(mu_);
   const uint64_t nonce_seed_;
   uint64_t nonce_ ABSL_GUARDED_BY(mu_) = 0;

@@ -101,12 +101,12 @@ absl::StatusOr<std::vector<std::string>> ResolveClusterTarget(
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  const int error = getaddrinfo(target.host.c_str(), target.port.c_str(),
-                                &hints, &found);
+  const int error =
+      getaddrinfo(target.host.c_str(), target.port.c_str(), &hints, &found);
   if (error != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot resolve the cluster name ",
-                     QuoteClientString(target.host), ": ", gai_strerror(error)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot resolve the cluster name ", QuoteClientString(target.host),
+        ": ", gai_strerror(error)));
   }
   std::vector<std::string> addresses;
   for (const addrinfo* entry = found; entry != nullptr;

@@ -61,7 +61,8 @@ std::vector<std::string> PlacementOrder(absl::Span<const ReplicaLoad> replicas,
             });
   std::vector<std::string> order;
   order.reserve(accepting.size());
-  for (const ReplicaLoad* replica : accepting) order.push_back(replica->address);
+  for (const ReplicaLoad* replica : accepting)
+    order.push_back(replica->address);
   return order;
 }
 

@@ -17,11 +17,10 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <optional>
-
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <system_error>
@@ -47,11 +46,14 @@ constexpr int kPrompt = 5;
 constexpr int kSteps = 4;
 
 const std::vector<std::string>& ReplicaFlags() {
-  static const auto* flags = new std::vector<std::string>{
-      "--listen_address=127.0.0.1", "--backend=cpu",
-      "--threads=1",                "--kv_cache_bytes=16777216",
-      "--kv_block_bytes=4096",      "--metrics_port=-1",
-      "--drain_timeout=10s"};
+  static const auto* flags =
+      new std::vector<std::string>{"--listen_address=127.0.0.1",
+                                   "--backend=cpu",
+                                   "--threads=1",
+                                   "--kv_cache_bytes=16777216",
+                                   "--kv_block_bytes=4096",
+                                   "--metrics_port=-1",
+                                   "--drain_timeout=10s"};
   return *flags;
 }
 
@@ -231,8 +233,8 @@ v1::DecodeRequest NextStep(const Workload& w, int layer) {
 Workload NewWorkload(ClusterClient& cluster, int i, int64_t total,
                      absl::string_view placement_key = "") {
   Workload w;
-  auto info = cluster.CreateSession(MixedSpec(i), absl::ZeroDuration(),
-                                    placement_key);
+  auto info =
+      cluster.CreateSession(MixedSpec(i), absl::ZeroDuration(), placement_key);
   EXPECT_TRUE(info.ok()) << info.status();
   if (!info.ok()) return w;
   w.id = info->session_id();
@@ -560,8 +562,8 @@ TEST(ClusterClientTest, AKilledReplicasSessionsReportItOthersCarryOn) {
 }
 
 TEST(ClusterClientTest, AReplicaRestartedFromItsSnapshotDirCarriesOn) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/fleet-snap-",
-                                       getpid());
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/fleet-snap-", getpid());
   std::filesystem::create_directories(dir);
   // Replica 1 keeps its sessions in a snapshot directory.
   Fleet fleet(2);
@@ -573,8 +575,7 @@ TEST(ClusterClientTest, AReplicaRestartedFromItsSnapshotDirCarriesOn) {
   // Sessions on both replicas (placement ties spread them at random).
   std::vector<Workload> workloads;
   int on_restarted = 0;
-  for (int i = 0; i < 40 && (i < 8 || on_restarted < 2 ||
-                             i - on_restarted < 2);
+  for (int i = 0; i < 40 && (i < 8 || on_restarted < 2 || i - on_restarted < 2);
        ++i) {
     workloads.push_back(NewWorkload(**cluster, i, kPrompt + 3));
     PrefillAll(**cluster, workloads.back());
@@ -586,8 +587,8 @@ TEST(ClusterClientTest, AReplicaRestartedFromItsSnapshotDirCarriesOn) {
   fleet.replica(1).Signal(SIGTERM);
   EXPECT_EQ(ExitCode(fleet.replica(1)), 0) << fleet.replica(1).output();
   ASSERT_TRUE(fleet.Start(1));
-  ASSERT_TRUE(AwaitState(**cluster, restarted,
-                         client::ReplicaStatus::State::kServing));
+  ASSERT_TRUE(
+      AwaitState(**cluster, restarted, client::ReplicaStatus::State::kServing));
   auto direct = client::AttentionClient::Connect(restarted);
   auto restored = direct->ListSessions();
   ATTN_ASSERT_OK(restored);
@@ -651,8 +652,8 @@ TEST(ClusterClientTest, AFourthReplicaTakesNewSessionsWithoutDisturbing) {
 
 TEST(ClusterClientTest, NoReplicaServingIsUnavailableNamingThem) {
   const std::string nowhere = absl::StrCat("127.0.0.1:", PickFreePort());
-  auto cluster = ClusterClient::Open(nowhere + ",127.0.0.1:1",
-                                     TestClusterOptions());
+  auto cluster =
+      ClusterClient::Open(nowhere + ",127.0.0.1:1", TestClusterOptions());
   ATTN_ASSERT_OK(cluster);
   auto info = (*cluster)->CreateSession(MixedSpec(0));
   EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable);

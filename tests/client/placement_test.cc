@@ -60,8 +60,8 @@ TEST(PlacementOrderTest, NeverDrainingOrNotServing) {
       EXPECT_NE(order[1], "b:1");
     }
   }
-  EXPECT_TRUE(PlacementOrder({Load("a:1", kGiB, false)}, "k", false, 0.1)
-                  .empty());
+  EXPECT_TRUE(
+      PlacementOrder({Load("a:1", kGiB, false)}, "k", false, 0.1).empty());
   EXPECT_TRUE(PlacementOrder({}, "k", true, 0.1).empty());
 }
 
@@ -130,8 +130,9 @@ TEST(ClusterTargetTest, ListsAndNames) {
   auto list = ParseClusterTarget("10.0.0.2:50051, 10.0.0.1:50051,[::1]:7");
   ASSERT_TRUE(list.ok()) << list.status();
   EXPECT_TRUE(list->fixed);
-  EXPECT_EQ(list->addresses, (std::vector<std::string>{
-                                 "10.0.0.1:50051", "10.0.0.2:50051", "[::1]:7"}));
+  EXPECT_EQ(list->addresses,
+            (std::vector<std::string>{"10.0.0.1:50051", "10.0.0.2:50051",
+                                      "[::1]:7"}));
   auto resolved = ResolveClusterTarget(*list);
   ASSERT_TRUE(resolved.ok());
   EXPECT_EQ(*resolved, list->addresses);
