@@ -24,7 +24,8 @@ ABSL_FLAG(bool, quick, false,
           "CI-sized run: smaller repetitions, < 2 minutes on 2 cores");
 ABSL_FLAG(int, threads, 0, "Worker threads (0 = one per hardware thread)");
 ABSL_FLAG(std::string, sections, "kernel,serving",
-          "Comma-separated sections to run: kernel, serving, mobility, sparse");
+          "Comma-separated sections to run: kernel, serving, mobility, sparse, "
+          "fleet");
 ABSL_FLAG(std::string, json, "", "Also write the JSON summary to this file");
 
 namespace attention::bench {
@@ -104,9 +105,12 @@ int Main() {
       RunMobilityBench(options, &report);
     } else if (section == "sparse") {
       RunSparseBench(options, &report);
+    } else if (section == "fleet") {
+      RunFleetBench(options, &report);
     } else {
       std::fprintf(stderr,
-                   "unknown section '%s' (kernel, serving, mobility, sparse)\n",
+                   "unknown section '%s' (kernel, serving, mobility, sparse, "
+                   "fleet)\n",
                    std::string(section).c_str());
       return 2;
     }

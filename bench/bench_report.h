@@ -65,6 +65,10 @@ void RunServingBench(const BenchOptions& options, BenchReport* report);
 // same bytes, and the --snapshot_dir snapshot and restore times.
 void RunMobilityBench(const BenchOptions& options, BenchReport* report);
 
+// Fleets: decode tokens/s of three replicas against one through
+// ClusterClient, and a drain's handover time (bench/fleet_bench.cc).
+void RunFleetBench(const BenchOptions& options, BenchReport* report);
+
 // Top-k sparse decode against dense decode at T = 32768, k = 2048
 // (sparse_bench.cc).
 void RunSparseBench(const BenchOptions& options, BenchReport* report);

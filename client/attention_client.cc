@@ -1,5 +1,6 @@
 #include "client/attention_client.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
@@ -9,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/read_file.h"
@@ -61,6 +63,14 @@ grpc::ChannelArguments ChannelArguments(const ClientOptions& options) {
   if (UsesTls(options) && !options.tls_server_name.empty()) {
     arguments.SetSslTargetNameOverride(options.tls_server_name);
   }
+  if (options.max_reconnect_backoff > absl::ZeroDuration()) {
+    const int max_ms = ClampToInt(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(
+                                 options.max_reconnect_backoff)));
+    arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
+    arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+                     std::min(max_ms, 100));
+  }
   return arguments;
 }
 
@@ -112,6 +122,26 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   // gRPC and absl share the canonical code space.
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
+}
+
+absl::Status FromGrpcCall(const grpc::Status& status,
+                          const grpc::ClientContext& context) {
+  absl::Status converted = FromGrpcStatus(status);
+  if (converted.code() != absl::StatusCode::kNotFound) return converted;
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(kSessionOwnerMetadata);
+  if (it == trailers.end() || it->second.empty()) return converted;
+  converted.SetPayload(kSessionOwnerMetadata,
+                       absl::Cord(absl::string_view(it->second.data(),
+                                                    it->second.size())));
+  return converted;
+}
+
+std::optional<std::string> MovedSessionOwner(const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kNotFound) return std::nullopt;
+  auto owner = status.GetPayload(kSessionOwnerMetadata);
+  if (!owner.has_value()) return std::nullopt;
+  return std::string(*owner);
 }
 
 // ---------------------------------------------------------------------------
@@ -257,7 +287,7 @@ absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
   if (!final_status_.has_value()) {
     v1::AttentionResult result;
     if (stream_->Read(&result)) return result;
-    final_status_ = FromGrpcStatus(stream_->Finish());
+    final_status_ = FromGrpcCall(stream_->Finish(), context_);
   }
   if (!final_status_->ok()) return *final_status_;
   return absl::OutOfRangeError("the Decode stream has ended");
@@ -282,7 +312,7 @@ absl::Status DecodeStream::Finish() {
   v1::AttentionResult discarded;
   while (stream_->Read(&discarded)) {
   }
-  final_status_ = FromGrpcStatus(stream_->Finish());
+  final_status_ = FromGrpcCall(stream_->Finish(), context_);
   return *final_status_;
 }
 
@@ -315,7 +345,7 @@ absl::Status AttentionClient::ExportSession(
       return status;
     }
   }
-  return FromGrpcStatus(reader->Finish());
+  return FromGrpcCall(reader->Finish(), context);
 }
 
 absl::StatusOr<v1::SessionInfo> AttentionClient::ImportSession(
@@ -344,7 +374,7 @@ absl::StatusOr<v1::SessionInfo> AttentionClient::ImportSession(
   }
   writer->WritesDone();
   const grpc::Status status = writer->Finish();
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return info;
 }
 
@@ -395,7 +425,7 @@ absl::StatusOr<v1::SessionInfo> AttentionClient::CreateSession(
   PrepareContext(&context);
   v1::SessionInfo response;
   grpc::Status status = stub_->CreateSession(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return response;
 }
 
@@ -407,7 +437,7 @@ absl::StatusOr<v1::SessionInfo> AttentionClient::GetSession(
   PrepareContext(&context);
   v1::SessionInfo response;
   grpc::Status status = stub_->GetSession(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return response;
 }
 
@@ -419,7 +449,7 @@ absl::StatusOr<std::vector<v1::SessionInfo>> AttentionClient::ListSessions() {
     PrepareContext(&context);
     v1::ListSessionsResponse response;
     grpc::Status status = stub_->ListSessions(&context, request, &response);
-    if (!status.ok()) return FromGrpcStatus(status);
+    if (!status.ok()) return FromGrpcCall(status, context);
     for (v1::SessionInfo& info : *response.mutable_sessions()) {
       sessions.push_back(std::move(info));
     }
@@ -434,7 +464,8 @@ absl::Status AttentionClient::DeleteSession(absl::string_view session_id) {
   grpc::ClientContext context;
   PrepareContext(&context);
   v1::DeleteSessionResponse response;
-  return FromGrpcStatus(stub_->DeleteSession(&context, request, &response));
+  return FromGrpcCall(stub_->DeleteSession(&context, request, &response),
+                      context);
 }
 
 absl::StatusOr<v1::SessionInfo> AttentionClient::ForkSession(
@@ -445,7 +476,7 @@ absl::StatusOr<v1::SessionInfo> AttentionClient::ForkSession(
   PrepareContext(&context);
   v1::SessionInfo response;
   grpc::Status status = stub_->ForkSession(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return response;
 }
 
@@ -458,7 +489,7 @@ absl::StatusOr<v1::SessionInfo> AttentionClient::TruncateSession(
   PrepareContext(&context);
   v1::SessionInfo response;
   grpc::Status status = stub_->TruncateSession(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return response;
 }
 
@@ -468,7 +499,7 @@ absl::StatusOr<v1::AttentionResult> AttentionClient::Prefill(
   PrepareContext(&context);
   v1::AttentionResult response;
   grpc::Status status = stub_->Prefill(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return response;
 }
 
@@ -478,7 +509,7 @@ absl::StatusOr<v1::AttentionResult> AttentionClient::DecodeStep(
   PrepareContext(&context);
   v1::AttentionResult response;
   grpc::Status status = stub_->DecodeStep(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return response;
 }
 
@@ -488,7 +519,7 @@ absl::StatusOr<std::vector<v1::AttentionResult>> AttentionClient::BatchDecode(
   PrepareContext(&context);
   v1::BatchDecodeResponse response;
   grpc::Status status = stub_->BatchDecode(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return std::vector<v1::AttentionResult>(response.results().begin(),
                                           response.results().end());
 }
@@ -499,7 +530,7 @@ absl::StatusOr<v1::AttentionResult> AttentionClient::Attention(
   PrepareContext(&context);
   v1::AttentionResult response;
   grpc::Status status = stub_->Attention(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return response;
 }
 
@@ -509,7 +540,7 @@ absl::StatusOr<v1::ServerInfo> AttentionClient::GetServerInfo() {
   v1::ServerInfo response;
   grpc::Status status =
       stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   return response;
 }
 
@@ -522,7 +553,7 @@ absl::StatusOr<ServingStatus> AttentionClient::CheckHealth(
   PrepareContext(&context);
   grpc::health::v1::HealthCheckResponse response;
   grpc::Status status = health->Check(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
+  if (!status.ok()) return FromGrpcCall(status, context);
   switch (response.status()) {
     case grpc::health::v1::HealthCheckResponse::SERVING:
       return ServingStatus::kServing;

@@ -56,6 +56,11 @@ struct ClientOptions {
   // retried automatically: after an UNAVAILABLE Prefill/DecodeStep, read
   // GetSession's layer_lengths and resend what is missing. 1 = no retries.
   int retry_max_attempts = 5;
+  // Longest wait between attempts to reconnect to an unreachable server;
+  // zero = gRPC's default (backoff growing to 120 s). Calls fail fast with
+  // UNAVAILABLE while the channel waits, so a short one notices a restarted
+  // server sooner.
+  absl::Duration max_reconnect_backoff = absl::ZeroDuration();
 
   // Transport security. Plaintext unless `tls` is set or any tls_* field
   // is: then TLS, verifying the server against tls_ca_file (PEM; empty =
@@ -93,6 +98,18 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
 
 // The absl::Status with the same code and message.
 absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Fleets (attention.proto, "Fleets"): a call on a session that moved to
+// another replica fails with NOT_FOUND and the trailing metadata
+// `attention-session-owner: host:port`. The client's calls keep that owner
+// on the returned status as a payload under this type URL.
+inline constexpr char kSessionOwnerMetadata[] = "attention-session-owner";
+// As FromGrpcStatus, plus the new owner from `context`'s trailing metadata.
+absl::Status FromGrpcCall(const grpc::Status& status,
+                          const grpc::ClientContext& context);
+// The replica a moved session went to ("host:port"), when `status` is such a
+// redirect; nullopt otherwise.
+std::optional<std::string> MovedSessionOwner(const absl::Status& status);
 
 // grpc.health.v1 serving status.
 enum class ServingStatus { kUnknown, kServing, kNotServing, kServiceUnknown };

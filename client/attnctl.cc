@@ -8,6 +8,8 @@
 //   attnctl health                    grpc.health.v1 check; exit codes like
 //                                     grpc_health_probe (0 serving, 2 cannot
 //                                     connect, 3 RPC failed, 4 not serving)
+//   attnctl cluster --cluster=T       the replicas of a fleet: address, state,
+//                                     sessions, KV used/capacity, version
 //
 // Against a server with TLS: --tls_ca_file (and --tls_server_name when the
 // certificate names another host; --tls_cert_file/--tls_key_file for mutual
@@ -37,6 +39,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "client/attention_client.h"
+#include "client/cluster_client.h"
 #include "core/dtype.h"
 #include "core/kv_size.h"
 #include "core/read_file.h"
@@ -44,6 +47,11 @@
 
 ABSL_FLAG(std::string, target, "localhost:50051",
           "attention-server address (host:port).");
+ABSL_FLAG(std::string, cluster, "",
+          "A fleet of replicas: a DNS name resolving to them (name:port, e.g. "
+          "the headless Service) or a list host:port,host:port. Used by "
+          "`cluster` (default: --target) and `export` (finds the session's "
+          "replica).");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
           "Deadline for connecting and for each call.");
 ABSL_FLAG(bool, tls, false,
@@ -114,7 +122,7 @@ namespace v1 = ::attention::v1;
 using client::AttentionClient;
 using client::ClientOptions;
 
-absl::StatusOr<std::unique_ptr<AttentionClient>> MakeClient() {
+absl::StatusOr<ClientOptions> ClientOptionsFromFlags() {
   ClientOptions options;
   options.call_timeout = absl::GetFlag(FLAGS_timeout);
   options.tls = absl::GetFlag(FLAGS_tls);
@@ -128,7 +136,27 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> MakeClient() {
     if (!token.ok()) return token.status();
     options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
   }
-  return AttentionClient::Open(absl::GetFlag(FLAGS_target), options);
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<AttentionClient>> MakeClient() {
+  absl::StatusOr<ClientOptions> options = ClientOptionsFromFlags();
+  if (!options.ok()) return options.status();
+  return AttentionClient::Open(absl::GetFlag(FLAGS_target), *options);
+}
+
+// A ClusterClient on --cluster (default --target), probing with --timeout.
+absl::StatusOr<std::unique_ptr<client::ClusterClient>> MakeClusterClient() {
+  client::ClusterOptions options;
+  absl::StatusOr<ClientOptions> client_options = ClientOptionsFromFlags();
+  if (!client_options.ok()) return client_options.status();
+  options.client = *client_options;
+  options.client.retry_max_attempts = 1;
+  options.probe_timeout = absl::GetFlag(FLAGS_timeout);
+  options.refresh_interval = absl::Hours(1);  // one look is enough here
+  std::string target = absl::GetFlag(FLAGS_cluster);
+  if (target.empty()) target = absl::GetFlag(FLAGS_target);
+  return client::ClusterClient::Open(target, options);
 }
 
 int Fail(const absl::Status& status, absl::string_view doing) {
@@ -216,6 +244,50 @@ int RunHealth() {
   }
   std::cout << "status: SERVING" << std::endl;
   return 0;
+}
+
+// ---------------------------------------------------------------------------
+// cluster
+
+// "12 KiB / 16 MiB (0.1%)".
+std::string KvUsage(const v1::ServerInfo& info) {
+  const int64_t capacity = info.kv_cache_capacity_bytes();
+  const int64_t used = info.kv_cache_used_bytes();
+  return absl::StrFormat(
+      "%s / %s (%.1f%%)", HumanBytes(used), HumanBytes(capacity),
+      capacity > 0 ? 100.0 * static_cast<double>(used) / capacity : 0.0);
+}
+
+// Exit 0 when some replica is SERVING, 1 otherwise.
+int RunCluster() {
+  auto made = MakeClusterClient();
+  if (!made.ok()) return Fail(made.status(), "cluster");
+  const std::vector<client::ReplicaStatus> replicas = (*made)->Replicas();
+  std::cout << absl::StrFormat("%-32s %-12s %8s  %-30s %s\n", "REPLICA",
+                               "STATE", "SESSIONS", "KV USED / CAPACITY",
+                               "VERSION");
+  int serving = 0;
+  for (const client::ReplicaStatus& replica : replicas) {
+    const bool answered =
+        replica.state != client::ReplicaStatus::State::kUnreachable &&
+        replica.info.kv_cache_capacity_bytes() > 0;
+    serving += replica.state == client::ReplicaStatus::State::kServing;
+    std::string address = replica.address;
+    if (replica.address != replica.dialed) {
+      absl::StrAppend(&address, " (", replica.dialed, ")");
+    }
+    if (!replica.listed) absl::StrAppend(&address, " [not listed]");
+    std::cout << absl::StrFormat(
+        "%-32s %-12s %8s  %-30s %s%s\n", address,
+        client::ReplicaStateName(replica.state),
+        answered ? absl::StrCat(replica.info.active_sessions()) : "-",
+        answered ? KvUsage(replica.info) : "-",
+        answered ? replica.info.version() : "-",
+        replica.error.empty() ? "" : absl::StrCat("  ", replica.error));
+  }
+  std::cout << replicas.size() << " replicas, " << serving << " SERVING"
+            << std::endl;
+  return serving > 0 ? 0 : 1;
 }
 
 // ---------------------------------------------------------------------------
@@ -624,9 +696,18 @@ int RunExport() {
               << std::endl;
     return 1;
   }
-  auto made = MakeClient();
-  if (!made.ok()) return Fail(made.status(), "connecting");
-  std::unique_ptr<AttentionClient> client = *std::move(made);
+  // From one server (--target), or from the session's replica (--cluster).
+  std::unique_ptr<AttentionClient> client;
+  std::unique_ptr<client::ClusterClient> cluster;
+  if (absl::GetFlag(FLAGS_cluster).empty()) {
+    auto made = MakeClient();
+    if (!made.ok()) return Fail(made.status(), "connecting");
+    client = *std::move(made);
+  } else {
+    auto made = MakeClusterClient();
+    if (!made.ok()) return Fail(made.status(), "connecting");
+    cluster = *std::move(made);
+  }
   const std::string temporary = path + ".tmp";
   std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
   if (!out) {
@@ -635,24 +716,25 @@ int RunExport() {
   }
   std::optional<Progress> progress;
   std::string bytes;
-  absl::Status status = client->ExportSession(
-      id, [&](const v1::SessionChunk& record) -> absl::Status {
-        if (record.has_header()) {
-          progress.emplace("exported", record.header().kv_bytes());
-        }
-        record.SerializeToString(&bytes);
-        const uint32_t size = static_cast<uint32_t>(bytes.size());
-        const char prefix[4] = {
-            static_cast<char>(size), static_cast<char>(size >> 8),
-            static_cast<char>(size >> 16), static_cast<char>(size >> 24)};
-        out.write(prefix, 4);
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        if (!out) return absl::InternalError("cannot write " + temporary);
-        if (record.has_data() && progress.has_value()) {
-          progress->Add(record.data().k().size() + record.data().v().size());
-        }
-        return absl::OkStatus();
-      });
+  const auto sink = [&](const v1::SessionChunk& record) -> absl::Status {
+    if (record.has_header()) {
+      progress.emplace("exported", record.header().kv_bytes());
+    }
+    record.SerializeToString(&bytes);
+    const uint32_t size = static_cast<uint32_t>(bytes.size());
+    const char prefix[4] = {
+        static_cast<char>(size), static_cast<char>(size >> 8),
+        static_cast<char>(size >> 16), static_cast<char>(size >> 24)};
+    out.write(prefix, 4);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out) return absl::InternalError("cannot write " + temporary);
+    if (record.has_data() && progress.has_value()) {
+      progress->Add(record.data().k().size() + record.data().v().size());
+    }
+    return absl::OkStatus();
+  };
+  absl::Status status = cluster != nullptr ? cluster->ExportSession(id, sink)
+                                           : client->ExportSession(id, sink);
   out.close();
   if (status.ok() && std::rename(temporary.c_str(), path.c_str()) != 0) {
     status = absl::InternalError("cannot rename " + temporary + " to " + path);
@@ -714,7 +796,8 @@ int RunImport() {
 }
 
 int Usage() {
-  std::cerr << "usage: attnctl info|demo|plan|health|export|import [flags]   "
+  std::cerr << "usage: attnctl info|demo|plan|health|cluster|export|import "
+               "[flags]   "
                "(attnctl --help for flags)"
             << std::endl;
   return 1;
@@ -733,6 +816,8 @@ int main(int argc, char** argv) {
       "(--preset or --num_layers ...)\n"
       "  attnctl health   grpc.health.v1 check (exit 0 serving, 2 cannot "
       "connect, 3 RPC failed, 4 not serving)\n"
+      "  attnctl cluster  --cluster=NAME:PORT|LIST: the replicas of a fleet "
+      "(state, sessions, KV usage, version)\n"
       "  attnctl export   --session=ID --out=FILE: a session's snapshot to a "
       "file\n"
       "  attnctl import   --in=FILE [--keep_id]: a session from a snapshot "
@@ -744,6 +829,7 @@ int main(int argc, char** argv) {
   if (command == "demo") return attention::attnctl::RunDemo();
   if (command == "plan") return attention::attnctl::RunPlan();
   if (command == "health") return attention::attnctl::RunHealth();
+  if (command == "cluster") return attention::attnctl::RunCluster();
   if (command == "export") return attention::attnctl::RunExport();
   if (command == "import") return attention::attnctl::RunImport();
   std::cerr << "attnctl: unknown command \"" << command << "\"" << std::endl;

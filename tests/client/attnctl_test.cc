@@ -1,5 +1,5 @@
-// The attnctl CLI as a user runs it: plan (the seeds' frozen numbers), and
-// info / demo / health against a real server.
+// The attnctl CLI as a user runs it: plan (the seeds' frozen numbers),
+// info / demo / health against a real server, cluster against several.
 #include <grpcpp/grpcpp.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -259,6 +259,69 @@ TEST(AttnctlSecurityTest, InfoDemoAndHealthOverTlsWithAToken) {
             2);
   std::error_code ignored;
   std::filesystem::remove_all(*dir, ignored);
+}
+
+// The line of `output` that mentions `text` (empty when none does).
+std::string LineWith(const std::string& output, const std::string& text) {
+  const size_t at = output.find(text);
+  if (at == std::string::npos) return "";
+  const size_t begin = output.rfind('\n', at);
+  const size_t end = output.find('\n', at);
+  return output.substr(begin == std::string::npos ? 0 : begin + 1,
+                       end == std::string::npos ? std::string::npos
+                                                : end - begin - 1);
+}
+
+TEST(AttnctlClusterTest, ListsTheReplicasAndExportsFromTheOwner) {
+  auto a = StartTestServer();
+  ATTN_ASSERT_OK(a);
+  auto b = StartTestServer();
+  ATTN_ASSERT_OK(b);
+  auto session = (*b)->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  const std::string address_a = (*a)->server->local_target();
+  const std::string address_b = (*b)->server->local_target();
+  const std::string cluster = absl::StrCat(" --timeout=2s --cluster=",
+                                           address_a, ",", address_b,
+                                           ",127.0.0.1:1");
+  const CommandResult listed = RunAttnctl("cluster" + cluster);
+  ASSERT_EQ(listed.exit_code, 0) << listed.output;
+  const std::string line_a = LineWith(listed.output, address_a);
+  const std::string line_b = LineWith(listed.output, address_b);
+  const std::string line_dead = LineWith(listed.output, "127.0.0.1:1 ");
+  EXPECT_NE(line_a.find("SERVING"), std::string::npos) << listed.output;
+  EXPECT_NE(line_a.find(" 0  "), std::string::npos) << line_a;
+  EXPECT_NE(line_b.find("SERVING"), std::string::npos) << listed.output;
+  EXPECT_NE(line_b.find(" 1  "), std::string::npos) << line_b;
+  EXPECT_NE(line_b.find(server::ServerVersion()), std::string::npos) << line_b;
+  EXPECT_NE(line_b.find("/ 64 MiB"), std::string::npos) << line_b;
+  EXPECT_NE(line_dead.find("unreachable"), std::string::npos)
+      << listed.output;
+  EXPECT_NE(listed.output.find("3 replicas, 2 SERVING"), std::string::npos)
+      << listed.output;
+
+  // A replica that stops serving shows it.
+  (*a)->server->SetServing(false);
+  const CommandResult one = RunAttnctl("cluster" + cluster);
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(LineWith(one.output, address_a).find("not-serving"),
+            std::string::npos)
+      << one.output;
+
+  // export --cluster finds the session on its replica.
+  const std::string file =
+      absl::StrCat(::testing::TempDir(), "/attnctl-cluster-export-", getpid());
+  const CommandResult exported = RunAttnctl(absl::StrCat(
+      "export --session=", session->session_id(), " --out=", file, cluster));
+  EXPECT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_TRUE(std::filesystem::exists(file));
+  std::remove(file.c_str());
+
+  // Nothing serving: exit 1.
+  EXPECT_EQ(RunAttnctl("cluster --timeout=1s --cluster=127.0.0.1:1,127.0.0.1:2")
+                .exit_code,
+            1);
+  EXPECT_EQ(RunAttnctl("cluster --cluster=no-port").exit_code, 1);
 }
 
 TEST(AttnctlHealthTest, ServerWithoutHealthServiceIsRpcFailure) {

@@ -1,0 +1,917 @@
+#include "client/cluster_client.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/placement.h"
+#include "core/client_string.h"
+#include "core/status_macros.h"
+
+namespace attention::client {
+
+namespace {
+
+// Redirects one call follows before giving up (a session moves once per
+// drain; more means replicas disagree about it).
+constexpr int kMaxMoves = 4;
+
+// True when the call failed before any connection to the replica existed,
+// so the replica never saw it: gRPC fails such a call with UNAVAILABLE
+// "failed to connect to all addresses" (no transport was ready to carry
+// it). A call cut after it was sent fails otherwise (reset, GOAWAY, ...).
+bool NeverSent(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         absl::StrContains(status.message(),
+                           "failed to connect to all addresses");
+}
+
+// NOT_FOUND for a session that `replica` answered it does not have (with
+// `status`) and no other replica has either.
+absl::Status NoLongerAnywhere(absl::string_view session_id,
+                              const std::string& replica,
+                              const absl::Status& status) {
+  return absl::NotFoundError(absl::StrCat(
+      "session ", QuoteClientString(session_id), " is not on replica ", replica,
+      " (", status.message(),
+      ") nor on any other replica: it was deleted, it expired, or it was "
+      "lost with its replica (killed, restarted without --snapshot_dir); it "
+      "is not recreated"));
+}
+
+bool Unreachable(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
+}  // namespace
+
+const char* ReplicaStateName(ReplicaStatus::State state) {
+  switch (state) {
+    case ReplicaStatus::State::kServing:
+      return "SERVING";
+    case ReplicaStatus::State::kDraining:
+      return "draining";
+    case ReplicaStatus::State::kNotServing:
+      return "not-serving";
+    case ReplicaStatus::State::kUnreachable:
+      return "unreachable";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------
+// ClusterReplica
+
+struct ClusterReplica {
+  ClusterReplica(const std::string& address, const ClusterOptions& options)
+      : dialed(address),
+        client(AttentionClient::Connect(address, CallOptions(options))),
+        probe(ProbeClient(address, options)) {
+    status.address = address;
+    status.dialed = address;
+    status.error = "not probed yet";
+  }
+
+  static ClientOptions CallOptions(const ClusterOptions& options) {
+    ClientOptions call_options = options.client;
+    if (call_options.max_reconnect_backoff <= absl::ZeroDuration()) {
+      call_options.max_reconnect_backoff = absl::Seconds(1);
+    }
+    return call_options;
+  }
+  // Probes and look-ups: a deadline of probe_timeout and no retries, so an
+  // unreachable replica shows at once.
+  static std::unique_ptr<AttentionClient> ProbeClient(
+      const std::string& address, const ClusterOptions& options) {
+    ClientOptions probe_options = CallOptions(options);
+    probe_options.retry_max_attempts = 1;
+    probe_options.call_timeout = options.probe_timeout;
+    return AttentionClient::Connect(address, probe_options);
+  }
+
+  const std::string dialed;
+  const std::unique_ptr<AttentionClient> client;  // the calls
+  const std::unique_ptr<AttentionClient> probe;
+  // Guarded by the ClusterClient's mu_ (mutable: probes and failures update
+  // it through const references).
+  mutable ReplicaStatus status;
+};
+
+// ---------------------------------------------------------------------------
+// ClusterClient: membership
+
+ClusterClient::ClusterClient(ClusterTarget target, ClusterOptions options)
+    : target_(std::move(target)),
+      options_(std::move(options)),
+      nonce_seed_(std::random_device()()) {}
+
+absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Open(
+    const std::string& target, ClusterOptions options) {
+  ATTN_ASSIGN_OR_RETURN(ClusterTarget parsed, ParseClusterTarget(target));
+  // Unreadable TLS files fail here rather than on every call.
+  ATTN_RETURN_IF_ERROR(OpenChannel("localhost", options.client).status());
+  auto cluster = absl::WrapUnique(
+      new ClusterClient(std::move(parsed), std::move(options)));
+  cluster->Refresh();
+  cluster->refresher_ =
+      std::thread([raw = cluster.get()] { raw->RefreshLoop(); });
+  return cluster;
+}
+
+ClusterClient::~ClusterClient() {
+  {
+    absl::MutexLock lock(&refresh_mu_);
+    stopping_ = true;
+  }
+  if (refresher_.joinable()) refresher_.join();
+}
+
+bool ClusterClient::RefreshDue() const {
+  return stopping_ || refresh_requested_;
+}
+
+void ClusterClient::RequestRefresh() {
+  absl::MutexLock lock(&refresh_mu_);
+  refresh_requested_ = true;
+}
+
+void ClusterClient::RefreshLoop() {
+  refresh_mu_.Lock();
+  while (!stopping_) {
+    refresh_mu_.AwaitWithTimeout(
+        absl::Condition(this, &ClusterClient::RefreshDue),
+        options_.refresh_interval);
+    if (stopping_) break;
+    refresh_requested_ = false;
+    refresh_mu_.Unlock();
+    Refresh();
+    refresh_mu_.Lock();
+  }
+  refresh_mu_.Unlock();
+}
+
+void ClusterClient::Refresh() {
+  absl::StatusOr<std::vector<std::string>> addresses =
+      options_.resolver ? options_.resolver() : ResolveClusterTarget(target_);
+  std::vector<std::shared_ptr<Replica>> replicas;
+  {
+    absl::MutexLock lock(&mu_);
+    if (addresses.ok()) {
+      resolve_error_.clear();
+      const std::set<std::string> listed(addresses->begin(), addresses->end());
+      for (const std::string& address : listed) {
+        if (!replicas_.contains(address)) {
+          replicas_[address] = std::make_shared<Replica>(address, options_);
+        }
+      }
+      for (auto& [dialed, replica] : replicas_) {
+        replica->status.listed = listed.contains(dialed);
+      }
+    } else {
+      // Keep the last membership; say why it is stale.
+      resolve_error_ = std::string(addresses.status().message());
+    }
+    for (auto& [dialed, replica] : replicas_) replicas.push_back(replica);
+  }
+  std::vector<std::thread> probes;
+  probes.reserve(replicas.size());
+  for (const std::shared_ptr<Replica>& replica : replicas) {
+    probes.emplace_back([this, replica] { Probe(*replica); });
+  }
+  for (std::thread& probe : probes) probe.join();
+}
+
+void ClusterClient::Probe(Replica& replica) {
+  using State = ReplicaStatus::State;
+  absl::StatusOr<ServingStatus> health = replica.probe->CheckHealth();
+  absl::StatusOr<v1::ServerInfo> info =
+      health.ok() ? replica.probe->GetServerInfo() : health.status();
+  absl::MutexLock lock(&mu_);
+  ReplicaStatus& status = replica.status;
+  if (!info.ok()) {
+    status.state =
+        Unreachable(info.status()) ? State::kUnreachable : State::kNotServing;
+    status.error = std::string(info.status().message());
+    return;
+  }
+  status.info = *info;
+  if (!info->advertise_address().empty()) {
+    status.address = info->advertise_address();
+  }
+  status.error.clear();
+  if (info->draining()) {
+    status.state = State::kDraining;
+  } else if (*health == ServingStatus::kServing) {
+    status.state = State::kServing;
+  } else {
+    status.state = State::kNotServing;
+    status.error = "health check: not serving";
+  }
+}
+
+std::shared_ptr<ClusterReplica> ClusterClient::FindLocked(
+    const std::string& address) const {
+  auto it = replicas_.find(address);
+  if (it != replicas_.end()) return it->second;
+  for (const auto& [dialed, replica] : replicas_) {
+    if (replica->status.address == address) return replica;
+  }
+  return nullptr;
+}
+
+std::shared_ptr<ClusterReplica> ClusterClient::ReplicaAt(
+    const std::string& address) {
+  std::shared_ptr<Replica> replica;
+  {
+    absl::MutexLock lock(&mu_);
+    replica = FindLocked(address);
+    if (replica != nullptr) return replica;
+    // An owner outside the membership (e.g. named by a redirect before the
+    // next resolution lists it): dial it as named.
+    replica = std::make_shared<Replica>(address, options_);
+    replicas_[address] = replica;
+  }
+  RequestRefresh();
+  return replica;
+}
+
+std::string ClusterClient::AddressOf(const Replica& replica) const {
+  absl::MutexLock lock(&mu_);
+  return replica.status.address;
+}
+
+std::vector<std::shared_ptr<ClusterReplica>> ClusterClient::AllReplicas()
+    const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Replica>> replicas;
+  for (const auto& [dialed, replica] : replicas_) replicas.push_back(replica);
+  return replicas;
+}
+
+void ClusterClient::MarkDraining(const Replica& replica) {
+  {
+    absl::MutexLock lock(&mu_);
+    replica.status.state = ReplicaStatus::State::kDraining;
+  }
+  RequestRefresh();
+}
+
+void ClusterClient::MarkUnreachable(const Replica& replica,
+                                    const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    ReplicaStatus& status = replica.status;
+    status.state = ReplicaStatus::State::kUnreachable;
+    status.error = std::string(why.message());
+  }
+  RequestRefresh();
+}
+
+std::vector<ReplicaStatus> ClusterClient::Replicas() const {
+  std::vector<ReplicaStatus> statuses;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [dialed, replica] : replicas_) {
+      statuses.push_back(replica->status);
+    }
+  }
+  std::sort(statuses.begin(), statuses.end(),
+            [](const ReplicaStatus& a, const ReplicaStatus& b) {
+              return std::make_tuple(!a.listed, a.address, a.dialed) <
+                     std::make_tuple(!b.listed, b.address, b.dialed);
+            });
+  return statuses;
+}
+
+std::string ClusterClient::DescribeReplicas() const {
+  std::vector<std::string> parts;
+  for (const ReplicaStatus& replica : Replicas()) {
+    if (!replica.listed) continue;
+    std::string part =
+        absl::StrCat(replica.address, " ", ReplicaStateName(replica.state));
+    if (!replica.error.empty())
+      absl::StrAppend(&part, " (", replica.error, ")");
+    parts.push_back(std::move(part));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!resolve_error_.empty()) parts.push_back(resolve_error_);
+  if (parts.empty()) return "the cluster target lists no replica";
+  return absl::StrJoin(parts, "; ");
+}
+
+// ---------------------------------------------------------------------------
+// ClusterClient: owners
+
+void ClusterClient::SetOwner(absl::string_view session_id,
+                             const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  owners_[std::string(session_id)] = address;
+}
+
+void ClusterClient::Learn(const v1::SessionInfo& info, const Replica& replica) {
+  SetOwner(info.session_id(),
+           info.owner().empty() ? AddressOf(replica) : info.owner());
+}
+
+void ClusterClient::Forget(absl::string_view session_id) {
+  absl::MutexLock lock(&mu_);
+  owners_.erase(std::string(session_id));
+}
+
+std::string ClusterClient::OwnerOf(absl::string_view session_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(std::string(session_id));
+  return it == owners_.end() ? std::string() : it->second;
+}
+
+std::shared_ptr<ClusterReplica> ClusterClient::Locate(
+    absl::string_view session_id, const Replica* skip) {
+  for (const std::shared_ptr<Replica>& replica : AllReplicas()) {
+    if (replica.get() == skip) continue;
+    absl::StatusOr<v1::SessionInfo> info =
+        replica->probe->GetSession(session_id);
+    if (info.ok()) {
+      return info->owner().empty() ? replica : ReplicaAt(info->owner());
+    }
+    if (std::optional<std::string> owner = MovedSessionOwner(info.status())) {
+      return ReplicaAt(*owner);
+    }
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Confirm(
+    absl::string_view session_id, const std::shared_ptr<Replica>& replica) {
+  // The full call timeout: on a draining replica the answer waits while
+  // the session is sealed for its move.
+  absl::StatusOr<v1::SessionInfo> info =
+      replica->client->GetSession(session_id);
+  if (info.ok()) return replica;
+  if (std::optional<std::string> owner = MovedSessionOwner(info.status())) {
+    SetOwner(session_id, *owner);
+    return ReplicaAt(*owner);
+  }
+  if (std::shared_ptr<Replica> found = Locate(session_id, replica.get())) {
+    SetOwner(session_id, AddressOf(*found));
+    return found;
+  }
+  Forget(session_id);
+  return absl::Status(
+      info.status().code(),
+      absl::StrCat("session ", QuoteClientString(session_id),
+                   " is not on its replica ", AddressOf(*replica), " (",
+                   info.status().message(),
+                   ") nor on any other replica that answered; it is not "
+                   "recreated"));
+}
+
+absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::OwnerReplica(
+    absl::string_view session_id) {
+  const std::string owner = OwnerOf(session_id);
+  if (!owner.empty()) {
+    std::shared_ptr<Replica> replica = ReplicaAt(owner);
+    bool draining = false;
+    {
+      absl::MutexLock lock(&mu_);
+      draining = replica->status.state == ReplicaStatus::State::kDraining;
+    }
+    if (!draining) return replica;
+    return Confirm(session_id, replica);
+  }
+  if (std::shared_ptr<Replica> found = Locate(session_id, nullptr)) {
+    SetOwner(session_id, AddressOf(*found));
+    return found;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("session ", QuoteClientString(session_id),
+                   " is on none of the cluster's replicas that answered (",
+                   DescribeReplicas(), ")"));
+}
+
+absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
+    absl::string_view session_id, absl::string_view method,
+    const Replica& replica, const absl::Status& status, Resend resend) {
+  const std::string from = AddressOf(replica);
+  if (std::optional<std::string> owner = MovedSessionOwner(status)) {
+    // Moved by a draining replica; the call changed nothing.
+    MarkDraining(replica);
+    SetOwner(session_id, *owner);
+    return ReplicaAt(*owner);
+  }
+  if (status.code() == absl::StatusCode::kNotFound) {
+    // Changed nothing either. It may live elsewhere: moved by a replica
+    // whose address now belongs to a new pod that never had it.
+    if (std::shared_ptr<Replica> found = Locate(session_id, &replica)) {
+      SetOwner(session_id, AddressOf(*found));
+      return found;
+    }
+    Forget(session_id);
+    return NoLongerAnywhere(session_id, from, status);
+  }
+  if (status.code() != absl::StatusCode::kUnavailable) return status;
+  // The replica's own UNAVAILABLE (overloaded) while it holds the session:
+  // the server's answer stands.
+  absl::StatusOr<v1::SessionInfo> here = replica.probe->GetSession(session_id);
+  if (here.ok()) return status;
+  std::shared_ptr<Replica> found;
+  if (std::optional<std::string> owner = MovedSessionOwner(here.status())) {
+    found = ReplicaAt(*owner);
+  } else {
+    if (Unreachable(here.status())) MarkUnreachable(replica, here.status());
+    found = Locate(session_id, &replica);
+  }
+  if (found == nullptr && here.status().code() == absl::StatusCode::kNotFound) {
+    // Reachable again (restarted) without the session.
+    Forget(session_id);
+    return NoLongerAnywhere(session_id, from, here.status());
+  }
+  if (found == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "replica ", from, ", which holds session ",
+        QuoteClientString(session_id), ", is unreachable (", status.message(),
+        ") and no other replica has the session; it comes back only if that "
+        "replica restarts with its --snapshot_dir"));
+  }
+  SetOwner(session_id, AddressOf(*found));
+  // A call the replica never saw may go to the session's new place.
+  if (resend == Resend::kIfFoundElsewhere || NeverSent(status)) return found;
+  return absl::UnavailableError(absl::StrCat(
+      method, " on session ", QuoteClientString(session_id), ": replica ", from,
+      " became unreachable (", status.message(), "); the session is now on ",
+      AddressOf(*found),
+      ". The call may or may not have been applied: read GetSession's "
+      "layer_lengths and resend what is missing"));
+}
+
+template <typename T>
+absl::StatusOr<T> ClusterClient::OnSession(
+    absl::string_view session_id, absl::string_view method, Resend resend,
+    const std::function<absl::StatusOr<T>(AttentionClient&)>& call) {
+  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Replica> replica,
+                        OwnerReplica(session_id));
+  for (int moves = 0;; ++moves) {
+    absl::StatusOr<T> result = call(*replica->client);
+    if (result.ok() || moves == kMaxMoves) return result;
+    ATTN_ASSIGN_OR_RETURN(replica, Recover(session_id, method, *replica,
+                                           result.status(), resend));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// ClusterClient: calls
+
+std::string ClusterClient::PlacementNonce() {
+  absl::MutexLock lock(&mu_);
+  return absl::StrCat(nonce_seed_, "/", nonce_++);
+}
+
+std::vector<std::shared_ptr<ClusterReplica>> ClusterClient::PlacementCandidates(
+    absl::string_view key, bool keyed) {
+  std::vector<ReplicaLoad> loads;
+  std::map<std::string, std::shared_ptr<Replica>> by_address;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [dialed, replica] : replicas_) {
+      const ReplicaStatus& status = replica->status;
+      if (!status.listed || by_address.contains(status.address)) continue;
+      by_address[status.address] = replica;
+      ReplicaLoad& load = loads.emplace_back();
+      load.address = status.address;
+      load.accepting = status.state == ReplicaStatus::State::kServing;
+      load.kv_capacity_bytes = status.info.kv_cache_capacity_bytes();
+      // kv_cache_free_bytes is capacity - used; servers before fleets
+      // leave it 0.
+      load.kv_free_bytes = std::max(status.info.kv_cache_free_bytes(),
+                                    status.info.kv_cache_capacity_bytes() -
+                                        status.info.kv_cache_used_bytes());
+    }
+  }
+  std::vector<std::shared_ptr<Replica>> candidates;
+  for (const std::string& address :
+       PlacementOrder(loads, key, keyed, options_.placement_tie_fraction)) {
+    candidates.push_back(by_address[address]);
+  }
+  return candidates;
+}
+
+absl::StatusOr<v1::SessionInfo> ClusterClient::CreateSession(
+    const v1::SessionSpec& spec, absl::Duration idle_timeout,
+    absl::string_view placement_key) {
+  const bool keyed = !placement_key.empty();
+  const std::string key = keyed ? std::string(placement_key) : PlacementNonce();
+  std::vector<std::shared_ptr<Replica>> candidates =
+      PlacementCandidates(key, keyed);
+  if (candidates.empty()) {
+    Refresh();
+    candidates = PlacementCandidates(key, keyed);
+  }
+  if (candidates.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("no replica of the cluster accepts new sessions: ",
+                     DescribeReplicas()));
+  }
+  std::vector<std::string> refusals;
+  absl::StatusCode code = absl::StatusCode::kUnavailable;
+  for (const std::shared_ptr<Replica>& replica : candidates) {
+    absl::StatusOr<v1::SessionInfo> info =
+        replica->client->CreateSession(spec, idle_timeout);
+    if (info.ok()) {
+      Learn(*info, *replica);
+      return info;
+    }
+    // A refusal changes nothing: the next replica may take it.
+    code = info.status().code();
+    if (code != absl::StatusCode::kUnavailable &&
+        code != absl::StatusCode::kResourceExhausted) {
+      return info.status();
+    }
+    if (code == absl::StatusCode::kUnavailable) RequestRefresh();
+    refusals.push_back(
+        absl::StrCat(AddressOf(*replica), ": ", info.status().message()));
+  }
+  return absl::Status(code, absl::StrCat("no replica accepted the session (",
+                                         absl::StrJoin(refusals, "; "), ")"));
+}
+
+absl::StatusOr<v1::SessionInfo> ClusterClient::GetSession(
+    absl::string_view session_id) {
+  return OnSession<v1::SessionInfo>(
+      session_id, "GetSession", Resend::kIfFoundElsewhere,
+      [&](AttentionClient& client) { return client.GetSession(session_id); });
+}
+
+absl::StatusOr<std::vector<v1::SessionInfo>> ClusterClient::ListSessions() {
+  std::vector<v1::SessionInfo> sessions;
+  std::vector<std::string> unanswered;
+  std::set<std::string> asked;
+  for (const ReplicaStatus& status : Replicas()) {
+    // Each replica once; one known unreachable holds nothing reachable.
+    if (!status.listed || !asked.insert(status.address).second ||
+        status.state == ReplicaStatus::State::kUnreachable) {
+      continue;
+    }
+    std::shared_ptr<Replica> replica = ReplicaAt(status.dialed);
+    absl::StatusOr<std::vector<v1::SessionInfo>> listed =
+        replica->client->ListSessions();
+    if (!listed.ok()) {
+      unanswered.push_back(
+          absl::StrCat(status.address, " (", listed.status().message(), ")"));
+      continue;
+    }
+    for (v1::SessionInfo& info : *listed) {
+      Learn(info, *replica);
+      sessions.push_back(std::move(info));
+    }
+  }
+  if (!unanswered.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("ListSessions: replicas did not answer: ",
+                     absl::StrJoin(unanswered, ", ")));
+  }
+  return sessions;
+}
+
+absl::Status ClusterClient::DeleteSession(absl::string_view session_id) {
+  absl::StatusOr<bool> deleted =
+      OnSession<bool>(session_id, "DeleteSession", Resend::kIfFoundElsewhere,
+                      [&](AttentionClient& client) -> absl::StatusOr<bool> {
+                        ATTN_RETURN_IF_ERROR(client.DeleteSession(session_id));
+                        return true;
+                      });
+  if (deleted.ok()) Forget(session_id);
+  return deleted.status();
+}
+
+absl::StatusOr<v1::SessionInfo> ClusterClient::ForkSession(
+    absl::string_view session_id) {
+  // Not re-sent after UNAVAILABLE: a fork whose reply was lost exists.
+  absl::StatusOr<v1::SessionInfo> fork = OnSession<v1::SessionInfo>(
+      session_id, "ForkSession", Resend::kNever,
+      [&](AttentionClient& client) { return client.ForkSession(session_id); });
+  if (fork.ok()) {
+    // The fork lives with its parent.
+    SetOwner(fork->session_id(),
+             fork->owner().empty() ? OwnerOf(session_id) : fork->owner());
+  }
+  return fork;
+}
+
+absl::StatusOr<v1::SessionInfo> ClusterClient::TruncateSession(
+    absl::string_view session_id, int64_t length) {
+  return OnSession<v1::SessionInfo>(
+      session_id, "TruncateSession", Resend::kIfFoundElsewhere,
+      [&](AttentionClient& client) {
+        return client.TruncateSession(session_id, length);
+      });
+}
+
+absl::StatusOr<v1::AttentionResult> ClusterClient::Prefill(
+    const v1::PrefillRequest& request) {
+  return OnSession<v1::AttentionResult>(
+      request.session_id(), "Prefill", Resend::kNever,
+      [&](AttentionClient& client) { return client.Prefill(request); });
+}
+
+absl::StatusOr<v1::AttentionResult> ClusterClient::DecodeStep(
+    const v1::DecodeRequest& request) {
+  return OnSession<v1::AttentionResult>(
+      request.session_id(), "DecodeStep", Resend::kNever,
+      [&](AttentionClient& client) { return client.DecodeStep(request); });
+}
+
+absl::StatusOr<std::vector<v1::AttentionResult>> ClusterClient::BatchDecode(
+    const v1::BatchDecodeRequest& request) {
+  std::vector<v1::AttentionResult> results(request.steps_size());
+  std::vector<int> steps(request.steps_size());
+  std::iota(steps.begin(), steps.end(), 0);
+  ATTN_RETURN_IF_ERROR(BatchOn(request, steps, 0, &results));
+  return results;
+}
+
+absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
+                                    const std::vector<int>& steps, int moves,
+                                    std::vector<v1::AttentionResult>* results) {
+  // One part per owner, in order of first step. Routing fails before
+  // anything is sent.
+  struct Part {
+    std::shared_ptr<Replica> replica;
+    std::vector<int> steps;
+    absl::Status status;
+  };
+  std::vector<Part> parts;
+  for (int step : steps) {
+    ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Replica> replica,
+                          OwnerReplica(request.steps(step).session_id()));
+    auto part = std::find_if(parts.begin(), parts.end(), [&](const Part& p) {
+      return p.replica == replica;
+    });
+    if (part == parts.end()) part = parts.insert(parts.end(), Part{replica});
+    part->steps.push_back(step);
+  }
+  auto run = [&](Part& part) {
+    v1::BatchDecodeRequest sub;
+    for (int step : part.steps) *sub.add_steps() = request.steps(step);
+    absl::StatusOr<std::vector<v1::AttentionResult>> got =
+        part.replica->client->BatchDecode(sub);
+    if (got.ok()) {
+      for (size_t i = 0; i < part.steps.size(); ++i) {
+        (*results)[part.steps[i]] = std::move((*got)[i]);
+      }
+      return;
+    }
+    const absl::Status& status = got.status();
+    if ((status.code() == absl::StatusCode::kNotFound || NeverSent(status)) &&
+        moves < kMaxMoves) {
+      // A session of the part moved or is gone, or the replica never saw
+      // the part: it changed nothing. Find each session's owner again and
+      // send the part again.
+      std::set<std::string> sessions;
+      for (int step : part.steps) {
+        sessions.insert(request.steps(step).session_id());
+      }
+      for (const std::string& session : sessions) {
+        absl::StatusOr<std::shared_ptr<Replica>> owner =
+            Confirm(session, part.replica);
+        if (!owner.ok()) {
+          part.status = owner.status();
+          return;
+        }
+      }
+      part.status = BatchOn(request, part.steps, moves + 1, results);
+      return;
+    }
+    part.status = status;
+    if (status.code() == absl::StatusCode::kUnavailable) {
+      absl::StatusOr<std::shared_ptr<Replica>> next =
+          Recover(request.steps(part.steps.front()).session_id(), "BatchDecode",
+                  *part.replica, status, Resend::kNever);
+      if (!next.ok()) part.status = next.status();
+    }
+  };
+  if (parts.size() == 1) {
+    run(parts.front());
+  } else {
+    std::vector<std::thread> threads;
+    for (Part& part : parts) threads.emplace_back(run, std::ref(part));
+    for (std::thread& thread : threads) thread.join();
+  }
+  std::vector<std::string> applied;
+  const Part* failed = nullptr;
+  for (const Part& part : parts) {
+    if (part.status.ok()) {
+      applied.push_back(AddressOf(*part.replica));
+    } else if (failed == nullptr) {
+      failed = &part;
+    }
+  }
+  if (failed == nullptr) return absl::OkStatus();
+  if (applied.empty()) return failed->status;
+  return absl::Status(
+      failed->status.code(),
+      absl::StrCat("BatchDecode split over ", parts.size(),
+                   " replicas (all or nothing per replica): the steps on ",
+                   absl::StrJoin(applied, ", "), " were applied; those on ",
+                   AddressOf(*failed->replica),
+                   " failed: ", failed->status.message()));
+}
+
+absl::StatusOr<v1::AttentionResult> ClusterClient::Attention(
+    const v1::AttentionRequest& request) {
+  std::vector<std::shared_ptr<Replica>> candidates =
+      PlacementCandidates(PlacementNonce(), /*keyed=*/false);
+  absl::Status last = absl::UnavailableError(absl::StrCat(
+      "no replica of the cluster is SERVING: ", DescribeReplicas()));
+  for (const std::shared_ptr<Replica>& replica : candidates) {
+    absl::StatusOr<v1::AttentionResult> result =
+        replica->client->Attention(request);
+    // Stateless: another replica computes the same.
+    if (result.ok() ||
+        result.status().code() != absl::StatusCode::kUnavailable) {
+      return result;
+    }
+    RequestRefresh();
+    last = result.status();
+  }
+  return last;
+}
+
+absl::Status ClusterClient::ExportSession(
+    absl::string_view session_id,
+    const std::function<absl::Status(const v1::SessionChunk&)>& sink) {
+  ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Replica> replica,
+                        OwnerReplica(session_id));
+  for (int moves = 0;; ++moves) {
+    bool delivered = false;
+    absl::Status status = replica->client->ExportSession(
+        session_id, [&](const v1::SessionChunk& record) {
+          delivered = true;
+          return sink(record);
+        });
+    // Once the sink has records, starting again would repeat them.
+    if (status.ok() || delivered || moves == kMaxMoves) return status;
+    ATTN_ASSIGN_OR_RETURN(replica,
+                          Recover(session_id, "ExportSession", *replica, status,
+                                  Resend::kIfFoundElsewhere));
+  }
+}
+
+std::unique_ptr<ClusterDecodeStream> ClusterClient::OpenDecodeStream() {
+  return absl::WrapUnique(new ClusterDecodeStream(this));
+}
+
+// ---------------------------------------------------------------------------
+// ClusterDecodeStream
+
+struct ClusterDecodeStream::Entry {
+  v1::DecodeRequest request;
+  std::optional<absl::StatusOr<v1::AttentionResult>> result;
+  Lane* lane = nullptr;  // where it waits for its result
+  int moves = 0;
+};
+
+struct ClusterDecodeStream::Lane {
+  std::shared_ptr<ClusterReplica> replica;
+  std::unique_ptr<DecodeStream> stream;
+  std::deque<Entry*> unanswered;  // in the order written to `stream`
+};
+
+ClusterDecodeStream::ClusterDecodeStream(ClusterClient* cluster)
+    : cluster_(cluster) {}
+
+ClusterDecodeStream::~ClusterDecodeStream() = default;
+
+ClusterDecodeStream::Lane* ClusterDecodeStream::LaneFor(
+    const std::shared_ptr<ClusterReplica>& replica) {
+  std::unique_ptr<Lane>& lane = lanes_[replica.get()];
+  if (lane == nullptr) {
+    lane = std::make_unique<Lane>();
+    lane->replica = replica;
+    lane->stream = replica->client->OpenDecodeStream();
+  }
+  return lane.get();
+}
+
+void ClusterDecodeStream::Dispatch(Entry* entry) {
+  absl::StatusOr<std::shared_ptr<ClusterReplica>> owner =
+      cluster_->OwnerReplica(entry->request.session_id());
+  if (!owner.ok()) {
+    entry->lane = nullptr;
+    entry->result = owner.status();
+    return;
+  }
+  Lane* lane = LaneFor(*owner);
+  entry->lane = lane;
+  lane->unanswered.push_back(entry);
+  // A refused write means the lane's stream has ended: Pump says why.
+  lane->stream->Write(entry->request);
+}
+
+void ClusterDecodeStream::Pump(Lane* lane) {
+  Entry* front = lane->unanswered.front();
+  absl::StatusOr<v1::AttentionResult> result = lane->stream->Read();
+  if (result.ok()) {
+    front->result = std::move(result);
+    lane->unanswered.pop_front();
+    return;
+  }
+  // The lane's stream has ended at `front`: the replies before it came,
+  // and with NOT_FOUND neither it nor anything after it was applied.
+  std::deque<Entry*> pending = std::move(lane->unanswered);
+  std::shared_ptr<ClusterReplica> replica = lane->replica;
+  lanes_.erase(replica.get());
+  absl::Status status = result.status();
+  if (status.code() == absl::StatusCode::kNotFound &&
+      front->moves < kMaxMoves) {
+    absl::StatusOr<std::shared_ptr<ClusterReplica>> next =
+        cluster_->Recover(front->request.session_id(), "Decode", *replica,
+                          status, ClusterClient::Resend::kNever);
+    if (next.ok()) {
+      ++front->moves;
+      for (Entry* entry : pending) Dispatch(entry);
+      return;
+    }
+    status = next.status();
+  } else if (status.code() == absl::StatusCode::kUnavailable) {
+    // Recover re-sends only a stream the replica never saw (no connection):
+    // then none of its requests was applied.
+    absl::StatusOr<std::shared_ptr<ClusterReplica>> next =
+        cluster_->Recover(front->request.session_id(), "Decode", *replica,
+                          status, ClusterClient::Resend::kNever);
+    if (next.ok() && front->moves < kMaxMoves) {
+      ++front->moves;
+      for (Entry* entry : pending) Dispatch(entry);
+      return;
+    }
+    if (!next.ok()) status = next.status();
+  }
+  for (Entry* entry : pending) {
+    entry->lane = nullptr;
+    entry->result = status;
+  }
+}
+
+bool ClusterDecodeStream::Write(const v1::DecodeRequest& request) {
+  if (final_status_.has_value() || writes_done_) return false;
+  entries_.push_back(std::make_unique<Entry>());
+  entries_.back()->request = request;
+  Dispatch(entries_.back().get());
+  return true;
+}
+
+absl::StatusOr<v1::AttentionResult> ClusterDecodeStream::Read() {
+  if (final_status_.has_value()) {
+    if (!final_status_->ok()) return *final_status_;
+    return absl::OutOfRangeError("the Decode stream has ended");
+  }
+  if (entries_.empty()) {
+    if (writes_done_)
+      return absl::OutOfRangeError("the Decode stream has ended");
+    return absl::FailedPreconditionError(
+        "Read without a written request waiting for its result");
+  }
+  Entry* front = entries_.front().get();
+  while (!front->result.has_value()) Pump(front->lane);
+  absl::StatusOr<v1::AttentionResult> result = std::move(*front->result);
+  entries_.pop_front();
+  if (!result.ok()) {
+    final_status_ = result.status();
+    lanes_.clear();  // cancels the other replicas' streams
+  }
+  return result;
+}
+
+absl::StatusOr<v1::AttentionResult> ClusterDecodeStream::Step(
+    const v1::DecodeRequest& request) {
+  Write(request);
+  return Read();
+}
+
+void ClusterDecodeStream::WritesDone() { writes_done_ = true; }
+
+absl::Status ClusterDecodeStream::Finish() {
+  if (final_status_.has_value()) return *final_status_;
+  writes_done_ = true;
+  while (!entries_.empty()) {
+    if (absl::StatusOr<v1::AttentionResult> result = Read(); !result.ok()) {
+      return result.status();
+    }
+  }
+  absl::Status status = absl::OkStatus();
+  for (auto& [replica, lane] : lanes_) {
+    absl::Status finished = lane->stream->Finish();
+    if (status.ok()) status = finished;
+  }
+  lanes_.clear();
+  final_status_ = status;
+  return status;
+}
+
+}  // namespace attention::client

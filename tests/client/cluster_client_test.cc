@@ -1,0 +1,667 @@
+// ClusterClient against real attention-server processes on 127.0.0.1:
+// placement over three replicas, routing of every kind of call (Prefill,
+// the multiplexed Decode stream, BatchDecode split across replicas, forks),
+// outputs bitwise equal to one-shot stateless attention over the same keys,
+// a replica drained in the middle of streamed decoding (its sessions move
+// to the others, the client sees no error), a replica killed (its sessions
+// report it, the others carry on, a replacement comes up empty), a replica
+// restarted from its snapshot directory, a fourth replica joining, and
+// placement keys.
+#include "client/cluster_client.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/tensor_codec.h"
+#include "gtest/gtest.h"
+#include "tests/server/server_process.h"
+#include "tests/server/test_server.h"
+
+namespace attention::testing {
+namespace {
+
+using client::ClusterClient;
+using client::ClusterOptions;
+
+constexpr int kPrompt = 5;
+constexpr int kSteps = 4;
+
+const std::vector<std::string>& ReplicaFlags() {
+  static const auto* flags =
+      new std::vector<std::string>{"--listen_address=127.0.0.1",
+                                   "--backend=cpu",
+                                   "--threads=1",
+                                   "--kv_cache_bytes=16777216",
+                                   "--kv_block_bytes=4096",
+                                   "--metrics_port=-1",
+                                   "--drain_timeout=10s"};
+  return *flags;
+}
+
+// A port on 127.0.0.1 free right now (bound, then released), so that
+// replicas can name each other, and be replaced, on known ports.
+int PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in address;
+  std::memset(&address, 0, sizeof(address));
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// The exit code of a process that has exited (-1: killed by a signal).
+int ExitCode(ServerProcess& process) {
+  const int status = process.Wait();
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Replicas on ports chosen up front, so that each can be replaced on its
+// port; with `peers`, each gets --peers naming all of them (a replica
+// leaves itself out).
+class Fleet {
+ public:
+  explicit Fleet(int size, std::vector<std::string> extra_flags = {},
+                 bool peers = false)
+      : extra_flags_(std::move(extra_flags)), peers_(peers) {
+    for (int i = 0; i < size; ++i) ports_.push_back(PickFreePort());
+    for (int i = 0; i < size; ++i) Start(i);
+  }
+
+  // (Re)starts replica `i` on its port; false when it does not serve.
+  bool Start(int i) {
+    std::vector<std::string> flags = ReplicaFlags();
+    flags.push_back(absl::StrCat("--port=", ports_[i]));
+    if (peers_) flags.push_back("--peers=" + List());
+    flags.insert(flags.end(), extra_flags_.begin(), extra_flags_.end());
+    const std::vector<std::string>& own = replica_flags_[i];
+    flags.insert(flags.end(), own.begin(), own.end());
+    if (static_cast<int>(replicas_.size()) <= i) replicas_.resize(i + 1);
+    replicas_[i].reset();
+    replicas_[i] = std::make_unique<ServerProcess>(flags);
+    return replicas_[i]->WaitForPort() > 0;
+  }
+  // Flags of replica `i` alone, from its next Start on.
+  void AddFlags(int i, std::vector<std::string> flags) {
+    replica_flags_[i].insert(replica_flags_[i].end(), flags.begin(),
+                             flags.end());
+  }
+  // Adds a replica on a new port.
+  int Add() {
+    ports_.push_back(PickFreePort());
+    Start(static_cast<int>(ports_.size()) - 1);
+    return static_cast<int>(ports_.size()) - 1;
+  }
+
+  ServerProcess& replica(int i) { return *replicas_[i]; }
+  std::string address(int i) const {
+    return absl::StrCat("127.0.0.1:", ports_[i]);
+  }
+  int size() const { return static_cast<int>(ports_.size()); }
+  std::string List() const {
+    std::vector<std::string> addresses;
+    for (int i = 0; i < size(); ++i) addresses.push_back(address(i));
+    return absl::StrJoin(addresses, ",");
+  }
+  int IndexOf(const std::string& address) const {
+    for (int i = 0; i < size(); ++i) {
+      if (this->address(i) == address) return i;
+    }
+    return -1;
+  }
+
+ private:
+  std::vector<std::string> extra_flags_;
+  bool peers_;
+  std::map<int, std::vector<std::string>> replica_flags_;
+  std::vector<int> ports_;
+  std::vector<std::unique_ptr<ServerProcess>> replicas_;
+};
+
+// Refreshes until the cluster sees `address` in `state` (at most 10 s).
+bool AwaitState(ClusterClient& cluster, const std::string& address,
+                client::ReplicaStatus::State state) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    cluster.Refresh();
+    for (const client::ReplicaStatus& replica : cluster.Replicas()) {
+      if (replica.address == address && replica.state == state) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+ClusterOptions TestClusterOptions() {
+  ClusterOptions options;
+  options.client.call_timeout = absl::Seconds(30);
+  options.client.retry_max_attempts = 1;
+  options.probe_timeout = absl::Seconds(2);
+  return options;
+}
+
+// A session's specs cycle through: fp32 with a sliding window + sink
+// tokens, fp16 GQA 4:1, bf16 with learned sink logits, fp32 window 4 with
+// one sink token and GQA 8:2.
+v1::SessionSpec MixedSpec(int i) {
+  switch (i % 4) {
+    case 0: {
+      v1::SessionSpec spec = MakeSpec(2, 4, 2, 16, {0, 6});
+      spec.mutable_layers(1)->set_num_sink_tokens(2);
+      return spec;
+    }
+    case 1:
+      return MakeSpec(1, 4, 1, 8, {}, v1::DTYPE_FLOAT16);
+    case 2: {
+      v1::SessionSpec spec = MakeSpec(2, 2, 2, 16, {0, 0}, v1::DTYPE_BFLOAT16);
+      for (int h = 0; h < 2; ++h) {
+        spec.mutable_layers(0)->add_sink_logits(0.25f * h - 0.5f);
+      }
+      return spec;
+    }
+    default: {
+      v1::SessionSpec spec = MakeSpec(1, 8, 2, 8, {4});
+      spec.mutable_layers(0)->set_num_sink_tokens(1);
+      return spec;
+    }
+  }
+}
+
+// One session's data and what the fleet answered so far.
+struct Workload {
+  std::string id;
+  v1::SessionSpec spec;          // resolved
+  std::vector<Tokens> tokens;    // per layer, kPrompt + kSteps (+ more)
+  std::vector<std::string> out;  // per layer: output rows so far
+  int64_t length = 0;            // tokens appended to every layer
+};
+
+v1::Tensor Rows(const std::vector<float>& values, int64_t begin, int64_t rows,
+                int64_t heads, int64_t dim) {
+  const int64_t width = heads * dim;
+  auto tensor = client::MakeTensor(
+      absl::MakeConstSpan(values).subspan(begin * width, rows * width),
+      {rows, heads, dim});
+  EXPECT_TRUE(tensor.ok()) << tensor.status();
+  return *tensor;
+}
+
+template <typename Request>
+Request AppendRequest(const Workload& w, int layer, int64_t begin,
+                      int64_t rows) {
+  const Tokens& t = w.tokens[layer];
+  Request request;
+  request.set_session_id(w.id);
+  request.set_layer(layer);
+  *request.mutable_q() = Rows(t.q, begin, rows, t.heads, t.head_dim);
+  *request.mutable_k() = Rows(t.k, begin, rows, t.kv_heads, t.head_dim);
+  *request.mutable_v() = Rows(t.v, begin, rows, t.kv_heads, t.value_dim);
+  return request;
+}
+
+v1::DecodeRequest NextStep(const Workload& w, int layer) {
+  return AppendRequest<v1::DecodeRequest>(w, layer, w.length, 1);
+}
+
+// Creates a session through the cluster with tokens for `total` positions.
+Workload NewWorkload(ClusterClient& cluster, int i, int64_t total,
+                     absl::string_view placement_key = "") {
+  Workload w;
+  auto info =
+      cluster.CreateSession(MixedSpec(i), absl::ZeroDuration(), placement_key);
+  EXPECT_TRUE(info.ok()) << info.status();
+  if (!info.ok()) return w;
+  w.id = info->session_id();
+  w.spec = info->spec();
+  for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+    w.tokens.push_back(RandomTokens(w.spec, total, 1000 * i + layer + 1));
+  }
+  w.out.resize(w.spec.num_layers());
+  return w;
+}
+
+void PrefillAll(ClusterClient& cluster, Workload& w) {
+  for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+    auto result = cluster.Prefill(
+        AppendRequest<v1::PrefillRequest>(w, layer, w.length, kPrompt));
+    ASSERT_TRUE(result.ok()) << result.status();
+    w.out[layer] += result->output().data();
+  }
+  w.length += kPrompt;
+}
+
+// One decode step of every layer of every session, multiplexed on one
+// ClusterDecodeStream: all written first, then read in order.
+void StreamStep(ClusterClient& cluster, std::vector<Workload>& workloads) {
+  auto stream = cluster.OpenDecodeStream();
+  for (const Workload& w : workloads) {
+    for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+      ASSERT_TRUE(stream->Write(NextStep(w, layer)));
+    }
+  }
+  for (Workload& w : workloads) {
+    for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+      auto result = stream->Read();
+      ASSERT_TRUE(result.ok()) << result.status();
+      EXPECT_EQ(result->position(), w.length);
+      w.out[layer] += result->output().data();
+    }
+    ++w.length;
+  }
+  ATTN_ASSERT_OK(stream->Finish());
+}
+
+// One decode step of every session through `cluster`'s BatchDecode (split
+// over the replicas), results recorded.
+void BatchStep(ClusterClient& cluster, std::vector<Workload>& workloads) {
+  v1::BatchDecodeRequest batch;
+  for (const Workload& w : workloads) {
+    for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+      *batch.add_steps() = NextStep(w, layer);
+    }
+  }
+  auto results = cluster.BatchDecode(batch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(static_cast<int>(results->size()), batch.steps_size());
+  int index = 0;
+  for (Workload& w : workloads) {
+    for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+      EXPECT_EQ((*results)[index].position(), w.length);
+      w.out[layer] += (*results)[index++].output().data();
+    }
+    ++w.length;
+  }
+}
+
+// Every output row so far equals one stateless causal call over the same
+// keys (bitwise: same kernels, k/v sent in the storage dtype).
+void ExpectOneShot(ClusterClient& cluster, const Workload& w) {
+  for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+    Tokens prefix = w.tokens[layer];
+    prefix.count = w.length;
+    prefix.q.resize(w.length * prefix.heads * prefix.head_dim);
+    prefix.k.resize(w.length * prefix.kv_heads * prefix.head_dim);
+    prefix.v.resize(w.length * prefix.kv_heads * prefix.value_dim);
+    auto stateless = cluster.Attention(
+        StatelessRequestFor(prefix, w.spec, layer, w.spec.kv_dtype()));
+    ASSERT_TRUE(stateless.ok()) << stateless.status();
+    EXPECT_TRUE(w.out[layer] == stateless->output().data())
+        << "session " << w.id << " layer " << layer << " ("
+        << v1::DType_Name(w.spec.kv_dtype()) << ") differs from one-shot";
+  }
+}
+
+TEST(ClusterClientTest, SixtySessionsSpreadOverThreeReplicasAndMatchOneShot) {
+  Fleet fleet(3);
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  std::vector<Workload> workloads;
+  for (int i = 0; i < 60; ++i) {
+    workloads.push_back(NewWorkload(**cluster, i, kPrompt + kSteps + 1));
+    PrefillAll(**cluster, workloads.back());
+  }
+  // Placement: every replica has sessions, and each session is where the
+  // client routes it.
+  std::map<std::string, int> per_owner;
+  for (const Workload& w : workloads) ++per_owner[(*cluster)->OwnerOf(w.id)];
+  EXPECT_EQ(per_owner.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_GE(per_owner[fleet.address(i)], 5) << fleet.address(i);
+    auto direct = client::AttentionClient::Connect(fleet.address(i));
+    auto listed = direct->ListSessions();
+    ATTN_ASSERT_OK(listed);
+    EXPECT_EQ(static_cast<int>(listed->size()), per_owner[fleet.address(i)]);
+    for (const v1::SessionInfo& info : *listed) {
+      EXPECT_EQ((*cluster)->OwnerOf(info.session_id()), fleet.address(i));
+    }
+  }
+  for (int step = 0; step < kSteps; ++step) StreamStep(**cluster, workloads);
+
+  // One BatchDecode over every session: split per replica, results back
+  // in request order.
+  BatchStep(**cluster, workloads);
+  for (const Workload& w : workloads) ExpectOneShot(**cluster, w);
+
+  // GetSession, Truncate and Delete reach the owner too.
+  auto info = (*cluster)->GetSession(workloads[7].id);
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), kPrompt + kSteps + 1);
+  ATTN_ASSERT_OK((*cluster)->TruncateSession(workloads[7].id, 2));
+  EXPECT_EQ((*cluster)->GetSession(workloads[7].id)->layer_lengths(0), 2);
+  auto all = (*cluster)->ListSessions();
+  ATTN_ASSERT_OK(all);
+  EXPECT_EQ(all->size(), 60u);
+  for (const Workload& w : workloads) {
+    ATTN_EXPECT_OK((*cluster)->DeleteSession(w.id));
+  }
+  EXPECT_TRUE((*cluster)->ListSessions()->empty());
+  ATTN_EXPECT_CODE((*cluster)->GetSession(workloads[0].id),
+                   absl::StatusCode::kNotFound);
+}
+
+TEST(ClusterClientTest, PlacementKeysColocateRelatedSessionsAndForks) {
+  Fleet fleet(3);
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  // One conversation's sessions and their forks land together.
+  std::set<std::string> owners;
+  for (int i = 0; i < 6; ++i) {
+    Workload w = NewWorkload(**cluster, i, kPrompt + 2, "conversation-42");
+    PrefillAll(**cluster, w);
+    owners.insert((*cluster)->OwnerOf(w.id));
+    auto fork = (*cluster)->ForkSession(w.id);
+    ATTN_ASSERT_OK(fork);
+    EXPECT_EQ((*cluster)->OwnerOf(fork->session_id()),
+              (*cluster)->OwnerOf(w.id));
+    // The fork is really there: decoding it continues from the prompt.
+    Workload forked = w;
+    forked.id = fork->session_id();
+    for (int layer = 0; layer < forked.spec.num_layers(); ++layer) {
+      auto step = (*cluster)->DecodeStep(NextStep(forked, layer));
+      ATTN_ASSERT_OK(step);
+      forked.out[layer] += step->output().data();
+    }
+    ++forked.length;
+    ExpectOneShot(**cluster, forked);
+  }
+  EXPECT_EQ(owners.size(), 1u);
+  // Different keys spread.
+  std::set<std::string> spread;
+  for (int key = 0; key < 48; ++key) {
+    auto info = (*cluster)->CreateSession(MixedSpec(key), absl::ZeroDuration(),
+                                          absl::StrCat("user-", key));
+    ATTN_ASSERT_OK(info);
+    spread.insert((*cluster)->OwnerOf(info->session_id()));
+  }
+  EXPECT_EQ(spread.size(), 3u);
+}
+
+TEST(ClusterClientTest, ADrainingReplicaHandsItsSessionsOverWithoutAnError) {
+  Fleet fleet(3, {}, /*peers=*/true);
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  constexpr int kMaxRounds = 200;
+  std::vector<Workload> workloads;
+  for (int i = 0; i < 30; ++i) {
+    workloads.push_back(NewWorkload(**cluster, i, kPrompt + kMaxRounds + 3));
+    PrefillAll(**cluster, workloads.back());
+  }
+  const std::string victim = (*cluster)->OwnerOf(workloads[0].id);
+  const int index = fleet.IndexOf(victim);
+  ASSERT_GE(index, 0) << victim;
+  // Clients that learn the owners now and are not used during the drain:
+  // their first calls meet the redirect, or the replica gone.
+  auto late = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(late);
+  ATTN_ASSERT_OK((*late)->ListSessions());
+  auto later = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(later);
+  ATTN_ASSERT_OK((*later)->ListSessions());
+  EXPECT_EQ((*late)->OwnerOf(workloads[0].id), victim);
+  // An idle stream keeps the draining replica (and its redirects) up until
+  // it is closed.
+  auto keeper = client::AttentionClient::Connect(victim);
+  auto idle = keeper->OpenDecodeStream();
+  ATTN_ASSERT_OK(keeper->GetServerInfo());
+
+  // Streamed decoding goes on while the replica drains: SIGTERM half way
+  // through writing a round, then rounds until it holds no session.
+  const absl::Time start = absl::Now();
+  int rounds = 0;
+  for (bool emptied = false; rounds < kMaxRounds && !emptied; ++rounds) {
+    auto stream = (*cluster)->OpenDecodeStream();
+    int written = 0;
+    for (const Workload& w : workloads) {
+      for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+        ASSERT_TRUE(stream->Write(NextStep(w, layer)));
+        if (rounds == 0 && ++written == 20) {
+          fleet.replica(index).Signal(SIGTERM);
+        }
+      }
+    }
+    for (Workload& w : workloads) {
+      for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+        auto result = stream->Read();
+        ASSERT_TRUE(result.ok())
+            << "round " << rounds << ": " << result.status();
+        EXPECT_EQ(result->position(), w.length);
+        w.out[layer] += result->output().data();
+      }
+      ++w.length;
+    }
+    ATTN_ASSERT_OK(stream->Finish());
+    auto info = keeper->GetServerInfo();
+    ATTN_ASSERT_OK(info);
+    emptied = info->draining() && info->active_sessions() == 0;
+  }
+  // Every session of the drained replica now lives on one of the others
+  // (the last moves show at the next call).
+  StreamStep(**cluster, workloads);
+  for (const Workload& w : workloads) {
+    EXPECT_NE((*cluster)->OwnerOf(w.id), victim);
+  }
+  // A client that still thinks them there follows the redirects: a
+  // BatchDecode spanning every replica.
+  BatchStep(**late, workloads);
+  for (const Workload& w : workloads) {
+    EXPECT_NE((*late)->OwnerOf(w.id), victim);
+  }
+  // The replica exits 0 within its drain timeout once its last call ends.
+  idle->WritesDone();
+  EXPECT_TRUE(idle->Read().status().code() == absl::StatusCode::kOutOfRange);
+  idle.reset();
+  keeper.reset();
+  ASSERT_EQ(ExitCode(fleet.replica(index)), 0) << fleet.replica(index).output();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // A client that meets the replica gone finds the sessions on the others
+  // (a call that never reached the replica is sent where they are now).
+  BatchStep(**later, workloads);
+  StreamStep(**cluster, workloads);
+
+  for (const Workload& w : workloads) {
+    auto info = (*cluster)->GetSession(w.id);
+    ATTN_ASSERT_OK(info);
+    EXPECT_NE(info->owner(), victim);
+    EXPECT_EQ(info->layer_lengths(0), w.length);
+  }
+  // Bitwise what one server gives: one-shot attention over the same keys.
+  for (const Workload& w : workloads) ExpectOneShot(**cluster, w);
+}
+
+TEST(ClusterClientTest, AKilledReplicasSessionsReportItOthersCarryOn) {
+  Fleet fleet(3);
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  std::vector<Workload> workloads;
+  for (int i = 0; i < 12; ++i) {
+    workloads.push_back(NewWorkload(**cluster, i, kPrompt + 3));
+    PrefillAll(**cluster, workloads.back());
+  }
+  const std::string victim = (*cluster)->OwnerOf(workloads[0].id);
+  const int index = fleet.IndexOf(victim);
+  ASSERT_GE(index, 0) << victim;
+  fleet.replica(index).Signal(SIGKILL);
+  EXPECT_EQ(ExitCode(fleet.replica(index)), -1);
+
+  int lost = 0;
+  std::vector<Workload> survivors;
+  for (Workload& w : workloads) {
+    if ((*cluster)->OwnerOf(w.id) != victim) {
+      survivors.push_back(w);
+      continue;
+    }
+    ++lost;
+    // An append: UNAVAILABLE naming the replica, never re-sent elsewhere.
+    auto step = (*cluster)->DecodeStep(NextStep(w, 0));
+    EXPECT_EQ(step.status().code(), absl::StatusCode::kUnavailable)
+        << step.status();
+    EXPECT_TRUE(absl::StrContains(step.status().message(), victim))
+        << step.status();
+    auto info = (*cluster)->GetSession(w.id);
+    EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(absl::StrContains(info.status().message(), victim))
+        << info.status();
+  }
+  EXPECT_GT(lost, 0);
+  // The other replicas' sessions carry on, bitwise.
+  StreamStep(**cluster, survivors);
+  for (const Workload& w : survivors) ExpectOneShot(**cluster, w);
+  // New sessions avoid the dead replica.
+  (*cluster)->Refresh();
+  for (int i = 0; i < 6; ++i) {
+    auto info = (*cluster)->CreateSession(MixedSpec(i));
+    ATTN_ASSERT_OK(info);
+    EXPECT_NE((*cluster)->OwnerOf(info->session_id()), victim);
+  }
+
+  // A replacement on the same address comes up empty: the lost sessions
+  // are NOT_FOUND naming the replica, and nothing is recreated.
+  ASSERT_TRUE(fleet.Start(index));
+  ASSERT_TRUE(
+      AwaitState(**cluster, victim, client::ReplicaStatus::State::kServing));
+  for (const Workload& w : workloads) {
+    if ((*cluster)->OwnerOf(w.id) != victim) continue;
+    auto step = (*cluster)->DecodeStep(NextStep(w, 0));
+    EXPECT_EQ(step.status().code(), absl::StatusCode::kNotFound)
+        << step.status();
+    EXPECT_TRUE(absl::StrContains(step.status().message(), victim))
+        << step.status();
+    EXPECT_TRUE(absl::StrContains(step.status().message(), "not recreated"))
+        << step.status();
+  }
+  auto direct = client::AttentionClient::Connect(victim);
+  auto listed = direct->ListSessions();
+  ATTN_ASSERT_OK(listed);
+  EXPECT_TRUE(listed->empty());
+}
+
+TEST(ClusterClientTest, AReplicaRestartedFromItsSnapshotDirCarriesOn) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/fleet-snap-", getpid());
+  std::filesystem::create_directories(dir);
+  // Replica 1 keeps its sessions in a snapshot directory.
+  Fleet fleet(2);
+  fleet.AddFlags(1, {"--snapshot_dir=" + dir});
+  ASSERT_TRUE(fleet.Start(1));
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  const std::string restarted = fleet.address(1);
+  // Sessions on both replicas (placement ties spread them at random).
+  std::vector<Workload> workloads;
+  int on_restarted = 0;
+  for (int i = 0; i < 40 && (i < 8 || on_restarted < 2 || i - on_restarted < 2);
+       ++i) {
+    workloads.push_back(NewWorkload(**cluster, i, kPrompt + 3));
+    PrefillAll(**cluster, workloads.back());
+    on_restarted += (*cluster)->OwnerOf(workloads.back().id) == restarted;
+  }
+  ASSERT_GE(on_restarted, 2);
+  // Replica 1 restarts alone (the other keeps serving): without peers to
+  // take its sessions it writes them to its snapshot directory.
+  fleet.replica(1).Signal(SIGTERM);
+  EXPECT_EQ(ExitCode(fleet.replica(1)), 0) << fleet.replica(1).output();
+  ASSERT_TRUE(fleet.Start(1));
+  ASSERT_TRUE(
+      AwaitState(**cluster, restarted, client::ReplicaStatus::State::kServing));
+  auto direct = client::AttentionClient::Connect(restarted);
+  auto restored = direct->ListSessions();
+  ATTN_ASSERT_OK(restored);
+  EXPECT_EQ(static_cast<int>(restored->size()), on_restarted);
+  StreamStep(**cluster, workloads);
+  for (const Workload& w : workloads) ExpectOneShot(**cluster, w);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
+TEST(ClusterClientTest, AFourthReplicaTakesNewSessionsWithoutDisturbing) {
+  Fleet fleet(3);
+  absl::Mutex mu;
+  std::vector<std::string> members = {fleet.address(0), fleet.address(1),
+                                      fleet.address(2)};
+  ClusterOptions options = TestClusterOptions();
+  options.placement_tie_fraction = 0;  // strictly the most free KV
+  options.resolver = [&]() -> absl::StatusOr<std::vector<std::string>> {
+    absl::MutexLock lock(&mu);
+    return members;
+  };
+  auto cluster = ClusterClient::Open("membership-from-resolver:1", options);
+  ATTN_ASSERT_OK(cluster);
+  // Each new session goes to the replica with the most free KV: after each
+  // prefill (and a refresh), an empty one.
+  std::vector<Workload> workloads;
+  std::set<std::string> owners;
+  for (int i = 0; i < 3; ++i) {
+    workloads.push_back(NewWorkload(**cluster, i, kPrompt + 2));
+    PrefillAll(**cluster, workloads.back());
+    owners.insert((*cluster)->OwnerOf(workloads.back().id));
+    (*cluster)->Refresh();
+  }
+  EXPECT_EQ(owners.size(), 3u);
+
+  const int fourth = fleet.Add();
+  {
+    absl::MutexLock lock(&mu);
+    members.push_back(fleet.address(fourth));
+  }
+  (*cluster)->Refresh();
+  Workload joined = NewWorkload(**cluster, 3, kPrompt + 2);
+  EXPECT_EQ((*cluster)->OwnerOf(joined.id), fleet.address(fourth));
+  PrefillAll(**cluster, joined);
+  workloads.push_back(joined);
+  // The existing sessions stayed where they were and decode on.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NE((*cluster)->OwnerOf(workloads[i].id), fleet.address(fourth));
+  }
+  StreamStep(**cluster, workloads);
+  for (const Workload& w : workloads) ExpectOneShot(**cluster, w);
+  bool listed = false;
+  for (const client::ReplicaStatus& replica : (*cluster)->Replicas()) {
+    if (replica.address == fleet.address(fourth)) {
+      listed = replica.listed &&
+               replica.state == client::ReplicaStatus::State::kServing;
+    }
+  }
+  EXPECT_TRUE(listed);
+}
+
+TEST(ClusterClientTest, NoReplicaServingIsUnavailableNamingThem) {
+  const std::string nowhere = absl::StrCat("127.0.0.1:", PickFreePort());
+  auto cluster =
+      ClusterClient::Open(nowhere + ",127.0.0.1:1", TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  auto info = (*cluster)->CreateSession(MixedSpec(0));
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(info.status().message(), nowhere))
+      << info.status();
+  ATTN_EXPECT_CODE(ClusterClient::Open("no-port"),
+                   absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace attention::testing
