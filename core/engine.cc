@@ -103,6 +103,31 @@ float* BatchScratch(int64_t floats, std::unique_ptr<float[]>* large) {
   return kept.get();
 }
 
+// Holds the mutexes of a batch's sessions, taken in id order (so that
+// concurrent batches never deadlock) and released in reverse.
+class SessionLocks {
+ public:
+  // `sessions` must be sorted by id, without duplicates.
+  explicit SessionLocks(std::vector<Session*> sessions)
+      : sessions_(std::move(sessions)) {
+    // As TryFirstMutexLock: taking the n-th by Lock would check it against
+    // the n - 1 held before it (quadratic in the batch).
+    for (Session* session : sessions_) {
+      if (!session->mu().TryLock()) session->mu().Lock();
+    }
+  }
+  ~SessionLocks() {
+    for (auto it = sessions_.rbegin(); it != sessions_.rend(); ++it) {
+      (*it)->mu().Unlock();
+    }
+  }
+  SessionLocks(const SessionLocks&) = delete;
+  SessionLocks& operator=(const SessionLocks&) = delete;
+
+ private:
+  const std::vector<Session*> sessions_;
+};
+
 const Tenant& TenantOf(const AppendRequest& request) {
   return request.tenant != nullptr ? *request.tenant : DefaultTenant();
 }
@@ -445,8 +470,10 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   auto live = [&](size_t i) { return steps[i].status.ok(); };
 
   // 1. Resolve sessions; a (session, layer) may be appended once per batch.
-  absl::flat_hash_set<std::pair<std::string, int32_t>> seen;
+  absl::flat_hash_set<std::pair<const Session*, int32_t>> seen;
+  seen.reserve(n);
   std::vector<Session*> to_lock;
+  to_lock.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const AppendRequest& request = requests[i];
     steps[i].request = &request;
@@ -456,7 +483,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
       ATTN_RETURN_IF_ERROR(fail(i, session.status()));
       continue;
     }
-    if (!seen.insert({request.session_id, request.layer}).second) {
+    if (!seen.insert({session->get(), request.layer}).second) {
       const std::string what = absl::StrCat(
           "session ", QuoteClientString(request.session_id), " layer ",
           request.layer,
@@ -475,11 +502,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   std::sort(to_lock.begin(), to_lock.end(),
             [](Session* a, Session* b) { return a->id() < b->id(); });
   to_lock.erase(std::unique(to_lock.begin(), to_lock.end()), to_lock.end());
-  std::vector<std::unique_ptr<absl::MutexLock>> locks;
-  locks.reserve(to_lock.size());
-  for (Session* session : to_lock) {
-    locks.push_back(std::make_unique<absl::MutexLock>(&session->mu()));
-  }
+  const SessionLocks locks(std::move(to_lock));
 
   // 3. Validate every step before changing anything, then stage its blocks.
   double batch_flops = 0;

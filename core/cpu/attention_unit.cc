@@ -426,7 +426,7 @@ absl::Status UnitRunner::Finish(const float* state) {
       const int64_t rh = r * info_.group + h;
       const int head = first_head_ + h;
       float* out = pr_.output + (row * info_.heads + head) * vd;
-      float lse;
+      float lse = kNegInf;
       if (l[rh] == 0.0f) {
         if (pr_.empty_row_policy == EmptyRowPolicy::kError) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -437,10 +437,11 @@ absl::Status UnitRunner::Finish(const float* state) {
               "get zeros for padding rows"));
         }
         std::fill(out, out + vd, 0.0f);
-        lse = kNegInf;
       } else {
         DivideRow(acc + rh * info_.value_dim_padded, l[rh], vd, out);
-        lse = m[rh] + std::log(l[rh]);
+        // Only when asked for: a logarithm per row-head is a measurable
+        // share of a short decode step.
+        if (pr_.lse != nullptr) lse = m[rh] + std::log(l[rh]);
       }
       if (pr_.lse != nullptr) pr_.lse[row * info_.heads + head] = lse;
     }
