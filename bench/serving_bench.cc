@@ -25,6 +25,10 @@
 //                       steps (one call at a time) / the same engine rate.
 //   echo_stream64_*     messages/s of 64 concurrent echo streams on the
 //                       synchronous and the callback gRPC API.
+//   engine_batched_step_us_ctx16, engine_step_us_ctx16_batch{8,1}
+//                       the engine alone (no RPC): time per step of those
+//                       context-16 steps run as AppendEach batches of 64,
+//                       8 and 1 (its fixed cost per step and per batch).
 //   stream64_vs_callback_echo_ctx16
 //                       steps/s of 64 Decode streams at context 16 (own
 //                       16-token sessions, cut back before each round) /
@@ -834,6 +838,25 @@ absl::Status MeasureSmallSteps(const Harness& h) {
       }
     }
   }
+  // The engine's time per step in smaller batches of the same steps (the
+  // 64 sessions in groups), for the fixed cost per step and per batch.
+  std::vector<double> small_batch_step_us;
+  for (const size_t batch : {size_t{1}, size_t{8}}) {
+    double wall = 0;
+    for (int round = 0; round < rounds; ++round) {
+      ATTN_RETURN_IF_ERROR(reset());
+      for (size_t g = 0; g < engine_steps.size(); g += batch) {
+        const std::vector<AppendRequest> group(
+            engine_steps.begin() + g, engine_steps.begin() + g + batch);
+        ATTN_ASSIGN_OR_RETURN(
+            RoundResult group_round,
+            EngineRound(engine, group, messages, /*batched=*/true));
+        wall += group_round.wall_us;
+      }
+    }
+    small_batch_step_us.push_back(wall /
+                                  (double{kStreams} * messages * rounds));
+  }
   for (auto& stream : streams) ATTN_RETURN_IF_ERROR(stream->Finish());
   for (const std::string& id : sessions) {
     ATTN_RETURN_IF_ERROR(engine.DeleteSession(id));
@@ -850,6 +873,16 @@ absl::Status MeasureSmallSteps(const Harness& h) {
                         ": time per step"),
            engine_step_us, "us");
   r.AddFigure("engine_batched_step_us_ctx16", engine_step_us);
+  r.AddRow(kSection,
+           absl::StrCat("engine alone, AppendEach of 8 at ctx ", kShortContext,
+                        ": time per step"),
+           small_batch_step_us[1], "us");
+  r.AddFigure("engine_step_us_ctx16_batch8", small_batch_step_us[1]);
+  r.AddRow(kSection,
+           absl::StrCat("engine alone, AppendEach of 1 at ctx ", kShortContext,
+                        ": time per step"),
+           small_batch_step_us[0], "us");
+  r.AddFigure("engine_step_us_ctx16_batch1", small_batch_step_us[0]);
   r.AddRow(kSection,
            absl::StrCat("64 Decode streams, ctx ", kShortContext, ": steps/s"),
            stream_rate, "steps/s");

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "core/try_first_mutex_lock.h"
 
 namespace attention {
 
@@ -49,7 +50,7 @@ BlockPool::BlockPool(AttentionBackend* backend,
 
 absl::Status BlockPool::Allocate(int64_t count, std::vector<BlockId>* out) {
   if (count <= 0) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   if (static_cast<int64_t>(free_.size()) < count) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "KV cache is full: need ", count, " more blocks of ", block_bytes_,
@@ -66,17 +67,17 @@ absl::Status BlockPool::Allocate(int64_t count, std::vector<BlockId>* out) {
 }
 
 void BlockPool::Ref(BlockId id) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   ++refs_[id];
 }
 
 void BlockPool::Unref(BlockId id) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   if (--refs_[id] == 0) free_.push_back(id);
 }
 
 void BlockPool::UnrefAll(absl::Span<const BlockId> ids) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   for (BlockId id : ids) {
     if (id == kNoBlock) continue;
     if (--refs_[id] == 0) free_.push_back(id);
@@ -84,7 +85,7 @@ void BlockPool::UnrefAll(absl::Span<const BlockId> ids) {
 }
 
 int BlockPool::RefCount(BlockId id) const {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   return refs_[id];
 }
 
@@ -93,7 +94,7 @@ absl::Status BlockPool::CopyBlock(BlockId src, BlockId dst) {
 }
 
 BlockPoolStats BlockPool::stats() const {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   BlockPoolStats stats;
   stats.block_bytes = block_bytes_;
   stats.blocks_total = num_blocks_;

@@ -277,6 +277,7 @@ class AttentionEngine {
                         std::vector<absl::Status>* statuses,
                         std::vector<AttentionOutput>* outputs);
   absl::Status ValidateStep(BatchStep& step);
+  static int64_t OutputFloats(const BatchStep& step);
   // RESOURCE_EXHAUSTED when `flops` passes options_.max_call_flops.
   absl::Status CheckCallCost(double flops) const;
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/client_string.h"
+#include "core/try_first_mutex_lock.h"
 
 namespace attention {
 
@@ -11,7 +12,7 @@ TenantUsage::TenantUsage(std::string name, int64_t block_bytes)
     : name_(std::move(name)), block_bytes_(block_bytes) {}
 
 absl::Status TenantUsage::AddSession(const TenantQuota& quota) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   if (quota.max_sessions.has_value() && sessions_ >= *quota.max_sessions) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "tenant ", QuoteClientString(name_), " holds ", sessions_,
@@ -23,30 +24,30 @@ absl::Status TenantUsage::AddSession(const TenantQuota& quota) {
 }
 
 void TenantUsage::RemoveSession() {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   --sessions_;
 }
 
 void TenantUsage::Ref(BlockId id) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   ++refs_[id];
 }
 
 void TenantUsage::Unref(BlockId id) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   auto it = refs_.find(id);
   if (--it->second == 0) refs_.erase(it);
 }
 
 void TenantUsage::RefAll(absl::Span<const BlockId> ids) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   for (BlockId id : ids) {
     if (id != kNoBlock) ++refs_[id];
   }
 }
 
 void TenantUsage::UnrefAll(absl::Span<const BlockId> ids) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   for (BlockId id : ids) {
     if (id == kNoBlock) continue;
     auto it = refs_.find(id);
@@ -55,7 +56,7 @@ void TenantUsage::UnrefAll(absl::Span<const BlockId> ids) {
 }
 
 absl::Status TenantUsage::Reserve(int64_t blocks, const TenantQuota& quota) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   if (quota.max_kv_bytes.has_value()) {
     const int64_t used =
         (static_cast<int64_t>(refs_.size()) + reserved_blocks_) * block_bytes_;
@@ -73,12 +74,12 @@ absl::Status TenantUsage::Reserve(int64_t blocks, const TenantQuota& quota) {
 }
 
 void TenantUsage::Unreserve(int64_t blocks) {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   reserved_blocks_ -= blocks;
 }
 
 TenantStats TenantUsage::stats() const {
-  absl::MutexLock lock(&mu_);
+  TryFirstMutexLock lock(&mu_);
   return TenantStats{
       .sessions = sessions_,
       .kv_bytes = static_cast<int64_t>(refs_.size()) * block_bytes_};

@@ -64,6 +64,10 @@ class CpuArena final : public DeviceArena {
 // thread from about 100 keys on. Never changes results.
 constexpr int64_t kInlineWorkLimit = 2048;
 
+// An AttendDense call offers the pool at most this many tasks per thread
+// (each runs consecutive items): enough to balance unequal items.
+constexpr int kTasksPerThread = 16;
+
 // One parallel task: chunk_list[chunks_begin, chunks_end) of a unit, or
 // (shared >= 0) one shared chunk for all its member units.
 struct Item {
@@ -163,7 +167,7 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
   // Each task converts a run of tokens into their blocks.
   constexpr int64_t kTokensPerTask = 64;
   const int64_t num_tasks = (num_tokens + kTokensPerTask - 1) / kTokensPerTask;
-  pool_.ParallelFor(num_tasks, [&](int64_t task) {
+  auto convert = [&](int64_t task) {
     const int64_t end = std::min(num_tokens, (task + 1) * kTokensPerTask);
     for (int64_t t = task * kTokensPerTask; t < end; ++t) {
       const int64_t pos = write.start + t;
@@ -192,7 +196,13 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
             block + layout.value_offset_bytes() + slot * value_dim * element);
       }
     }
-  });
+  };
+  // A decode step's one task runs here, without wrapping it for the pool.
+  if (num_tasks == 1) {
+    convert(0);
+  } else {
+    pool_.ParallelFor(num_tasks, convert);
+  }
   return absl::OkStatus();
 }
 
@@ -504,8 +514,19 @@ absl::Status CpuBackend::AttendDense(
     }
   };
   DenseRun run(*kernels_, problems, plan, &shared_chunk_computations_);
-  parallel_for(static_cast<int64_t>(plan.items.size()),
-               [&run](int64_t i) { run.RunItem(i); });
+  // Many items (a batch of short decode steps has one per step and KV
+  // head) run as a few tasks of consecutive items each: a task claimed
+  // from the pool costs a shared counter's cache line moving between
+  // threads, more than a short item's attention.
+  const int64_t num_items = static_cast<int64_t>(plan.items.size());
+  const int64_t num_tasks =
+      std::min(num_items, int64_t{kTasksPerThread} * pool_.num_threads());
+  parallel_for(num_tasks, [&run, num_items, num_tasks](int64_t task) {
+    const int64_t end = num_items * (task + 1) / num_tasks;
+    for (int64_t i = num_items * task / num_tasks; i < end; ++i) {
+      run.RunItem(i);
+    }
+  });
   std::vector<int64_t> split_units;
   for (size_t u = 0; u < plan.units.size(); ++u) {
     if (plan.units[u].split) split_units.push_back(static_cast<int64_t>(u));
