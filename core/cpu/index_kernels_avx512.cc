@@ -2,7 +2,13 @@
 // index_kernels.h, 16 lanes in one register, products and adds as separate
 // instructions (no FMA), and 16 keys' scores updated together per index
 // head.
+// GCC 12 reports its own `__Y = __Y` idiom inside the AVX-512 intrinsic
+// headers as uninitialized (GCC bug 105593), as in kernels_avx512.cc.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <cstring>
 
