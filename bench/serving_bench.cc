@@ -35,6 +35,22 @@
 //                       messages/s of 64 callback-API echo streams moving
 //                       the same bytes: the serving path against the
 //                       transport's limit when attention costs little.
+//   {stream64,engine}_cpu_us_per_step_ctx{16,2048},
+//   echo_stream64_cpu_us_per_msg_ctx{16,2048}, serving_path_cpu_us_per_step_*,
+//   stream64_switches_per_step_*, echo_stream64_switches_per_msg_*
+//                       what the 64 Decode streams, the engine alone and
+//                       64 callback echo streams with the same bytes cost
+//                       per step (message) in the same rounds: CPU time of
+//                       the whole process (the in-process client, transport,
+//                       server and engine share the cores) and context
+//                       switches; the serving path's own CPU is served -
+//                       engine - echo.
+//   served_vs_engine_stream64_additive_bound,
+//   stream64_vs_callback_echo_ctx16_additive_bound (and *_of_bound)
+//                       the ratio if a served step took just the engine's
+//                       wall time plus the echo's (what the two figures'
+//                       goals would need the serving path to add nothing),
+//                       and the achieved ratio's share of it.
 //   latency_ctx{16,2048}_{total,transport,decode,queue,engine,encode}_p{50,99}_us
 //                       one DecodeStep at a time, split with the server's
 //                       own timestamps (server/decode_step_timing.h).
@@ -74,6 +90,7 @@
 #include "attention/v1/attention.pb.h"
 #include "bench/bench_echo.grpc.pb.h"
 #include "bench/bench_report.h"
+#include "bench/process_usage.h"
 #include "client/attention_client.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/dtype.h"
@@ -572,138 +589,6 @@ absl::StatusOr<RoundResult> EngineRound(AttentionEngine& engine,
   return round;
 }
 
-// (b) 64 concurrent Decode streams vs the same steps one at a time. The
-// engine's own rates for the same steps (no RPC) bound what the service
-// could reach.
-
-absl::Status MeasureBatching(const Harness& h,
-                             const std::vector<std::string>& bases,
-                             const BatchCounter& counter) {
-  AttentionEngine& engine = h.server->engine();
-  std::vector<std::string> sessions;
-  std::vector<v1::DecodeRequest> requests;
-  for (int i = 0; i < kStreams; ++i) {
-    ATTN_ASSIGN_OR_RETURN(SessionInfo fork,
-                          engine.ForkSession(bases[i % bases.size()]));
-    sessions.push_back(fork.session_id);
-    requests.push_back(MakeDecodeRequest(fork.session_id, 1000 + 3 * i));
-  }
-  std::vector<std::unique_ptr<client::DecodeStream>> streams;
-  for (int i = 0; i < kStreams; ++i) {
-    streams.push_back(h.client->OpenDecodeStream());
-  }
-
-  std::vector<AppendRequest> engine_steps;
-  for (const v1::DecodeRequest& request : requests) {
-    engine_steps.push_back(EngineRequest(request));
-  }
-
-  const int steps = h.options->quick ? 8 : 16;
-  const int rounds = h.options->quick ? 4 : 6;
-  // Warm-up: every stream and session once each way.
-  ATTN_RETURN_IF_ERROR(BatchedRound(streams, requests, 1).status());
-  ATTN_RETURN_IF_ERROR(SequentialRound(*h.client, requests, 1).status());
-  ATTN_RETURN_IF_ERROR(BatchDecodeRound(*h.client, requests, 1).status());
-
-  double batched_wall = 0, sequential_wall = 0, batch_decode_wall = 0;
-  double engine_sequential_wall = 0, engine_batched_wall = 0;
-  std::vector<double> batched_us, sequential_us;
-  int64_t batches = 0, batched_steps = 0;
-  for (int round = 0; round < rounds; ++round) {
-    // Rotate which side goes first.
-    for (int side = 0; side < 5; ++side) {
-      const int what = (side + round) % 5;
-      if (what == 4) {
-        ATTN_ASSIGN_OR_RETURN(RoundResult result,
-                              BatchDecodeRound(*h.client, requests, steps));
-        batch_decode_wall += result.wall_us;
-      } else if (what == 2 || what == 3) {
-        ATTN_ASSIGN_OR_RETURN(
-            RoundResult result,
-            EngineRound(engine, engine_steps, steps, /*batched=*/what == 3));
-        (what == 3 ? engine_batched_wall : engine_sequential_wall) +=
-            result.wall_us;
-      } else if (what == 0) {
-        const int64_t batches_before = counter.batches.load();
-        const int64_t steps_before = counter.steps.load();
-        ATTN_ASSIGN_OR_RETURN(RoundResult result,
-                              BatchedRound(streams, requests, steps));
-        batches += counter.batches.load() - batches_before;
-        batched_steps += counter.steps.load() - steps_before;
-        batched_wall += result.wall_us;
-        batched_us.insert(batched_us.end(), result.step_us.begin(),
-                          result.step_us.end());
-      } else {
-        ATTN_ASSIGN_OR_RETURN(RoundResult result,
-                              SequentialRound(*h.client, requests, steps));
-        sequential_wall += result.wall_us;
-        sequential_us.insert(sequential_us.end(), result.step_us.begin(),
-                             result.step_us.end());
-      }
-    }
-  }
-  for (auto& stream : streams) ATTN_RETURN_IF_ERROR(stream->Finish());
-  for (const std::string& id : sessions) {
-    ATTN_RETURN_IF_ERROR(engine.DeleteSession(id));
-  }
-
-  const double tokens = double{kStreams} * steps * rounds;
-  const double batched_rate = tokens / (batched_wall * 1e-6);
-  const double sequential_rate = tokens / (sequential_wall * 1e-6);
-  const double engine_sequential_rate =
-      tokens / (engine_sequential_wall * 1e-6);
-  const double engine_batched_rate = tokens / (engine_batched_wall * 1e-6);
-  const double batch_decode_rate = tokens / (batch_decode_wall * 1e-6);
-  const Percentiles batched = Summarize(batched_us);
-  const Percentiles sequential = Summarize(sequential_us);
-  const double mean_batch =
-      batches > 0 ? static_cast<double>(batched_steps) / batches : 0.0;
-  BenchReport& r = *h.report;
-  r.AddRow(kSection,
-           absl::StrCat("64 Decode streams, ctx ", kBatchContext, ": tokens/s"),
-           batched_rate, "tok/s");
-  r.AddRow(kSection, "same steps one DecodeStep at a time: tokens/s",
-           sequential_rate, "tok/s");
-  r.AddRow(kSection, "batching_speedup", batched_rate / sequential_rate, "x");
-  r.AddRow(kSection, "64 streams: step latency p50", batched.p50, "us");
-  r.AddRow(kSection, "64 streams: step latency p99", batched.p99, "us");
-  r.AddRow(kSection, "64 streams: mean engine batch", mean_batch, "steps");
-  r.AddRow(kSection, "one at a time: step latency p50", sequential.p50, "us");
-  r.AddRow(kSection, "one at a time: step latency p99", sequential.p99, "us");
-  r.AddRow(kSection, "engine alone (no RPC), one Append at a time: tokens/s",
-           engine_sequential_rate, "tok/s");
-  r.AddRow(kSection, "engine alone (no RPC), AppendEach of 64: tokens/s",
-           engine_batched_rate, "tok/s");
-  r.AddRow(kSection, "bound on batching_speedup (engine batched / sequential)",
-           engine_batched_rate / sequential_rate, "x");
-  r.AddRow(kSection, "BatchDecode calls of the 64 steps: tokens/s",
-           batch_decode_rate, "tok/s");
-  r.AddRow(kSection,
-           "served_vs_engine_stream64 (64 streams / engine AppendEach of 64)",
-           batched_rate / engine_batched_rate, "x");
-  r.AddRow(kSection,
-           "served_vs_engine_batchdecode64 (BatchDecode of 64 / engine "
-           "AppendEach of 64)",
-           batch_decode_rate / engine_batched_rate, "x");
-  r.AddFigure("served_vs_engine_stream64", batched_rate / engine_batched_rate);
-  r.AddFigure("served_vs_engine_batchdecode64",
-              batch_decode_rate / engine_batched_rate);
-  r.AddFigure("batchdecode64_tokens_per_s", batch_decode_rate);
-  r.AddFigure("engine_sequential_tokens_per_s", engine_sequential_rate);
-  r.AddFigure("engine_batched_tokens_per_s", engine_batched_rate);
-  r.AddFigure("batching_speedup_engine_bound",
-              engine_batched_rate / sequential_rate);
-  r.AddFigure("batching_speedup", batched_rate / sequential_rate);
-  r.AddFigure("batched_tokens_per_s", batched_rate);
-  r.AddFigure("sequential_tokens_per_s", sequential_rate);
-  r.AddFigure("batched_step_p50_us", batched.p50);
-  r.AddFigure("batched_step_p99_us", batched.p99);
-  r.AddFigure("sequential_step_p50_us", sequential.p50);
-  r.AddFigure("sequential_step_p99_us", sequential.p99);
-  r.AddFigure("batched_mean_batch_size", mean_batch);
-  return absl::OkStatus();
-}
-
 // 64 echo streams on one API, `messages` round trips each; messages/s.
 template <typename Stub>
 absl::StatusOr<double> EchoStreamRound(Stub* stub,
@@ -744,6 +629,242 @@ absl::StatusOr<double> EchoStreamRound(Stub* stub,
     last = std::max(last, end_times[i]);
   }
   return double{kStreams} * messages / (MicrosBetween(start_time, last) * 1e-6);
+}
+
+// One side of a ratio: what its rounds took over `units` steps (or echo
+// messages): wall time, and the process's CPU time and context switches.
+struct SideCost {
+  double wall_us = 0;
+  ProcessUsage usage;
+  double units = 0;
+
+  void Add(double round_wall_us, const ProcessUsage& used, double count) {
+    wall_us += round_wall_us;
+    usage += used;
+    units += count;
+  }
+  double Rate() const { return units / (wall_us * 1e-6); }
+  double WallPerUnit() const { return wall_us / units; }
+  double CpuPerUnit() const { return usage.cpu_us / units; }
+  double SwitchesPerUnit() const { return usage.context_switches / units; }
+};
+
+// Wall time (us) of one EchoStreamRound of `messages` per stream.
+absl::StatusOr<double> EchoRoundWall(const Harness& h,
+                                     const echo::EchoRequest& request,
+                                     int messages) {
+  ATTN_ASSIGN_OR_RETURN(double rate,
+                        EchoStreamRound(h.callback_echo, request, messages));
+  return double{kStreams} * messages / rate * 1e6;
+}
+
+// Runs `round` (its wall time in us, or an error) and adds it to `side`,
+// with the process usage it took, as kStreams * `per_stream` units.
+template <typename Round>
+absl::Status Metered(SideCost& side, int per_stream, Round&& round) {
+  const ProcessUsage before = ProcessUsage::Now();
+  ATTN_ASSIGN_OR_RETURN(const double wall_us, round());
+  side.Add(wall_us, ProcessUsage::Now() - before,
+           double{kStreams} * per_stream);
+  return absl::OkStatus();
+}
+
+// Where a served step's time goes, against the two things it is made of:
+// the same bytes through the transport (64 callback-API echo streams) and
+// the same steps in the engine alone. Per step (per echo message), all
+// measured in the same rounds: CPU time of the whole process (client,
+// transport, server, engine: they share the cores) and context switches;
+// the serving path's own CPU (served - engine - echo); and the ratio the
+// served streams would reach if a step took just the engine's wall time
+// plus the echo's (`additive_bound`), for the figure `ratio_name` compares.
+void ReportCostSplit(const Harness& h, const std::string& suffix,
+                     const SideCost& served, const SideCost& engine,
+                     const SideCost& echo, double additive_bound,
+                     const std::string& ratio_name, double ratio) {
+  BenchReport& r = *h.report;
+  const double own =
+      served.CpuPerUnit() - engine.CpuPerUnit() - echo.CpuPerUnit();
+  const std::string at = absl::StrCat(" (", suffix.substr(1), ")");
+  r.AddRow(kSection, "CPU per step: 64 Decode streams" + at,
+           served.CpuPerUnit(), "us");
+  r.AddRow(kSection, "CPU per step: engine alone" + at, engine.CpuPerUnit(),
+           "us");
+  r.AddRow(kSection, "CPU per message: 64 callback echo streams" + at,
+           echo.CpuPerUnit(), "us");
+  r.AddRow(kSection,
+           "CPU per step: serving path's own (served - engine - echo)" + at,
+           own, "us");
+  r.AddRow(kSection, "context switches per step: streams / echo" + at,
+           served.SwitchesPerUnit() / echo.SwitchesPerUnit(), "x");
+  r.AddRow(kSection, ratio_name + " if a step cost engine + echo wall time",
+           additive_bound, "x");
+  r.AddRow(kSection, ratio_name + " / that bound", ratio / additive_bound, "x");
+  r.AddFigure("stream64_cpu_us_per_step" + suffix, served.CpuPerUnit());
+  r.AddFigure("engine_cpu_us_per_step" + suffix, engine.CpuPerUnit());
+  r.AddFigure("echo_stream64_cpu_us_per_msg" + suffix, echo.CpuPerUnit());
+  r.AddFigure("serving_path_cpu_us_per_step" + suffix, own);
+  r.AddFigure("stream64_switches_per_step" + suffix, served.SwitchesPerUnit());
+  r.AddFigure("echo_stream64_switches_per_msg" + suffix,
+              echo.SwitchesPerUnit());
+  r.AddFigure(ratio_name + "_additive_bound", additive_bound);
+  r.AddFigure(ratio_name + "_of_bound", ratio / additive_bound);
+}
+
+// (b) 64 concurrent Decode streams vs the same steps one at a time. The
+// engine's own rates for the same steps (no RPC) bound what the service
+// could reach.
+
+absl::Status MeasureBatching(const Harness& h,
+                             const std::vector<std::string>& bases,
+                             const BatchCounter& counter) {
+  AttentionEngine& engine = h.server->engine();
+  std::vector<std::string> sessions;
+  std::vector<v1::DecodeRequest> requests;
+  for (int i = 0; i < kStreams; ++i) {
+    ATTN_ASSIGN_OR_RETURN(SessionInfo fork,
+                          engine.ForkSession(bases[i % bases.size()]));
+    sessions.push_back(fork.session_id);
+    requests.push_back(MakeDecodeRequest(fork.session_id, 1000 + 3 * i));
+  }
+  std::vector<std::unique_ptr<client::DecodeStream>> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.push_back(h.client->OpenDecodeStream());
+  }
+
+  std::vector<AppendRequest> engine_steps;
+  for (const v1::DecodeRequest& request : requests) {
+    engine_steps.push_back(EngineRequest(request));
+  }
+
+  const int steps = h.options->quick ? 8 : 16;
+  const int rounds = h.options->quick ? 4 : 6;
+  const echo::EchoRequest echo_request = MakeEchoRequest(requests[0]);
+  // Echo streams are opened per round (the Decode streams stay open):
+  // enough messages that opening them costs little per message.
+  const int echo_messages = 40;
+  // Warm-up: every stream and session once each way.
+  ATTN_RETURN_IF_ERROR(BatchedRound(streams, requests, 1).status());
+  ATTN_RETURN_IF_ERROR(SequentialRound(*h.client, requests, 1).status());
+  ATTN_RETURN_IF_ERROR(BatchDecodeRound(*h.client, requests, 1).status());
+  ATTN_RETURN_IF_ERROR(EchoRoundWall(h, echo_request, 1).status());
+
+  // The sides, in the order of the first round (each later round starts one
+  // further on). Every side but the echo moves kStreams * steps tokens.
+  enum Side {
+    kServedStreams,
+    kServedSequential,
+    kEngineSequential,
+    kEngineBatched,
+    kServedBatchDecode,
+    kEchoStreams,
+    kNumSides
+  };
+  SideCost cost[kNumSides];
+  std::vector<double> batched_us, sequential_us;
+  int64_t batches = 0, batched_steps = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (int side = 0; side < kNumSides; ++side) {
+      const Side what = static_cast<Side>((side + round) % kNumSides);
+      const ProcessUsage before = ProcessUsage::Now();
+      double wall = 0;
+      if (what == kServedBatchDecode) {
+        ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                              BatchDecodeRound(*h.client, requests, steps));
+        wall = result.wall_us;
+      } else if (what == kEngineSequential || what == kEngineBatched) {
+        ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                              EngineRound(engine, engine_steps, steps,
+                                          /*batched=*/what == kEngineBatched));
+        wall = result.wall_us;
+      } else if (what == kEchoStreams) {
+        ATTN_ASSIGN_OR_RETURN(wall,
+                              EchoRoundWall(h, echo_request, echo_messages));
+      } else if (what == kServedStreams) {
+        const int64_t batches_before = counter.batches.load();
+        const int64_t steps_before = counter.steps.load();
+        ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                              BatchedRound(streams, requests, steps));
+        batches += counter.batches.load() - batches_before;
+        batched_steps += counter.steps.load() - steps_before;
+        wall = result.wall_us;
+        batched_us.insert(batched_us.end(), result.step_us.begin(),
+                          result.step_us.end());
+      } else {
+        ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                              SequentialRound(*h.client, requests, steps));
+        wall = result.wall_us;
+        sequential_us.insert(sequential_us.end(), result.step_us.begin(),
+                             result.step_us.end());
+      }
+      cost[what].Add(
+          wall, ProcessUsage::Now() - before,
+          double{kStreams} * (what == kEchoStreams ? echo_messages : steps));
+    }
+  }
+  for (auto& stream : streams) ATTN_RETURN_IF_ERROR(stream->Finish());
+  for (const std::string& id : sessions) {
+    ATTN_RETURN_IF_ERROR(engine.DeleteSession(id));
+  }
+
+  const double batched_rate = cost[kServedStreams].Rate();
+  const double sequential_rate = cost[kServedSequential].Rate();
+  const double engine_sequential_rate = cost[kEngineSequential].Rate();
+  const double engine_batched_rate = cost[kEngineBatched].Rate();
+  const double batch_decode_rate = cost[kServedBatchDecode].Rate();
+  const Percentiles batched = Summarize(batched_us);
+  const Percentiles sequential = Summarize(sequential_us);
+  const double mean_batch =
+      batches > 0 ? static_cast<double>(batched_steps) / batches : 0.0;
+  BenchReport& r = *h.report;
+  r.AddRow(kSection,
+           absl::StrCat("64 Decode streams, ctx ", kBatchContext, ": tokens/s"),
+           batched_rate, "tok/s");
+  r.AddRow(kSection, "same steps one DecodeStep at a time: tokens/s",
+           sequential_rate, "tok/s");
+  r.AddRow(kSection, "batching_speedup", batched_rate / sequential_rate, "x");
+  r.AddRow(kSection, "64 streams: step latency p50", batched.p50, "us");
+  r.AddRow(kSection, "64 streams: step latency p99", batched.p99, "us");
+  r.AddRow(kSection, "64 streams: mean engine batch", mean_batch, "steps");
+  r.AddRow(kSection, "one at a time: step latency p50", sequential.p50, "us");
+  r.AddRow(kSection, "one at a time: step latency p99", sequential.p99, "us");
+  r.AddRow(kSection, "engine alone (no RPC), one Append at a time: tokens/s",
+           engine_sequential_rate, "tok/s");
+  r.AddRow(kSection, "engine alone (no RPC), AppendEach of 64: tokens/s",
+           engine_batched_rate, "tok/s");
+  r.AddRow(kSection, "bound on batching_speedup (engine batched / sequential)",
+           engine_batched_rate / sequential_rate, "x");
+  r.AddRow(kSection, "BatchDecode calls of the 64 steps: tokens/s",
+           batch_decode_rate, "tok/s");
+  r.AddRow(kSection,
+           "served_vs_engine_stream64 (64 streams / engine AppendEach of 64)",
+           batched_rate / engine_batched_rate, "x");
+  r.AddRow(kSection,
+           "served_vs_engine_batchdecode64 (BatchDecode of 64 / engine "
+           "AppendEach of 64)",
+           batch_decode_rate / engine_batched_rate, "x");
+  r.AddFigure("served_vs_engine_stream64", batched_rate / engine_batched_rate);
+  const double engine_us = cost[kEngineBatched].WallPerUnit();
+  ReportCostSplit(h, absl::StrCat("_ctx", kBatchContext), cost[kServedStreams],
+                  cost[kEngineBatched], cost[kEchoStreams],
+                  engine_us / (engine_us + cost[kEchoStreams].WallPerUnit()),
+                  "served_vs_engine_stream64",
+                  batched_rate / engine_batched_rate);
+  r.AddFigure("served_vs_engine_batchdecode64",
+              batch_decode_rate / engine_batched_rate);
+  r.AddFigure("batchdecode64_tokens_per_s", batch_decode_rate);
+  r.AddFigure("engine_sequential_tokens_per_s", engine_sequential_rate);
+  r.AddFigure("engine_batched_tokens_per_s", engine_batched_rate);
+  r.AddFigure("batching_speedup_engine_bound",
+              engine_batched_rate / sequential_rate);
+  r.AddFigure("batching_speedup", batched_rate / sequential_rate);
+  r.AddFigure("batched_tokens_per_s", batched_rate);
+  r.AddFigure("sequential_tokens_per_s", sequential_rate);
+  r.AddFigure("batched_step_p50_us", batched.p50);
+  r.AddFigure("batched_step_p99_us", batched.p99);
+  r.AddFigure("sequential_step_p50_us", sequential.p50);
+  r.AddFigure("sequential_step_p99_us", sequential.p99);
+  r.AddFigure("batched_mean_batch_size", mean_batch);
+  return absl::OkStatus();
 }
 
 // (c) Sync vs callback API at 64 concurrent streams.
@@ -817,24 +938,29 @@ absl::Status MeasureSmallSteps(const Harness& h) {
   for (const v1::DecodeRequest& request : requests) {
     engine_steps.push_back(EngineRequest(request));
   }
-  double stream_sum = 0, echo_sum = 0, engine_wall = 0;
+  SideCost stream_cost, echo_cost, engine_cost;
   for (int round = 0; round < rounds; ++round) {
     ATTN_RETURN_IF_ERROR(reset());
-    ATTN_ASSIGN_OR_RETURN(RoundResult engine_round,
-                          EngineRound(engine, engine_steps, messages,
-                                      /*batched=*/true));
-    engine_wall += engine_round.wall_us;
+    ATTN_RETURN_IF_ERROR(
+        Metered(engine_cost, messages, [&]() -> absl::StatusOr<double> {
+          ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                                EngineRound(engine, engine_steps, messages,
+                                            /*batched=*/true));
+          return result.wall_us;
+        }));
     for (int side = 0; side < 2; ++side) {
       if ((side + round) % 2 == 0) {
         ATTN_RETURN_IF_ERROR(reset());
-        ATTN_ASSIGN_OR_RETURN(RoundResult result,
-                              BatchedRound(streams, requests, messages));
-        stream_sum += double{kStreams} * messages / (result.wall_us * 1e-6);
+        ATTN_RETURN_IF_ERROR(
+            Metered(stream_cost, messages, [&]() -> absl::StatusOr<double> {
+              ATTN_ASSIGN_OR_RETURN(RoundResult result,
+                                    BatchedRound(streams, requests, messages));
+              return result.wall_us;
+            }));
       } else {
-        ATTN_ASSIGN_OR_RETURN(
-            double rate,
-            EchoStreamRound(h.callback_echo, echo_request, messages));
-        echo_sum += rate;
+        ATTN_RETURN_IF_ERROR(Metered(echo_cost, messages, [&] {
+          return EchoRoundWall(h, echo_request, messages);
+        }));
       }
     }
   }
@@ -861,12 +987,11 @@ absl::Status MeasureSmallSteps(const Harness& h) {
   for (const std::string& id : sessions) {
     ATTN_RETURN_IF_ERROR(engine.DeleteSession(id));
   }
-  const double stream_rate = stream_sum / rounds;
-  const double echo_rate = echo_sum / rounds;
+  const double stream_rate = stream_cost.Rate();
+  const double echo_rate = echo_cost.Rate();
   // The engine's own time per step in these batches (no RPC): what the
   // served steps pay on top of the echo's transport.
-  const double engine_step_us = engine_wall / (double{kStreams} * messages *
-                                               rounds);
+  const double engine_step_us = engine_cost.WallPerUnit();
   BenchReport& r = *h.report;
   r.AddRow(kSection,
            absl::StrCat("engine alone, AppendEach of 64 at ctx ", kShortContext,
@@ -893,6 +1018,10 @@ absl::Status MeasureSmallSteps(const Harness& h) {
   r.AddFigure("stream64_ctx16_steps_per_s", stream_rate);
   r.AddFigure("callback_echo_stream64_msgs_per_s", echo_rate);
   r.AddFigure("stream64_vs_callback_echo_ctx16", stream_rate / echo_rate);
+  const double echo_us = echo_cost.WallPerUnit();
+  ReportCostSplit(h, absl::StrCat("_ctx", kShortContext), stream_cost,
+                  engine_cost, echo_cost, echo_us / (echo_us + engine_step_us),
+                  "stream64_vs_callback_echo_ctx16", stream_rate / echo_rate);
   return absl::OkStatus();
 }
 
