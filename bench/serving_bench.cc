@@ -24,7 +24,10 @@
 //                       tokens/s of BatchDecode calls carrying the same 64
 //                       steps (one call at a time) / the same engine rate.
 //   echo_stream64_*     messages/s of 64 concurrent echo streams on the
-//                       synchronous and the callback gRPC API.
+//                       synchronous and the callback gRPC server API (gRPC's
+//                       synchronous client streams), and on the callback
+//                       API with the client library's BlockingBidiStream
+//                       (blocking_bidi_vs_sync_client_ratio).
 //   engine_batched_step_us_ctx16, engine_step_us_ctx16_batch{8,1}
 //                       the engine alone (no RPC): time per step of those
 //                       context-16 steps run as AppendEach batches of 64,
@@ -35,6 +38,9 @@
 //                       messages/s of 64 callback-API echo streams moving
 //                       the same bytes: the serving path against the
 //                       transport's limit when attention costs little.
+//                       Every echo stream the ratios compare with uses the
+//                       client machinery the Decode streams use
+//                       (client::BlockingBidiStream).
 //   {stream64,engine}_cpu_us_per_step_ctx{16,2048},
 //   echo_stream64_cpu_us_per_msg_ctx{16,2048}, serving_path_cpu_us_per_step_*,
 //   stream64_switches_per_step_*, echo_stream64_switches_per_msg_*
@@ -92,6 +98,7 @@
 #include "bench/bench_report.h"
 #include "bench/process_usage.h"
 #include "client/attention_client.h"
+#include "client/blocking_bidi_stream.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "core/engine.h"
@@ -589,33 +596,52 @@ absl::StatusOr<RoundResult> EngineRound(AttentionEngine& engine,
   return round;
 }
 
+// The client side of an echo stream: the client library's
+// BlockingBidiStream (gRPC's callback API; what client::DecodeStream runs
+// on, so the echo moves its bytes as the Decode streams do), or gRPC's
+// synchronous stream.
+enum class EchoClient { kBlockingBidi, kSync };
+
 // 64 echo streams on one API, `messages` round trips each; messages/s.
 template <typename Stub>
-absl::StatusOr<double> EchoStreamRound(Stub* stub,
-                                       const echo::EchoRequest& request,
-                                       int messages) {
+absl::StatusOr<double> EchoStreamRound(
+    Stub* stub, const echo::EchoRequest& request, int messages,
+    EchoClient client_kind = EchoClient::kBlockingBidi) {
   absl::Notification start;
   Clock::time_point start_time;
   std::vector<Clock::time_point> end_times(kStreams);
   std::vector<absl::Status> statuses(kStreams);
   std::atomic<int> ready{0};
+  // One stream's round trips, then its close; its status.
+  auto run = [&](auto& stream, int i) -> grpc::Status {
+    echo::EchoResponse response;
+    ready.fetch_add(1);
+    start.WaitForNotification();
+    for (int m = 0; m < messages; ++m) {
+      if (!stream.Write(request) || !stream.Read(&response)) {
+        statuses[i] = absl::UnavailableError("echo stream broke");
+        break;
+      }
+    }
+    end_times[i] = Clock::now();
+    stream.WritesDone();
+    return stream.Finish();
+  };
   std::vector<std::thread> threads;
   for (int i = 0; i < kStreams; ++i) {
     threads.emplace_back([&, i] {
       grpc::ClientContext context;
-      auto stream = stub->EchoStream(&context);
-      echo::EchoResponse response;
-      ready.fetch_add(1);
-      start.WaitForNotification();
-      for (int m = 0; m < messages; ++m) {
-        if (!stream->Write(request) || !stream->Read(&response)) {
-          statuses[i] = absl::UnavailableError("echo stream broke");
-          break;
-        }
+      grpc::Status status;
+      if (client_kind == EchoClient::kSync) {
+        auto stream = stub->EchoStream(&context);
+        status = run(*stream, i);
+      } else {
+        client::BlockingBidiStream<echo::EchoRequest, echo::EchoResponse>
+            stream(&context, [stub](grpc::ClientContext* ctx, auto* reactor) {
+              stub->async()->EchoStream(ctx, reactor);
+            });
+        status = run(stream, i);
       }
-      end_times[i] = Clock::now();
-      stream->WritesDone();
-      grpc::Status status = stream->Finish();
       if (statuses[i].ok()) statuses[i] = client::FromGrpcStatus(status);
     });
   }
@@ -867,38 +893,54 @@ absl::Status MeasureBatching(const Harness& h,
   return absl::OkStatus();
 }
 
-// (c) Sync vs callback API at 64 concurrent streams.
+// (c) Sync vs callback API at 64 concurrent streams: the server's API (with
+// gRPC's synchronous client streams, as before), and the client's (the
+// callback server with the library's BlockingBidiStream).
 absl::Status MeasureApis(const Harness& h, const std::string& session) {
   const echo::EchoRequest request =
       MakeEchoRequest(MakeDecodeRequest(session, 5));
   const int messages = h.options->quick ? 40 : 200;
   const int rounds = h.options->quick ? 3 : 5;
-  ATTN_RETURN_IF_ERROR(EchoStreamRound(h.echo, request, 4).status());
-  ATTN_RETURN_IF_ERROR(EchoStreamRound(h.callback_echo, request, 4).status());
-  double sync_sum = 0, callback_sum = 0;
+  // (stub, client) of each side.
+  auto side_round = [&](int side, int count) -> absl::StatusOr<double> {
+    if (side == 0) {
+      return EchoStreamRound(h.echo, request, count, EchoClient::kSync);
+    }
+    return EchoStreamRound(
+        h.callback_echo, request, count,
+        side == 1 ? EchoClient::kSync : EchoClient::kBlockingBidi);
+  };
+  constexpr int kSides = 3;
+  for (int side = 0; side < kSides; ++side) {
+    ATTN_RETURN_IF_ERROR(side_round(side, 4).status());
+  }
+  double sum[kSides] = {0, 0, 0};
   for (int round = 0; round < rounds; ++round) {
-    for (int side = 0; side < 2; ++side) {
-      if ((side + round) % 2 == 0) {
-        ATTN_ASSIGN_OR_RETURN(double rate,
-                              EchoStreamRound(h.echo, request, messages));
-        sync_sum += rate;
-      } else {
-        ATTN_ASSIGN_OR_RETURN(
-            double rate, EchoStreamRound(h.callback_echo, request, messages));
-        callback_sum += rate;
-      }
+    for (int i = 0; i < kSides; ++i) {
+      const int side = (i + round) % kSides;
+      ATTN_ASSIGN_OR_RETURN(double rate, side_round(side, messages));
+      sum[side] += rate;
     }
   }
-  const double sync_rate = sync_sum / rounds;
-  const double callback_rate = callback_sum / rounds;
+  const double sync_rate = sum[0] / rounds;
+  const double callback_rate = sum[1] / rounds;
+  const double blocking_bidi_rate = sum[2] / rounds;
   BenchReport& r = *h.report;
   r.AddRow(kSection, "64 echo streams, sync API: messages/s", sync_rate,
            "msg/s");
   r.AddRow(kSection, "64 echo streams, callback API: messages/s", callback_rate,
            "msg/s");
+  r.AddRow(kSection,
+           "64 echo streams, callback API, BlockingBidiStream clients: "
+           "messages/s",
+           blocking_bidi_rate, "msg/s");
   r.AddFigure("echo_stream64_sync_msgs_per_s", sync_rate);
   r.AddFigure("echo_stream64_callback_msgs_per_s", callback_rate);
   r.AddFigure("callback_vs_sync_stream_ratio", callback_rate / sync_rate);
+  r.AddFigure("echo_stream64_callback_blocking_bidi_msgs_per_s",
+              blocking_bidi_rate);
+  r.AddFigure("blocking_bidi_vs_sync_client_ratio",
+              blocking_bidi_rate / callback_rate);
   return absl::OkStatus();
 }
 

@@ -268,15 +268,16 @@ DecodeStream::DecodeStream(v1::AttentionService::Stub* stub,
   if (!authorization.empty()) {
     context_.AddMetadata("authorization", authorization);
   }
-  stream_ = stub->Decode(&context_);
+  stream_ = std::make_unique<
+      BlockingBidiStream<v1::DecodeRequest, v1::AttentionResult>>(
+      &context_,
+      [stub](grpc::ClientContext* context,
+             grpc::ClientBidiReactor<v1::DecodeRequest, v1::AttentionResult>*
+                 reactor) { stub->async()->Decode(context, reactor); });
 }
 
-DecodeStream::~DecodeStream() {
-  if (!final_status_.has_value()) {
-    context_.TryCancel();
-    stream_->Finish().IgnoreError();
-  }
-}
+// The stream cancels the call when it was not finished.
+DecodeStream::~DecodeStream() = default;
 
 bool DecodeStream::Write(const v1::DecodeRequest& request) {
   if (final_status_.has_value() || writes_done_) return false;
@@ -287,7 +288,7 @@ absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
   if (!final_status_.has_value()) {
     v1::AttentionResult result;
     if (stream_->Read(&result)) return result;
-    final_status_ = FromGrpcCall(stream_->Finish(), context_);
+    final_status_ = FromGrpcCall(stream_->Status(), context_);
   }
   if (!final_status_->ok()) return *final_status_;
   return absl::OutOfRangeError("the Decode stream has ended");
@@ -308,10 +309,7 @@ void DecodeStream::WritesDone() {
 
 absl::Status DecodeStream::Finish() {
   if (final_status_.has_value()) return *final_status_;
-  WritesDone();
-  v1::AttentionResult discarded;
-  while (stream_->Read(&discarded)) {
-  }
+  writes_done_ = true;
   final_status_ = FromGrpcCall(stream_->Finish(), context_);
   return *final_status_;
 }

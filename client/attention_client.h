@@ -36,6 +36,7 @@
 #include "absl/types/span.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "attention/v1/attention.pb.h"
+#include "client/blocking_bidi_stream.h"
 #include "client/tensor_codec.h"
 
 namespace attention::client {
@@ -197,8 +198,9 @@ class DecodeStream {
   DecodeStream(const DecodeStream&) = delete;
   DecodeStream& operator=(const DecodeStream&) = delete;
 
-  // Sends a request. False when the stream has ended (Read or Finish then
-  // give the reason).
+  // Queues a request to be sent (after the earlier ones) and returns
+  // without waiting for the transport. False when the stream has ended (Read
+  // or Finish then give the reason).
   bool Write(const v1::DecodeRequest& request);
   // The next result. When the stream has ended: its error, or OUT_OF_RANGE
   // when it ended cleanly.
@@ -213,8 +215,7 @@ class DecodeStream {
 
  private:
   grpc::ClientContext context_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<v1::DecodeRequest, v1::AttentionResult>>
+  std::unique_ptr<BlockingBidiStream<v1::DecodeRequest, v1::AttentionResult>>
       stream_;
   bool writes_done_ = false;
   std::optional<absl::Status> final_status_;

@@ -111,6 +111,68 @@ TEST_F(AttentionClientTest, DecodeStreamResultsComeInOrder) {
   ATTN_EXPECT_OK(stream->Finish());  // idempotent
 }
 
+// Writes only queue (the stream sends them in order on gRPC's threads), so
+// replies written before a failing request are still read, then the
+// failure; one thread may write while another reads; and a stream dropped
+// unfinished is cancelled without waiting for its replies.
+TEST_F(AttentionClientTest, DecodeStreamQueuesWritesAndEndsCleanly) {
+  auto a = client().OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(a);
+  const Tokens tokens = RandomTokens(a->spec(), 64, 5);
+  auto step = [&](int64_t t) {
+    return *a->MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
+                                 tokens.v_rows(t, 1));
+  };
+  {
+    auto stream = client().OpenDecodeStream();
+    v1::DecodeRequest unknown = step(1);
+    unknown.set_session_id("no-such-session");
+    ASSERT_TRUE(stream->Write(step(0)));
+    ASSERT_TRUE(stream->Write(unknown));
+    stream->Write(step(1));  // after the failure: never applied
+    auto first = stream->Read();
+    ATTN_ASSERT_OK(first);
+    EXPECT_EQ(first->position(), 0);
+    auto failed = stream->Read();
+    ASSERT_EQ(failed.status().code(), absl::StatusCode::kNotFound)
+        << failed.status();
+    EXPECT_NE(failed.status().message().find("requests[1]"), std::string::npos)
+        << failed.status();
+    EXPECT_EQ(stream->Read().status(), failed.status());
+    EXPECT_FALSE(stream->Write(step(1)));
+    EXPECT_EQ(stream->Finish(), failed.status());
+  }
+  auto info = a->Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 1);
+
+  // A writer and a reader thread on one stream.
+  constexpr int64_t kSteps = 40;
+  auto stream = client().OpenDecodeStream();
+  std::thread writer([&] {
+    for (int64_t t = 1; t <= kSteps; ++t) ASSERT_TRUE(stream->Write(step(t)));
+    stream->WritesDone();
+  });
+  for (int64_t t = 1; t <= kSteps; ++t) {
+    auto result = stream->Read();
+    ATTN_ASSERT_OK(result);
+    EXPECT_EQ(result->position(), t);
+  }
+  writer.join();
+  ATTN_EXPECT_CODE(stream->Read(), absl::StatusCode::kOutOfRange);
+  ATTN_EXPECT_OK(stream->Finish());
+
+  // Dropped with a step queued and nothing read: cancelled, and the server
+  // goes on serving.
+  auto dropped = client().OpenDecodeStream();
+  ASSERT_TRUE(dropped->Write(step(kSteps + 1)));
+  dropped.reset();
+  info = a->Info();
+  ATTN_ASSERT_OK(info);
+  const int64_t length = info->layer_lengths(0);
+  EXPECT_TRUE(length == kSteps + 1 || length == kSteps + 2) << length;
+}
+
 TEST_F(AttentionClientTest, HealthAndInfo) {
   ATTN_ASSERT_OK(client().WaitForConnected(absl::Seconds(30)));
   auto health = client().CheckHealth();
