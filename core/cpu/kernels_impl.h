@@ -261,11 +261,11 @@ inline void JointDots(const TileJob& job, const int* rhs, float* out,
       for (int j = j0; prefetch && j < j0 + kKeys && j < job.prefetch_n;
            ++j) {
         // Spread the next tile's key prefetches over this tile's dots (its
-        // value prefetches over the first P.V pass): the memory system
-        // then sees a steady stream of requests. Keep this code inline
-        // here: moved into a helper function that only prefetches, GCC's
-        // IPA pure-const analysis deems the helper free of side effects and
-        // deletes the calls.
+        // value prefetches over the P.V passes, see JointValues): the
+        // memory system then sees a steady stream of requests. Keep this
+        // code inline here: moved into a helper function that only
+        // prefetches, GCC's IPA pure-const analysis deems the helper free
+        // of side effects and deletes the calls.
         if (const std::byte* next = job.prefetch_k[j]) {
           for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
             __builtin_prefetch(next + o);
@@ -427,6 +427,12 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
     for (int b = 0; b < kBlocks; ++b) pv[i][b] = Zero();
   }
   const int first_block = d0 / kLanes;
+  // Bytes [prefetch_lo, prefetch_hi) of a row hold value blocks
+  // [first_block, first_block + kBlocks), rounded out to cache lines.
+  const int prefetch_lo =
+      job.prefetch_value_bytes * d0 / job.value_dim_padded / 64 * 64;
+  const int prefetch_hi = job.prefetch_value_bytes *
+                          (d0 + kBlocks * kLanes) / job.value_dim_padded;
   for (int j = 0; j < job.n; ++j) {
     const std::byte* row = job.v[j];
     V vb[kBlocks];
@@ -434,13 +440,11 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
     for (int b = 0; b < kBlocks; ++b) {
       vb[b] = LoadRow<kType>(row, first_block + b);
     }
-    if constexpr (kSumP) {
-      // The next tile's value rows (inline: see JointDots).
-      if (prefetch && j < job.prefetch_n) {
-        if (const std::byte* next = job.prefetch_v[j]) {
-          for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
-            __builtin_prefetch(next + o);
-          }
+    // The next tile's value rows (inline: see JointDots).
+    if (prefetch && j < job.prefetch_n) {
+      if (const std::byte* next = job.prefetch_v[j]) {
+        for (int o = prefetch_lo; o < prefetch_hi; o += 64) {
+          __builtin_prefetch(next + o);
         }
       }
     }
@@ -464,8 +468,8 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
 }
 
 // P.V passes of kBlocks value blocks from *d0 while they fit, then of
-// halves of that. The pass at d0 = 0 also updates l (and prefetches the
-// next tile's values when asked to).
+// halves of that. The pass at d0 = 0 also updates l; each pass prefetches
+// its part of the next tile's values when asked to.
 template <ElementType kType, int kHeads, int kBlocks>
 inline void ValuePasses(const TileJob& job, const int* rhs, int* d0,
                         bool prefetch) {
@@ -474,7 +478,7 @@ inline void ValuePasses(const TileJob& job, const int* rhs, int* d0,
     if (*d0 == 0) {
       JointValues<kType, kHeads, kBlocks, true>(job, rhs, 0, prefetch);
     } else {
-      JointValues<kType, kHeads, kBlocks, false>(job, rhs, *d0, false);
+      JointValues<kType, kHeads, kBlocks, false>(job, rhs, *d0, prefetch);
     }
   }
   if constexpr (kBlocks > 1) {
