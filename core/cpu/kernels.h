@@ -130,6 +130,12 @@ struct KernelTable {
   // multiply-add counts 2). Returns a value that depends on every chain.
   float (*fma_probe)(int64_t rounds);
   int fma_probe_flops;
+
+  // Streaming-read probe, for benchmarks: the maximum of data[0, count)
+  // (no NaNs), read with full-vector loads into several independent
+  // running maxima, nothing else in the loop, so that it runs at the rate a
+  // core can stream memory rather than at the rate of its instructions.
+  float (*read_probe)(const float* data, int64_t count);
 };
 
 // The tables compiled into this build; the AVX ones are nullptr when the

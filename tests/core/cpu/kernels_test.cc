@@ -2,6 +2,7 @@
 // bitwise equality of every SIMD table with the portable scalar one.
 #include "core/cpu/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -267,6 +268,26 @@ TEST_P(KernelTableTest, FmaProbeComputesItsChains) {
       want += kLanes * (1 + (0.5 + 0.01 * i - 1) * std::pow(0.999, rounds));
     }
     EXPECT_NEAR(table_->fma_probe(rounds), want, 1e-4 * want) << rounds;
+  }
+}
+
+TEST_P(KernelTableTest, ReadProbeReturnsTheMaximum) {
+  // Counts around the 8-vector stride and the vector tail; the maximum at
+  // every position of the longest buffer in turn.
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(-1000.0f, 1000.0f);
+  std::vector<float> data(300);
+  for (float& x : data) x = uniform(rng);
+  for (int64_t count : {0, 1, 15, 16, 17, 127, 128, 129, 150, 300}) {
+    const float want =
+        count == 0 ? -kInf
+                   : *std::max_element(data.begin(), data.begin() + count);
+    EXPECT_EQ(table_->read_probe(data.data(), count), want) << count;
+  }
+  for (int64_t at = 0; at < 300; ++at) {
+    std::vector<float> peaked = data;
+    peaked[at] = 5000.0f;
+    ASSERT_EQ(table_->read_probe(peaked.data(), 300), 5000.0f) << at;
   }
 }
 
