@@ -120,6 +120,10 @@ struct KernelTable {
   void (*merge_state)(float* a_m, float* a_l, float* a_acc, float b_m,
                       float b_l, const float* b_acc, int value_dim_padded);
 
+  // out[d] = acc[d] / divisor for d < n, each quotient correctly rounded
+  // (the same as one by one); out may be acc.
+  void (*divide_row)(const float* acc, float divisor, int n, float* out);
+
   // The canonical exp of one value (x <= 0 or -inf), for tests.
   float (*exp)(float x);
 

@@ -195,17 +195,14 @@ constexpr int DotKeys() {
   return keys;
 }
 
-// acc[i][jj0 + k] = the 16 lanes of dot(q[i], key j0 + k) for k < kKeys:
+// acc[i][jj0 + k] = the 16 lanes of dot(q[i], key[k]) for k < kKeys:
 // lane l accumulates elements d = l (mod 16) in increasing d from +0. Each
 // key block is loaded and converted once for all kHeads row-heads, and each
 // query block is loaded once for all kKeys keys.
 template <ElementType kType, int kHeads, int kKeys, int kBlocks>
-inline void KeyDots(const TileJob& job, const float* const* q, int j0,
-                    V (*acc)[kLanes], int jj0) {
+inline void KeyDots(const TileJob& job, const float* const* q,
+                    const std::byte* const* key, V (*acc)[kLanes], int jj0) {
   const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
-  const std::byte* key[kKeys];
-#pragma GCC unroll 16
-  for (int k = 0; k < kKeys; ++k) key[k] = job.k[j0 + k];
   V a[kHeads][kKeys];
 #pragma GCC unroll 16
   for (int i = 0; i < kHeads; ++i) {
@@ -247,15 +244,22 @@ inline void JointDots(const TileJob& job, const int* rhs, float* out,
     for (int jj = 0; jj < kLanes; jj += kKeys) {
       const int j0 = half * kLanes + jj;
       if (j0 + kKeys <= job.n) {
-        KeyDots<kType, kHeads, kKeys, kBlocks>(job, q, j0, acc, jj);
-      } else {
-        // The tile's last keys, one at a time; zeros past the end.
+        KeyDots<kType, kHeads, kKeys, kBlocks>(job, q, job.k + j0, acc, jj);
+      } else if (j0 < job.n) {
+        // The tile's last keys, in one pass like the others (each dot is
+        // computed on its own, so this changes no result): the slots past
+        // the end repeat the last key, and their dots are then zeroed.
+        const std::byte* key[kKeys];
         for (int k = 0; k < kKeys; ++k) {
-          if (j0 + k < job.n) {
-            KeyDots<kType, kHeads, 1, kBlocks>(job, q, j0 + k, acc, jj + k);
-          } else {
-            for (int i = 0; i < kHeads; ++i) acc[i][jj + k] = Zero();
-          }
+          key[k] = job.k[j0 + k < job.n ? j0 + k : job.n - 1];
+        }
+        KeyDots<kType, kHeads, kKeys, kBlocks>(job, q, key, acc, jj);
+        for (int k = job.n - j0; k < kKeys; ++k) {
+          for (int i = 0; i < kHeads; ++i) acc[i][jj + k] = Zero();
+        }
+      } else {
+        for (int k = 0; k < kKeys; ++k) {
+          for (int i = 0; i < kHeads; ++i) acc[i][jj + k] = Zero();
         }
       }
       for (int j = j0; prefetch && j < j0 + kKeys && j < job.prefetch_n;
@@ -618,6 +622,13 @@ void MergeState(float* a_m, float* a_l, float* a_acc, float b_m, float b_l,
   *a_m = m;
 }
 
+void DivideRow(const float* acc, float divisor, int n, float* out) {
+  const V d = Splat(V{}, divisor);
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) Store(out + i, Div(Load(acc + i), d));
+  for (; i < n; ++i) out[i] = acc[i] / divisor;
+}
+
 // Chains of a multiply-add latency each; kFmaProbeChains covers the
 // latency times the units of the processors the ISA file targets.
 float FmaProbe(int64_t rounds) {
@@ -667,8 +678,8 @@ float ReadProbe(const float* data, int64_t count) {
 constexpr KernelTable kKernelTable = {
     ATTN_KERNEL_NAME, &ConvertRows, &UpdateTile,
     &TileLogits,      &TileWeights, &MergeState,
-    &ScalarExp,       &FmaProbe,    kFmaProbeChains * kLanes * 2,
-    &ReadProbe,
+    &DivideRow,       &ScalarExp,   &FmaProbe,
+    kFmaProbeChains * kLanes * 2,   &ReadProbe,
 };
 
 }  // namespace attention::cpu::ATTN_KERNEL_NAMESPACE

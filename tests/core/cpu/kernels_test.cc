@@ -271,6 +271,26 @@ TEST_P(KernelTableTest, FmaProbeComputesItsChains) {
   }
 }
 
+TEST_P(KernelTableTest, DivideRowIsCorrectlyRoundedDivision) {
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<float> uniform(-1e3f, 1e3f);
+  std::vector<float> acc(70);
+  for (float& x : acc) x = uniform(rng);
+  for (int n : {0, 1, 15, 16, 17, 40, 64, 70}) {
+    const float divisor = std::abs(uniform(rng)) + 1e-3f;
+    std::vector<float> out(70, -7.0f);
+    table_->divide_row(acc.data(), divisor, n, out.data());
+    for (int d = 0; d < 70; ++d) {
+      const float want = d < n ? acc[d] / divisor : -7.0f;
+      ASSERT_EQ(Bits(out[d]), Bits(want)) << n << " " << d;
+    }
+  }
+  // In place.
+  std::vector<float> row = acc;
+  table_->divide_row(row.data(), 3.0f, 70, row.data());
+  for (int d = 0; d < 70; ++d) ASSERT_EQ(Bits(row[d]), Bits(acc[d] / 3.0f));
+}
+
 TEST_P(KernelTableTest, ReadProbeReturnsTheMaximum) {
   // Counts around the 8-vector stride and the vector tail; the maximum at
   // every position of the longest buffer in turn.
