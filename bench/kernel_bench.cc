@@ -9,7 +9,8 @@
 //     arena, and a peak multiply-add probe of the backend's kernel ISA
 //     (decode_roofline_ratio_*: achieved / min(read bandwidth, multiply-add
 //     peak / flops per KV byte); decode_bandwidth_ratio_*: achieved / read
-//     bandwidth);
+//     bandwidth; the same read with the kernel ISA's vector loads is
+//     reported for context);
 //   * prefill: causal, T = 2048, H = H_kv = 16, head_dim 64, fp32, against
 //     the seeds' straightforward tiled_attention loop written in plain C++
 //     (prefill_gflops, prefill_vs_naive).
@@ -105,6 +106,30 @@ double StreamRead(ThreadPool& pool, const std::byte* data, int64_t bytes,
   return seconds;
 }
 
+// The same read with the kernel ISA's full-vector loads (KernelTable::
+// read_probe), for context: SumWords is compiled for the baseline ISA, and
+// with 16-byte loads a core keeps fewer cache lines in flight than with
+// 64-byte ones, so on some machines it measures the core's memory-level
+// parallelism rather than the memory's bandwidth.
+double WideRead(ThreadPool& pool, const cpu::KernelTable& kernels,
+                const std::byte* data, int64_t bytes, float* sink) {
+  const int64_t pieces = int64_t{16} * pool.num_threads();
+  const int64_t piece_bytes = (bytes / pieces + 63) / 64 * 64;
+  std::vector<float> maxima(pieces);
+  const Clock::time_point start = Clock::now();
+  pool.ParallelFor(pieces, [&](int64_t i) {
+    const int64_t begin = i * piece_bytes;
+    const int64_t end = std::min(begin + piece_bytes, bytes);
+    if (begin < end) {
+      maxima[i] = kernels.read_probe(
+          reinterpret_cast<const float*>(data + begin), (end - begin) / 4);
+    }
+  });
+  const double seconds = Seconds(start);
+  for (float m : maxima) *sink += m;
+  return seconds;
+}
+
 // ---- Multiply-add probe ----------------------------------------------------
 
 const cpu::KernelTable& KernelsOf(const CpuBackend& backend) {
@@ -172,6 +197,7 @@ struct DecodeResult {
   double decode_gbps = 0;
   double stream_gbps = 0;  // the probe on backend (KV arena) memory
   double heap_gbps = 0;    // for context: the probe on a plain heap buffer
+  double wide_gbps = 0;    // for context: WideRead on the probe's arena
   double fma_gflops = 0;   // peak multiply-add rate, all threads
   double flops_per_byte = 0;
   double compute_gbps = 0;  // fma_gflops / flops_per_byte
@@ -250,6 +276,7 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
     Die(s, "decode");
   }
   StreamRead(pool, probe, kv_bytes, &sink);
+  WideRead(pool, kernels, probe, kv_bytes, &fma_sink);
   const int64_t fma_rounds = FmaProbeRounds(kernels, &fma_sink);
   FmaPeak(pool, kernels, fma_rounds, &fma_sink);
 
@@ -257,13 +284,15 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
   // decodes; the ratios are the medians of the per-repetition ratios, so
   // slow phases of a loaded machine hit all sides of a repetition.
   const double flops_per_byte = FlopsPerKvByte(shape);
-  std::vector<double> decode_s, stream_s, heap_s, fma_rate, ratios, roofline;
+  std::vector<double> decode_s, stream_s, heap_s, wide_s, fma_rate, ratios,
+      roofline;
   int compute_bound_reps = 0;
   for (int rep = 0; rep < reps; ++rep) {
     if (shape.heap_probe) {
       heap_s.push_back(StreamRead(pool, heap.data(), kv_bytes, &sink));
     }
     stream_s.push_back(StreamRead(pool, probe, kv_bytes, &sink));
+    wide_s.push_back(WideRead(pool, kernels, probe, kv_bytes, &fma_sink));
     fma_rate.push_back(FmaPeak(pool, kernels, fma_rounds, &fma_sink));
     const Clock::time_point start = Clock::now();
     if (absl::Status s = backend.Attend({&problem, 1}); !s.ok()) {
@@ -282,6 +311,7 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
   result.decode_gbps = kv_bytes / Median(decode_s) / 1e9;
   result.stream_gbps = kv_bytes / Median(stream_s) / 1e9;
   if (shape.heap_probe) result.heap_gbps = kv_bytes / Median(heap_s) / 1e9;
+  result.wide_gbps = kv_bytes / Median(wide_s) / 1e9;
   result.fma_gflops = Median(fma_rate) / 1e9;
   result.flops_per_byte = flops_per_byte;
   result.compute_gbps = result.fma_gflops / flops_per_byte;
@@ -469,6 +499,10 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
                                   "), context"),
                      r.heap_gbps, "GB/s");
     }
+    report->AddRow(kSection,
+                   absl::StrCat("read probe, ", CpuIsaName(backend.isa()),
+                                " loads (", what, "), context"),
+                   r.wide_gbps, "GB/s");
     report->AddRow(kSection,
                    absl::StrCat("multiply-add peak, same threads (", what, ")"),
                    r.fma_gflops, "GFLOP/s");

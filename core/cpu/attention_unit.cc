@@ -395,25 +395,6 @@ absl::Status UnitRunner::RunChunk(int64_t chunk, float* state) {
   return status;
 }
 
-namespace {
-
-// out[d] = acc[d] / sum for d < n, four lanes at a time: the same correctly
-// rounded quotients as one by one (a scalar division per value made the
-// finish of a short decode cost as much as its dot products).
-void DivideRow(const float* acc, float sum, int n, float* out) {
-  typedef float Lanes __attribute__((vector_size(16)));
-  const Lanes divisor = {sum, sum, sum, sum};
-  int d = 0;
-  for (; d + 4 <= n; d += 4) {
-    Lanes lanes;
-    std::memcpy(&lanes, acc + d, sizeof(lanes));
-    lanes /= divisor;
-    std::memcpy(out + d, &lanes, sizeof(lanes));
-  }
-  for (; d < n; ++d) out[d] = acc[d] / sum;
-}
-
-}  // namespace
 
 absl::Status UnitRunner::Finish(const float* state) {
   const float* m = state;
@@ -438,7 +419,8 @@ absl::Status UnitRunner::Finish(const float* state) {
         }
         std::fill(out, out + vd, 0.0f);
       } else {
-        DivideRow(acc + rh * info_.value_dim_padded, l[rh], vd, out);
+        kernels_.divide_row(acc + rh * info_.value_dim_padded, l[rh], vd,
+                            out);
         // Only when asked for: a logarithm per row-head is a measurable
         // share of a short decode step.
         if (pr_.lse != nullptr) lse = m[rh] + std::log(l[rh]);
@@ -491,13 +473,19 @@ absl::Status UnitRunner::RunDirect(const int64_t* chunks, int64_t count) {
   scratch_.active.resize(std::max<size_t>(scratch_.active.size(), row_heads_));
   LoadQueries();
   float* row_state = scratch_.row_state.Get(state_floats_);
-  float* chunk_state = scratch_.chunk_state.Get(state_floats_);
-  InitRowState(row_state);
+  // A lone chunk without sink logits is its own row state: merging it into
+  // an empty row state would copy it (row-heads it shows no key stay empty
+  // either way), and for short decode steps that copy and the fill cost as
+  // much as a tile.
+  const bool lone = count == 1 && pr_.sink_logits.empty();
+  float* chunk_state =
+      lone ? row_state : scratch_.chunk_state.Get(state_floats_);
+  if (!lone) InitRowState(row_state);
   for (int64_t i = 0; i < count; ++i) {
     ATTN_RETURN_IF_ERROR(CheckCall(pr_.control));
     absl::Status status = RunChunk(chunks[i], chunk_state);
     if (!status.ok()) return status;
-    MergeInto(row_state, chunk_state);
+    if (!lone) MergeInto(row_state, chunk_state);
   }
   absl::Status status = Finish(row_state);
   if (!status.ok()) return status;

@@ -120,6 +120,10 @@ struct KernelTable {
   void (*merge_state)(float* a_m, float* a_l, float* a_acc, float b_m,
                       float b_l, const float* b_acc, int value_dim_padded);
 
+  // out[d] = acc[d] / divisor for d < n, each quotient correctly rounded
+  // (the same as one by one); out may be acc.
+  void (*divide_row)(const float* acc, float divisor, int n, float* out);
+
   // The canonical exp of one value (x <= 0 or -inf), for tests.
   float (*exp)(float x);
 
@@ -130,6 +134,12 @@ struct KernelTable {
   // multiply-add counts 2). Returns a value that depends on every chain.
   float (*fma_probe)(int64_t rounds);
   int fma_probe_flops;
+
+  // Streaming-read probe, for benchmarks: the maximum of data[0, count)
+  // (no NaNs), read with full-vector loads into several independent
+  // running maxima, nothing else in the loop, so that it runs at the rate a
+  // core can stream memory rather than at the rate of its instructions.
+  float (*read_probe)(const float* data, int64_t count);
 };
 
 // The tables compiled into this build; the AVX ones are nullptr when the

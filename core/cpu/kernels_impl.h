@@ -195,17 +195,14 @@ constexpr int DotKeys() {
   return keys;
 }
 
-// acc[i][jj0 + k] = the 16 lanes of dot(q[i], key j0 + k) for k < kKeys:
+// acc[i][jj0 + k] = the 16 lanes of dot(q[i], key[k]) for k < kKeys:
 // lane l accumulates elements d = l (mod 16) in increasing d from +0. Each
 // key block is loaded and converted once for all kHeads row-heads, and each
 // query block is loaded once for all kKeys keys.
 template <ElementType kType, int kHeads, int kKeys, int kBlocks>
-inline void KeyDots(const TileJob& job, const float* const* q, int j0,
-                    V (*acc)[kLanes], int jj0) {
+inline void KeyDots(const TileJob& job, const float* const* q,
+                    const std::byte* const* key, V (*acc)[kLanes], int jj0) {
   const int blocks = kBlocks > 0 ? kBlocks : job.head_dim_padded / kLanes;
-  const std::byte* key[kKeys];
-#pragma GCC unroll 16
-  for (int k = 0; k < kKeys; ++k) key[k] = job.k[j0 + k];
   V a[kHeads][kKeys];
 #pragma GCC unroll 16
   for (int i = 0; i < kHeads; ++i) {
@@ -247,25 +244,32 @@ inline void JointDots(const TileJob& job, const int* rhs, float* out,
     for (int jj = 0; jj < kLanes; jj += kKeys) {
       const int j0 = half * kLanes + jj;
       if (j0 + kKeys <= job.n) {
-        KeyDots<kType, kHeads, kKeys, kBlocks>(job, q, j0, acc, jj);
-      } else {
-        // The tile's last keys, one at a time; zeros past the end.
+        KeyDots<kType, kHeads, kKeys, kBlocks>(job, q, job.k + j0, acc, jj);
+      } else if (j0 < job.n) {
+        // The tile's last keys, in one pass like the others (each dot is
+        // computed on its own, so this changes no result): the slots past
+        // the end repeat the last key, and their dots are then zeroed.
+        const std::byte* key[kKeys];
         for (int k = 0; k < kKeys; ++k) {
-          if (j0 + k < job.n) {
-            KeyDots<kType, kHeads, 1, kBlocks>(job, q, j0 + k, acc, jj + k);
-          } else {
-            for (int i = 0; i < kHeads; ++i) acc[i][jj + k] = Zero();
-          }
+          key[k] = job.k[j0 + k < job.n ? j0 + k : job.n - 1];
+        }
+        KeyDots<kType, kHeads, kKeys, kBlocks>(job, q, key, acc, jj);
+        for (int k = job.n - j0; k < kKeys; ++k) {
+          for (int i = 0; i < kHeads; ++i) acc[i][jj + k] = Zero();
+        }
+      } else {
+        for (int k = 0; k < kKeys; ++k) {
+          for (int i = 0; i < kHeads; ++i) acc[i][jj + k] = Zero();
         }
       }
       for (int j = j0; prefetch && j < j0 + kKeys && j < job.prefetch_n;
            ++j) {
         // Spread the next tile's key prefetches over this tile's dots (its
-        // value prefetches over the first P.V pass): the memory system
-        // then sees a steady stream of requests. Keep this code inline
-        // here: moved into a helper function that only prefetches, GCC's
-        // IPA pure-const analysis deems the helper free of side effects and
-        // deletes the calls.
+        // value prefetches over the P.V passes, see JointValues): the
+        // memory system then sees a steady stream of requests. Keep this
+        // code inline here: moved into a helper function that only
+        // prefetches, GCC's IPA pure-const analysis deems the helper free
+        // of side effects and deletes the calls.
         if (const std::byte* next = job.prefetch_k[j]) {
           for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
             __builtin_prefetch(next + o);
@@ -427,6 +431,12 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
     for (int b = 0; b < kBlocks; ++b) pv[i][b] = Zero();
   }
   const int first_block = d0 / kLanes;
+  // Bytes [prefetch_lo, prefetch_hi) of a row hold value blocks
+  // [first_block, first_block + kBlocks), rounded out to cache lines.
+  const int prefetch_lo =
+      job.prefetch_value_bytes * d0 / job.value_dim_padded / 64 * 64;
+  const int prefetch_hi = job.prefetch_value_bytes *
+                          (d0 + kBlocks * kLanes) / job.value_dim_padded;
   for (int j = 0; j < job.n; ++j) {
     const std::byte* row = job.v[j];
     V vb[kBlocks];
@@ -434,13 +444,11 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
     for (int b = 0; b < kBlocks; ++b) {
       vb[b] = LoadRow<kType>(row, first_block + b);
     }
-    if constexpr (kSumP) {
-      // The next tile's value rows (inline: see JointDots).
-      if (prefetch && j < job.prefetch_n) {
-        if (const std::byte* next = job.prefetch_v[j]) {
-          for (int o = 0; o < job.prefetch_value_bytes; o += 64) {
-            __builtin_prefetch(next + o);
-          }
+    // The next tile's value rows (inline: see JointDots).
+    if (prefetch && j < job.prefetch_n) {
+      if (const std::byte* next = job.prefetch_v[j]) {
+        for (int o = prefetch_lo; o < prefetch_hi; o += 64) {
+          __builtin_prefetch(next + o);
         }
       }
     }
@@ -464,8 +472,8 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
 }
 
 // P.V passes of kBlocks value blocks from *d0 while they fit, then of
-// halves of that. The pass at d0 = 0 also updates l (and prefetches the
-// next tile's values when asked to).
+// halves of that. The pass at d0 = 0 also updates l; each pass prefetches
+// its part of the next tile's values when asked to.
 template <ElementType kType, int kHeads, int kBlocks>
 inline void ValuePasses(const TileJob& job, const int* rhs, int* d0,
                         bool prefetch) {
@@ -474,7 +482,7 @@ inline void ValuePasses(const TileJob& job, const int* rhs, int* d0,
     if (*d0 == 0) {
       JointValues<kType, kHeads, kBlocks, true>(job, rhs, 0, prefetch);
     } else {
-      JointValues<kType, kHeads, kBlocks, false>(job, rhs, *d0, false);
+      JointValues<kType, kHeads, kBlocks, false>(job, rhs, *d0, prefetch);
     }
   }
   if constexpr (kBlocks > 1) {
@@ -614,6 +622,13 @@ void MergeState(float* a_m, float* a_l, float* a_acc, float b_m, float b_l,
   *a_m = m;
 }
 
+void DivideRow(const float* acc, float divisor, int n, float* out) {
+  const V d = Splat(V{}, divisor);
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) Store(out + i, Div(Load(acc + i), d));
+  for (; i < n; ++i) out[i] = acc[i] / divisor;
+}
+
 // Chains of a multiply-add latency each; kFmaProbeChains covers the
 // latency times the units of the processors the ISA file targets.
 float FmaProbe(int64_t rounds) {
@@ -637,10 +652,34 @@ float FmaProbe(int64_t rounds) {
   return total;
 }
 
+// Eight vectors of running maxima per iteration: a whole 512-byte stretch
+// in flight per loop turn on AVX-512.
+float ReadProbe(const float* data, int64_t count) {
+  constexpr int kChains = 8;
+  const float lowest = -__builtin_inff();
+  V chain[kChains];
+  for (int i = 0; i < kChains; ++i) chain[i] = Splat(V{}, lowest);
+  int64_t i = 0;
+  for (; i + kChains * kLanes <= count; i += kChains * kLanes) {
+#pragma GCC unroll 8
+    for (int c = 0; c < kChains; ++c) {
+      chain[c] = Max(chain[c], Load(data + i + c * kLanes));
+    }
+  }
+  for (; i + kLanes <= count; i += kLanes) {
+    chain[0] = Max(chain[0], Load(data + i));
+  }
+  float result = lowest;
+  for (; i < count; ++i) result = Max(result, data[i]);
+  for (int c = 0; c < kChains; ++c) result = Max(result, ReduceMax(chain[c]));
+  return result;
+}
+
 constexpr KernelTable kKernelTable = {
     ATTN_KERNEL_NAME, &ConvertRows, &UpdateTile,
     &TileLogits,      &TileWeights, &MergeState,
-    &ScalarExp,       &FmaProbe,    kFmaProbeChains * kLanes * 2,
+    &DivideRow,       &ScalarExp,   &FmaProbe,
+    kFmaProbeChains * kLanes * 2,   &ReadProbe,
 };
 
 }  // namespace attention::cpu::ATTN_KERNEL_NAMESPACE

@@ -2,6 +2,7 @@
 // bitwise equality of every SIMD table with the portable scalar one.
 #include "core/cpu/kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -267,6 +268,46 @@ TEST_P(KernelTableTest, FmaProbeComputesItsChains) {
       want += kLanes * (1 + (0.5 + 0.01 * i - 1) * std::pow(0.999, rounds));
     }
     EXPECT_NEAR(table_->fma_probe(rounds), want, 1e-4 * want) << rounds;
+  }
+}
+
+TEST_P(KernelTableTest, DivideRowIsCorrectlyRoundedDivision) {
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<float> uniform(-1e3f, 1e3f);
+  std::vector<float> acc(70);
+  for (float& x : acc) x = uniform(rng);
+  for (int n : {0, 1, 15, 16, 17, 40, 64, 70}) {
+    const float divisor = std::abs(uniform(rng)) + 1e-3f;
+    std::vector<float> out(70, -7.0f);
+    table_->divide_row(acc.data(), divisor, n, out.data());
+    for (int d = 0; d < 70; ++d) {
+      const float want = d < n ? acc[d] / divisor : -7.0f;
+      ASSERT_EQ(Bits(out[d]), Bits(want)) << n << " " << d;
+    }
+  }
+  // In place.
+  std::vector<float> row = acc;
+  table_->divide_row(row.data(), 3.0f, 70, row.data());
+  for (int d = 0; d < 70; ++d) ASSERT_EQ(Bits(row[d]), Bits(acc[d] / 3.0f));
+}
+
+TEST_P(KernelTableTest, ReadProbeReturnsTheMaximum) {
+  // Counts around the 8-vector stride and the vector tail; the maximum at
+  // every position of the longest buffer in turn.
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(-1000.0f, 1000.0f);
+  std::vector<float> data(300);
+  for (float& x : data) x = uniform(rng);
+  for (int64_t count : {0, 1, 15, 16, 17, 127, 128, 129, 150, 300}) {
+    const float want =
+        count == 0 ? -kInf
+                   : *std::max_element(data.begin(), data.begin() + count);
+    EXPECT_EQ(table_->read_probe(data.data(), count), want) << count;
+  }
+  for (int64_t at = 0; at < 300; ++at) {
+    std::vector<float> peaked = data;
+    peaked[at] = 5000.0f;
+    ASSERT_EQ(table_->read_probe(peaked.data(), 300), 5000.0f) << at;
   }
 }
 
