@@ -183,6 +183,7 @@ struct DecodeShape {
   int kv_heads = 8;
   DType dtype = DType::kFloat16;
   bool heap_probe = false;  // also read a plain heap buffer, for context
+  int64_t block_bytes = 0;  // KV block size; 0: the engine's default
 };
 
 constexpr int kDecodeHeadDim = 128;
@@ -212,22 +213,23 @@ struct DecodeResult {
 };
 
 // One decode step (the last position) over `shape.length` tokens stored in
-// a real BlockPool with the engine's default block size.
+// a real BlockPool with the shape's block size.
 DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
                            int reps) {
   const int kHeadDim = kDecodeHeadDim;
   const int kHeads = shape.heads;
   const int kKvHeads = shape.kv_heads;
   const int64_t length = shape.length;
-  const EngineOptions defaults;
+  const int64_t block_bytes = shape.block_bytes > 0
+                                  ? shape.block_bytes
+                                  : EngineOptions().kv_block_bytes;
   KvBlockLayout layout;
   layout.dtype = shape.dtype;
   layout.num_kv_heads = kKvHeads;
   layout.head_dim = kHeadDim;
   layout.value_dim = kHeadDim;
-  layout.tokens_per_block = defaults.kv_block_bytes / layout.bytes_per_token();
-  PagedBlocks paged(backend, layout, length, defaults.kv_block_bytes,
-                    kSection);
+  layout.tokens_per_block = block_bytes / layout.bytes_per_token();
+  PagedBlocks paged(backend, layout, length, block_bytes, kSection);
 
   // Fill the history through the backend, reusing one random chunk (the
   // values do not matter for speed, only that they are finite).
@@ -484,12 +486,18 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
                                       dtype == DType::kFloat16});
     }
   }
+  // For context: the fp16 GQA decode over 1 MiB blocks (each head's keys
+  // and values in 64 KiB runs instead of 4 KiB; --kv_block_bytes).
+  constexpr int64_t kLargeBlock = int64_t{1} << 20;
+  shapes.push_back({.block_bytes = kLargeBlock});
   for (const DecodeShape& shape : shapes) {
     const bool mha = shape.heads == shape.kv_heads;
-    const bool legacy = !mha && shape.dtype == DType::kFloat16;
+    const bool large_blocks = shape.block_bytes == kLargeBlock;
+    const bool legacy = !mha && shape.dtype == DType::kFloat16 && !large_blocks;
     const std::string type = DTypeLabel(shape.dtype);
-    const std::string what = absl::StrCat("T=", shape.length, " H=", shape.heads,
-                                          "/", shape.kv_heads, " ", type);
+    const std::string what =
+        absl::StrCat("T=", shape.length, " H=", shape.heads, "/",
+                     shape.kv_heads, " ", type, large_blocks ? " 1MiB" : "");
     std::printf("  decode %s ...\n", what.c_str());
     std::fflush(stdout);
     // The roofline-only shapes run fewer repetitions: --quick stays short.
@@ -537,7 +545,8 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
       report->AddFigure("decode_roofline_ratio", r.roofline_ratio);
       report->AddFact("decode_roofline_bound", bound);
     }
-    const std::string suffix = absl::StrCat(mha ? "_mha_" : "_", type);
+    const std::string suffix = absl::StrCat(mha ? "_mha_" : "_", type,
+                                            large_blocks ? "_1mib_blocks" : "");
     report->AddFigure(absl::StrCat("decode_roofline_ratio", suffix),
                       r.roofline_ratio);
     report->AddFact(absl::StrCat("decode_roofline_bound", suffix), bound);
