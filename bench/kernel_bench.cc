@@ -92,46 +92,45 @@ uint64_t SumWords(const std::byte* data, int64_t bytes) {
 }
 
 // Reads `bytes` at `data` once on the pool's threads, in 16 pieces per
-// thread like a long decode; returns the seconds taken.
-double StreamRead(ThreadPool& pool, const std::byte* data, int64_t bytes,
-                  uint64_t* sink) {
+// thread like a long decode, each piece with `read(piece, piece_bytes)`,
+// whose results go to *sink (so that no read is optimized away); returns
+// the seconds taken.
+template <typename T, typename Read>
+double ParallelRead(ThreadPool& pool, const std::byte* data, int64_t bytes,
+                    T* sink, Read read) {
   const int64_t pieces = int64_t{16} * pool.num_threads();
   const int64_t piece_bytes = (bytes / pieces + 63) / 64 * 64;
-  std::vector<uint64_t> sums(pieces);
+  std::vector<T> results(pieces);
   const Clock::time_point start = Clock::now();
   pool.ParallelFor(pieces, [&](int64_t i) {
     const int64_t begin = i * piece_bytes;
     const int64_t end = std::min(begin + piece_bytes, bytes);
-    if (begin < end) sums[i] = SumWords(data + begin, end - begin);
+    if (begin < end) results[i] = read(data + begin, end - begin);
   });
   const double seconds = Seconds(start);
-  for (uint64_t s : sums) *sink += s;
+  for (T result : results) *sink += result;
   return seconds;
 }
 
+// The streaming read: SumWords, compiled for the baseline ISA.
+double StreamRead(ThreadPool& pool, const std::byte* data, int64_t bytes,
+                  uint64_t* sink) {
+  return ParallelRead(pool, data, bytes, sink, SumWords);
+}
+
 // The same read with the kernel ISA's full-vector loads (KernelTable::
-// read_probe): SumWords is compiled for the baseline ISA, and with 16-byte
-// loads a core keeps fewer cache lines in flight than with 64-byte ones, so
-// on some machines SumWords measures the core's memory-level parallelism
-// rather than the memory's bandwidth. The roofline takes the faster of the
-// two.
+// read_probe): with SumWords' 16-byte loads a core keeps fewer cache lines
+// in flight than with 64-byte ones, so on some machines SumWords measures
+// the core's memory-level parallelism rather than the memory's bandwidth.
+// The roofline takes the faster of the two.
 double WideRead(ThreadPool& pool, const cpu::KernelTable& kernels,
                 const std::byte* data, int64_t bytes, float* sink) {
-  const int64_t pieces = int64_t{16} * pool.num_threads();
-  const int64_t piece_bytes = (bytes / pieces + 63) / 64 * 64;
-  std::vector<float> maxima(pieces);
-  const Clock::time_point start = Clock::now();
-  pool.ParallelFor(pieces, [&](int64_t i) {
-    const int64_t begin = i * piece_bytes;
-    const int64_t end = std::min(begin + piece_bytes, bytes);
-    if (begin < end) {
-      maxima[i] = kernels.read_probe(
-          reinterpret_cast<const float*>(data + begin), (end - begin) / 4);
-    }
-  });
-  const double seconds = Seconds(start);
-  for (float m : maxima) *sink += m;
-  return seconds;
+  return ParallelRead(pool, data, bytes, sink,
+                      [&](const std::byte* piece, int64_t piece_bytes) {
+                        return kernels.read_probe(
+                            reinterpret_cast<const float*>(piece),
+                            piece_bytes / 4);
+                      });
 }
 
 // ---- Multiply-add probe ----------------------------------------------------
