@@ -395,7 +395,6 @@ absl::Status UnitRunner::RunChunk(int64_t chunk, float* state) {
   return status;
 }
 
-
 absl::Status UnitRunner::Finish(const float* state) {
   const float* m = state;
   const float* l = state + row_heads_;
