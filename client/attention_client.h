@@ -199,8 +199,10 @@ class DecodeStream {
   DecodeStream& operator=(const DecodeStream&) = delete;
 
   // Queues a request to be sent (after the earlier ones) and returns
-  // without waiting for the transport. False when the stream has ended (Read
-  // or Finish then give the reason).
+  // without waiting for the transport: the queue holds a copy of every
+  // request not yet sent, so a caller that writes far ahead of its reads
+  // should bound how many steps it leaves unanswered. False when the stream
+  // has ended (Read or Finish then give the reason).
   bool Write(const v1::DecodeRequest& request);
   // The next result. When the stream has ended: its error, or OUT_OF_RANGE
   // when it ended cleanly.
