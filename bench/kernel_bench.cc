@@ -13,7 +13,11 @@
 //     ISA's full-vector loads (on some machines 16-byte loads keep too few
 //     cache lines in flight to reach the memory's bandwidth);
 //     decode_bandwidth_ratio_*, kept for continuity: achieved / the
-//     baseline-ISA sum alone);
+//     baseline-ISA sum alone); and, for what the kernels themselves
+//     compute, the same decode on one thread over a 2 MiB history that
+//     stays in the caches (decode_cached_gbps_per_thread_*), with the long
+//     decode as a share of that rate times the thread count
+//     (decode_vs_cached_kernels_*);
 //   * prefill: causal, T = 2048, H = H_kv = 16, head_dim 64, fp32, against
 //     the seeds' straightforward tiled_attention loop written in plain C++
 //     (prefill_gflops, prefill_vs_naive).
@@ -209,62 +213,111 @@ struct DecodeResult {
   double ratio = 0;           // decode / stream, median of paired reps
   double roofline_ratio = 0;  // decode / min(read, compute), median
   bool compute_bound = false;  // in most repetitions
+  // The kernels on one thread over a cached history, and the decode as a
+  // share of that rate times the backend's threads, median.
+  double cached_gbps_per_thread = 0;
+  double kernel_share = 0;
 };
 
-// One decode step (the last position) over `shape.length` tokens stored in
-// a real BlockPool with the shape's block size.
-DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
-                           int reps) {
-  const int kHeadDim = kDecodeHeadDim;
-  const int kHeads = shape.heads;
-  const int kKvHeads = shape.kv_heads;
-  const int64_t length = shape.length;
-  const int64_t block_bytes = shape.block_bytes > 0
-                                  ? shape.block_bytes
-                                  : EngineOptions().kv_block_bytes;
-  KvBlockLayout layout;
-  layout.dtype = shape.dtype;
-  layout.num_kv_heads = kKvHeads;
-  layout.head_dim = kHeadDim;
-  layout.value_dim = kHeadDim;
-  layout.tokens_per_block = block_bytes / layout.bytes_per_token();
-  PagedBlocks paged(backend, layout, length, block_bytes, kSection);
-
-  // Fill the history through the backend, reusing one random chunk (the
-  // values do not matter for speed, only that they are finite).
-  constexpr int64_t kChunk = 2048;
-  const int64_t per_token = int64_t{kKvHeads} * kHeadDim;
-  std::vector<std::byte> chunk(kChunk * per_token * DTypeSize(shape.dtype));
-  {
-    const std::vector<float> raw = RandomFloats(kChunk * per_token, 11);
-    ConvertFromFloat(raw.data(), raw.size(), shape.dtype, chunk.data());
+// One decode step (the last position) over `length` tokens of `shape`
+// stored through `backend` in a real BlockPool with the shape's block size.
+class DecodeHistory {
+ public:
+  DecodeHistory(CpuBackend& backend, const DecodeShape& shape, int64_t length)
+      : layout_(LayoutOf(shape)),
+        paged_(backend, layout_, length, BlockBytes(shape), kSection),
+        q_(RandomFloats(int64_t{shape.heads} * kDecodeHeadDim, 12)),
+        output_(shape.heads * kDecodeHeadDim) {
+    // Fill the history through the backend, reusing one random chunk (the
+    // values do not matter for speed, only that they are finite).
+    constexpr int64_t kChunk = 2048;
+    const int64_t per_token = int64_t{shape.kv_heads} * kDecodeHeadDim;
+    std::vector<std::byte> chunk(kChunk * per_token * DTypeSize(shape.dtype));
+    {
+      const std::vector<float> raw = RandomFloats(kChunk * per_token, 11);
+      ConvertFromFloat(raw.data(), raw.size(), shape.dtype, chunk.data());
+    }
+    for (int64_t start = 0; start < length; start += kChunk) {
+      const int64_t n = std::min(kChunk, length - start);
+      KvWrite write;
+      write.layout = layout_;
+      write.start = start;
+      write.k = ViewOf(shape.dtype, {n, shape.kv_heads, kDecodeHeadDim},
+                       chunk.data());
+      write.v = write.k;
+      write.blocks = paged_.blocks;
+      if (absl::Status s = backend.WriteKv(write); !s.ok()) Die(s, "write KV");
+    }
+    problem_.q = ViewOf(DType::kFloat32, {1, shape.heads, kDecodeHeadDim},
+                        q_.data());
+    problem_.kv =
+        PagedKvView(layout_, length, paged_.k_blocks, paged_.v_blocks);
+    problem_.mask.causal = true;
+    problem_.mask.query_start = length - 1;
+    problem_.scale = 1.0f / std::sqrt(static_cast<float>(kDecodeHeadDim));
+    problem_.output = output_.data();
+    bytes_ = length * layout_.bytes_per_token();
   }
-  for (int64_t start = 0; start < length; start += kChunk) {
-    const int64_t n = std::min(kChunk, length - start);
-    KvWrite write;
-    write.layout = layout;
-    write.start = start;
-    write.k = ViewOf(shape.dtype, {n, kKvHeads, kHeadDim}, chunk.data());
-    write.v = write.k;
-    write.blocks = paged.blocks;
-    if (absl::Status s = backend.WriteKv(write); !s.ok()) Die(s, "write KV");
+
+  // KV bytes one step reads.
+  int64_t bytes() const { return bytes_; }
+  static int64_t BytesPerToken(const DecodeShape& shape) {
+    return LayoutOf(shape).bytes_per_token();
   }
 
-  const std::vector<float> q = RandomFloats(int64_t{kHeads} * kHeadDim, 12);
-  const TensorView q_view =
-      ViewOf(DType::kFloat32, {1, kHeads, kHeadDim}, q.data());
-  std::vector<float> output(kHeads * kHeadDim);
-  AttentionProblem problem;
-  problem.q = q_view;
-  problem.kv = PagedKvView(layout, length, paged.k_blocks, paged.v_blocks);
-  problem.mask.causal = true;
-  problem.mask.query_start = length - 1;
-  problem.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  problem.output = output.data();
+  // Seconds one decode step takes on `backend`.
+  double Step(CpuBackend& backend) {
+    const Clock::time_point start = Clock::now();
+    if (absl::Status s = backend.Attend({&problem_, 1}); !s.ok()) {
+      Die(s, "decode");
+    }
+    return Seconds(start);
+  }
 
+ private:
+  static int64_t BlockBytes(const DecodeShape& shape) {
+    return shape.block_bytes > 0 ? shape.block_bytes
+                                 : EngineOptions().kv_block_bytes;
+  }
+  static KvBlockLayout LayoutOf(const DecodeShape& shape) {
+    KvBlockLayout layout;
+    layout.dtype = shape.dtype;
+    layout.num_kv_heads = shape.kv_heads;
+    layout.head_dim = kDecodeHeadDim;
+    layout.value_dim = kDecodeHeadDim;
+    layout.tokens_per_block = BlockBytes(shape) / layout.bytes_per_token();
+    return layout;
+  }
+
+  const KvBlockLayout layout_;
+  PagedBlocks paged_;
+  const std::vector<float> q_;
+  std::vector<float> output_;
+  AttentionProblem problem_;
+  int64_t bytes_ = 0;
+};
+
+// KV bytes of the cached decode: small enough to stay in one core's caches
+// between steps, large enough that a step is mostly kernel work.
+constexpr int64_t kCachedDecodeBytes = int64_t{2} << 20;
+// Cached steps per repetition; the fastest counts (the first may find
+// the history partly evicted by the probes).
+constexpr int kCachedSteps = 4;
+
+// The decode of `shape`, repeated over `shape.length` tokens, with the
+// probes that bound it; and the same kernels on one thread (`single`) over
+// a history that stays in the caches: what the kernels compute per thread
+// when memory is not the limit.
+DecodeResult MeasureDecode(CpuBackend& backend, CpuBackend& single,
+                           const DecodeShape& shape, int reps) {
+  DecodeHistory history(backend, shape, shape.length);
+  DecodeHistory cached(
+      single, shape,
+      std::max<int64_t>(
+          1, kCachedDecodeBytes / DecodeHistory::BytesPerToken(shape)));
   // The probe reads as many bytes as the decode does (every K and V byte),
   // from the same kind of memory: an arena of the same backend.
-  const int64_t kv_bytes = length * layout.bytes_per_token();
+  const int64_t kv_bytes = history.bytes();
   absl::StatusOr<std::unique_ptr<DeviceArena>> probe_arena =
       backend.AllocateArena(kv_bytes);
   if (!probe_arena.ok()) Die(probe_arena.status(), "probe buffer");
@@ -278,9 +331,8 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
   uint64_t sink = 0;
   float fma_sink = 0;
   // Warm-up: page in, fill caches and thread scratch.
-  if (absl::Status s = backend.Attend({&problem, 1}); !s.ok()) {
-    Die(s, "decode");
-  }
+  history.Step(backend);
+  cached.Step(single);
   StreamRead(pool, probe, kv_bytes, &sink);
   WideRead(pool, kernels, probe, kv_bytes, &fma_sink);
   const int64_t fma_rounds = FmaProbeRounds(kernels, &fma_sink);
@@ -291,7 +343,7 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
   // slow phases of a loaded machine hit all sides of a repetition.
   const double flops_per_byte = FlopsPerKvByte(shape);
   std::vector<double> decode_s, stream_s, heap_s, wide_s, read_s, fma_rate,
-      ratios, roofline;
+      cached_s, ratios, roofline, kernel_share;
   int compute_bound_reps = 0;
   for (int rep = 0; rep < reps; ++rep) {
     if (shape.heap_probe) {
@@ -300,11 +352,12 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
     stream_s.push_back(StreamRead(pool, probe, kv_bytes, &sink));
     wide_s.push_back(WideRead(pool, kernels, probe, kv_bytes, &fma_sink));
     fma_rate.push_back(FmaPeak(pool, kernels, fma_rounds, &fma_sink));
-    const Clock::time_point start = Clock::now();
-    if (absl::Status s = backend.Attend({&problem, 1}); !s.ok()) {
-      Die(s, "decode");
+    double cached_best = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < kCachedSteps; ++i) {
+      cached_best = std::min(cached_best, cached.Step(single));
     }
-    decode_s.push_back(Seconds(start));
+    cached_s.push_back(cached_best);
+    decode_s.push_back(history.Step(backend));
     const double decode_bps = kv_bytes / decode_s.back();
     const double stream_bps = kv_bytes / stream_s.back();
     const double read_bps = std::max(stream_bps, kv_bytes / wide_s.back());
@@ -312,6 +365,8 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
     const double compute_bps = fma_rate.back() / flops_per_byte;
     ratios.push_back(decode_bps / stream_bps);
     roofline.push_back(decode_bps / std::min(read_bps, compute_bps));
+    kernel_share.push_back(decode_bps * cached_s.back() /
+                           (cached.bytes() * backend.num_threads()));
     if (compute_bps < read_bps) ++compute_bound_reps;
   }
   if (sink == 42 || fma_sink == 42.0f) std::printf(" ");  // keep probes alive
@@ -327,6 +382,8 @@ DecodeResult MeasureDecode(CpuBackend& backend, const DecodeShape& shape,
   result.ratio = Median(ratios);
   result.roofline_ratio = Median(roofline);
   result.compute_bound = 2 * compute_bound_reps > reps;
+  result.cached_gbps_per_thread = cached.bytes() / Median(cached_s) / 1e9;
+  result.kernel_share = Median(kernel_share);
   return result;
 }
 
@@ -472,6 +529,10 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
   report->AddFact("cpu_device", backend.device());
   std::printf("kernel bench on %s\n", backend.device().c_str());
 
+  // The same kernels on one thread, for the cached decode.
+  absl::StatusOr<std::unique_ptr<CpuBackend>> single =
+      CpuBackend::Create(1, backend.isa());
+  if (!single.ok()) Die(single.status(), "one-thread backend");
   const int decode_reps = options.quick ? 15 : 41;
   // The fp16 GQA shape at two lengths (decode_bandwidth_ratio*), then the
   // roofline of every KV type, GQA and MHA, at T = 32768.
@@ -500,8 +561,8 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
     std::printf("  decode %s ...\n", what.c_str());
     std::fflush(stdout);
     // The roofline-only shapes run fewer repetitions: --quick stays short.
-    const DecodeResult r =
-        MeasureDecode(backend, shape, legacy ? decode_reps : decode_reps / 2);
+    const DecodeResult r = MeasureDecode(
+        backend, **single, shape, legacy ? decode_reps : decode_reps / 2);
     const char* bound = r.compute_bound ? "compute" : "memory";
     report->AddRow(kSection, absl::StrCat("decode ", what, " d=128 KV read"),
                    r.decode_gbps, "GB/s");
@@ -528,6 +589,15 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
                    absl::StrFormat("peak / %.2g flops per KV byte (%s)",
                                    r.flops_per_byte, what),
                    r.compute_gbps, "GB/s");
+    report->AddRow(kSection,
+                   absl::StrFormat("decode, one thread, %d KiB cached (%s)",
+                                   static_cast<int>(kCachedDecodeBytes >> 10),
+                                   what),
+                   r.cached_gbps_per_thread, "GB/s");
+    report->AddRow(kSection,
+                   absl::StrCat("decode / (", threads, " x cached rate) (",
+                                what, ")"),
+                   r.kernel_share, "ratio");
     report->AddRow(kSection, absl::StrCat("decode / read probe (", what, ")"),
                    r.ratio, "ratio");
     report->AddRow(kSection,
@@ -549,6 +619,10 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
     report->AddFigure(absl::StrCat("decode_roofline_ratio", suffix),
                       r.roofline_ratio);
     report->AddFact(absl::StrCat("decode_roofline_bound", suffix), bound);
+    report->AddFigure(absl::StrCat("decode_cached_gbps_per_thread", suffix),
+                      r.cached_gbps_per_thread);
+    report->AddFigure(absl::StrCat("decode_vs_cached_kernels", suffix),
+                      r.kernel_share);
   }
 
   std::printf("  prefill T=2048 ...\n");
