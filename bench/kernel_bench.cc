@@ -219,8 +219,9 @@ struct DecodeResult {
   double kernel_share = 0;
 };
 
-// One decode step (the last position) over `length` tokens of `shape`
-// stored through `backend` in a real BlockPool with the shape's block size.
+// A KV history of `length` tokens of `shape`, written through `backend`
+// into a real BlockPool with the shape's block size, and the decode step of
+// its last position (one query row per head) over it.
 class DecodeHistory {
  public:
   DecodeHistory(CpuBackend& backend, const DecodeShape& shape, int64_t length)
@@ -304,8 +305,8 @@ constexpr int64_t kCachedDecodeBytes = int64_t{2} << 20;
 // the history partly evicted by the probes).
 constexpr int kCachedSteps = 4;
 
-// The decode of `shape`, repeated over `shape.length` tokens, with the
-// probes that bound it; and the same kernels on one thread (`single`) over
+// The decode step of `shape` over `shape.length` tokens on `backend`, with
+// the probes that bound it; and the same step on one thread (`single`) over
 // a history that stays in the caches: what the kernels compute per thread
 // when memory is not the limit.
 DecodeResult MeasureDecode(CpuBackend& backend, CpuBackend& single,
