@@ -185,6 +185,15 @@ inline V LoadRow(const std::byte* row, int block) {
   }
 }
 
+// Whole cache lines holding kBlocks blocks of a row of kType read in place,
+// or 0 (unknown at compile time, or not a whole number of lines).
+template <ElementType kType>
+constexpr int RowLines(int blocks) {
+  const int bytes =
+      blocks * kLanes * (kType == ElementType::kFloat32 ? 4 : 2);
+  return bytes > 0 && bytes % 64 == 0 ? bytes / 64 : 0;
+}
+
 // Keys whose dots one pass computes together with kHeads row-heads: as
 // many as kDotAccumulators allows (a power of two dividing kLanes), so
 // that short dot chains of few row-heads still overlap.
@@ -235,6 +244,8 @@ template <ElementType kType, int kHeads, int kBlocks>
 inline void JointDots(const TileJob& job, const int* rhs, float* out,
                       bool prefetch) {
   constexpr int kKeys = DotKeys<kHeads>();
+  // Cache lines of one key row read in place, when known at compile time.
+  constexpr int kKeyLines = RowLines<kType>(kBlocks);
   const float* q[kHeads];
   for (int i = 0; i < kHeads; ++i) {
     q[i] = job.q + static_cast<int64_t>(rhs[i]) * job.head_dim_padded;
@@ -271,8 +282,15 @@ inline void JointDots(const TileJob& job, const int* rhs, float* out,
         // prefetches, GCC's IPA pure-const analysis deems the helper free
         // of side effects and deletes the calls.
         if (const std::byte* next = job.prefetch_k[j]) {
-          for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
-            __builtin_prefetch(next + o);
+          if (kKeyLines > 0 && job.prefetch_key_bytes == kKeyLines * 64) {
+#pragma GCC unroll 16
+            for (int o = 0; o < kKeyLines * 64; o += 64) {
+              __builtin_prefetch(next + o);
+            }
+          } else {
+            for (int o = 0; o < job.prefetch_key_bytes; o += 64) {
+              __builtin_prefetch(next + o);
+            }
           }
         }
       }
@@ -437,6 +455,10 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
       job.prefetch_value_bytes * d0 / job.value_dim_padded / 64 * 64;
   const int prefetch_hi = job.prefetch_value_bytes *
                           (d0 + kBlocks * kLanes) / job.value_dim_padded;
+  // The common case, rows read in place whose pass covers whole lines.
+  constexpr int kValueLines = RowLines<kType>(kBlocks);
+  const bool whole_lines =
+      kValueLines > 0 && prefetch_hi - prefetch_lo == kValueLines * 64;
   for (int j = 0; j < job.n; ++j) {
     const std::byte* row = job.v[j];
     V vb[kBlocks];
@@ -447,8 +469,15 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
     // The next tile's value rows (inline: see JointDots).
     if (prefetch && j < job.prefetch_n) {
       if (const std::byte* next = job.prefetch_v[j]) {
-        for (int o = prefetch_lo; o < prefetch_hi; o += 64) {
-          __builtin_prefetch(next + o);
+        if (whole_lines) {
+#pragma GCC unroll 16
+          for (int o = 0; o < kValueLines * 64; o += 64) {
+            __builtin_prefetch(next + prefetch_lo + o);
+          }
+        } else {
+          for (int o = prefetch_lo; o < prefetch_hi; o += 64) {
+            __builtin_prefetch(next + o);
+          }
         }
       }
     }
