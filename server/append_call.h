@@ -5,8 +5,9 @@
 // into `appends` (views into the request's bytes, which gRPC keeps until
 // the call is done), bounds the reply and hands the work to the
 // DecodeBatcher or the CallExecutor; the completion (on their thread)
-// completes the response and calls Reply. Nothing blocks a gRPC thread,
-// and no thread is held per call.
+// completes the response and calls Reply. No thread is held per call, and
+// a gRPC thread computes only a lone DecodeStep that finds the batcher
+// idle (DecodeBatcher::RunInline), replying before the handler returns.
 //
 // The call counts as in flight (drain), and is recorded in the metrics and
 // the log, from creation until gRPC is done with it (RequestScope).

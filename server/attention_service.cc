@@ -296,13 +296,16 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::DecodeStep(
     return call;
   }
   if (timing != nullptr) timing->submitted = DecodeStepTiming::Clock::now();
+  // A lone caller's step runs here when the batcher is idle (no wake-up of
+  // the batch thread); the reply may then be sent before this returns.
   batcher_->AppendAsync(
       call->appends[0],
       [call, response](absl::StatusOr<AttentionOutput> output) {
         if (output.ok()) FinishAppendReply(call->appends[0], *output, response);
         call->Reply(output.status());
       },
-      timing != nullptr ? &timing->batch : nullptr);
+      timing != nullptr ? &timing->batch : nullptr,
+      DecodeBatcher::RunInline::kWhenIdle);
   return call;
 }
 

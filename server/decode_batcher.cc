@@ -59,11 +59,18 @@ DecodeBatcher::~DecodeBatcher() {
 }
 
 void DecodeBatcher::AppendAsync(const AppendRequest& request, StepDone done,
-                                BatchTimes* times) {
+                                BatchTimes* times, RunInline run_inline) {
   auto entry = std::make_unique<Entry>();
   entry->requests = absl::MakeConstSpan(&request, 1);
   entry->step_done = std::move(done);
   entry->times = times;
+  if (run_inline == RunInline::kWhenIdle && ClaimIdle()) {
+    std::vector<std::unique_ptr<Entry>> batch;
+    batch.push_back(std::move(entry));
+    RunBatch(std::move(batch));
+    FinishInline();
+    return;
+  }
   Submit(std::move(entry));
 }
 
@@ -136,19 +143,37 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
   }
 }
 
+bool DecodeBatcher::ClaimIdle() {
+  absl::MutexLock lock(&mu_);
+  if (running_ || !queue_.empty() || expected_batch_ != 1 || stopping_) {
+    return false;
+  }
+  running_ = true;
+  last_arrival_ = absl::Now();
+  return true;
+}
+
+void DecodeBatcher::FinishInline() {
+  absl::MutexLock lock(&mu_);
+  running_ = false;
+}
+
 void DecodeBatcher::BatchThreadMain() {
   absl::MutexLock lock(&mu_);
+  // A step run inline finishes before the next batch starts.
   auto work_or_stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queue_.empty() || stopping_;
+    return !running_ && (!queue_.empty() || stopping_);
   };
   while (true) {
     mu_.Await(absl::Condition(&work_or_stop));
     if (queue_.empty()) return;  // stopping, nothing left
     WaitForBatch();
     std::vector<std::unique_ptr<Entry>> batch = TakeBatch();
+    running_ = true;
     mu_.Unlock();
     RunBatch(std::move(batch));
     mu_.Lock();
+    running_ = false;
   }
 }
 

@@ -6,8 +6,8 @@
 // Design (one batch thread, completion callbacks):
 //   - A submission (AppendAsync / AppendAtomicAsync) only queues the step
 //     with its callback and returns: the gRPC callback thread that submits
-//     it never blocks on the engine, and no thread waits per step or per
-//     stream.
+//     it does not block on the engine (but see lone callers below), and no
+//     thread waits per step or per stream.
 //   - The batcher's own thread forms the batches: it waits (bounded, see
 //     below) for more steps, takes a batch off the queue, runs it
 //     with AttentionEngine::AppendEach (the engine parallelizes it over its
@@ -17,6 +17,13 @@
 //     engine is never idle while work waits (continuous batching). A lone
 //     step pays one thread wake-up over a direct engine call; the gRPC
 //     thread that received it is free meanwhile.
+//   - Lone callers: a submission may allow running inline
+//     (RunInline::kWhenIdle, DecodeStep does). When the batcher is idle --
+//     nothing queued or running -- and its last batch was a lone step (no
+//     concurrency lately), such a step runs at once on the submitting
+//     thread as a batch of its own, saving the wake-up; it holds that
+//     thread for the engine step, as a direct engine call would. Steps
+//     arriving meanwhile queue as behind any running batch.
 //   - The wait ends once as many steps are queued as the previous batch
 //     held (the recent concurrency), so a lone client never waits and a
 //     steady group of N streams is gathered N at a time. Otherwise it lasts
@@ -43,9 +50,10 @@
 // guarantees batch invariance); each step succeeds or fails on its own.
 //
 // Thread-safety: all methods are thread-safe. Callbacks run on the batch
-// thread (or, for a refused submission, on the submitting thread before the
-// submission returns); they must be short (finish a reply, start the next
-// read) and must not call the blocking Append / AppendAtomic.
+// thread (or, for a refused submission or a step run inline, on the
+// submitting thread before the submission returns); they must be short
+// (finish a reply, start the next read) and must not call the blocking
+// Append / AppendAtomic.
 #ifndef ATTENTION_SERVER_DECODE_BATCHER_H_
 #define ATTENTION_SERVER_DECODE_BATCHER_H_
 
@@ -80,7 +88,8 @@ struct DecodeBatcherOptions {
   // UNAVAILABLE. A submission into an empty queue is always accepted.
   int64_t max_queued_steps = 4096;
   // Called once per engine call with its number of steps (e.g. for the
-  // attention_decode_batch_size histogram). Runs on the batch thread, after
+  // attention_decode_batch_size histogram). Runs on the thread that ran the
+  // batch (the batch thread, or the submitter of a step run inline), after
   // the engine call and before the entries' callbacks; never concurrently
   // with itself. Must be cheap and must not call the batcher.
   std::function<void(int64_t batch_size)> on_batch;
@@ -91,6 +100,9 @@ class DecodeBatcher {
   // The longest wait for a batch, in units of DecodeBatcherOptions::
   // batch_wait.
   static constexpr int kMaxWaitGaps = 8;
+
+  // Whether a step may run on the submitting thread (see the design note).
+  enum class RunInline { kNo, kWhenIdle };
 
   // Receives a step's result (what AttentionEngine::Append returns) or
   // UNAVAILABLE when the queue was full.
@@ -120,9 +132,12 @@ class DecodeBatcher {
   // retry later), on this thread before AppendAsync returns. `request` (and
   // the tensors it views, its output destination, control and tenant) must
   // stay valid until `done` runs. When `times` is not null, it receives when
-  // the step's batch ran, before `done` runs.
+  // the step's batch ran, before `done` runs. With RunInline::kWhenIdle and
+  // an idle batcher the step instead runs on this thread, and `done` with
+  // it, before AppendAsync returns.
   void AppendAsync(const AppendRequest& request, StepDone done,
-                   BatchTimes* times = nullptr);
+                   BatchTimes* times = nullptr,
+                   RunInline run_inline = RunInline::kNo);
 
   // Queues `requests` to run as one all-or-nothing
   // AttentionEngine::AppendBatch call (BatchDecode), ordered with the other
@@ -154,6 +169,11 @@ class DecodeBatcher {
 
   // Queues `entry`, or answers it with UNAVAILABLE when the queue is full.
   void Submit(std::unique_ptr<Entry> entry);
+  // True, with the batcher marked running, when nothing is queued or
+  // running and the last batch was a lone step: the caller then runs its
+  // step and calls FinishInline.
+  bool ClaimIdle();
+  void FinishInline();
   // The batch thread: forms and runs batches until stopping_ and the queue
   // is empty.
   void BatchThreadMain();
@@ -176,6 +196,8 @@ class DecodeBatcher {
   int64_t queued_steps_ ABSL_GUARDED_BY(mu_) = 0;
   // Steps in the last independent batch: how many to wait for next time.
   int64_t expected_batch_ ABSL_GUARDED_BY(mu_) = 1;
+  // A batch is running (on the batch thread or inline): no other may start.
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
   // When the latest step was queued.
   absl::Time last_arrival_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

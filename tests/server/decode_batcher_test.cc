@@ -3,9 +3,10 @@
 // independent, atomic groups stay all-or-nothing, a full queue answers
 // UNAVAILABLE, asynchronous submissions from one thread complete through
 // their callbacks on the batch thread, and every result is bitwise what
-// AttentionEngine::Append gives. Nothing here is timed: batches are made
-// deterministic by holding the first batch (in the on_batch observer) until
-// the other steps queue.
+// AttentionEngine::Append gives; a lone step allowed to run inline runs on
+// the submitting thread when the batcher is idle, and queues otherwise.
+// Nothing here is timed: batches are made deterministic by holding the first
+// batch (in the on_batch observer) until the other steps queue.
 #include "server/decode_batcher.h"
 
 #include <algorithm>
@@ -675,6 +676,102 @@ TEST_F(DecodeBatcherTest, ARefusedAsyncStepIsAnsweredOnTheSubmittingThread) {
   ASSERT_TRUE(queued_result.ok()) << queued_result.status();
   EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths,
             (std::vector<int64_t>{4, 4}));
+}
+
+TEST_F(DecodeBatcherTest, ALoneStepOnAnIdleBatcherRunsOnTheSubmittingThread) {
+  MakeBatcher(DecodeBatcherOptions(), /*hold_first=*/false);
+  AddSession(5);
+  // Two lone steps one after the other, as a lone DecodeStep caller sends
+  // them: each runs before AppendAsync returns, on this thread.
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE(step);
+    Tokens tokens(1, 70 + step);
+    const AppendRequest request = DecodeRequest(ids_[0], 0, tokens);
+    BatchTimes times;
+    bool answered = false;
+    std::thread::id answered_on;
+    absl::StatusOr<AttentionOutput> result;
+    batcher_->AppendAsync(
+        request,
+        [&](absl::StatusOr<AttentionOutput> output) {
+          result = std::move(output);
+          answered = true;
+          answered_on = std::this_thread::get_id();
+        },
+        &times, DecodeBatcher::RunInline::kWhenIdle);
+    EXPECT_TRUE(answered);
+    EXPECT_EQ(answered_on, std::this_thread::get_id());
+    EXPECT_LE(times.start, times.end);
+    ASSERT_TRUE(result.ok()) << result.status();
+    auto expected = ReferenceStep(0, 0, tokens);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(result->position, expected->position);
+    EXPECT_EQ(Bytes(result->output), Bytes(expected->output));
+  }
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 1}));
+}
+
+TEST_F(DecodeBatcherTest, InlineStepsQueueBehindARunningBatch) {
+  MakeBatcher(DecodeBatcherOptions());
+  for (int s = 0; s < 3; ++s) AddSession(3 + s);
+  StartHeldFirstBatch(0);
+  // A batch is running (held): steps that allow running inline queue, and
+  // run together on the batch thread once it is released.
+  Tokens t1(1, 81), t2(1, 82);
+  const AppendRequest r1 = DecodeRequest(ids_[1], 0, t1);
+  const AppendRequest r2 = DecodeRequest(ids_[2], 0, t2);
+  absl::Mutex mu;
+  int done = 0;
+  std::vector<std::thread::id> threads;
+  std::vector<absl::StatusOr<AttentionOutput>> results(2);
+  for (int i = 0; i < 2; ++i) {
+    batcher_->AppendAsync(
+        i == 0 ? r1 : r2,
+        [&, i](absl::StatusOr<AttentionOutput> output) {
+          absl::MutexLock lock(&mu);
+          results[i] = std::move(output);
+          threads.push_back(std::this_thread::get_id());
+          ++done;
+        },
+        nullptr, DecodeBatcher::RunInline::kWhenIdle);
+  }
+  EXPECT_EQ(batcher_->queued_steps(), 2);
+  recorder_->Release();
+  {
+    absl::MutexLock lock(&mu);
+    auto both = [&] { return done == 2; };
+    mu.Await(absl::Condition(&both));
+  }
+  FinishFirstBatch(0);
+  for (std::thread::id id : threads) EXPECT_NE(id, std::this_thread::get_id());
+  // After that batch of two (concurrency seen), a step allowed inline still
+  // goes through the batch thread.
+  Tokens t3(1, 83);
+  const AppendRequest r3 = DecodeRequest(ids_[1], 1, t3);
+  absl::Notification third;
+  std::thread::id third_on;
+  absl::StatusOr<AttentionOutput> third_result;
+  batcher_->AppendAsync(
+      r3,
+      [&](absl::StatusOr<AttentionOutput> output) {
+        third_result = std::move(output);
+        third_on = std::this_thread::get_id();
+        third.Notify();
+      },
+      nullptr, DecodeBatcher::RunInline::kWhenIdle);
+  third.WaitForNotification();
+  EXPECT_NE(third_on, std::this_thread::get_id());
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 2, 1}));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    auto expected = ReferenceStep(i + 1, 0, i == 0 ? t1 : t2);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(Bytes(results[i]->output), Bytes(expected->output)) << i;
+  }
+  ASSERT_TRUE(third_result.ok()) << third_result.status();
+  auto expected = ReferenceStep(1, 1, t3);
+  ASSERT_TRUE(expected.ok());
+  EXPECT_EQ(Bytes(third_result->output), Bytes(expected->output));
 }
 
 }  // namespace
