@@ -149,7 +149,6 @@ bool DecodeBatcher::ClaimIdle() {
     return false;
   }
   running_ = true;
-  last_arrival_ = absl::Now();
   return true;
 }
 
