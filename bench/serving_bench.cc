@@ -1073,10 +1073,13 @@ absl::Status MeasureSmallSteps(const Harness& h) {
 // timestamps (server/decode_step_timing.h) into transport (everything the
 // server does not see: client stub and serialization, the network stack,
 // gRPC's transport on both sides), request decode (protobuf parse into the
-// arena + conversion and checks), queueing in the batcher (including the
-// batch thread's wake-up), engine, and reply encode (result into the
-// response + gRPC serialization in Finish). Each stage's p50 and p99 are
-// taken on their own, so they need not add up to the total's.
+// arena + conversion and checks), queueing in the batcher (the batch
+// thread's wake-up; about nothing when the lone step runs inline on the
+// gRPC thread), engine, and reply encode (result into the response, and
+// Finish: when called from the batch thread it also writes the reply; from
+// the handler, gRPC writes it after the handler returns, in transport).
+// Each stage's p50 and p99 are taken on their own, so they need not add up
+// to the total's.
 absl::Status MeasureLatencyBudget(const Harness& h,
                                   const std::string& base_session,
                                   int64_t context) {

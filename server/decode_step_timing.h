@@ -21,11 +21,12 @@ struct BatchTimes {
 //   received    the request message was allocated, right before gRPC
 //               parsed the request bytes into it (ArenaMessageAllocator);
 //   handler     the handler started (request parsed, interceptors run);
-//   submitted   the request was converted, checked and bounded, and queued
-//               in the DecodeBatcher;
+//   submitted   the request was converted, checked and bounded, and handed
+//               to the DecodeBatcher (queued, or run at once when idle);
 //   batch       its engine batch started and ended (BatchTimes);
-//   replied     the reply was completed and handed to gRPC (Finish, which
-//               serializes it) — the server's last moment with the call.
+//   replied     the reply was completed and handed to gRPC (Finish) — our
+//               code's last moment with the call; gRPC's writing of it
+//               after that counts as transport.
 // Request decode = received..submitted, queueing = submitted..batch.start,
 // engine = batch, reply encode = batch.end..replied; transport is what the
 // client measures beyond received..replied.
