@@ -97,9 +97,9 @@ struct Scratch {
 
 namespace {
 
-Scratch& ThreadScratch() {
-  thread_local Scratch scratch;
-  return scratch;
+Scratch& ThreadScratch(int slot) {
+  thread_local Scratch scratch[kMaxInterleavedUnits];
+  return scratch[slot];
 }
 
 // The keys a query at absolute position p may see:
@@ -158,7 +158,7 @@ ProblemInfo DescribeProblem(const AttentionProblem& problem) {
 
 UnitRunner::UnitRunner(const KernelTable& kernels,
                        const AttentionProblem& problem, const ProblemInfo& info,
-                       const Unit& unit)
+                       const Unit& unit, int slot)
     : kernels_(kernels),
       pr_(problem),
       info_(info),
@@ -167,7 +167,7 @@ UnitRunner::UnitRunner(const KernelTable& kernels,
       row_heads_(rows_ * info.group),
       first_head_(unit.kv_head * info.group),
       state_floats_(StateFloats(row_heads_, info.value_dim_padded)),
-      scratch_(ThreadScratch()) {}
+      scratch_(ThreadScratch(slot)) {}
 
 void UnitRunner::LoadQueries() {
   const TensorView& q = pr_.q;
@@ -358,41 +358,40 @@ absl::Status UnitRunner::TileFailure(TileError error, const TileJob& job,
       absl::StrCat("Q @ K^T overflowed", where, "; rescale the inputs"));
 }
 
-absl::Status UnitRunner::RunChunk(int64_t chunk, float* state) {
+void UnitRunner::StartChunk(float* state, TileJob* job) const {
   std::fill(state, state + row_heads_, kNegInf);
   std::fill(state + row_heads_, state + state_floats_, 0.0f);
-  TileJob job;
-  job.m = state;
-  job.l = state + row_heads_;
-  job.acc = state + 2 * row_heads_;
-  const int64_t lo = chunk * kKeysPerSplit;
-  const int64_t hi = std::min(lo + kKeysPerSplit, info_.length);
-  absl::Status status;
-  // Tiles are aligned to absolute positions; only tiles holding a key some
-  // row of this unit can see are visited (causal and window skipping).
-  ForEachTile(unit_.keys, lo, hi, [&](int64_t t0) {
-    if (!status.ok()) return;
-    const int64_t t1 = std::min(t0 + kKeysPerTile, info_.length);
-    if (!PrepareTile(t0, t1, /*with_values=*/true, &job)) return;
-    // The kernel prefetches the next tile's rows while it works on this
-    // one: paged blocks are short runs the hardware prefetcher handles
-    // badly, and prefetching a whole tile at once stalls on fill buffers.
-    const int64_t t2 = std::min(t1 + kKeysPerTile, info_.length);
-    job.prefetch_n = static_cast<int>(t2 - t1);
-    if (job.prefetch_n > 0) {
-      FindRows(t1, t2, /*values=*/false, scratch_.next_key_rows);
-      FindRows(t1, t2, /*values=*/true, scratch_.next_value_rows);
-      found_t0_ = t1;
-      found_t1_ = t2;
-    }
-    job.prefetch_k = scratch_.next_key_rows;
-    job.prefetch_v = scratch_.next_value_rows;
-    job.prefetch_key_bytes = info_.head_dim * DTypeSize(pr_.kv.dtype);
-    job.prefetch_value_bytes = info_.value_dim * DTypeSize(pr_.kv.dtype);
-    const TileError error = kernels_.update_tile(&job);
-    if (error != TileError::kNone) status = TileFailure(error, job, t0);
-  });
-  return status;
+  job->m = state;
+  job->l = state + row_heads_;
+  job->acc = state + 2 * row_heads_;
+}
+
+absl::Status UnitRunner::Tile(int64_t t0, TileJob* job, UnitRunner& next,
+                              int64_t next_t0) {
+  const int64_t t1 = std::min(t0 + kKeysPerTile, info_.length);
+  if (!PrepareTile(t0, t1, /*with_values=*/true, job)) {
+    return absl::OkStatus();
+  }
+  // The kernel prefetches the next tile's rows while it works on this
+  // one: paged blocks are short runs the hardware prefetcher handles
+  // badly, and prefetching a whole tile at once stalls on fill buffers.
+  const int64_t next_t1 = std::min(next_t0 + kKeysPerTile, info_.length);
+  job->prefetch_n = static_cast<int>(std::max<int64_t>(next_t1 - next_t0, 0));
+  if (job->prefetch_n > 0) {
+    next.FindRows(next_t0, next_t1, /*values=*/false,
+                  next.scratch_.next_key_rows);
+    next.FindRows(next_t0, next_t1, /*values=*/true,
+                  next.scratch_.next_value_rows);
+    next.found_t0_ = next_t0;
+    next.found_t1_ = next_t1;
+  }
+  job->prefetch_k = next.scratch_.next_key_rows;
+  job->prefetch_v = next.scratch_.next_value_rows;
+  job->prefetch_key_bytes = info_.head_dim * DTypeSize(pr_.kv.dtype);
+  job->prefetch_value_bytes = info_.value_dim * DTypeSize(pr_.kv.dtype);
+  const TileError error = kernels_.update_tile(job);
+  if (error != TileError::kNone) return TileFailure(error, *job, t0);
+  return absl::OkStatus();
 }
 
 absl::Status UnitRunner::Finish(const float* state) {
@@ -465,46 +464,91 @@ void UnitRunner::WriteWeights(const float* state) {
   });
 }
 
-absl::Status UnitRunner::RunDirect(const int64_t* chunks, int64_t count) {
+void UnitRunner::Begin() {
   scratch_.visible.resize(std::max<size_t>(scratch_.visible.size(), rows_));
   scratch_.bias_rows.resize(
       std::max<size_t>(scratch_.bias_rows.size(), row_heads_));
   scratch_.active.resize(std::max<size_t>(scratch_.active.size(), row_heads_));
   LoadQueries();
-  float* row_state = scratch_.row_state.Get(state_floats_);
+}
+
+void UnitRunner::BeginDirect(int64_t count) {
+  Begin();
+  row_state_ = scratch_.row_state.Get(state_floats_);
   // A lone chunk without sink logits is its own row state: merging it into
   // an empty row state would copy it (row-heads it shows no key stay empty
   // either way), and for short decode steps that copy and the fill cost as
   // much as a tile.
-  const bool lone = count == 1 && pr_.sink_logits.empty();
-  float* chunk_state =
-      lone ? row_state : scratch_.chunk_state.Get(state_floats_);
-  if (!lone) InitRowState(row_state);
-  for (int64_t i = 0; i < count; ++i) {
-    ATTN_RETURN_IF_ERROR(CheckCall(pr_.control));
-    absl::Status status = RunChunk(chunks[i], chunk_state);
-    if (!status.ok()) return status;
-    if (!lone) MergeInto(row_state, chunk_state);
-  }
-  absl::Status status = Finish(row_state);
-  if (!status.ok()) return status;
-  if (pr_.weights != nullptr) WriteWeights(row_state);
+  lone_ = count == 1 && pr_.sink_logits.empty();
+  chunk_state_ = lone_ ? row_state_ : scratch_.chunk_state.Get(state_floats_);
+  if (!lone_) InitRowState(row_state_);
+}
+
+void UnitRunner::EndChunk() {
+  if (!lone_) MergeInto(row_state_, chunk_state_);
+}
+
+absl::Status UnitRunner::EndDirect() {
+  ATTN_RETURN_IF_ERROR(Finish(row_state_));
+  if (pr_.weights != nullptr) WriteWeights(row_state_);
   return absl::OkStatus();
+}
+
+void UnitRunner::RunInterleaved(absl::Span<UnitRunner* const> runners,
+                                const int64_t* chunks, int64_t count,
+                                float* const* states, absl::Status* statuses) {
+  const int n = static_cast<int>(runners.size());
+  for (UnitRunner* runner : runners) {
+    if (states == nullptr) {
+      runner->BeginDirect(count);
+    } else {
+      runner->Begin();
+    }
+  }
+  TileJob jobs[kMaxInterleavedUnits];
+  const UnitRunner& first = *runners[0];
+  for (int64_t i = 0; i < count; ++i) {
+    for (int k = 0; k < n; ++k) {
+      UnitRunner& runner = *runners[k];
+      if (statuses[k].ok()) statuses[k] = CheckCall(runner.pr_.control);
+      if (!statuses[k].ok()) continue;
+      runner.StartChunk(states == nullptr
+                            ? runner.chunk_state_
+                            : states[k] + i * runner.state_floats_,
+                        &jobs[k]);
+    }
+    const int64_t lo = chunks[i] * kKeysPerSplit;
+    const int64_t hi = std::min(lo + kKeysPerSplit, first.info_.length);
+    // Tiles are aligned to absolute positions; only tiles holding a key
+    // some row of the units can see are visited (causal and window
+    // skipping).
+    ForEachTile(first.unit_.keys, lo, hi, [&](int64_t t0) {
+      for (int k = 0; k < n; ++k) {
+        if (!statuses[k].ok()) continue;
+        // Prefetch the next unit's rows of this tile (the next KV head's
+        // runs in the same blocks); the last unit the first one's next.
+        const bool last = k + 1 == n;
+        statuses[k] = runners[k]->Tile(t0, &jobs[k], *runners[last ? 0 : k + 1],
+                                       last ? t0 + kKeysPerTile : t0);
+      }
+    });
+    if (states != nullptr) continue;
+    for (int k = 0; k < n; ++k) {
+      if (statuses[k].ok()) runners[k]->EndChunk();
+    }
+  }
+  if (states != nullptr) return;
+  for (int k = 0; k < n; ++k) {
+    if (statuses[k].ok()) statuses[k] = runners[k]->EndDirect();
+  }
 }
 
 absl::Status UnitRunner::ComputeChunkStates(const int64_t* chunks,
                                             int64_t count, float* states) {
-  scratch_.visible.resize(std::max<size_t>(scratch_.visible.size(), rows_));
-  scratch_.bias_rows.resize(
-      std::max<size_t>(scratch_.bias_rows.size(), row_heads_));
-  scratch_.active.resize(std::max<size_t>(scratch_.active.size(), row_heads_));
-  LoadQueries();
-  for (int64_t i = 0; i < count; ++i) {
-    ATTN_RETURN_IF_ERROR(CheckCall(pr_.control));
-    absl::Status status = RunChunk(chunks[i], states + i * state_floats_);
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
+  UnitRunner* self = this;
+  absl::Status status;
+  RunInterleaved({&self, 1}, chunks, count, &states, &status);
+  return status;
 }
 
 absl::Status UnitRunner::MergeAndFinish(int64_t count, const float* states) {

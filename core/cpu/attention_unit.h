@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "core/attention_problem.h"
 #include "core/cpu/kernels.h"
 #include "core/work_plan.h"
@@ -57,8 +58,6 @@ struct Unit {
   // produces the outputs. Other units run as one item.
   bool split = false;
   int64_t partial = 0;
-  int64_t items_begin = 0;
-  int64_t items_end = 0;
 };
 
 // A chunk or row state of R row-heads: m [R], l [R], acc [R][value_dim_p].
@@ -69,24 +68,43 @@ inline int64_t StateFloats(int64_t row_heads, int value_dim_padded) {
 // Per-thread buffers, reused across units and calls (attention_unit.cc).
 struct Scratch;
 
+// At most this many units run interleaved (UnitRunner::RunInterleaved).
+inline constexpr int kMaxInterleavedUnits = 8;
+
 // Runs one unit (or a piece of one) on the calling thread, following
 // attention_problem.h exactly.
 class UnitRunner {
  public:
   // Uses the calling thread's scratch buffers: construct and run on the
   // same thread. All references must outlive the runner.
+  // `slot` picks one of the thread's kMaxInterleavedUnits scratch sets:
+  // runners alive on one thread at the same time need different slots.
   UnitRunner(const KernelTable& kernels, const AttentionProblem& problem,
-             const ProblemInfo& info, const Unit& unit);
+             const ProblemInfo& info, const Unit& unit, int slot = 0);
 
-  // The whole unit: chunk states merged into the row states in order, then
-  // the outputs.
-  absl::Status RunDirect(const int64_t* chunks, int64_t count);
   // A piece of a split unit: the states of `count` chunks, each
   // StateFloats() apart at `states`.
   absl::Status ComputeChunkStates(const int64_t* chunks, int64_t count,
                                   float* states);
   // The merge step of a split unit over all its `count` chunk states.
   absl::Status MergeAndFinish(int64_t count, const float* states);
+
+  // Several units of one problem and row block (so with the same keys and
+  // chunks) that differ in their KV head, over chunks[0, count), with
+  // their tiles interleaved: every unit's tile t, then every unit's tile
+  // t + 1. With states == nullptr the units run whole (chunk states merged
+  // into the row states in order, then the outputs); otherwise as pieces
+  // of split units (ComputeChunkStates, unit k's states at states[k]).
+  // Where a paged block stores the KV heads' rows of its tokens next to
+  // each other, the units read it in one sweep, which the hardware
+  // prefetchers follow better than each head's short run alone. Each unit
+  // computes exactly what it would alone, in the same order. statuses[k]
+  // gets unit k's status; a failed unit stops, the others go on.
+  // REQUIRES: 1 <= runners.size() <= kMaxInterleavedUnits, each runner
+  // with its own scratch slot.
+  static void RunInterleaved(absl::Span<UnitRunner* const> runners,
+                             const int64_t* chunks, int64_t count,
+                             float* const* states, absl::Status* statuses);
 
  private:
   int64_t Position(int64_t r) const {
@@ -95,7 +113,19 @@ class UnitRunner {
   void LoadQueries();
   void InitRowState(float* state);
   void MergeInto(float* row_state, const float* chunk_state);
-  absl::Status RunChunk(int64_t chunk, float* state);
+  // RunInterleaved's steps for one unit: Begin (BeginDirect for a whole
+  // unit), then per chunk StartChunk, Tile for each of its tiles and
+  // (whole units) EndChunk; then (whole units) EndDirect.
+  void Begin();
+  void BeginDirect(int64_t count);
+  void StartChunk(float* state, TileJob* job) const;
+  void EndChunk();
+  absl::Status EndDirect();
+  // Tile [t0, t0 + kKeysPerTile) of the current chunk into `job`'s state,
+  // prefetching `next`'s rows of tile next_t0 meanwhile (`next` may be
+  // this runner).
+  absl::Status Tile(int64_t t0, TileJob* job, UnitRunner& next,
+                    int64_t next_t0);
   // Fills `job` for tile [t0, t1); false when no row of the unit sees a
   // key of it.
   bool PrepareTile(int64_t t0, int64_t t1, bool with_values, TileJob* job);
@@ -125,6 +155,11 @@ class UnitRunner {
   // while the tile before it was computed).
   int64_t found_t0_ = -1;
   int64_t found_t1_ = -1;
+  // Whole units: the row state, and the chunk state (the row state itself
+  // for a lone chunk).
+  float* row_state_ = nullptr;
+  float* chunk_state_ = nullptr;
+  bool lone_ = false;
 };
 
 }  // namespace attention::cpu

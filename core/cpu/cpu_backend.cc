@@ -10,6 +10,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,13 +69,16 @@ constexpr int64_t kInlineWorkLimit = 2048;
 // (each runs consecutive items): enough to balance unequal items.
 constexpr int kTasksPerThread = 16;
 
-// One parallel task: chunk_list[chunks_begin, chunks_end) of a unit, or
-// (shared >= 0) one shared chunk for all its member units.
+// One parallel task: (shared >= 0) one shared chunk for all its member
+// units, or chunk_list[chunks_begin, chunks_end) of unit `unit` and the
+// same chunks of the units after it up to unit_end (a group of KV heads of
+// one problem and row block, run interleaved: UnitRunner::RunInterleaved).
 struct Item {
   int64_t unit;
   int64_t chunks_begin;
   int64_t chunks_end;
   int64_t shared = -1;
+  int64_t unit_end = -1;
 };
 
 }  // namespace
@@ -303,44 +307,91 @@ void PlanSharedChunks(absl::Span<const AttentionProblem> problems,
   }
 }
 
-// Chunks -> work items. Units with too few siblings to occupy the threads
-// (or with shared chunks) are split: their chunk states go to the partial
-// buffer in pieces of at most `chunks_per_piece` chunks, merged afterwards.
+// Whether reading a tile of every KV head in turn sweeps the KV memory
+// better than reading each head's rows alone: when one head's rows of a
+// tile reach as far as the next head's (paged blocks of at most a tile of
+// tokens, whose heads' runs are adjacent; token-major contiguous KV). Not
+// with longer blocks: there each head's run is long already, and
+// interleaving would cut it into pieces.
+bool InterleaveHeads(const KvView& kv) {
+  return kv.k_head_stride <= kKeysPerTile * kv.k_token_stride &&
+         kv.v_head_stride <= kKeysPerTile * kv.v_token_stride;
+}
+
+// The end of the group of units starting at `u`: the units of one problem
+// and row block (its KV heads, which share keys and chunks), at most
+// cpu::kMaxInterleavedUnits, that run as one item, interleaved. Units that
+// return attention weights run alone: they are never split, so grouping them
+// could leave threads idle.
+int64_t GroupEnd(absl::Span<const AttentionProblem> problems,
+                 const DensePlan& plan, int64_t u) {
+  const Unit& first = plan.units[u];
+  const AttentionProblem& problem = problems[first.problem];
+  if (problem.weights != nullptr || !InterleaveHeads(problem.kv)) {
+    return u + 1;
+  }
+  int64_t end = u + 1;
+  while (end < static_cast<int64_t>(plan.units.size()) &&
+         end - u < cpu::kMaxInterleavedUnits &&
+         plan.units[end].problem == first.problem &&
+         plan.units[end].row_begin == first.row_begin) {
+    ++end;
+  }
+  return end;
+}
+
+bool HasSharedChunks(const DensePlan& plan, const Unit& unit) {
+  const char* shared = plan.slot_shared.data() + unit.chunks_begin;
+  const char* end = shared + (unit.chunks_end - unit.chunks_begin);
+  return std::find(shared, end, 1) != end;
+}
+
+// Chunks -> work items, a group of units (GroupEnd) at a time. Groups with
+// too few siblings to occupy the threads are split: their chunk states go
+// to the partial buffer in pieces of at most `chunks_per_piece` chunks,
+// merged afterwards. A unit with shared chunks is split and runs alone.
 void PlanItems(absl::Span<const AttentionProblem> problems,
                int64_t chunks_per_piece, DensePlan* plan) {
   // Shared chunks first: each is a long item, better started early.
   for (size_t s = 0; s < plan->shared.size(); ++s) {
     plan->items.push_back(Item{-1, 0, 0, static_cast<int64_t>(s)});
   }
-  for (size_t u = 0; u < plan->units.size(); ++u) {
-    Unit& unit = plan->units[u];
-    const ProblemInfo& info = plan->infos[unit.problem];
-    const int64_t count = unit.chunks_end - unit.chunks_begin;
-    const char* shared = plan->slot_shared.data() + unit.chunks_begin;
-    const bool has_shared =
-        std::find(shared, shared + count, 1) != shared + count;
-    unit.items_begin = static_cast<int64_t>(plan->items.size());
-    if (has_shared || (count > chunks_per_piece &&
-                       problems[unit.problem].weights == nullptr)) {
-      unit.split = true;
+  const int64_t num_units = static_cast<int64_t>(plan->units.size());
+  for (int64_t u = 0, end = 0; u < num_units; u = end) {
+    const bool has_shared = HasSharedChunks(*plan, plan->units[u]);
+    end = has_shared ? u + 1 : GroupEnd(problems, *plan, u);
+    for (int64_t k = u + 1; k < end; ++k) {
+      if (HasSharedChunks(*plan, plan->units[k])) end = k;
+    }
+    const Unit& first = plan->units[u];
+    const int64_t count = first.chunks_end - first.chunks_begin;
+    const bool split =
+        has_shared || (count > chunks_per_piece &&
+                       problems[first.problem].weights == nullptr);
+    for (int64_t k = u; k < end; ++k) {
+      Unit& unit = plan->units[k];
+      const ProblemInfo& info = plan->infos[unit.problem];
+      unit.split = split;
+      if (!split) continue;
       unit.partial = plan->partial_floats;
       plan->partial_floats +=
           count * cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
                                    info.value_dim_padded);
-      // The shared slots' states come from the shared items above.
-      ForEachPiece(
-          count, chunks_per_piece,
-          [shared](int64_t slot) { return shared[slot] != 0; },
-          [&](int64_t begin, int64_t end) {
-            plan->items.push_back(Item{static_cast<int64_t>(u),
-                                       unit.chunks_begin + begin,
-                                       unit.chunks_begin + end});
-          });
-    } else {
-      plan->items.push_back(
-          Item{static_cast<int64_t>(u), unit.chunks_begin, unit.chunks_end});
     }
-    unit.items_end = static_cast<int64_t>(plan->items.size());
+    if (!split) {
+      plan->items.push_back(
+          Item{u, first.chunks_begin, first.chunks_end, -1, end});
+      continue;
+    }
+    // The shared slots' states come from the shared items above.
+    const char* shared = plan->slot_shared.data() + first.chunks_begin;
+    ForEachPiece(
+        count, chunks_per_piece,
+        [shared](int64_t slot) { return shared[slot] != 0; },
+        [&](int64_t begin, int64_t piece_end) {
+          plan->items.push_back(Item{u, first.chunks_begin + begin,
+                                     first.chunks_begin + piece_end, -1, end});
+        });
   }
 }
 
@@ -360,7 +411,6 @@ class DenseRun {
         shared_computations_(shared_computations),
         partial_(plan.partial_floats > 0 ? new float[plan.partial_floats]
                                          : nullptr),
-        item_errors_(plan.items.size()),
         slot_errors_(plan.chunk_list.size()),
         unit_errors_(plan.units.size()) {}
 
@@ -403,9 +453,8 @@ class DenseRun {
   std::atomic<int64_t>* const shared_computations_;
   const std::unique_ptr<float[]> partial_;
   std::atomic<int64_t> first_failed_{kNone};
-  std::vector<absl::Status> item_errors_;  // unsplit units
   std::vector<absl::Status> slot_errors_;  // split units, per chunk slot
-  std::vector<absl::Status> unit_errors_;  // split units' merges
+  std::vector<absl::Status> unit_errors_;  // whole units; split units' merges
 };
 
 bool DenseRun::OwnChunkState(int64_t u, int64_t slot) {
@@ -435,26 +484,39 @@ void DenseRun::RunItem(int64_t i) {
   const Item& item = plan_.items[i];
   if (item.shared >= 0) return RunShared(plan_.shared[item.shared]);
   if (Failed(item.unit)) return;
-  const Unit& unit = plan_.units[item.unit];
-  UnitRunner runner = Runner(unit);
-  const int64_t* chunks = plan_.chunk_list.data() + item.chunks_begin;
+  const int n = static_cast<int>(item.unit_end - item.unit);
+  const bool split = plan_.units[item.unit].split;
+  // Every unit of the group has the item's chunks this far into its own.
+  const int64_t offset =
+      item.chunks_begin - plan_.units[item.unit].chunks_begin;
   const int64_t count = item.chunks_end - item.chunks_begin;
-  if (unit.split) {
-    if (!runner
-             .ComputeChunkStates(chunks, count,
-                                 ChunkState(unit, item.chunks_begin))
-             .ok()) {
-      // Rare: chunk by chunk again, to pin down the first failing one.
-      for (int64_t slot = item.chunks_begin; slot < item.chunks_end; ++slot) {
-        if (!OwnChunkState(item.unit, slot)) return;
-      }
-    }
-    return;
+  std::optional<UnitRunner> runners[cpu::kMaxInterleavedUnits];
+  UnitRunner* pointers[cpu::kMaxInterleavedUnits];
+  float* states[cpu::kMaxInterleavedUnits];
+  absl::Status statuses[cpu::kMaxInterleavedUnits];
+  for (int k = 0; k < n; ++k) {
+    const Unit& unit = plan_.units[item.unit + k];
+    runners[k].emplace(kernels_, problems_[unit.problem],
+                       plan_.infos[unit.problem], unit, k);
+    pointers[k] = &*runners[k];
+    if (split) states[k] = ChunkState(unit, unit.chunks_begin + offset);
   }
-  absl::Status status = runner.RunDirect(chunks, count);
-  if (!status.ok()) {
-    item_errors_[i] = std::move(status);
-    RecordFailure(item.unit);
+  UnitRunner::RunInterleaved(absl::MakeConstSpan(pointers, n),
+                             plan_.chunk_list.data() + item.chunks_begin, count,
+                             split ? states : nullptr, statuses);
+  for (int k = 0; k < n; ++k) {
+    if (statuses[k].ok()) continue;
+    const int64_t u = item.unit + k;
+    if (!split) {
+      unit_errors_[u] = std::move(statuses[k]);
+      RecordFailure(u);
+      continue;
+    }
+    // Rare: chunk by chunk again, to pin down the first failing one.
+    const int64_t begin = plan_.units[u].chunks_begin + offset;
+    for (int64_t slot = begin; slot < begin + count; ++slot) {
+      if (!OwnChunkState(u, slot)) break;
+    }
   }
 }
 
@@ -477,10 +539,6 @@ absl::Status DenseRun::FirstError() const {
     for (int64_t slot = unit.chunks_begin; slot < unit.chunks_end; ++slot) {
       if (!slot_errors_[slot].ok()) return slot_errors_[slot];
     }
-  } else {
-    for (int64_t i = unit.items_begin; i < unit.items_end; ++i) {
-      if (!item_errors_[i].ok()) return item_errors_[i];
-    }
   }
   return unit_errors_[failed];
 }
@@ -491,18 +549,24 @@ absl::Status CpuBackend::AttendDense(
     absl::Span<const AttentionProblem> problems) {
   DensePlan plan;
   PlanUnits(problems, &plan);
-  // Too few units to occupy the threads: spread long units' chunks over
-  // several items. Whether and how units are split never changes results.
+  // Too few groups of units (GroupEnd) to occupy the threads: spread long
+  // groups' chunks over several items. Whether and how units are grouped
+  // or split never changes results.
+  const int64_t num_units = static_cast<int64_t>(plan.units.size());
+  int64_t num_groups = 0;
   int64_t splittable_chunks = 0;
-  for (const Unit& unit : plan.units) {
+  for (int64_t u = 0, end = 0; u < num_units; u = end) {
+    end = GroupEnd(problems, plan, u);
+    ++num_groups;
+    const Unit& unit = plan.units[u];
     if (problems[unit.problem].weights != nullptr) continue;
     splittable_chunks += unit.chunks_end - unit.chunks_begin;
   }
   plan.inline_run = plan.work < kInlineWorkLimit;
   const int64_t chunks_per_piece =
-      plan.inline_run ? kNoSplit
-                      : ChunksPerPiece(static_cast<int64_t>(plan.units.size()),
-                                       splittable_chunks, pool_.num_threads());
+      plan.inline_run
+          ? kNoSplit
+          : ChunksPerPiece(num_groups, splittable_chunks, pool_.num_threads());
   PlanSharedChunks(problems, &plan);
   PlanItems(problems, chunks_per_piece, &plan);
 

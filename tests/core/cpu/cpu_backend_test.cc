@@ -669,6 +669,64 @@ TEST_F(CpuBackendTest, ThreadCountDoesNotChangeBits) {
   }
 }
 
+// A problem's KV heads run as groups with their tiles interleaved when the
+// layout keeps their rows of a tile together (token-major, or paged blocks
+// of at most a tile of tokens), one head at a time otherwise, split into
+// pieces or not depending on the threads. None of it changes a bit, nor
+// the error reported.
+TEST_F(CpuBackendTest, InterleavedKvHeadsDoNotChangeBits) {
+  Config config;
+  config.num_queries = 3;
+  config.mask.query_start = 1400;  // three chunks
+  config.num_heads = 24;
+  config.num_kv_heads = 12;  // more than one group of interleaved heads
+  config.head_dim = 32;
+  config.value_dim = 32;
+  config.kv_dtype = DType::kFloat16;
+  Case c(config);
+  const int64_t length = c.config().num_keys;
+  CpuBackend one_thread(1);
+  const AttentionProblem contiguous = c.Problem();
+  ASSERT_TRUE(one_thread.Attend({&contiguous, 1}).ok());
+  const std::vector<float> want_output = c.output;
+  const std::vector<float> want_lse = c.lse;
+
+  // Query heads 19 and 23 (KV heads 9 and 11) overflow Q.K: the error is
+  // KV head 9's, however the heads are grouped.
+  Case bad(config);
+  std::vector<float> q = bad.q.values;
+  for (int64_t r = 0; r < config.num_queries; ++r) {
+    for (int head : {19, 23}) {
+      float* row = q.data() + (r * config.num_heads + head) * config.head_dim;
+      std::fill(row, row + config.head_dim, 3e38f);
+    }
+  }
+  bad.q = Store(DType::kFloat32, bad.q.shape, q);
+  const AttentionProblem bad_contiguous = bad.Problem();
+  const absl::Status want_error = one_thread.Attend({&bad_contiguous, 1});
+  ASSERT_EQ(want_error.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(want_error.message(), HasSubstr("head 19,"));
+
+  for (int64_t tokens_per_block : {5, 100}) {
+    const PagedKv paged = WritePaged(one_thread, c, tokens_per_block, 97);
+    const PagedKv bad_paged = WritePaged(one_thread, bad, tokens_per_block, 97);
+    for (int threads : {1, 2, 5}) {
+      SCOPED_TRACE(::testing::Message()
+                   << tokens_per_block << " tokens per block, " << threads
+                   << " threads");
+      CpuBackend backend(threads);
+      c.ResetOutputs();
+      const AttentionProblem problem = c.ProblemWith(paged.view(length));
+      ASSERT_TRUE(backend.Attend({&problem, 1}).ok());
+      ExpectBitwiseEqual(c.output, want_output, "output");
+      ExpectBitwiseEqual(c.lse, want_lse, "lse");
+      const AttentionProblem bad_problem =
+          bad.ProblemWith(bad_paged.view(length));
+      EXPECT_EQ(backend.Attend({&bad_problem, 1}), want_error);
+    }
+  }
+}
+
 TEST_F(CpuBackendTest, BatchCompanionsDoNotChangeBits) {
   Config a_config;
   a_config.num_queries = 70;
