@@ -472,7 +472,7 @@ void UnitRunner::Begin() {
   LoadQueries();
 }
 
-void UnitRunner::BeginDirect(int64_t count) {
+void UnitRunner::BeginWhole(int64_t count) {
   Begin();
   row_state_ = scratch_.row_state.Get(state_floats_);
   // A lone chunk without sink logits is its own row state: merging it into
@@ -488,7 +488,7 @@ void UnitRunner::EndChunk() {
   if (!lone_) MergeInto(row_state_, chunk_state_);
 }
 
-absl::Status UnitRunner::EndDirect() {
+absl::Status UnitRunner::EndWhole() {
   ATTN_RETURN_IF_ERROR(Finish(row_state_));
   if (pr_.weights != nullptr) WriteWeights(row_state_);
   return absl::OkStatus();
@@ -500,7 +500,7 @@ void UnitRunner::RunInterleaved(absl::Span<UnitRunner* const> runners,
   const int n = static_cast<int>(runners.size());
   for (UnitRunner* runner : runners) {
     if (states == nullptr) {
-      runner->BeginDirect(count);
+      runner->BeginWhole(count);
     } else {
       runner->Begin();
     }
@@ -539,7 +539,7 @@ void UnitRunner::RunInterleaved(absl::Span<UnitRunner* const> runners,
   }
   if (states != nullptr) return;
   for (int k = 0; k < n; ++k) {
-    if (statuses[k].ok()) statuses[k] = runners[k]->EndDirect();
+    if (statuses[k].ok()) statuses[k] = runners[k]->EndWhole();
   }
 }
 

@@ -113,14 +113,14 @@ class UnitRunner {
   void LoadQueries();
   void InitRowState(float* state);
   void MergeInto(float* row_state, const float* chunk_state);
-  // RunInterleaved's steps for one unit: Begin (BeginDirect for a whole
+  // RunInterleaved's steps for one unit: Begin (BeginWhole for a whole
   // unit), then per chunk StartChunk, Tile for each of its tiles and
-  // (whole units) EndChunk; then (whole units) EndDirect.
+  // (whole units) EndChunk; then (whole units) EndWhole.
   void Begin();
-  void BeginDirect(int64_t count);
+  void BeginWhole(int64_t count);
   void StartChunk(float* state, TileJob* job) const;
   void EndChunk();
-  absl::Status EndDirect();
+  absl::Status EndWhole();
   // Tile [t0, t0 + kKeysPerTile) of the current chunk into `job`'s state,
   // prefetching `next`'s rows of tile next_t0 meanwhile (`next` may be
   // this runner).

@@ -5,9 +5,13 @@
 // path gives bitwise the same results, so the choice only changes speed.
 //
 // Work split: a problem is cut into units of (query rows, KV head); all
-// query heads of a KV head share each converted K/V tile. When there are
-// too few units to occupy the threads (a lone long decode), a unit's key
-// chunks (kKeysPerSplit positions each) are spread over several threads and
+// query heads of a KV head share each converted K/V tile. Where the KV
+// layout keeps a tile's heads next to each other (paged blocks of at most a
+// tile of tokens), up to 8 units of a row block run on one thread with
+// their tiles interleaved, so that each block is read in one sweep
+// (UnitRunner::RunInterleaved). When there are too few such groups to
+// occupy the threads (a lone long decode), their key chunks
+// (kKeysPerSplit positions each) are spread over several threads and
 // their states merged afterwards in increasing chunk order — the canonical
 // order defines every chunk state from empty, so this gives the same bits.
 // For the same reason, decode steps of one call that read the same KV

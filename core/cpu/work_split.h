@@ -13,12 +13,13 @@ namespace attention {
 // Returned by ChunksPerPiece when units run whole.
 inline constexpr int64_t kNoSplit = std::numeric_limits<int64_t>::max();
 
-// A call has `num_units` units of work (query rows x one KV head), holding
-// `splittable_chunks` key chunks (kKeysPerSplit positions) in all among the
-// units that may be split. With enough units to keep `num_threads` busy
-// this returns kNoSplit; otherwise the number of chunks per piece: a unit
-// with more chunks runs as several pieces on different threads, so that a
-// lone long decode (8 KV heads, 16 threads) still uses every thread.
+// A call has `num_units` units of work (query rows x one KV head, or a
+// group of those that run together), holding `splittable_chunks` key chunks
+// (kKeysPerSplit positions) in all among the units that may be split. With
+// enough units to keep `num_threads` busy this returns kNoSplit; otherwise
+// the number of chunks per piece: a unit with more chunks runs as several
+// pieces on different threads, so that a lone long decode (8 KV heads, 16
+// threads) still uses every thread.
 int64_t ChunksPerPiece(int64_t num_units, int64_t splittable_chunks,
                        int num_threads);
 
