@@ -257,6 +257,8 @@ struct DensePlan {
   int64_t work = 0;                 // visible keys x query row-heads
   std::vector<cpu::SharedChunk> shared;
   std::vector<char> slot_shared;  // per chunk_list slot
+  // Units [previous end, group_ends[i]) run as one item (PlanGroups).
+  std::vector<int64_t> group_ends;
   std::vector<Item> items;
   int64_t partial_floats = 0;
   bool inline_run = false;
@@ -318,56 +320,58 @@ bool InterleaveHeads(const KvView& kv) {
          kv.v_head_stride <= kKeysPerTile * kv.v_token_stride;
 }
 
-// The end of the group of units starting at `u`: the units of one problem
-// and row block (its KV heads, which share keys and chunks), at most
-// cpu::kMaxInterleavedUnits, that run as one item, interleaved. Units that
-// return attention weights run alone: they are never split, so grouping them
-// could leave threads idle.
-int64_t GroupEnd(absl::Span<const AttentionProblem> problems,
-                 const DensePlan& plan, int64_t u) {
-  const Unit& first = plan.units[u];
-  const AttentionProblem& problem = problems[first.problem];
-  if (problem.weights != nullptr || !InterleaveHeads(problem.kv)) {
-    return u + 1;
-  }
-  int64_t end = u + 1;
-  while (end < static_cast<int64_t>(plan.units.size()) &&
-         end - u < cpu::kMaxInterleavedUnits &&
-         plan.units[end].problem == first.problem &&
-         plan.units[end].row_begin == first.row_begin) {
-    ++end;
-  }
-  return end;
-}
-
 bool HasSharedChunks(const DensePlan& plan, const Unit& unit) {
   const char* shared = plan.slot_shared.data() + unit.chunks_begin;
   const char* end = shared + (unit.chunks_end - unit.chunks_begin);
   return std::find(shared, end, 1) != end;
 }
 
-// Chunks -> work items, a group of units (GroupEnd) at a time. Groups with
-// too few siblings to occupy the threads are split: their chunk states go
-// to the partial buffer in pieces of at most `chunks_per_piece` chunks,
-// merged afterwards. A unit with shared chunks is split and runs alone.
+// Groups units into runs of consecutive units [begin, end) that run as one
+// item, interleaved: the units of one problem and row block (its KV heads,
+// which share keys and chunks), at most cpu::kMaxInterleavedUnits, where
+// InterleaveHeads says so. Units that return attention weights run alone
+// (they are never split, so grouping them could leave threads idle), and
+// so do units with shared chunks (each is split around its shared slots).
+// REQUIRES: PlanSharedChunks has run.
+void PlanGroups(absl::Span<const AttentionProblem> problems, DensePlan* plan) {
+  auto alone = [&](const Unit& unit) {
+    const AttentionProblem& problem = problems[unit.problem];
+    return problem.weights != nullptr || !InterleaveHeads(problem.kv) ||
+           HasSharedChunks(*plan, unit);
+  };
+  const int64_t num_units = static_cast<int64_t>(plan->units.size());
+  for (int64_t u = 0, end = 0; u < num_units; u = end) {
+    const Unit& first = plan->units[u];
+    end = u + 1;
+    if (!alone(first)) {
+      while (end < num_units && end - u < cpu::kMaxInterleavedUnits &&
+             plan->units[end].problem == first.problem &&
+             plan->units[end].row_begin == first.row_begin &&
+             !alone(plan->units[end])) {
+        ++end;
+      }
+    }
+    plan->group_ends.push_back(end);
+  }
+}
+
+// Chunks -> work items, a group of units (PlanGroups) at a time. Groups
+// with too few siblings to occupy the threads, and units with shared
+// chunks, are split: their chunk states go to the partial buffer in pieces
+// of at most `chunks_per_piece` chunks, merged afterwards.
 void PlanItems(absl::Span<const AttentionProblem> problems,
                int64_t chunks_per_piece, DensePlan* plan) {
   // Shared chunks first: each is a long item, better started early.
   for (size_t s = 0; s < plan->shared.size(); ++s) {
     plan->items.push_back(Item{-1, 0, 0, static_cast<int64_t>(s)});
   }
-  const int64_t num_units = static_cast<int64_t>(plan->units.size());
-  for (int64_t u = 0, end = 0; u < num_units; u = end) {
-    const bool has_shared = HasSharedChunks(*plan, plan->units[u]);
-    end = has_shared ? u + 1 : GroupEnd(problems, *plan, u);
-    for (int64_t k = u + 1; k < end; ++k) {
-      if (HasSharedChunks(*plan, plan->units[k])) end = k;
-    }
+  int64_t u = 0;
+  for (const int64_t end : plan->group_ends) {
     const Unit& first = plan->units[u];
     const int64_t count = first.chunks_end - first.chunks_begin;
-    const bool split =
-        has_shared || (count > chunks_per_piece &&
-                       problems[first.problem].weights == nullptr);
+    const bool split = HasSharedChunks(*plan, first) ||
+                       (count > chunks_per_piece &&
+                        problems[first.problem].weights == nullptr);
     for (int64_t k = u; k < end; ++k) {
       Unit& unit = plan->units[k];
       const ProblemInfo& info = plan->infos[unit.problem];
@@ -381,17 +385,19 @@ void PlanItems(absl::Span<const AttentionProblem> problems,
     if (!split) {
       plan->items.push_back(
           Item{u, first.chunks_begin, first.chunks_end, -1, end});
-      continue;
+    } else {
+      // The shared slots' states come from the shared items above.
+      const char* shared = plan->slot_shared.data() + first.chunks_begin;
+      ForEachPiece(
+          count, chunks_per_piece,
+          [shared](int64_t slot) { return shared[slot] != 0; },
+          [&](int64_t begin, int64_t piece_end) {
+            plan->items.push_back(Item{u, first.chunks_begin + begin,
+                                       first.chunks_begin + piece_end, -1,
+                                       end});
+          });
     }
-    // The shared slots' states come from the shared items above.
-    const char* shared = plan->slot_shared.data() + first.chunks_begin;
-    ForEachPiece(
-        count, chunks_per_piece,
-        [shared](int64_t slot) { return shared[slot] != 0; },
-        [&](int64_t begin, int64_t piece_end) {
-          plan->items.push_back(Item{u, first.chunks_begin + begin,
-                                     first.chunks_begin + piece_end, -1, end});
-        });
+    u = end;
   }
 }
 
@@ -549,25 +555,26 @@ absl::Status CpuBackend::AttendDense(
     absl::Span<const AttentionProblem> problems) {
   DensePlan plan;
   PlanUnits(problems, &plan);
-  // Too few groups of units (GroupEnd) to occupy the threads: spread long
-  // groups' chunks over several items. Whether and how units are grouped
-  // or split never changes results.
-  const int64_t num_units = static_cast<int64_t>(plan.units.size());
-  int64_t num_groups = 0;
+  PlanSharedChunks(problems, &plan);
+  PlanGroups(problems, &plan);
+  // Too few groups to occupy the threads: spread long groups' chunks over
+  // several items. Whether and how units are grouped or split never
+  // changes results.
   int64_t splittable_chunks = 0;
-  for (int64_t u = 0, end = 0; u < num_units; u = end) {
-    end = GroupEnd(problems, plan, u);
-    ++num_groups;
-    const Unit& unit = plan.units[u];
-    if (problems[unit.problem].weights != nullptr) continue;
-    splittable_chunks += unit.chunks_end - unit.chunks_begin;
+  int64_t u = 0;
+  for (const int64_t end : plan.group_ends) {
+    const Unit& first = plan.units[u];
+    if (problems[first.problem].weights == nullptr) {
+      splittable_chunks += first.chunks_end - first.chunks_begin;
+    }
+    u = end;
   }
   plan.inline_run = plan.work < kInlineWorkLimit;
   const int64_t chunks_per_piece =
       plan.inline_run
           ? kNoSplit
-          : ChunksPerPiece(num_groups, splittable_chunks, pool_.num_threads());
-  PlanSharedChunks(problems, &plan);
+          : ChunksPerPiece(static_cast<int64_t>(plan.group_ends.size()),
+                           splittable_chunks, pool_.num_threads());
   PlanItems(problems, chunks_per_piece, &plan);
 
   auto parallel_for = [&](int64_t n, const std::function<void(int64_t)>& fn) {
