@@ -17,7 +17,11 @@
 //     compute, the same decode on one thread over a 2 MiB history that
 //     stays in the caches (decode_cached_gbps_per_thread_*), with the long
 //     decode as a share of that rate times the thread count
-//     (decode_vs_cached_kernels_*);
+//     (decode_vs_cached_kernels_*); and the tile kernel alone, one 32-key
+//     tile of rows in L1 updated over and over on one thread, as a share
+//     of that thread's multiply-add peak (decode_tile_fma_share_*): what
+//     the kernels compute when neither memory nor the backend's per-tile
+//     work costs anything;
 //   * prefill: causal, T = 2048, H = H_kv = 16, head_dim 64, fp32, against
 //     the seeds' straightforward tiled_attention loop written in plain C++
 //     (prefill_gflops, prefill_vs_naive).
@@ -178,6 +182,16 @@ double FmaPeak(ThreadPool& pool, const cpu::KernelTable& kernels,
          seconds;
 }
 
+// The multiply-add probe on the calling thread alone: floating-point
+// operations per second.
+double OneThreadFmaPeak(const cpu::KernelTable& kernels, int64_t rounds,
+                        float* sink) {
+  const Clock::time_point start = Clock::now();
+  *sink += kernels.fma_probe(rounds);
+  return static_cast<double>(rounds) * kernels.fma_probe_flops /
+         Seconds(start);
+}
+
 // ---- Decode ----------------------------------------------------------------
 
 struct DecodeShape {
@@ -217,6 +231,9 @@ struct DecodeResult {
   // share of that rate times the backend's threads, median.
   double cached_gbps_per_thread = 0;
   double kernel_share = 0;
+  // The tile kernel alone (TileLoop) as a share of one thread's
+  // multiply-add peak, median.
+  double tile_fma_share = 0;
 };
 
 // A KV history of `length` tokens of `shape`, written through `backend`
@@ -298,6 +315,100 @@ class DecodeHistory {
   int64_t bytes_ = 0;
 };
 
+// One decode tile (cpu::kTileKeys keys, one query row, the shape's query
+// heads per KV head, its KV type read in place) updated over and over
+// through the kernel table on the calling thread, its rows in L1: the
+// kernels' own speed, without memory, row lookups, masks or scheduling.
+class TileLoop {
+ public:
+  TileLoop(const cpu::KernelTable& kernels, const DecodeShape& shape)
+      : kernels_(kernels),
+        group_(shape.heads / shape.kv_heads),
+        q_(RandomFloats(int64_t{group_} * kDecodeHeadDim, 31)),
+        rows_(2 * cpu::kTileKeys * kDecodeHeadDim * DTypeSize(shape.dtype)),
+        state_(group_ * (2 + kDecodeHeadDim)),
+        work_(group_ * (cpu::kTileKeys + 1)),
+        active_(group_) {
+    const std::vector<float> raw =
+        RandomFloats(2 * cpu::kTileKeys * kDecodeHeadDim, 32);
+    ConvertFromFloat(raw.data(), raw.size(), shape.dtype, rows_.data());
+    const int64_t row_bytes = kDecodeHeadDim * DTypeSize(shape.dtype);
+    for (int j = 0; j < cpu::kTileKeys; ++j) {
+      keys_[j] = rows_.data() + j * row_bytes;
+      values_[j] = rows_.data() + (cpu::kTileKeys + j) * row_bytes;
+    }
+    job_.n = cpu::kTileKeys;
+    job_.head_dim_padded = kDecodeHeadDim;
+    job_.value_dim_padded = kDecodeHeadDim;
+    job_.rows = 1;
+    job_.group = group_;
+    job_.scale = 1.0f / std::sqrt(static_cast<float>(kDecodeHeadDim));
+    job_.q = q_.data();
+    job_.key_type = job_.value_type = ElementTypeOf(shape.dtype);
+    job_.k = keys_;
+    job_.v = values_;
+    job_.visible = &visible_;
+    job_.m = state_.data();
+    job_.l = state_.data() + group_;
+    job_.acc = state_.data() + 2 * group_;
+    job_.work = work_.data();
+    job_.alpha = work_.data() + group_ * cpu::kTileKeys;
+    job_.active = active_.data();
+  }
+
+  // Floating-point operations of one update: a multiply-add per element
+  // of each query head's Q.K and P.V.
+  double Flops() const {
+    return 2.0 * group_ * cpu::kTileKeys * (2.0 * kDecodeHeadDim);
+  }
+
+  // Seconds per update: the fastest of a few timed runs of `updates`.
+  double SecondsPerUpdate(int updates) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int run = 0; run < 3; ++run) {
+      std::fill(state_.begin(), state_.begin() + group_,
+                -std::numeric_limits<float>::infinity());
+      std::fill(state_.begin() + group_, state_.end(), 0.0f);
+      const Clock::time_point start = Clock::now();
+      for (int i = 0; i < updates; ++i) {
+        if (kernels_.update_tile(&job_) != cpu::TileError::kNone) {
+          Die(absl::InternalError("the tile update failed"), "tile kernel");
+        }
+      }
+      best = std::min(best, Seconds(start) / updates);
+    }
+    return best;
+  }
+
+ private:
+  static cpu::ElementType ElementTypeOf(DType dtype) {
+    switch (dtype) {
+      case DType::kFloat16:
+        return cpu::ElementType::kFloat16;
+      case DType::kBFloat16:
+        return cpu::ElementType::kBFloat16;
+      case DType::kFloat32:
+        break;
+    }
+    return cpu::ElementType::kFloat32;
+  }
+
+  const cpu::KernelTable& kernels_;
+  const int group_;
+  const std::vector<float> q_;
+  std::vector<std::byte> rows_;
+  const std::byte* keys_[cpu::kTileKeys];
+  const std::byte* values_[cpu::kTileKeys];
+  const uint32_t visible_ = ~uint32_t{0};
+  std::vector<float> state_;  // m, l [group]; acc [group][head_dim]
+  std::vector<float> work_;
+  std::vector<int> active_;
+  cpu::TileJob job_;
+};
+
+// Tile updates per timed run: about a millisecond.
+constexpr int kTileUpdates = 2000;
+
 // KV bytes of the cached decode: small enough to stay in one core's caches
 // between steps, large enough that a step is mostly kernel work.
 constexpr int64_t kCachedDecodeBytes = int64_t{2} << 20;
@@ -328,6 +439,7 @@ DecodeResult MeasureDecode(CpuBackend& backend, CpuBackend& single,
   // transparent huge pages are opt-in, unlike the KV arena).
   std::vector<std::byte> heap(shape.heap_probe ? kv_bytes : 0, std::byte{1});
   const cpu::KernelTable& kernels = KernelsOf(backend);
+  TileLoop tile(kernels, shape);
   ThreadPool& pool = backend.thread_pool();
   uint64_t sink = 0;
   float fma_sink = 0;
@@ -338,13 +450,14 @@ DecodeResult MeasureDecode(CpuBackend& backend, CpuBackend& single,
   WideRead(pool, kernels, probe, kv_bytes, &fma_sink);
   const int64_t fma_rounds = FmaProbeRounds(kernels, &fma_sink);
   FmaPeak(pool, kernels, fma_rounds, &fma_sink);
+  tile.SecondsPerUpdate(kTileUpdates);
 
   // Each repetition reads with the probe, runs the multiply-add probe, then
   // decodes; the ratios are the medians of the per-repetition ratios, so
   // slow phases of a loaded machine hit all sides of a repetition.
   const double flops_per_byte = FlopsPerKvByte(shape);
   std::vector<double> decode_s, stream_s, heap_s, wide_s, read_s, fma_rate,
-      cached_s, ratios, roofline, kernel_share;
+      cached_s, ratios, roofline, kernel_share, tile_share;
   int compute_bound_reps = 0;
   for (int rep = 0; rep < reps; ++rep) {
     if (shape.heap_probe) {
@@ -358,6 +471,10 @@ DecodeResult MeasureDecode(CpuBackend& backend, CpuBackend& single,
       cached_best = std::min(cached_best, cached.Step(single));
     }
     cached_s.push_back(cached_best);
+    const double tile_flops =
+        tile.Flops() / tile.SecondsPerUpdate(kTileUpdates);
+    tile_share.push_back(tile_flops /
+                         OneThreadFmaPeak(kernels, fma_rounds, &fma_sink));
     decode_s.push_back(history.Step(backend));
     const double decode_bps = kv_bytes / decode_s.back();
     const double stream_bps = kv_bytes / stream_s.back();
@@ -385,6 +502,7 @@ DecodeResult MeasureDecode(CpuBackend& backend, CpuBackend& single,
   result.compute_bound = 2 * compute_bound_reps > reps;
   result.cached_gbps_per_thread = cached.bytes() / Median(cached_s) / 1e9;
   result.kernel_share = Median(kernel_share);
+  result.tile_fma_share = Median(tile_share);
   return result;
 }
 
@@ -599,6 +717,11 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
                    absl::StrCat("decode / (", threads, " x cached rate) (",
                                 what, ")"),
                    r.kernel_share, "ratio");
+    report->AddRow(kSection,
+                   absl::StrCat("tile kernel alone, rows in L1: multiply-adds "
+                                "/ one thread's peak (",
+                                what, ")"),
+                   r.tile_fma_share, "ratio");
     report->AddRow(kSection, absl::StrCat("decode / read probe (", what, ")"),
                    r.ratio, "ratio");
     report->AddRow(kSection,
@@ -624,6 +747,8 @@ void RunKernelBench(const BenchOptions& options, BenchReport* report) {
                       r.cached_gbps_per_thread);
     report->AddFigure(absl::StrCat("decode_vs_cached_kernels", suffix),
                       r.kernel_share);
+    report->AddFigure(absl::StrCat("decode_tile_fma_share", suffix),
+                      r.tile_fma_share);
   }
 
   std::printf("  prefill T=2048 ...\n");
