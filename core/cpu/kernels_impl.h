@@ -404,7 +404,8 @@ inline TileError MaskedLogits(const TileJob& job, int rh, uint32_t visible,
 inline bool UpdateMaximum(const TileJob& job, int rh, float* logits) {
   const V l0 = Load(logits);
   const V l1 = Load(logits + kLanes);
-  const float tile_max = Max(ReduceMax(l0), ReduceMax(l1));
+  // One reduction of both halves: a maximum is the same in any order.
+  const float tile_max = ReduceMax(Max(l0, l1));
   if (tile_max == kNegInfinity) return false;
   const float m_old = job.m[rh];
   const float m_new = Max(m_old, tile_max);
@@ -449,12 +450,18 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
     for (int b = 0; b < kBlocks; ++b) pv[i][b] = Zero();
   }
   const int first_block = d0 / kLanes;
+  // Rows of the next tile this pass prefetches from.
+  const int prefetch_n = prefetch ? job.prefetch_n : 0;
   // Bytes [prefetch_lo, prefetch_hi) of a row hold value blocks
   // [first_block, first_block + kBlocks), rounded out to cache lines.
-  const int prefetch_lo =
-      job.prefetch_value_bytes * d0 / job.value_dim_padded / 64 * 64;
-  const int prefetch_hi = job.prefetch_value_bytes *
-                          (d0 + kBlocks * kLanes) / job.value_dim_padded;
+  int prefetch_lo = 0;
+  int prefetch_hi = 0;
+  if (prefetch_n > 0) {
+    prefetch_lo =
+        job.prefetch_value_bytes * d0 / job.value_dim_padded / 64 * 64;
+    prefetch_hi = job.prefetch_value_bytes * (d0 + kBlocks * kLanes) /
+                  job.value_dim_padded;
+  }
   // The common case, rows read in place whose pass covers whole lines.
   constexpr int kValueLines = RowLines<kType>(kBlocks);
   const bool whole_lines =
@@ -467,7 +474,7 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
       vb[b] = LoadRow<kType>(row, first_block + b);
     }
     // The next tile's value rows (inline: see JointDots).
-    if (prefetch && j < job.prefetch_n) {
+    if (j < prefetch_n) {
       if (const std::byte* next = job.prefetch_v[j]) {
         if (whole_lines) {
 #pragma GCC unroll 16
@@ -489,10 +496,13 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
       for (int b = 0; b < kBlocks; ++b) pv[i][b] = Fma(pj, vb[b], pv[i][b]);
     }
   }
+  // Unrolled so that the partial sums stay in registers.
+#pragma GCC unroll 16
   for (int i = 0; i < kHeads; ++i) {
     const int rh = rhs[i];
     float* acc = job.acc + static_cast<int64_t>(rh) * job.value_dim_padded + d0;
     const V alpha = Splat(V{}, job.alpha[rh]);
+#pragma GCC unroll 16
     for (int b = 0; b < kBlocks; ++b) {
       Store(acc + b * kLanes, Fma(alpha, Load(acc + b * kLanes), pv[i][b]));
     }
