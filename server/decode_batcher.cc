@@ -56,6 +56,7 @@ DecodeBatcher::~DecodeBatcher() {
     stopping_ = true;
   }
   batch_thread_.join();
+  // replies_'s destructor then runs the callbacks still queued there.
 }
 
 void DecodeBatcher::AppendAsync(const AppendRequest& request, StepDone done,
@@ -67,7 +68,7 @@ void DecodeBatcher::AppendAsync(const AppendRequest& request, StepDone done,
   if (run_inline == RunInline::kWhenIdle && ClaimIdle()) {
     std::vector<std::unique_ptr<Entry>> batch;
     batch.push_back(std::move(entry));
-    RunBatch(std::move(batch));
+    RunBatch(std::move(batch), /*on_batch_thread=*/false);
     FinishInline();
     return;
   }
@@ -145,7 +146,9 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
 
 bool DecodeBatcher::ClaimIdle() {
   absl::MutexLock lock(&mu_);
-  if (running_ || !queue_.empty() || expected_batch_ != 1 || stopping_) {
+  // Callbacks still on the reply thread run first (batch order).
+  if (running_ || !queue_.empty() || expected_batch_ != 1 || stopping_ ||
+      deferred_batches_.load() > 0) {
     return false;
   }
   running_ = true;
@@ -170,7 +173,7 @@ void DecodeBatcher::BatchThreadMain() {
     std::vector<std::unique_ptr<Entry>> batch = TakeBatch();
     running_ = true;
     mu_.Unlock();
-    RunBatch(std::move(batch));
+    RunBatch(std::move(batch), /*on_batch_thread=*/true);
     mu_.Lock();
     running_ = false;
   }
@@ -244,7 +247,8 @@ std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch() {
   return batch;
 }
 
-void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch) {
+void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
+                             bool on_batch_thread) {
   const std::chrono::steady_clock::time_point start =
       std::chrono::steady_clock::now();
   auto record_times = [&] {
@@ -262,7 +266,11 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch) {
     if (options_.on_batch) {
       options_.on_batch(static_cast<int64_t>(group.requests.size()));
     }
-    group.group_done(std::move(results));
+    Deliver(
+        [entry = std::move(batch[0]), results = std::move(results)]() mutable {
+          entry->group_done(std::move(results));
+        },
+        on_batch_thread);
     return;
   }
   std::vector<AppendRequest> requests;
@@ -274,9 +282,36 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch) {
       engine_->AppendEach(requests);
   record_times();
   if (options_.on_batch) options_.on_batch(static_cast<int64_t>(batch.size()));
-  for (size_t i = 0; i < batch.size(); ++i) {
-    batch[i]->step_done(std::move(results[i]));
+  Deliver(
+      [batch = std::move(batch), results = std::move(results)]() mutable {
+        for (size_t i = 0; i < batch.size(); ++i) {
+          batch[i]->step_done(std::move(results[i]));
+        }
+      },
+      on_batch_thread);
+}
+
+void DecodeBatcher::Deliver(absl::AnyInvocable<void() &&> callbacks,
+                            bool on_batch_thread) {
+  bool defer = false;
+  if (on_batch_thread) {
+    // Only this thread increments the count, so zero means every earlier
+    // batch's callbacks have run.
+    defer = deferred_batches_.load() > 0;
+    if (!defer) {
+      absl::MutexLock lock(&mu_);
+      defer = !queue_.empty();
+    }
   }
+  if (!defer) {
+    std::move(callbacks)();
+    return;
+  }
+  deferred_batches_.fetch_add(1);
+  replies_.Schedule([this, callbacks = std::move(callbacks)]() mutable {
+    std::move(callbacks)();
+    deferred_batches_.fetch_sub(1);
+  });
 }
 
 }  // namespace attention::server

@@ -17,6 +17,14 @@
 //     engine is never idle while work waits (continuous batching). A lone
 //     step pays one thread wake-up over a direct engine call; the gRPC
 //     thread that received it is free meanwhile.
+//   - Replies overlap the next batch: when steps already wait for the next
+//     batch, the batch thread hands the finished batch's callbacks (which
+//     encode and send the replies) to the batcher's reply thread and starts
+//     that batch at once, instead of leaving the engine idle while it
+//     answers every caller. With nothing waiting it calls them itself, so a
+//     lone step pays no second hand-off. Either way the callbacks of all
+//     batches run in batch order (a batch's callbacks go to the reply thread
+//     also while an earlier batch's are still running there).
 //   - Lone callers: a submission may allow running inline
 //     (RunInline::kWhenIdle, DecodeStep does). When the batcher is idle --
 //     nothing queued or running -- and its last batch was a lone step (no
@@ -50,13 +58,14 @@
 // guarantees batch invariance); each step succeeds or fails on its own.
 //
 // Thread-safety: all methods are thread-safe. Callbacks run on the batch
-// thread (or, for a refused submission or a step run inline, on the
-// submitting thread before the submission returns); they must be short
-// (finish a reply, start the next read) and must not call the blocking
-// Append / AppendAtomic.
+// thread or the reply thread (or, for a refused submission or a step run
+// inline, on the submitting thread before the submission returns); they
+// must be short (finish a reply, start the next read) and must not call the
+// blocking Append / AppendAtomic.
 #ifndef ATTENTION_SERVER_DECODE_BATCHER_H_
 #define ATTENTION_SERVER_DECODE_BATCHER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -72,6 +81,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/engine.h"
+#include "server/call_executor.h"
 #include "server/decode_step_timing.h"
 
 namespace attention::server {
@@ -119,7 +129,8 @@ class DecodeBatcher {
   // ValidateOptions(options) is OK.
   DecodeBatcher(AttentionEngine* engine, DecodeBatcherOptions options);
   // Runs what is still queued (calling its callbacks), then joins the batch
-  // thread. REQUIRES: no submission in progress or to come.
+  // thread and the reply thread. REQUIRES: no submission in progress or to
+  // come.
   ~DecodeBatcher();
 
   DecodeBatcher(const DecodeBatcher&) = delete;
@@ -127,8 +138,9 @@ class DecodeBatcher {
 
   // Queues one independent step for the next suitable batch and returns at
   // once. `done` runs exactly once: with what AttentionEngine::Append would
-  // return (same status codes, same bits), on the batch thread after the
-  // step ran; or with UNAVAILABLE when the queue is full (nothing applied;
+  // return (same status codes, same bits), after the step ran, on the batch
+  // thread or the reply thread; or with UNAVAILABLE when the queue is full
+  // (nothing applied;
   // retry later), on this thread before AppendAsync returns. `request` (and
   // the tensors it views, its output destination, control and tenant) must
   // stay valid until `done` runs. When `times` is not null, it receives when
@@ -184,9 +196,15 @@ class DecodeBatcher {
   // that no earlier queued step of the same (session, layer) precedes.
   std::vector<std::unique_ptr<Entry>> TakeBatch()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs a batch taken by TakeBatch (without holding mu_) and calls every
-  // entry's callback with its result.
-  void RunBatch(std::vector<std::unique_ptr<Entry>> batch);
+  // Runs a batch taken by TakeBatch (without holding mu_) and has every
+  // entry's callback called with its result (Deliver; `on_batch_thread`:
+  // whether this is the batch thread, which may hand them off).
+  void RunBatch(std::vector<std::unique_ptr<Entry>> batch,
+                bool on_batch_thread);
+  // Runs a finished batch's `callbacks` here, or, on the batch thread when
+  // steps wait for the next batch or earlier callbacks are still on the
+  // reply thread, queues them there.
+  void Deliver(absl::AnyInvocable<void() &&> callbacks, bool on_batch_thread);
 
   AttentionEngine* const engine_;
   const DecodeBatcherOptions options_;
@@ -201,6 +219,11 @@ class DecodeBatcher {
   // When the latest step was queued.
   absl::Time last_arrival_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Batches whose callbacks are queued or running on the reply thread
+  // (incremented by the batch thread, decremented by the reply thread).
+  std::atomic<int> deferred_batches_{0};
+  // The reply thread; before batch_thread_, whose batches use it.
+  CallExecutor replies_{1};
   // Last: started once everything above is initialized.
   std::thread batch_thread_;
 };

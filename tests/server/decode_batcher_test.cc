@@ -34,6 +34,8 @@ constexpr int kLayers = 2;
 constexpr int kQHeads = 4;
 constexpr int kKvHeads = 2;
 constexpr int kDim = 16;
+// A bound on waits that only a broken batcher reaches (nothing is timed).
+constexpr absl::Duration kGenerous = absl::Seconds(60);
 
 SessionSpec TestSpec() {
   SessionSpec spec;
@@ -108,6 +110,7 @@ class BatchRecorder {
   void OnBatch(int64_t size) {
     absl::MutexLock lock(&mu_);
     sizes_.push_back(size);
+    batch_thread_ = std::this_thread::get_id();
     if (sizes_.size() == 1) {
       entered_ = true;
       mu_.Await(absl::Condition(
@@ -127,12 +130,27 @@ class BatchRecorder {
     absl::MutexLock lock(&mu_);
     return sizes_;
   }
+  // The thread that ran the latest batch.
+  std::thread::id batch_thread() {
+    absl::MutexLock lock(&mu_);
+    return batch_thread_;
+  }
+  // Whether `count` batches have run within `timeout` (a bound only for a
+  // broken batcher, which would otherwise hang the test; nothing is timed).
+  bool WaitForBatches(size_t count, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return sizes_.size() >= count;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
 
  private:
   absl::Mutex mu_;
   bool held_ ABSL_GUARDED_BY(mu_);
   bool entered_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<int64_t> sizes_ ABSL_GUARDED_BY(mu_);
+  std::thread::id batch_thread_ ABSL_GUARDED_BY(mu_);
 };
 
 // Polls until `steps` steps wait in the queue (no timing is asserted).
@@ -593,6 +611,7 @@ TEST_F(DecodeBatcherTest, AsyncStepsFromOneThreadShareABatchViaCallbacks) {
   std::vector<absl::StatusOr<AttentionOutput>> results(order.size());
   absl::StatusOr<std::vector<AttentionOutput>> group_result;
   std::vector<std::thread::id> callback_threads;
+  std::vector<int> answered;  // step indices; the group is order.size()
   int done = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     batcher_->AppendAsync(requests[i],
@@ -601,6 +620,7 @@ TEST_F(DecodeBatcherTest, AsyncStepsFromOneThreadShareABatchViaCallbacks) {
                             results[i] = std::move(output);
                             callback_threads.push_back(
                                 std::this_thread::get_id());
+                            answered.push_back(static_cast<int>(i));
                             ++done;
                           });
   }
@@ -609,6 +629,7 @@ TEST_F(DecodeBatcherTest, AsyncStepsFromOneThreadShareABatchViaCallbacks) {
         absl::MutexLock lock(&mu);
         group_result = std::move(outputs);
         callback_threads.push_back(std::this_thread::get_id());
+        answered.push_back(static_cast<int>(order.size()));
         ++done;
       });
   EXPECT_EQ(batcher_->queued_steps(),
@@ -624,11 +645,13 @@ TEST_F(DecodeBatcherTest, AsyncStepsFromOneThreadShareABatchViaCallbacks) {
   // Held batch; 1/L0..6/L0 and the first 1/L1; the second 1/L1, which may
   // not share a batch with the first; the group (its own batch).
   EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 7, 1, 2}));
-  // Every callback ran on the batch thread, not on the submitting one.
+  // No callback ran on the submitting thread (they ran on the batch thread
+  // or the reply thread), and they ran in batch order, each batch's in
+  // queue order.
   for (std::thread::id id : callback_threads) {
     EXPECT_NE(id, std::this_thread::get_id());
-    EXPECT_EQ(id, callback_threads[0]);
   }
+  EXPECT_EQ(answered, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8}));
   for (size_t i = 0; i < order.size(); ++i) {
     ASSERT_TRUE(results[i].ok()) << results[i].status();
     auto expected = ReferenceStep(order[i].session, order[i].layer, *tokens[i]);
@@ -772,6 +795,60 @@ TEST_F(DecodeBatcherTest, InlineStepsQueueBehindARunningBatch) {
   auto expected = ReferenceStep(1, 1, t3);
   ASSERT_TRUE(expected.ok());
   EXPECT_EQ(Bytes(third_result->output), Bytes(expected->output));
+}
+
+TEST_F(DecodeBatcherTest, TheNextBatchRunsWhileTheRepliesAreDelivered) {
+  MakeBatcher(DecodeBatcherOptions());
+  for (int s = 0; s < 3; ++s) AddSession(3 + s);
+  StartHeldFirstBatch(0);
+  // Two steps of one (session, layer), and one of another session queued
+  // behind the first: batches [1/L0, 2/L0] and [1/L0] after the held one.
+  Tokens t1(1, 91), t2(1, 92), t3(1, 93);
+  const std::vector<AppendRequest> requests = {
+      DecodeRequest(ids_[1], 0, t1), DecodeRequest(ids_[2], 0, t2),
+      DecodeRequest(ids_[1], 0, t3)};
+  absl::Mutex mu;
+  std::vector<int> answered;
+  std::vector<std::thread::id> answered_on;
+  std::vector<absl::StatusOr<AttentionOutput>> results(requests.size());
+  bool next_batch_ran = false;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    batcher_->AppendAsync(
+        requests[i], [&, i](absl::StatusOr<AttentionOutput> output) {
+          // The first reply waits for the next batch: it can only run if
+          // that batch does not wait for the replies.
+          if (i == 0) next_batch_ran = recorder_->WaitForBatches(3, kGenerous);
+          absl::MutexLock lock(&mu);
+          results[i] = std::move(output);
+          answered.push_back(static_cast<int>(i));
+          answered_on.push_back(std::this_thread::get_id());
+        });
+  }
+  recorder_->Release();
+  {
+    absl::MutexLock lock(&mu);
+    auto all = [&] { return answered.size() == requests.size(); };
+    mu.Await(absl::Condition(&all));
+  }
+  FinishFirstBatch(0);
+  EXPECT_TRUE(next_batch_ran);
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 2, 1}));
+  // In batch order. The first batch's replies ran off the batch thread
+  // (a step was waiting when it finished); the last one's may run on
+  // either, once those are done.
+  EXPECT_EQ(answered, (std::vector<int>{0, 1, 2}));
+  EXPECT_NE(answered_on[0], recorder_->batch_thread());
+  EXPECT_EQ(answered_on[1], answered_on[0]);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+  }
+  // The same bits as plain Append calls in the same order.
+  const std::pair<int, const Tokens*> steps[] = {{1, &t1}, {2, &t2}, {1, &t3}};
+  for (int i = 0; i < 3; ++i) {
+    auto expected = ReferenceStep(steps[i].first, 0, *steps[i].second);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(Bytes(results[i]->output), Bytes(expected->output)) << i;
+  }
 }
 
 }  // namespace
