@@ -41,6 +41,12 @@ absl::Status DecodeBatcher::ValidateOptions(
     return absl::InvalidArgumentError(absl::StrCat(
         "max_queued_decode_steps ", options.max_queued_steps, " must be >= 1"));
   }
+  if (options.overlap_replies_step_time < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "overlap_replies_step_time ",
+        absl::FormatDuration(options.overlap_replies_step_time),
+        " must be >= 0 (InfiniteDuration: never hand replies off)"));
+  }
   return absl::OkStatus();
 }
 
@@ -251,18 +257,20 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
                              bool on_batch_thread) {
   const std::chrono::steady_clock::time_point start =
       std::chrono::steady_clock::now();
+  // Records when the batch ran; returns how long the engine took.
   auto record_times = [&] {
     const std::chrono::steady_clock::time_point end =
         std::chrono::steady_clock::now();
     for (const std::unique_ptr<Entry>& entry : batch) {
       if (entry->times != nullptr) *entry->times = {start, end};
     }
+    return absl::FromChrono(end - start);
   };
   if (batch.size() == 1 && batch[0]->atomic) {
     Entry& group = *batch[0];
     absl::StatusOr<std::vector<AttentionOutput>> results =
         engine_->AppendBatch(group.requests);
-    record_times();
+    const absl::Duration engine_time = record_times();
     if (options_.on_batch) {
       options_.on_batch(static_cast<int64_t>(group.requests.size()));
     }
@@ -270,7 +278,8 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
         [entry = std::move(batch[0]), results = std::move(results)]() mutable {
           entry->group_done(std::move(results));
         },
-        on_batch_thread);
+        on_batch_thread,
+        engine_time / static_cast<int64_t>(group.requests.size()));
     return;
   }
   std::vector<AppendRequest> requests;
@@ -280,7 +289,8 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
   }
   std::vector<absl::StatusOr<AttentionOutput>> results =
       engine_->AppendEach(requests);
-  record_times();
+  const absl::Duration step_time =
+      record_times() / static_cast<int64_t>(batch.size());
   if (options_.on_batch) options_.on_batch(static_cast<int64_t>(batch.size()));
   Deliver(
       [batch = std::move(batch), results = std::move(results)]() mutable {
@@ -288,17 +298,17 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
           batch[i]->step_done(std::move(results[i]));
         }
       },
-      on_batch_thread);
+      on_batch_thread, step_time);
 }
 
 void DecodeBatcher::Deliver(absl::AnyInvocable<void() &&> callbacks,
-                            bool on_batch_thread) {
+                            bool on_batch_thread, absl::Duration step_time) {
   bool defer = false;
   if (on_batch_thread) {
     // Only this thread increments the count, so zero means every earlier
     // batch's callbacks have run.
     defer = deferred_batches_.load() > 0;
-    if (!defer) {
+    if (!defer && step_time >= options_.overlap_replies_step_time) {
       absl::MutexLock lock(&mu_);
       defer = !queue_.empty();
     }

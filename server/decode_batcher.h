@@ -18,13 +18,16 @@
 //     step pays one thread wake-up over a direct engine call; the gRPC
 //     thread that received it is free meanwhile.
 //   - Replies overlap the next batch: when steps already wait for the next
-//     batch, the batch thread hands the finished batch's callbacks (which
-//     encode and send the replies) to the batcher's reply thread and starts
-//     that batch at once, instead of leaving the engine idle while it
-//     answers every caller. With nothing waiting it calls them itself, so a
-//     lone step pays no second hand-off. Either way the callbacks of all
-//     batches run in batch order (a batch's callbacks go to the reply thread
-//     also while an earlier batch's are still running there).
+//     batch and the finished batch's steps each kept the engine busy for at
+//     least `overlap_replies_step_time` (on average), the batch thread hands
+//     its callbacks (which encode and send the replies) to the batcher's
+//     reply thread and starts that batch at once, instead of leaving the
+//     engine idle while it answers every caller. Otherwise it calls them
+//     itself: a lone step pays no second hand-off, and small steps, whose
+//     replies cost more than their engine work, are not all funneled
+//     through one reply thread. Either way the callbacks of all batches run
+//     in batch order (a batch's callbacks go to the reply thread also while
+//     an earlier batch's are still running there).
 //   - Lone callers: a submission may allow running inline
 //     (RunInline::kWhenIdle, DecodeStep does). When the batcher is idle --
 //     nothing queued or running -- and its last batch was a lone step (no
@@ -97,6 +100,14 @@ struct DecodeBatcherOptions {
   // Most steps waiting in the queue; beyond it submissions fail with
   // UNAVAILABLE. A submission into an empty queue is always accepted.
   int64_t max_queued_steps = 4096;
+  // Shortest engine time per step (the batch's engine call over its steps)
+  // for which a batch's callbacks may move to the reply thread so that the
+  // next batch starts at once (see the design note): zero whenever steps
+  // wait, InfiniteDuration() never. On 2 cores a reply costs 10-30 us of
+  // CPU; handing off context-2048 steps (about 150 us each in batches of
+  // 64 streams) raised the served rate, handing off context-16 steps
+  // (about 7 us) lowered it.
+  absl::Duration overlap_replies_step_time = absl::Microseconds(50);
   // Called once per engine call with its number of steps (e.g. for the
   // attention_decode_batch_size histogram). Runs on the thread that ran the
   // batch (the batch thread, or the submitter of a step run inline), after
@@ -201,10 +212,12 @@ class DecodeBatcher {
   // whether this is the batch thread, which may hand them off).
   void RunBatch(std::vector<std::unique_ptr<Entry>> batch,
                 bool on_batch_thread);
-  // Runs a finished batch's `callbacks` here, or, on the batch thread when
-  // steps wait for the next batch or earlier callbacks are still on the
-  // reply thread, queues them there.
-  void Deliver(absl::AnyInvocable<void() &&> callbacks, bool on_batch_thread);
+  // Runs a finished batch's `callbacks` here, or queues them on the reply
+  // thread: on the batch thread, when earlier callbacks are still there, or
+  // when steps wait for the next batch and the batch's engine call took
+  // `step_time` per step >= options_.overlap_replies_step_time.
+  void Deliver(absl::AnyInvocable<void() &&> callbacks, bool on_batch_thread,
+               absl::Duration step_time);
 
   AttentionEngine* const engine_;
   const DecodeBatcherOptions options_;

@@ -248,6 +248,12 @@ TEST(DecodeBatcherOptionsTest, RejectsBadOptions) {
   options.max_queued_steps = 0;
   EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
             absl::StatusCode::kInvalidArgument);
+  options = DecodeBatcherOptions();
+  options.overlap_replies_step_time = absl::InfiniteDuration();
+  EXPECT_TRUE(DecodeBatcher::ValidateOptions(options).ok());
+  options.overlap_replies_step_time = -absl::Microseconds(1);
+  EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(DecodeBatcherTest, ConcurrentStepsShareOneBatchAndMatchAppend) {
@@ -798,7 +804,9 @@ TEST_F(DecodeBatcherTest, InlineStepsQueueBehindARunningBatch) {
 }
 
 TEST_F(DecodeBatcherTest, TheNextBatchRunsWhileTheRepliesAreDelivered) {
-  MakeBatcher(DecodeBatcherOptions());
+  DecodeBatcherOptions options;
+  options.overlap_replies_step_time = absl::ZeroDuration();  // however short
+  MakeBatcher(options);
   for (int s = 0; s < 3; ++s) AddSession(3 + s);
   StartHeldFirstBatch(0);
   // Two steps of one (session, layer), and one of another session queued
@@ -849,6 +857,45 @@ TEST_F(DecodeBatcherTest, TheNextBatchRunsWhileTheRepliesAreDelivered) {
     ASSERT_TRUE(expected.ok());
     EXPECT_EQ(Bytes(results[i]->output), Bytes(expected->output)) << i;
   }
+}
+
+TEST_F(DecodeBatcherTest, ShortBatchesAnswerOnTheBatchThread) {
+  DecodeBatcherOptions options;
+  options.overlap_replies_step_time = absl::InfiniteDuration();  // never long
+  MakeBatcher(options);
+  for (int s = 0; s < 2; ++s) AddSession(3 + s);
+  StartHeldFirstBatch(0);
+  // Two steps of one (session, layer): two batches, the first finishing
+  // while the second waits. Its batch is "short", so the batch thread
+  // answers it itself before starting the next.
+  Tokens t1(1, 95), t2(1, 96);
+  const AppendRequest r1 = DecodeRequest(ids_[1], 0, t1);
+  const AppendRequest r2 = DecodeRequest(ids_[1], 0, t2);
+  absl::Mutex mu;
+  std::vector<std::thread::id> answered_on;
+  std::vector<int64_t> batches_seen;  // batches run when each was answered
+  for (const AppendRequest* request : {&r1, &r2}) {
+    batcher_->AppendAsync(*request, [&](absl::StatusOr<AttentionOutput> out) {
+      EXPECT_TRUE(out.ok()) << out.status();
+      const size_t batches = recorder_->sizes().size();
+      absl::MutexLock lock(&mu);
+      answered_on.push_back(std::this_thread::get_id());
+      batches_seen.push_back(static_cast<int64_t>(batches));
+    });
+  }
+  recorder_->Release();
+  {
+    absl::MutexLock lock(&mu);
+    auto both = [&] { return answered_on.size() == 2; };
+    mu.Await(absl::Condition(&both));
+  }
+  FinishFirstBatch(0);
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 1, 1}));
+  for (std::thread::id id : answered_on) {
+    EXPECT_EQ(id, recorder_->batch_thread());
+  }
+  // The first step was answered before the second's batch ran.
+  EXPECT_EQ(batches_seen, (std::vector<int64_t>{2, 3}));
 }
 
 }  // namespace
