@@ -270,16 +270,14 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
     Entry& group = *batch[0];
     absl::StatusOr<std::vector<AttentionOutput>> results =
         engine_->AppendBatch(group.requests);
-    const absl::Duration engine_time = record_times();
-    if (options_.on_batch) {
-      options_.on_batch(static_cast<int64_t>(group.requests.size()));
-    }
+    const int64_t steps = static_cast<int64_t>(group.requests.size());
+    const absl::Duration step_time = record_times() / steps;
+    if (options_.on_batch) options_.on_batch(steps);
     Deliver(
         [entry = std::move(batch[0]), results = std::move(results)]() mutable {
           entry->group_done(std::move(results));
         },
-        on_batch_thread,
-        engine_time / static_cast<int64_t>(group.requests.size()));
+        on_batch_thread, step_time);
     return;
   }
   std::vector<AppendRequest> requests;

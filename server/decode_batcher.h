@@ -193,8 +193,9 @@ class DecodeBatcher {
   // Queues `entry`, or answers it with UNAVAILABLE when the queue is full.
   void Submit(std::unique_ptr<Entry> entry);
   // True, with the batcher marked running, when nothing is queued or
-  // running and the last batch was a lone step: the caller then runs its
-  // step and calls FinishInline.
+  // running, no batch's callbacks wait on the reply thread, and the last
+  // batch was a lone step: the caller then runs its step and calls
+  // FinishInline.
   bool ClaimIdle();
   void FinishInline();
   // The batch thread: forms and runs batches until stopping_ and the queue
