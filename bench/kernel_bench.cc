@@ -47,6 +47,7 @@
 #include "bench/bench_util.h"
 #include "core/attention_problem.h"
 #include "core/block_pool.h"
+#include "core/cpu/attention_unit.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/cpu/cpu_features.h"
 #include "core/cpu/kernels.h"
@@ -344,7 +345,7 @@ class TileLoop {
     job_.group = group_;
     job_.scale = 1.0f / std::sqrt(static_cast<float>(kDecodeHeadDim));
     job_.q = q_.data();
-    job_.key_type = job_.value_type = ElementTypeOf(shape.dtype);
+    job_.key_type = job_.value_type = cpu::ToElementType(shape.dtype);
     job_.k = keys_;
     job_.v = values_;
     job_.visible = &visible_;
@@ -381,18 +382,6 @@ class TileLoop {
   }
 
  private:
-  static cpu::ElementType ElementTypeOf(DType dtype) {
-    switch (dtype) {
-      case DType::kFloat16:
-        return cpu::ElementType::kFloat16;
-      case DType::kBFloat16:
-        return cpu::ElementType::kBFloat16;
-      case DType::kFloat32:
-        break;
-    }
-    return cpu::ElementType::kFloat32;
-  }
-
   const cpu::KernelTable& kernels_;
   const int group_;
   const std::vector<float> q_;

@@ -14,6 +14,19 @@
 #include "core/visibility.h"
 
 namespace attention::cpu {
+
+ElementType ToElementType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return ElementType::kFloat16;
+    case DType::kBFloat16:
+      return ElementType::kBFloat16;
+    case DType::kFloat32:
+      break;
+  }
+  return ElementType::kFloat32;
+}
+
 namespace {
 
 static_assert(kTileKeys == kKeysPerTile,
@@ -27,18 +40,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // the per-thread scratch while each K/V row load serves many row-heads.
 
 int64_t PadToLanes(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
-
-ElementType ToElementType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return ElementType::kFloat16;
-    case DType::kBFloat16:
-      return ElementType::kBFloat16;
-    case DType::kFloat32:
-      break;
-  }
-  return ElementType::kFloat32;
-}
 
 // A growable 64-byte aligned float buffer; contents are not kept on growth.
 class FloatBuffer {

@@ -20,6 +20,9 @@
 
 namespace attention::cpu {
 
+// The kernels' element type of KV rows of `dtype`.
+ElementType ToElementType(DType dtype);
+
 // Shape facts of one problem, computed once per Attend call.
 struct ProblemInfo {
   int64_t rows = 0;
