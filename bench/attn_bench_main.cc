@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench_report.h"
+#include "server/attention_server.h"
 
 ABSL_FLAG(int64_t, snapshot_mib, 0,
           "mobility: MiB of sessions to snapshot and restore (0 = 1024, "
@@ -136,5 +137,6 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  attention::server::ConfigureServingProcess();
   return attention::bench::Main();
 }

@@ -45,6 +45,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/bench_report.h"
 #include "bench/bench_util.h"
+#include "bench/fma_probe.h"
 #include "core/attention_problem.h"
 #include "core/block_pool.h"
 #include "core/cpu/attention_unit.h"
@@ -140,57 +141,6 @@ double WideRead(ThreadPool& pool, const cpu::KernelTable& kernels,
                             reinterpret_cast<const float*>(piece),
                             piece_bytes / 4);
                       });
-}
-
-// ---- Multiply-add probe ----------------------------------------------------
-
-const cpu::KernelTable& KernelsOf(const CpuBackend& backend) {
-  switch (backend.isa()) {
-    case CpuIsa::kAvx512:
-      return *cpu::Avx512Kernels();
-    case CpuIsa::kAvx2:
-      return *cpu::Avx2Kernels();
-    case CpuIsa::kScalar:
-      break;
-  }
-  return *cpu::ScalarKernels();
-}
-
-// Rounds of the multiply-add probe that take about 250 us on one thread
-// (the scalar table is far slower than the SIMD ones).
-int64_t FmaProbeRounds(const cpu::KernelTable& kernels, float* sink) {
-  constexpr int64_t kTrial = 4096;
-  const Clock::time_point start = Clock::now();
-  *sink += kernels.fma_probe(kTrial);
-  const double seconds = std::max(Seconds(start), 1e-9);
-  return std::max<int64_t>(256, static_cast<int64_t>(kTrial * 250e-6 /
-                                                     seconds));
-}
-
-// Runs the backend ISA's multiply-add probe on the pool's threads, 16
-// pieces of `rounds` per thread like StreamRead; returns the floating-point
-// operations per second.
-double FmaPeak(ThreadPool& pool, const cpu::KernelTable& kernels,
-               int64_t rounds, float* sink) {
-  const int64_t pieces = int64_t{16} * pool.num_threads();
-  std::vector<float> results(pieces);
-  const Clock::time_point start = Clock::now();
-  pool.ParallelFor(pieces,
-                   [&](int64_t i) { results[i] = kernels.fma_probe(rounds); });
-  const double seconds = Seconds(start);
-  for (float r : results) *sink += r;
-  return static_cast<double>(pieces) * rounds * kernels.fma_probe_flops /
-         seconds;
-}
-
-// The multiply-add probe on the calling thread alone: floating-point
-// operations per second.
-double OneThreadFmaPeak(const cpu::KernelTable& kernels, int64_t rounds,
-                        float* sink) {
-  const Clock::time_point start = Clock::now();
-  *sink += kernels.fma_probe(rounds);
-  return static_cast<double>(rounds) * kernels.fma_probe_flops /
-         Seconds(start);
 }
 
 // ---- Decode ----------------------------------------------------------------

@@ -57,6 +57,13 @@
 //                       wall time plus the echo's (what the two figures'
 //                       goals would need the serving path to add nothing),
 //                       and the achieved ratio's share of it.
+//   fma_floor_cpu_us_per_step_ctx16, stream64_vs_callback_echo_ctx16_fma_bound
+//                       the CPU a context-16 step's multiply-adds alone
+//                       take at one thread's peak multiply-add rate (the
+//                       kernel section's probe, CPU backend only), and the
+//                       ratio if a served step cost the echo's CPU plus
+//                       that: the ceiling set by the transport and the
+//                       arithmetic alone.
 //   latency_ctx{16,2048}_{total,transport,decode,queue,engine,encode}_p{50,99}_us
 //                       one DecodeStep at a time, split with the server's
 //                       own timestamps (server/decode_step_timing.h).
@@ -96,6 +103,8 @@
 #include "attention/v1/attention.pb.h"
 #include "bench/bench_echo.grpc.pb.h"
 #include "bench/bench_report.h"
+#include "bench/bench_util.h"
+#include "bench/fma_probe.h"
 #include "bench/process_usage.h"
 #include "client/attention_client.h"
 #include "client/blocking_bidi_stream.h"
@@ -946,6 +955,40 @@ absl::Status MeasureApis(const Harness& h, const std::string& session) {
   return absl::OkStatus();
 }
 
+// The most stream64_vs_callback_echo_ctx16 could be if a served step cost
+// the CPU of an echo message plus nothing but its attention's multiply-adds
+// at one thread's peak rate (the multiply-add probe): a step at message m
+// of a round (0-based) attends over kShortContext + m + 1 keys, each a
+// head_dim multiply-add for Q.K and one for P.V per query head. Only for
+// the CPU backend (its kernel ISA's probe).
+void ReportFmaBound(const Harness& h, const SideCost& echo, int messages) {
+  const auto* cpu_backend =
+      dynamic_cast<const CpuBackend*>(&h.server->engine().backend());
+  if (cpu_backend == nullptr) return;
+  const cpu::KernelTable& kernels = KernelsOf(*cpu_backend);
+  float sink = 0;
+  const int64_t rounds = 8 * FmaProbeRounds(kernels, &sink);
+  std::vector<double> peaks;
+  for (int rep = 0; rep < 5; ++rep) {
+    peaks.push_back(OneThreadFmaPeak(kernels, rounds, &sink));
+  }
+  const double mean_keys = kShortContext + (messages + 1) / 2.0;
+  const double flops_per_step = mean_keys * kQHeads * 4.0 * kHeadDim;
+  const double fma_us = flops_per_step / Median(peaks) * 1e6;
+  const double bound = echo.CpuPerUnit() / (echo.CpuPerUnit() + fma_us);
+  BenchReport& r = *h.report;
+  r.AddRow(kSection,
+           absl::StrCat("CPU per step of its multiply-adds at one thread's "
+                        "peak (ctx", kShortContext, ")"),
+           fma_us, "us");
+  r.AddRow(kSection,
+           "stream64_vs_callback_echo_ctx16 if a step cost echo CPU + those",
+           bound, "x");
+  r.AddFigure("fma_floor_cpu_us_per_step_ctx16", fma_us);
+  r.AddFigure("stream64_vs_callback_echo_ctx16_fma_bound", bound);
+  if (sink == 42.0f) std::printf(" ");  // keeps the probe's results alive
+}
+
 // (e) Small steps at the transport's limit: 64 Decode streams at context 16
 // (attention is a few microseconds) vs 64 callback-API echo streams moving
 // the same bytes, alternately. The sessions are cut back to 16 tokens
@@ -1065,6 +1108,7 @@ absl::Status MeasureSmallSteps(const Harness& h) {
   ReportCostSplit(h, absl::StrCat("_ctx", kShortContext), stream_cost,
                   engine_cost, echo_cost, /*reference=*/echo_cost,
                   "stream64_vs_callback_echo_ctx16");
+  ReportFmaBound(h, echo_cost, messages);
   return absl::OkStatus();
 }
 

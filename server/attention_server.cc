@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/backend_factory.h"
 #include "core/read_file.h"
@@ -194,6 +195,12 @@ constexpr char kServiceName[] = "attention.v1.AttentionService";
 }  // namespace
 
 const char* ServerVersion() { return ATTN_SERVER_VERSION; }
+
+void ConfigureServingProcess() {
+#ifdef NDEBUG
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
+}
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     const ServerOptions& options) {

@@ -28,6 +28,15 @@ namespace attention::server {
 // The server's version string (the project version).
 const char* ServerVersion();
 
+// Process-wide settings for a process whose job is serving (the
+// attention-server binary, attn-bench); call once from main before any
+// thread starts. In builds with NDEBUG it turns off absl::Mutex's deadlock
+// detection, which Debian's absl leaves on: it updates a lock graph under a
+// global lock on every Lock/Unlock (4-6 % of a small decode step's engine
+// time). Builds without NDEBUG keep it, and tests, which do not call this,
+// keep absl's default.
+void ConfigureServingProcess();
+
 // Thread-safety: all methods are thread-safe.
 class AttentionServer {
  public:

@@ -261,5 +261,6 @@ int main(int argc, char** argv) {
       "paged KV-cache sessions) over gRPC.\nUsage: attention-server "
       "[--port=50051] [--backend=auto|cpu|cuda] [--kv_cache_bytes=N] ...");
   absl::ParseCommandLine(argc, argv);
+  attention::server::ConfigureServingProcess();
   return attention::server::Run();
 }
