@@ -4,6 +4,7 @@
 #define ATTENTION_BENCH_BENCH_UTIL_H_
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -19,6 +20,13 @@
 #include "core/tensor.h"
 
 namespace attention::bench {
+
+// Seconds of the steady clock since `start`.
+inline double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                       start)
+      .count();
+}
 
 // The median (the mean of the middle two for an even count).
 inline double Median(std::vector<double> values) {

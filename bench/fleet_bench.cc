@@ -56,9 +56,6 @@ constexpr int kKvHeads = 8;
 constexpr int kHeadDim = 128;
 constexpr int kStreams = 8;
 
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 v1::SessionSpec DecodeSpec() {
   v1::SessionSpec spec;

@@ -4,16 +4,11 @@
 #include <chrono>
 #include <vector>
 
+#include "bench/bench_util.h"
+
 namespace attention::bench {
-namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-}  // namespace
 
 const cpu::KernelTable& KernelsOf(const CpuBackend& backend) {
   switch (backend.isa()) {
@@ -31,7 +26,7 @@ int64_t FmaProbeRounds(const cpu::KernelTable& kernels, float* sink) {
   constexpr int64_t kTrial = 4096;
   const Clock::time_point start = Clock::now();
   *sink += kernels.fma_probe(kTrial);
-  const double seconds = std::max(Seconds(start), 1e-9);
+  const double seconds = std::max(SecondsSince(start), 1e-9);
   return std::max<int64_t>(256, static_cast<int64_t>(kTrial * 250e-6 /
                                                      seconds));
 }
@@ -43,7 +38,7 @@ double FmaPeak(ThreadPool& pool, const cpu::KernelTable& kernels,
   const Clock::time_point start = Clock::now();
   pool.ParallelFor(pieces,
                    [&](int64_t i) { results[i] = kernels.fma_probe(rounds); });
-  const double seconds = Seconds(start);
+  const double seconds = SecondsSince(start);
   for (float r : results) *sink += r;
   return static_cast<double>(pieces) * rounds * kernels.fma_probe_flops /
          seconds;
@@ -54,7 +49,7 @@ double OneThreadFmaPeak(const cpu::KernelTable& kernels, int64_t rounds,
   const Clock::time_point start = Clock::now();
   *sink += kernels.fma_probe(rounds);
   return static_cast<double>(rounds) * kernels.fma_probe_flops /
-         Seconds(start);
+         SecondsSince(start);
 }
 
 }  // namespace attention::bench

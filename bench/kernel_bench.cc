@@ -65,10 +65,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kSection[] = "kernel";
 
-double Seconds(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
 void Die(const absl::Status& status, const char* what) {
   bench::Die("kernel", status, what);
 }
@@ -117,7 +113,7 @@ double ParallelRead(ThreadPool& pool, const std::byte* data, int64_t bytes,
     const int64_t end = std::min(begin + piece_bytes, bytes);
     if (begin < end) results[i] = read(data + begin, end - begin);
   });
-  const double seconds = Seconds(start);
+  const double seconds = SecondsSince(start);
   for (T result : results) *sink += result;
   return seconds;
 }
@@ -240,7 +236,7 @@ class DecodeHistory {
     if (absl::Status s = backend.Attend({&problem_, 1}); !s.ok()) {
       Die(s, "decode");
     }
-    return Seconds(start);
+    return SecondsSince(start);
   }
 
  private:
@@ -326,7 +322,7 @@ class TileLoop {
           Die(absl::InternalError("the tile update failed"), "tile kernel");
         }
       }
-      best = std::min(best, Seconds(start) / updates);
+      best = std::min(best, SecondsSince(start) / updates);
     }
     return best;
   }
@@ -548,13 +544,13 @@ PrefillResult MeasurePrefill(CpuBackend& backend, int kernel_reps,
     if (absl::Status s = backend.Attend({&problem, 1}); !s.ok()) {
       Die(s, "prefill");
     }
-    return Seconds(start);
+    return SecondsSince(start);
   };
   auto run_naive = [&] {
     const Clock::time_point start = Clock::now();
     NaiveTiledPrefill(backend.thread_pool(), q.data(), k.data(), v.data(),
                       naive_out.data());
-    return Seconds(start);
+    return SecondsSince(start);
   };
   run_kernel();  // warm-up
   std::vector<double> kernel_s, naive_s;

@@ -104,13 +104,12 @@ void RunSparseBench(const BenchOptions& options, BenchReport* report) {
   for (int rep = -1; rep < reps; ++rep) {  // rep -1 warms up
     Clock::time_point start = Clock::now();
     if (absl::Status s = backend.Attend({&dense, 1}); !s.ok()) Die(s, "dense");
-    const double d = std::chrono::duration<double>(Clock::now() - start).count();
+    const double d = SecondsSince(start);
     start = Clock::now();
     if (absl::Status s = backend.Attend({&sparse, 1}); !s.ok()) {
       Die(s, "sparse");
     }
-    const double sp =
-        std::chrono::duration<double>(Clock::now() - start).count();
+    const double sp = SecondsSince(start);
     if (rep < 0) continue;
     dense_s.push_back(d);
     sparse_s.push_back(sp);
