@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -701,6 +702,14 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
   if (mask.window < 0 || mask.num_sink_tokens < 0 || mask.query_start < 0) {
     return absl::InvalidArgumentError(
         "window, num_sink_tokens and query_start must be >= 0");
+  }
+  if (mask.query_start >
+      std::numeric_limits<int64_t>::max() - shape.num_queries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "query_start ", mask.query_start, " puts the last of the ",
+        shape.num_queries,
+        " query rows past the largest position (2^63 - 1); use a smaller "
+        "query_start"));
   }
   if (!mask.causal && (mask.window > 0 || mask.query_start > 0)) {
     return absl::InvalidArgumentError(

@@ -15,7 +15,11 @@ int64_t NumElements(absl::Span<const int64_t> shape) {
 }
 
 std::string ShapeString(absl::Span<const int64_t> shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  if (shape.size() <= kMaxTensorRank) {
+    return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  }
+  return absl::StrCat("[", absl::StrJoin(shape.first(kMaxTensorRank), ", "),
+                      ", ... (", shape.size(), " dimensions)]");
 }
 
 absl::Status TensorView::Validate(absl::string_view what, int rank) const {

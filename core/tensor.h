@@ -22,7 +22,13 @@ using Shape = absl::InlinedVector<int64_t, 4>;
 // Number of elements of `shape` (1 for rank 0).
 int64_t NumElements(absl::Span<const int64_t> shape);
 
-// "[2, 3, 4]".
+// The most dimensions any tensor of the API has is 3; a shape from a client
+// with more than this many is refused before anything else looks at it.
+inline constexpr int kMaxTensorRank = 8;
+
+// "[2, 3, 4]". A shape of more than kMaxTensorRank dimensions shows only
+// its first kMaxTensorRank and their count ("[1, 1, 1, 1, 1, 1, 1, 1, ...
+// (300000 dimensions)]"), so an error quoting a client's shape stays short.
 std::string ShapeString(absl::Span<const int64_t> shape);
 
 // A read-only view of caller-owned tensor bytes. Cheap to copy. The caller

@@ -113,6 +113,11 @@ absl::StatusOr<TensorView> TensorViewFromProto(const v1::Tensor& tensor,
                                                absl::string_view what) {
   auto dtype = TensorDTypeFromProto(tensor.dtype(), absl::StrCat(what));
   if (!dtype.ok()) return dtype.status();
+  if (tensor.shape_size() > kMaxTensorRank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has ", tensor.shape_size(), " dimensions; tensors of this API ",
+        "have at most ", kMaxTensorRank, " (see the proto for each shape)"));
+  }
   TensorView view;
   view.dtype = *dtype;
   view.shape.assign(tensor.shape().begin(), tensor.shape().end());

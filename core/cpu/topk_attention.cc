@@ -134,6 +134,88 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
   return absl::OkStatus();
 }
 
+namespace {
+
+// The selections of rows [first, first + selected->size()) of `problem`
+// into *selected, in parallel over rows (or, for fewer rows than threads,
+// each row's scoring spread over the threads).
+absl::Status SelectRows(
+    const AttentionProblem& problem, ThreadPool& pool,
+    IndexScoresFn score_keys,
+    const std::function<IndexQuery(int64_t)>& query_of, int64_t first,
+    std::vector<std::vector<int64_t>>* selected) {
+  const int64_t count = static_cast<int64_t>(selected->size());
+  std::vector<absl::Status> statuses(static_cast<size_t>(count));
+  if (count < pool.num_threads()) {
+    std::vector<std::pair<float, int64_t>> scores;
+    for (int64_t i = 0; i < count; ++i) {
+      statuses[i] = SelectTopK(problem, first + i, query_of(first + i),
+                               score_keys, &pool, &scores, &(*selected)[i]);
+    }
+  } else {
+    pool.ParallelFor(count, [&](int64_t i) {
+      if (!CheckCall(problem.control).ok()) return;  // reported below
+      std::vector<std::pair<float, int64_t>> scores;
+      statuses[i] = SelectTopK(problem, first + i, query_of(first + i),
+                               score_keys, nullptr, &scores, &(*selected)[i]);
+    });
+  }
+  ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
+  for (const absl::Status& status : statuses) ATTN_RETURN_IF_ERROR(status);
+  return absl::OkStatus();
+}
+
+// Rows [first, first + selected.size()) of `problem` attend over their
+// selected keys: one dense non-causal problem per row over a view whose
+// "blocks" are the selected tokens in place (nothing is copied), run in
+// batches of bounded table size.
+absl::Status AttendSelected(
+    const AttentionProblem& problem, int64_t first,
+    const std::vector<std::vector<int64_t>>& selected,
+    const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
+        attend_dense) {
+  const KvView& kv = problem.kv;
+  const int heads = static_cast<int>(problem.q.dim(1));
+  const int head_dim = static_cast<int>(problem.q.dim(2));
+  const int value_dim = kv.value_dim;
+  const int64_t q_row_bytes =
+      int64_t{heads} * head_dim * DTypeSize(problem.q.dtype);
+  const int64_t count = static_cast<int64_t>(selected.size());
+  int64_t i = 0;
+  while (i < count) {
+    int64_t end = i;
+    int64_t batch_keys = 0;
+    while (end < count && (end == i || batch_keys < kSelectedKeysPerBatch)) {
+      batch_keys += static_cast<int64_t>(selected[end].size());
+      ++end;
+    }
+    std::vector<std::vector<const std::byte*>> tables(2 * (end - i));
+    std::vector<AttentionProblem> batch;
+    batch.reserve(end - i);
+    for (int64_t j = i; j < end; ++j) {
+      const int64_t r = first + j;
+      AttentionProblem one;
+      one.q = TensorView{problem.q.dtype, {1, heads, head_dim},
+                         problem.q.data + r * q_row_bytes, q_row_bytes};
+      one.kv = SelectedKvView(kv, selected[j], &tables[2 * (j - i)],
+                              &tables[2 * (j - i) + 1]);
+      one.mask = MaskSpec{.causal = false};
+      one.sink_logits = problem.sink_logits;
+      one.scale = problem.scale;
+      one.empty_row_policy = problem.empty_row_policy;
+      one.control = problem.control;
+      one.output = problem.output + r * heads * value_dim;
+      one.lse = problem.lse == nullptr ? nullptr : problem.lse + r * heads;
+      batch.push_back(one);
+    }
+    ATTN_RETURN_IF_ERROR(attend_dense(batch));
+    i = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status AttendTopK(
     const AttentionProblem& problem, ThreadPool& pool, IndexScoresFn score_keys,
     const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
@@ -141,14 +223,9 @@ absl::Status AttendTopK(
   const TopKSpec& spec = *problem.topk;
   const KvView& kv = problem.kv;
   const int64_t rows = problem.q.dim(0);
-  const int heads = static_cast<int>(problem.q.dim(1));
-  const int head_dim = static_cast<int>(problem.q.dim(2));
-  const int value_dim = kv.value_dim;
-  const int64_t q_row_bytes =
-      int64_t{heads} * head_dim * DTypeSize(problem.q.dtype);
 
-  // 1. Every row's selection, in parallel over rows. The index queries as
-  // the kernels take them: float32, each padded with zeros to whole lanes.
+  // The index queries as the kernels take them: float32, each padded with
+  // zeros to whole lanes.
   const int index_heads = static_cast<int>(spec.index_q.dim(1));
   const int index_dim = static_cast<int>(spec.index_q.dim(2));
   const int index_stride = IndexDimPadded(index_dim);
@@ -164,72 +241,38 @@ absl::Status AttendTopK(
       static_cast<size_t>(spec.index_weights.num_elements()));
   ConvertToFloat(spec.index_weights.dtype, spec.index_weights.data,
                  spec.index_weights.num_elements(), weights.data());
-  auto query_of = [&](int64_t row) {
+  auto query_of = [&](int64_t row) -> IndexQuery {
     return IndexQuery{.q = index_q.data() + row * index_heads * index_stride,
                       .w = weights.data() + row * index_heads,
                       .heads = index_heads,
                       .dim = index_dim,
                       .f = spec.score};
   };
-  ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
-  std::vector<std::vector<int64_t>> selected(static_cast<size_t>(rows));
-  std::vector<absl::Status> statuses(static_cast<size_t>(rows));
-  if (rows < pool.num_threads()) {
-    // Few rows (decode): each row's scoring is spread over the threads.
-    std::vector<std::pair<float, int64_t>> scores;
-    for (int64_t row = 0; row < rows; ++row) {
-      statuses[row] = SelectTopK(problem, row, query_of(row), score_keys, &pool,
-                                 &scores, &selected[row]);
+  // Rows run in groups whose selections together hold at most
+  // kSelectedKeysPerBatch keys (a row selects at most min(topk, length)),
+  // so that a long prefill's memory stays bounded whatever topk is; each
+  // row's selection and output depend on that row alone.
+  const int64_t most_per_row =
+      std::max<int64_t>(1, std::min<int64_t>(spec.topk, kv.length));
+  const int64_t group_rows =
+      std::max<int64_t>(1, kSelectedKeysPerBatch / most_per_row);
+  std::vector<std::vector<int64_t>> selected;
+  for (int64_t first = 0; first < rows; first += group_rows) {
+    const int64_t end = std::min(rows, first + group_rows);
+    ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
+    selected.assign(static_cast<size_t>(end - first), {});
+    ATTN_RETURN_IF_ERROR(
+        SelectRows(problem, pool, score_keys, query_of, first, &selected));
+    if (spec.selected != nullptr) {
+      for (int64_t r = first; r < end; ++r) {
+        int64_t* out = spec.selected + r * spec.topk;
+        std::fill(out, out + spec.topk, -1);
+        std::copy(selected[r - first].begin(), selected[r - first].end(),
+                  out);
+      }
     }
-  } else {
-    pool.ParallelFor(rows, [&](int64_t row) {
-      if (!CheckCall(problem.control).ok()) return;  // reported below
-      std::vector<std::pair<float, int64_t>> scores;
-      statuses[row] = SelectTopK(problem, row, query_of(row), score_keys,
-                                 nullptr, &scores, &selected[row]);
-    });
-  }
-  ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
-  for (const absl::Status& status : statuses) ATTN_RETURN_IF_ERROR(status);
-  if (spec.selected != nullptr) {
-    for (int64_t row = 0; row < rows; ++row) {
-      int64_t* out = spec.selected + row * spec.topk;
-      std::fill(out, out + spec.topk, -1);
-      std::copy(selected[row].begin(), selected[row].end(), out);
-    }
-  }
-
-  // 2. Each row attends over its selected keys: one dense non-causal
-  // problem per row over a view whose "blocks" are the selected tokens in
-  // place (nothing is copied), run in batches of bounded table size.
-  int64_t row = 0;
-  while (row < rows) {
-    int64_t end = row;
-    int64_t batch_keys = 0;
-    while (end < rows && (end == row || batch_keys < kSelectedKeysPerBatch)) {
-      batch_keys += static_cast<int64_t>(selected[end].size());
-      ++end;
-    }
-    std::vector<std::vector<const std::byte*>> tables(2 * (end - row));
-    std::vector<AttentionProblem> batch;
-    batch.reserve(end - row);
-    for (int64_t r = row; r < end; ++r) {
-      AttentionProblem one;
-      one.q = TensorView{problem.q.dtype, {1, heads, head_dim},
-                         problem.q.data + r * q_row_bytes, q_row_bytes};
-      one.kv = SelectedKvView(kv, selected[r], &tables[2 * (r - row)],
-                              &tables[2 * (r - row) + 1]);
-      one.mask = MaskSpec{.causal = false};
-      one.sink_logits = problem.sink_logits;
-      one.scale = problem.scale;
-      one.empty_row_policy = problem.empty_row_policy;
-      one.control = problem.control;
-      one.output = problem.output + r * heads * value_dim;
-      one.lse = problem.lse == nullptr ? nullptr : problem.lse + r * heads;
-      batch.push_back(one);
-    }
-    ATTN_RETURN_IF_ERROR(attend_dense(batch));
-    row = end;
+    ATTN_RETURN_IF_ERROR(
+        AttendSelected(problem, first, selected, attend_dense));
   }
   return absl::OkStatus();
 }

@@ -699,6 +699,14 @@ TEST_F(EngineTest, StatelessValidation) {
   bad = r;
   bad.mask.query_start = 3;  // needs causal
   EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  // The last of the 8 rows' positions must be representable; the largest
+  // query_start that allows it works.
+  bad = r;
+  bad.mask.causal = true;
+  bad.mask.query_start = std::numeric_limits<int64_t>::max() - 7;
+  EXPECT_EQ(code(bad), absl::StatusCode::kInvalidArgument);
+  bad.mask.query_start = std::numeric_limits<int64_t>::max() - 8;
+  EXPECT_EQ(code(bad), absl::StatusCode::kOk);
   bad = r;
   bad.mask.causal = true;
   bad.mask.num_sink_tokens = 2;  // needs a window

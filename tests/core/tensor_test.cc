@@ -16,6 +16,9 @@ TEST(TensorTest, NumElementsAndShapeString) {
   EXPECT_EQ(NumElements({2, 3, 4}), 24);
   EXPECT_EQ(ShapeString({2, 3, 4}), "[2, 3, 4]");
   EXPECT_EQ(ShapeString({}), "[]");
+  // A client's very long shape is quoted by its first dimensions only.
+  EXPECT_EQ(ShapeString(std::vector<int64_t>(300000, 1)),
+            "[1, 1, 1, 1, 1, 1, 1, 1, ... (300000 dimensions)]");
 }
 
 TEST(TensorTest, OwningTensorIsZeroFilledAndViewable) {

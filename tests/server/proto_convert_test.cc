@@ -8,6 +8,7 @@
 #include "attention/v1/attention.pb.h"
 #include "core/dtype.h"
 #include "core/tensor.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace attention::server {
@@ -69,6 +70,15 @@ TEST(ProtoConvertTest, UnknownDTypeIsInvalid) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ProtoConvertTest, AShapeOfManyDimensionsIsInvalidWithAShortMessage) {
+  v1::Tensor tensor = FloatTensor({1}, std::vector<int64_t>(300000, 1));
+  const absl::Status status = TensorViewFromProto(tensor, "q").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              ::testing::HasSubstr("q has 300000 dimensions"));
+  EXPECT_LT(status.message().size(), 200u) << status;
 }
 
 TEST(ProtoConvertTest, NonPositiveOrOverflowingShapesAreInvalid) {

@@ -289,6 +289,44 @@ TEST(TopKAttentionTest, ChunkedBatchedForkedAndTruncatedAreBitwiseOneShot) {
                          one_shot[0].begin() + (total - 1) * row));
 }
 
+TEST(TopKAttentionTest, ALongPrefillWithALargeKIsBitwiseItsChunks) {
+  // 2048 rows selecting up to 1024 keys each exceed what one group of rows
+  // may hold (2^20 selected keys), so the one-shot prefill runs in two
+  // groups; the chunks (1000 rows: one group; 1048: two) must agree with
+  // it bitwise, selections included.
+  auto engine = MakeEngine();
+  const int topk = 1024;
+  const SessionSpec spec = TopKSpec(topk);
+  auto whole = engine->CreateSession(spec, absl::ZeroDuration());
+  auto pieces = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(whole.ok() && pieces.ok());
+  const int64_t total = 2048;
+  const Tokens t(total, 7);
+  auto one_shot =
+      engine->Append(Request(whole->session_id, 0, t, 0, total, true));
+  ASSERT_TRUE(one_shot.ok()) << one_shot.status();
+  const std::vector<float> expected = ToFloats(one_shot->output);
+  const int64_t row = kHeads * kValueDim;
+  int64_t start = 0;
+  for (int64_t size : {1000, 1048}) {
+    auto out = engine->Append(
+        Request(pieces->session_id, 0, t, start, start + size, true));
+    ASSERT_TRUE(out.ok()) << out.status();
+    const std::vector<float> got = ToFloats(out->output);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(),
+                           expected.begin() + start * row))
+        << "chunk at " << start;
+    EXPECT_TRUE(std::equal(out->topk_indices.begin(), out->topk_indices.end(),
+                           one_shot->topk_indices.begin() + start * topk))
+        << "chunk at " << start;
+    start += size;
+  }
+  // A late row selected k keys, not all it sees.
+  EXPECT_NE(one_shot->topk_indices[(total - 1) * topk + topk - 1], -1);
+  EXPECT_EQ(ReferenceSelection(t, total - 1, total - 1, spec.layers[0]).size(),
+            static_cast<size_t>(topk));
+}
+
 TEST(TopKAttentionTest, BadIndexInputsFailAndChangeNothing) {
   auto engine = MakeEngine();
   auto info = engine->CreateSession(TopKSpec(8), absl::ZeroDuration());
