@@ -65,6 +65,12 @@ absl::Status ValidateHeader(const SnapshotHeader& header,
         " cannot carry MLA shared-latent or top-k layers (version ",
         SnapshotFormatFor(spec), " does)"));
   }
+  if (header.owner.size() > kMaxTenantNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the snapshot's owner ", QuoteClientString(header.owner), " is ",
+        header.owner.size(), " bytes; tenant names have at most ",
+        kMaxTenantNameBytes, ": export the session again from its server"));
+  }
   if (header.kv_dtype != spec.kv_dtype) {
     return Inconsistent(absl::StrCat("kv_dtype ", DTypeName(header.kv_dtype),
                                      " differs from the spec's ",

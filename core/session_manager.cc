@@ -1,5 +1,6 @@
 #include "core/session_manager.h"
 
+#include <algorithm>
 #include <optional>
 #include <random>
 #include <utility>
@@ -62,11 +63,28 @@ std::string SessionManager::NewSessionId() {
 
 std::shared_ptr<TenantUsage> SessionManager::UsageOf(const std::string& name) {
   absl::MutexLock lock(&mu_);
-  std::shared_ptr<TenantUsage>& usage = tenants_[name];
-  if (usage == nullptr) {
-    usage = std::make_shared<TenantUsage>(name, pool_->block_bytes());
+  auto it = tenants_.find(name);
+  if (it != tenants_.end()) return it->second;
+  if (tenants_.size() >= prune_tenants_at_) {
+    // Drop the accounting nothing refers to any more (no session, no call
+    // in flight: all zeros), such as that of failed imports' owners; the
+    // next use starts it again from zero. Amortized: the map at least
+    // halves or doubles its threshold.
+    absl::erase_if(tenants_, [](const auto& entry) {
+      return entry.second.use_count() == 1;
+    });
+    prune_tenants_at_ = std::max<size_t>(kMinTenantsBeforePruning,
+                                         2 * tenants_.size());
   }
+  std::shared_ptr<TenantUsage> usage =
+      std::make_shared<TenantUsage>(name, pool_->block_bytes());
+  tenants_.emplace(name, usage);
   return usage;
+}
+
+int64_t SessionManager::tracked_tenants() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(tenants_.size());
 }
 
 absl::StatusOr<KvBlockLayout> SessionManager::LayoutFor(

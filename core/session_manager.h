@@ -151,8 +151,14 @@ class SessionManager {
   // Create. Nothing changes on error.
   absl::Status Adopt(std::shared_ptr<Session> session,
                      const TenantQuota& quota);
-  // The accounting of tenant `name`, created on first use.
+  // The accounting of tenant `name`, created on first use. Accounting that
+  // nothing refers to any more (no session of the tenant, no call holding
+  // it) is dropped from time to time, so names of tenants without sessions
+  // do not pile up.
   std::shared_ptr<TenantUsage> UsageOf(const std::string& name);
+  // Tenants whose accounting is kept now: those with sessions or calls in
+  // flight, and at most about as many again that had them.
+  int64_t tracked_tenants() const;
   // Seals session `id`, of any tenant, for a move: from now on calls on it
   // wait (see SessionSeal), and this waits until no call runs on it (a
   // Decode stream holding it between steps does not count). NOT_FOUND for
@@ -218,9 +224,12 @@ class SessionManager {
   // Ordered, so that ListSessions pages through a stable order.
   absl::btree_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
-  // Every tenant that has had a session, by name.
+  // The accounting of tenants, by name (see UsageOf).
   absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_
       ABSL_GUARDED_BY(mu_);
+  // UsageOf drops unreferenced accounting when tenants_ reaches this size.
+  static constexpr size_t kMinTenantsBeforePruning = 64;
+  size_t prune_tenants_at_ ABSL_GUARDED_BY(mu_) = kMinTenantsBeforePruning;
   int64_t metadata_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t expired_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t created_total_ ABSL_GUARDED_BY(mu_) = 0;

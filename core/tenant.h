@@ -5,6 +5,7 @@
 #ifndef ATTENTION_CORE_TENANT_H_
 #define ATTENTION_CORE_TENANT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +26,11 @@ struct Tenant {
   std::string name;
   TenantQuota quota;
 };
+
+// The longest tenant name (X.509's bound on a certificate's common name):
+// tokens files, client certificates and snapshot owners longer than this
+// are refused.
+inline constexpr size_t kMaxTenantNameBytes = 64;
 
 // The name of the tenant everything runs as when the server authenticates
 // nobody.

@@ -112,6 +112,12 @@ absl::StatusOr<Tenant> Authenticator::Authenticate(
           "the client certificate has no subject common name (CN), which "
           "names the tenant; use a certificate with a CN");
     }
+    if (names.front().size() > kMaxTenantNameBytes) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the client certificate's common name (CN) is ",
+          names.front().size(), " bytes; a tenant name has at most ",
+          kMaxTenantNameBytes, ": use a certificate with a shorter CN"));
+    }
     return Tenant{std::string(View(names.front())), {}};
   }
   return DefaultTenant();

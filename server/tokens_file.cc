@@ -17,8 +17,6 @@
 namespace attention::server {
 namespace {
 
-constexpr size_t kMaxTenantNameBytes = 64;
-
 bool ValidTenantName(absl::string_view name) {
   if (name.empty() || name.size() > kMaxTenantNameBytes) return false;
   for (char c : name) {

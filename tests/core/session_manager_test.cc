@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
@@ -266,6 +267,28 @@ Tenant NamedTenant(const std::string& name) {
   Tenant tenant;
   tenant.name = name;
   return tenant;
+}
+
+TEST_F(SessionManagerTest, AccountingOfTenantsWithoutSessionsIsDropped) {
+  SessionManager manager = MakeManager();
+  const Tenant alice = NamedTenant("alice");
+  auto session = manager.Create(SmallSpec(), absl::ZeroDuration(), alice);
+  ASSERT_TRUE(session.ok()) << session.status();
+  const TenantStats before = manager.tenant_stats("alice");
+  // Owners of imports that failed (or calls that ended) leave accounting
+  // nothing refers to: it must not pile up.
+  for (int i = 0; i < 10000; ++i) {
+    manager.UsageOf(absl::StrCat("gone-", i));
+  }
+  EXPECT_LE(manager.tracked_tenants(), 128);
+  // Held accounting stays, and so does that of a tenant with a session.
+  const std::shared_ptr<TenantUsage> held = manager.UsageOf("held");
+  for (int i = 0; i < 1000; ++i) manager.UsageOf(absl::StrCat("more-", i));
+  EXPECT_EQ(manager.UsageOf("held"), held);
+  EXPECT_EQ(manager.tenant_stats("alice").sessions, 1);
+  EXPECT_EQ(manager.tenant_stats("alice").kv_bytes, before.kv_bytes);
+  ASSERT_TRUE(manager.Delete((*session)->id(), alice).ok());
+  EXPECT_EQ(manager.tenant_stats("alice").sessions, 0);
 }
 
 TEST_F(SessionManagerTest, ASealMakesCallsWaitAndCommitRedirectsThem) {

@@ -625,6 +625,13 @@ TEST_F(MalformedSnapshotTest, InconsistentHeaders) {
   s = good_;
   s.header.spec.scale = 0.0f;  // not resolved
   ExpectRejected(s, absl::StatusCode::kInvalidArgument, "resolved");
+  // An owner no tenant can have, quoted short.
+  s = good_;
+  s.header.owner = std::string(100000, 'o');
+  Reseal(s);
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument,
+                 "tenant names have at most 64");
+  EXPECT_LT(Import(*engine_, s).status().message().size(), 400u);
 }
 
 TEST_F(MalformedSnapshotTest, BadChunks) {
