@@ -113,7 +113,8 @@ ABSL_FLAG(std::string, session, "", "export: the session to export.");
 ABSL_FLAG(std::string, out, "", "export: the snapshot file to write.");
 ABSL_FLAG(std::string, in, "", "import: the snapshot file to read.");
 ABSL_FLAG(bool, keep_id, false,
-          "import: keep the exported session id (fails if it is taken).");
+          "import: keep the exported session id (fails if it is taken, and "
+          "on a server that authenticates tenants).");
 
 namespace attention::attnctl {
 namespace {

@@ -411,10 +411,16 @@ grpc::Status AttentionServiceImpl::ImportSession(
     ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
     ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
     const bool handover = options.keep_owner;
+    // A replica handing a session over keeps its id; so may anyone where
+    // there are no tenants to tell apart.
+    const KeepSessionId keep =
+        handover || authenticator_ == nullptr || !authenticator_->enabled()
+            ? KeepSessionId::kAllowed
+            : KeepSessionId::kRefused;
     ATTN_ASSIGN_OR_RETURN(
         const ImportResult result,
         ReadSessionImport(
-            *engine_, std::move(options),
+            *engine_, std::move(options), keep,
             [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
               if (context->IsCancelled()) {
                 return absl::CancelledError("the client cancelled the import");

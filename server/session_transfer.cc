@@ -115,7 +115,7 @@ absl::Status Truncated(absl::string_view what) {
 }  // namespace
 
 absl::StatusOr<ImportResult> ReadSessionImport(
-    AttentionEngine& engine, ImportOptions options,
+    AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
     const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read) {
   v1::SessionChunk record;
   ATTN_ASSIGN_OR_RETURN(bool more, read(&record));
@@ -125,7 +125,16 @@ absl::StatusOr<ImportResult> ReadSessionImport(
         "the first record of a snapshot stream must be its header; send the "
         "records in the order ExportSession wrote them");
   }
-  options.keep_session_id |= record.keep_session_id();
+  if (record.keep_session_id()) {
+    if (keep == KeepSessionId::kRefused) {
+      return absl::PermissionDeniedError(
+          "keep_session_id is refused on a server that authenticates "
+          "tenants: session ids are shared by all its tenants, so keeping "
+          "one would tell whether another tenant's session has it; import "
+          "without keep_session_id to get a new id");
+    }
+    options.keep_session_id = true;
+  }
   ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
                         SnapshotHeaderFromProto(record.header()));
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionImport> import,

@@ -52,14 +52,22 @@ struct ImportResult {
   int64_t kv_bytes = 0;
 };
 
+// Whether a snapshot stream may ask to keep its session id. Session ids
+// are shared by all tenants of a server, so with tenants an ordinary
+// caller may not: whether the id is taken would tell it that another
+// tenant's session has that id.
+enum class KeepSessionId { kAllowed, kRefused };
+
 // Reads one snapshot from `read` and imports it into `engine`. `read`
 // fills the message and returns true, or returns false at the end of the
 // stream; the stream must end right after the trailer. A header record
-// with keep_session_id adds it to `options`. Errors: those of
-// SessionImport, plus INVALID_ARGUMENT for records in the wrong place and
-// DATA_LOSS for a stream that ends early; nothing is left behind.
+// with keep_session_id adds it to `options` where `keep` allows it.
+// Errors: those of SessionImport, plus INVALID_ARGUMENT for records in the
+// wrong place, DATA_LOSS for a stream that ends early and
+// PERMISSION_DENIED for keep_session_id where it is refused; nothing is
+// left behind.
 absl::StatusOr<ImportResult> ReadSessionImport(
-    AttentionEngine& engine, ImportOptions options,
+    AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
     const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read);
 
 }  // namespace attention::server

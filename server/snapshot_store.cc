@@ -196,7 +196,7 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
   ATTN_ASSIGN_OR_RETURN(
       const ImportResult result,
       ReadSessionImport(
-          engine, options,
+          engine, options, KeepSessionId::kAllowed,
           [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
             unsigned char prefix[4];
             ATTN_ASSIGN_OR_RETURN(

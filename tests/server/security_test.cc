@@ -398,7 +398,8 @@ absl::StatusOr<std::vector<v1::SessionChunk>> Export(AttentionClient& client,
 }
 
 absl::StatusOr<v1::SessionInfo> Import(
-    AttentionClient& client, const std::vector<v1::SessionChunk>& records) {
+    AttentionClient& client, const std::vector<v1::SessionChunk>& records,
+    bool keep_session_id = false) {
   size_t next = 0;
   return client.ImportSession(
       [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
@@ -406,7 +407,37 @@ absl::StatusOr<v1::SessionInfo> Import(
         *record = records[next++];
         return true;
       },
-      /*keep_session_id=*/false);
+      keep_session_id);
+}
+
+TEST_F(TokenTest, KeepingASessionIdCannotProbeOtherTenantsIds) {
+  const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
+  auto alices = alice_->OpenSession(spec);
+  ATTN_ASSERT_OK(alices);
+  auto bobs = bob_->OpenSession(spec);
+  ATTN_ASSERT_OK(bobs);
+  auto records = Export(*bob_, bobs->id());
+  ATTN_ASSERT_OK(records);
+  // Bob's snapshot renamed to alice's live id, and to an unused one (the
+  // id is not checksummed): the same refusal, so he learns nothing.
+  const int64_t blocks = server_->engine().stats().pool.blocks_used;
+  std::vector<std::string> messages;
+  for (const std::string& id :
+       {alices->id(), std::string("0123456789abcdef0123456789abcdef")}) {
+    std::vector<v1::SessionChunk> renamed = *records;
+    renamed.front().mutable_header()->set_session_id(id);
+    const absl::Status status =
+        Import(*bob_, renamed, /*keep_session_id=*/true).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << status;
+    messages.emplace_back(status.message());
+  }
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_EQ(server_->engine().stats().pool.blocks_used, blocks);
+  EXPECT_EQ(bob_->GetServerInfo()->tenant_sessions(), 1);
+  // Without keep_session_id the import gets a new id, as always.
+  auto copy = Import(*bob_, *records);
+  ATTN_ASSERT_OK(copy);
+  EXPECT_NE(copy->session_id(), bobs->id());
 }
 
 TEST_F(TokenTest, SnapshotsCarryTheirTenantAndCountTowardsTheImporter) {
