@@ -315,8 +315,9 @@ AttentionServiceImpl::Decode(grpc::CallbackServerContext* context) {
                                        .batcher = batcher_,
                                        .metrics = metrics_,
                                        .in_flight = &in_flight_,
-                                       .max_message_bytes = max_message_bytes_};
-  return new DecodeStreamReactor(context, deps, Caller(*context));
+                                       .max_message_bytes = max_message_bytes_,
+                                       .authenticator = authenticator_};
+  return new DecodeStreamReactor(context, deps);
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::BatchDecode(

@@ -151,6 +151,7 @@ absl::Status Authenticator::Reload() {
     return entries.status();
   }
   entries_ = *std::move(entries);
+  generation_.fetch_add(1, std::memory_order_release);
   Log(LogLevel::kInfo, "auth_tokens_loaded",
       {{"file", options_.tokens_file},
        {"tenants", static_cast<int64_t>(entries_.size())}});

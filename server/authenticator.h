@@ -24,6 +24,8 @@
 #include <grpcpp/support/string_ref.h>
 #include <sys/stat.h>
 
+#include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,6 +83,14 @@ class Authenticator {
   // a tokens file.
   absl::Status Reload();
 
+  // Changes whenever the tenants in force change (each successful load of
+  // the tokens file). A long-lived call (a Decode stream) that read it
+  // before authenticating authenticates again once it differs, so that a
+  // revoked token or a changed quota also reaches open streams.
+  uint64_t generation() const {
+    return generation_.load(std::memory_order_acquire);
+  }
+
   // The quota the tokens file gives tenant `name` now (none in the other
   // modes, or for a tenant it does not name).
   TenantQuota QuotaOf(const std::string& name) const;
@@ -102,6 +112,7 @@ class Authenticator {
   off_t file_size_ ABSL_GUARDED_BY(mu_) = 0;
   ino_t file_inode_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> generation_{0};
   std::thread watcher_;
 };
 

@@ -12,19 +12,34 @@
 namespace attention::server {
 
 DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
-                                         const Deps& deps,
-                                         absl::StatusOr<Tenant> tenant)
+                                         const Deps& deps)
     : context_(context),
       deps_(deps),
       scope_(deps.metrics, deps.in_flight, RpcMethod::kDecode, ""),
       control_(context),
-      tenant_(std::move(tenant)) {
-  if (!tenant_.ok()) {
-    End(tenant_.status());
-    return;
+      tenant_(DefaultTenant()) {
+  if (deps_.authenticator != nullptr) {
+    auth_generation_ = deps_.authenticator->generation();
+    absl::StatusOr<Tenant> tenant = deps_.authenticator->Authenticate(*context);
+    if (!tenant.ok()) {
+      End(tenant.status());
+      return;
+    }
+    tenant_ = *std::move(tenant);
   }
   open_stream_.emplace(deps.metrics);
   StartRead(&request_);
+}
+
+absl::Status DecodeStreamReactor::Authenticate() {
+  if (deps_.authenticator == nullptr ||
+      deps_.authenticator->generation() == auth_generation_) {
+    return absl::OkStatus();
+  }
+  // The generation first: a reload after it is seen by the next step.
+  auth_generation_ = deps_.authenticator->generation();
+  ATTN_ASSIGN_OR_RETURN(tenant_, deps_.authenticator->Authenticate(*context_));
+  return absl::OkStatus();
 }
 
 void DecodeStreamReactor::OnReadDone(bool ok) {
@@ -38,11 +53,15 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
 
 void DecodeStreamReactor::StartStep() {
   scope_.Restart(request_.session_id());
+  if (const absl::Status auth = Authenticate(); !auth.ok()) {
+    OnStepDone(auth);
+    return;
+  }
   absl::Status held_status;
   if (!held_.contains(request_.session_id())) {
     // An unknown session fails the step below with NOT_FOUND.
     absl::StatusOr<SessionHold> hold =
-        deps_.engine->HoldSession(request_.session_id(), *tenant_);
+        deps_.engine->HoldSession(request_.session_id(), tenant_);
     if (hold.ok()) held_.emplace(request_.session_id(), *std::move(hold));
     held_status = hold.status();
   }
@@ -53,7 +72,7 @@ void DecodeStreamReactor::StartStep() {
         append_, AppendRequestFromProto(request_,
                                         absl::StrCat("requests[", index_, "]")));
     append_.control = &control_;
-    append_.tenant = &*tenant_;
+    append_.tenant = &tenant_;
     return PrepareAppendReply(append_, deps_.max_message_bytes, &result_);
   }();
   if (!status.ok()) {

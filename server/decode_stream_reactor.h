@@ -12,7 +12,9 @@
 //
 // The first failing request ends the stream with its status, prefixed with
 // `requests[i]: ` (the client has seen i results); earlier steps stay
-// applied. Every session the stream has used stays in use (it cannot
+// applied. When the server's tenants change (a reloaded tokens file) the
+// next step authenticates the stream again: a revoked token ends it with
+// UNAUTHENTICATED, and a changed quota applies from that step on. Every session the stream has used stays in use (it cannot
 // expire) until the stream ends. The stream counts as in flight while open;
 // each step is recorded as one Decode request (its own code and latency).
 #ifndef ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
@@ -30,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "attention/v1/attention.pb.h"
 #include "core/engine.h"
+#include "server/authenticator.h"
 #include "server/decode_batcher.h"
 #include "server/grpc_call_control.h"
 #include "server/metrics.h"
@@ -47,19 +50,21 @@ class DecodeStreamReactor final
     ServerMetrics* metrics;  // may be null
     InFlightCounter* in_flight;
     int64_t max_message_bytes;
+    const Authenticator* authenticator;  // may be null: no authentication
   };
 
-  // `tenant` is the caller's tenant, or the status the stream ends with at
-  // once (UNAUTHENTICATED). Deletes itself when gRPC is done with the
-  // stream (OnDone).
-  DecodeStreamReactor(grpc::CallbackServerContext* context, const Deps& deps,
-                      absl::StatusOr<Tenant> tenant);
+  // Authenticates the caller (ending the stream at once when that fails).
+  // Deletes itself when gRPC is done with the stream (OnDone).
+  DecodeStreamReactor(grpc::CallbackServerContext* context, const Deps& deps);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
   void OnDone() override { delete this; }
 
  private:
+  // The caller's tenant (again, when the tenants changed since it was last
+  // found): UNAUTHENTICATED when its credentials no longer hold.
+  absl::Status Authenticate();
   // Runs request_ as step `index_`: converted, bounded and queued in the
   // batcher; OnStepDone follows.
   void StartStep();
@@ -74,7 +79,9 @@ class DecodeStreamReactor final
   RequestScope scope_;
   std::optional<ScopedStreamMetric> open_stream_;  // once authenticated
   GrpcCallControl control_;
-  const absl::StatusOr<Tenant> tenant_;
+  // The caller, as the authenticator said at auth_generation_.
+  Tenant tenant_;
+  uint64_t auth_generation_ = 0;
   absl::flat_hash_map<std::string, SessionHold> held_;
   int64_t index_ = 0;
   v1::DecodeRequest request_;

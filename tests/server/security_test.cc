@@ -367,6 +367,36 @@ TEST_F(TokenTest, QuotasRefuseAndRecoverAfterDeletes) {
   ATTN_EXPECT_OK(alice_->CreateSession(spec));
 }
 
+TEST_F(TokenTest, ARevokedTokenEndsAnOpenDecodeStream) {
+  const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
+  auto mine = alice_->OpenSession(spec);
+  ATTN_ASSERT_OK(mine);
+  const Tokens tokens = RandomTokens(spec, 2, 11);
+  auto stream = alice_->OpenDecodeStream();
+  auto step = [&](int t) -> absl::StatusOr<v1::AttentionResult> {
+    ATTN_ASSIGN_OR_RETURN(
+        const v1::DecodeRequest request,
+        mine->MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
+                                tokens.v_rows(t, 1)));
+    return stream->Step(request);
+  };
+  ATTN_ASSERT_OK(step(0));
+  // Alice's line goes: her open stream must not outlive her token.
+  ASSERT_TRUE(WriteFileAtomically(
+      tokens_file_, absl::StrCat("bob ", server::DigestTokenHex("bob-token"),
+                                 " - -\n")));
+  ATTN_ASSERT_OK(server_->ReloadAuthTokens());
+  const absl::Status refused = step(1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;
+  EXPECT_NE(refused.message().find("requests[1]"), std::string::npos)
+      << refused;
+  // The refused step changed nothing.
+  const Tenant alice{.name = "alice", .quota = {}};
+  auto info = server_->engine().GetSession(mine->id(), alice);
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths[0], 1);
+}
+
 TEST_F(TokenTest, TokensFileEditTakesEffectWithoutRestart) {
   ATTN_ASSERT_OK(bob_->GetServerInfo());
   ASSERT_TRUE(WriteFileAtomically(tokens_file_, TokensFile("bob-new-token")));
