@@ -11,8 +11,11 @@ using grpc::experimental::InterceptionHookPoints;
 
 class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info)
-      : method_(info->method() != nullptr ? info->method() : "") {}
+  ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info,
+                        const Authenticator* authenticator)
+      : info_(info),
+        authenticator_(authenticator),
+        method_(info->method() != nullptr ? info->method() : "") {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods)
       override {
@@ -29,19 +32,34 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
       if (status.error_code() == grpc::StatusCode::INTERNAL ||
           (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
            status.error_message().empty())) {
-        methods->ModifySendStatus(grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("the request bytes are not a valid protobuf message "
-                         "for ",
-                         method_,
-                         "; encode the request with the attention.v1 proto "
-                         "(proto/attention/v1/attention.proto)")));
+        methods->ModifySendStatus(UnparsedStatus());
       }
     }
     methods->Proceed();
   }
 
  private:
+  // What an unparsable request gets: UNAUTHENTICATED for a caller the
+  // authenticator refuses, else INVALID_ARGUMENT.
+  grpc::Status UnparsedStatus() const {
+    if (authenticator_ != nullptr && authenticator_->enabled()) {
+      const absl::StatusOr<Tenant> tenant =
+          authenticator_->Authenticate(*info_->server_context());
+      if (!tenant.ok()) {
+        return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                            std::string(tenant.status().message()));
+      }
+    }
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("the request bytes are not a valid protobuf message for ",
+                     method_,
+                     "; encode the request with the attention.v1 proto "
+                     "(proto/attention/v1/attention.proto)"));
+  }
+
+  grpc::experimental::ServerRpcInfo* const info_;
+  const Authenticator* const authenticator_;
   const std::string method_;
   bool unparsed_ = false;
 };
@@ -51,7 +69,7 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
 grpc::experimental::Interceptor*
 ParseErrorInterceptorFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
-  return new ParseErrorInterceptor(info);
+  return new ParseErrorInterceptor(info, authenticator_);
 }
 
 }  // namespace attention::server

@@ -7,19 +7,31 @@
 // fails, answers without calling it. The interceptor notes the failure
 // (POST_RECV_MESSAGE without a message) and rewrites that status when it is
 // sent (PRE_SEND_STATUS). Streaming reads that fail end the stream inside
-// gRPC, which does not let the server choose their status.
+// gRPC, which does not let the server choose their status. A caller the
+// server's authenticator refuses gets UNAUTHENTICATED instead, as it would
+// with a valid message: the handler that would have said so never ran.
 #ifndef ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_
 #define ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_
 
 #include <grpcpp/support/server_interceptor.h>
+
+#include "server/authenticator.h"
 
 namespace attention::server {
 
 class ParseErrorInterceptorFactory final
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
+  // `authenticator` (may be null: no authentication) must outlive the
+  // server.
+  explicit ParseErrorInterceptorFactory(const Authenticator* authenticator)
+      : authenticator_(authenticator) {}
+
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
+
+ private:
+  const Authenticator* const authenticator_;
 };
 
 }  // namespace attention::server

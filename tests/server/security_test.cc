@@ -5,6 +5,8 @@
 // each other's sessions, quotas refuse and recover, and a tokens-file edit
 // takes effect without a restart; snapshots carry their owner, exports
 // and imports act for the caller's tenant and restores for the owner.
+#include <grpcpp/generic/generic_stub.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/status_macros.h"
@@ -365,6 +368,44 @@ TEST_F(TokenTest, QuotasRefuseAndRecoverAfterDeletes) {
   ATTN_ASSERT_OK(alice_->DeleteSession(first->id()));
   ATTN_EXPECT_OK(second->Prefill(0, one.q, one.k, one.v));
   ATTN_EXPECT_OK(alice_->CreateSession(spec));
+}
+
+TEST_F(TokenTest, UnparseableRequestsOfStrangersAreUnauthenticated) {
+  grpc::GenericStub stub(alice_->channel());
+  const std::string garbage = "\xff\xff\xff\xff\x0f";
+  // The status of `method` called with `garbage` and `token`.
+  auto call = [&](const char* method, const std::string& token) {
+    grpc::ClientContext context;
+    if (!token.empty()) {
+      context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    }
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    bool done = false;
+    absl::Mutex mu;
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                   [&](grpc::Status s) {
+                     absl::MutexLock lock(&mu);
+                     status = std::move(s);
+                     done = true;
+                   });
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));
+    return status;
+  };
+  for (const char* method : {"/attention.v1.AttentionService/Prefill",
+                             "/attention.v1.AttentionService/GetSession"}) {
+    for (const std::string& token : {std::string(), std::string("wrong")}) {
+      EXPECT_EQ(call(method, token).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED)
+          << method << " with token '" << token << "'";
+    }
+    EXPECT_EQ(call(method, "alice-token").error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << method;
+  }
 }
 
 TEST_F(TokenTest, ARevokedTokenEndsAnOpenDecodeStream) {
