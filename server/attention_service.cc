@@ -407,9 +407,9 @@ grpc::Status AttentionServiceImpl::ImportSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
-    if (draining_.load(std::memory_order_acquire)) return Draining();
     ImportOptions options;
     ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
+    if (draining_.load(std::memory_order_acquire)) return Draining();
     ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
     const bool handover = options.keep_owner;
     // A replica handing a session over keeps its id; so may anyone where
