@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "attention/v1/attention.grpc.pb.h"
 #include "client/attention_client.h"
+#include "core/status_macros.h"
 #include "server/log.h"
 #include "server/session_transfer.h"
 
@@ -23,17 +24,20 @@ constexpr absl::Duration kSealWait = absl::Milliseconds(500);
 
 // Whether a failed import may nevertheless have created the session on the
 // peer: the whole snapshot was sent and the answer is not one of the
-// import's refusals (which leave nothing behind).
-bool OutcomeUnknown(const grpc::Status& status, bool all_sent) {
-  if (!all_sent) return false;
+// import's refusals (which leave nothing behind). UNAVAILABLE is also what
+// a draining peer answers at once, so a broken connection is only a doubt.
+SessionHandover::Doubt DoubtOf(const grpc::Status& status, bool all_sent) {
+  if (!all_sent) return SessionHandover::Doubt::kNone;
   switch (status.error_code()) {
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::CANCELLED:
     case grpc::StatusCode::UNKNOWN:
     case grpc::StatusCode::INTERNAL:
-      return true;
+      return SessionHandover::Doubt::kUnknown;
+    case grpc::StatusCode::UNAVAILABLE:
+      return SessionHandover::Doubt::kBroken;
     default:
-      return false;
+      return SessionHandover::Doubt::kNone;
   }
 }
 
@@ -103,17 +107,15 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
   }
   for (const Peer& peer : peers) {
     // An export this replica refuses (an MLA or top-k session) goes nowhere.
-    absl::StatusOr<std::unique_ptr<SessionExport>> session_export =
-        engine_->ExportSealed(*seal);
-    if (!session_export.ok()) {
+    if (absl::Status exportable = engine_->ExportSealed(*seal).status();
+        !exportable.ok()) {
       Log(LogLevel::kWarning, "handover_failed",
-          {{"session", id}, {"error", session_export.status().ToString()}});
+          {{"session", id}, {"error", exportable.ToString()}});
       return Outcome::kRefused;
     }
-    bool unknown = false;
-    const absl::Status sent =
-        SendTo(peer, **session_export, deadline, &unknown);
-    if (sent.ok() || unknown) {
+    bool moved = false;
+    const absl::Status sent = MoveTo(peer, *seal, deadline, &moved);
+    if (sent.ok() || moved) {
       // Never live on two replicas: an unknown outcome counts as moved.
       seal->Commit(peer.advertise_address);
       Log(sent.ok() ? LogLevel::kInfo : LogLevel::kError, "handover",
@@ -130,10 +132,34 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
   return Outcome::kFailed;
 }
 
+absl::Status SessionHandover::MoveTo(const Peer& peer, SessionSeal& seal,
+                                     absl::Time deadline, bool* moved) {
+  *moved = false;
+  Doubt first = Doubt::kNone;
+  for (int attempt = 0;; ++attempt) {
+    ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionExport> session_export,
+                          engine_->ExportSealed(seal));
+    Doubt doubt = Doubt::kNone;
+    const absl::Status sent = SendTo(peer, *session_export, deadline, &doubt);
+    if (attempt == 0) first = doubt;
+    // Settled: the peer holds the session, or refused it.
+    if (sent.ok() || doubt == Doubt::kNone) return sent;
+    if (attempt == 1 || absl::Now() >= deadline) {
+      // Still in doubt: moved if either answer may mean the peer created it.
+      *moved = first == Doubt::kUnknown || doubt == Doubt::kUnknown;
+      return sent;
+    }
+    Log(LogLevel::kWarning, "handover_doubt",
+        {{"session", seal.session().id()},
+         {"to", peer.advertise_address},
+         {"error", sent.ToString()}});
+  }
+}
+
 absl::Status SessionHandover::SendTo(const Peer& peer,
                                      SessionExport& session_export,
-                                     absl::Time deadline, bool* unknown) {
-  *unknown = false;
+                                     absl::Time deadline, Doubt* doubt) {
+  *doubt = Doubt::kNone;
   auto stub = v1::AttentionService::NewStub(peer.client->channel());
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
@@ -166,7 +192,14 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
     if (metrics_ != nullptr) metrics_->RecordExport(*written);
     return absl::OkStatus();
   }
-  *unknown = OutcomeUnknown(status, all_sent);
+  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+    // The id is the sealed session's own (128 random bits): an earlier
+    // attempt whose answer was lost created it there.
+    Log(LogLevel::kWarning, "handover_found_on_peer",
+        {{"to", peer.advertise_address}, {"error", status.error_message()}});
+    return absl::OkStatus();
+  }
+  *doubt = DoubtOf(status, all_sent);
   if (!written.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {
     return written.status();
   }

@@ -20,9 +20,14 @@
 // already queued holds up its engine batch until the move ends (the
 // engine's lookup waits); calls on other sessions run on.
 // A session is thus never live on two replicas: it is sealed here before
-// the peer accepts calls on it, and when an import's outcome is unknown
-// (the peer may have created it: the stream broke or timed out after the
-// whole snapshot was sent) it is treated as moved. Sessions that could not
+// the peer accepts calls on it. When an import's answer leaves a doubt
+// (the stream broke, timed out or failed oddly after the whole snapshot
+// was sent: the peer may have created the session) the same peer is asked
+// again; a peer that holds the session answers ALREADY_EXISTS for its id
+// (128 random bits, so only an earlier attempt can have put it there),
+// which counts as moved. Still in doubt, a session counts as moved unless
+// both answers were broken connections (what a peer that started to drain
+// gives at once). Sessions that could not
 // be moved (no SERVING peer, every peer refused, the export refused - MLA
 // and top-k sessions, calls that kept it busy) stay here; the drain then
 // snapshots them when --snapshot_dir is set.
@@ -62,17 +67,33 @@ class SessionHandover {
   // Moves every session it can before `deadline` (see above).
   HandoverResult HandOverAll(absl::Time deadline);
 
+  // What a failed import may have left on the peer.
+  enum class Doubt {
+    kNone,     // a refusal: the peer created nothing
+    kBroken,   // the connection failed after the whole snapshot was sent
+               // (the peer may have created it, or refused it at once)
+    kUnknown,  // the peer may have created it (timed out, cancelled, or an
+               // error no import refusal gives)
+  };
+
  private:
   // kFailed may succeed later (busy, or every peer refused); kRefused will
   // not (the export is refused, or the outcome is unknown).
   enum class Outcome { kSent, kFailed, kRefused, kNoPeer, kGone };
   // Moves session `id`: seals it, tries the peers in order.
   Outcome HandOver(const std::string& id, absl::Time deadline);
+  // Imports sealed session `seal` into `peer`, asking again once when the
+  // first answer leaves a doubt (a peer that holds the session answers
+  // ALREADY_EXISTS). OK when the peer holds it now; otherwise `*moved`
+  // says whether to count it as moved all the same (kUnknown twice: never
+  // live on two replicas).
+  absl::Status MoveTo(const Peer& peer, SessionSeal& seal, absl::Time deadline,
+                      bool* moved);
   // One ImportSession call carrying `session_export` (of a sealed session)
-  // to `peer`. OK when the peer holds the session now; `*unknown` tells a
-  // failure whose outcome is unknown.
+  // to `peer`. OK when the peer holds the session now (also when it held
+  // it already: ALREADY_EXISTS for its id); `*doubt` qualifies a failure.
   absl::Status SendTo(const Peer& peer, SessionExport& session_export,
-                      absl::Time deadline, bool* unknown);
+                      absl::Time deadline, Doubt* doubt);
 
   AttentionEngine* const engine_;
   Peers* const peers_;

@@ -525,6 +525,48 @@ TEST(HandoverTest, ASessionNoPeerAcceptsStaysBehind) {
               ::testing::HasSubstr("event=handover_finished sent=1 failed=1"));
 }
 
+TEST(HandoverTest, ASessionAnEarlierAttemptLeftOnThePeerCountsAsMoved) {
+  // An earlier attempt whose answer was lost: B already holds A's session
+  // (imported as a hand-over keeps it, under the same id). A must count it
+  // as moved to B, not keep (and snapshot) a second live copy.
+  const std::string dir = FreshDir("found-on-peer");
+  std::unique_ptr<Replica> b = StartReplica({});
+  ASSERT_NE(b, nullptr);
+  std::unique_ptr<Replica> a =
+      StartReplica({absl::StrCat("--peers=", b->address),
+                    absl::StrCat("--snapshot_dir=", dir)});
+  ASSERT_NE(a, nullptr);
+  auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  std::vector<v1::SessionChunk> records;
+  ATTN_ASSERT_OK(a->client->ExportSession(
+      session->session_id(), [&](const v1::SessionChunk& record) {
+        records.push_back(record);
+        return absl::OkStatus();
+      }));
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("attention-handover-from", a->address);
+    v1::SessionInfo reply;
+    auto writer = b->client->stub()->ImportSession(&context, &reply);
+    records.front().set_keep_session_id(true);
+    for (const v1::SessionChunk& record : records) writer->Write(record);
+    writer->WritesDone();
+    const grpc::Status imported = writer->Finish();
+    ASSERT_TRUE(imported.ok()) << imported.error_message();
+  }
+  a->process->Signal(SIGTERM);
+  ExpectExitedZero(*a);
+  EXPECT_THAT(a->process->output(),
+              ::testing::HasSubstr("event=handover_found_on_peer"));
+  // Not left behind (a failure would log handover_finished ... failed=1).
+  EXPECT_THAT(a->process->output(),
+              ::testing::Not(::testing::HasSubstr("failed=1")));
+  ATTN_EXPECT_OK(b->client->GetSession(session->session_id()));
+  EXPECT_THAT(RestoredIds(dir), ::testing::IsEmpty());
+  std::filesystem::remove_all(dir);
+}
+
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
