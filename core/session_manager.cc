@@ -73,8 +73,8 @@ std::shared_ptr<TenantUsage> SessionManager::UsageOf(const std::string& name) {
     absl::erase_if(tenants_, [](const auto& entry) {
       return entry.second.use_count() == 1;
     });
-    prune_tenants_at_ = std::max<size_t>(kMinTenantsBeforePruning,
-                                         2 * tenants_.size());
+    prune_tenants_at_ =
+        std::max<size_t>(kMinTenantsBeforePruning, 2 * tenants_.size());
   }
   std::shared_ptr<TenantUsage> usage =
       std::make_shared<TenantUsage>(name, pool_->block_bytes());

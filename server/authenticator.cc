@@ -114,9 +114,9 @@ absl::StatusOr<Tenant> Authenticator::Authenticate(
     }
     if (names.front().size() > kMaxTenantNameBytes) {
       return absl::UnauthenticatedError(absl::StrCat(
-          "the client certificate's common name (CN) is ",
-          names.front().size(), " bytes; a tenant name has at most ",
-          kMaxTenantNameBytes, ": use a certificate with a shorter CN"));
+          "the client certificate's common name (CN) is ", names.front().size(),
+          " bytes; a tenant name has at most ", kMaxTenantNameBytes,
+          ": use a certificate with a shorter CN"));
     }
     return Tenant{std::string(View(names.front())), {}};
   }

@@ -139,11 +139,11 @@ namespace {
 // The selections of rows [first, first + selected->size()) of `problem`
 // into *selected, in parallel over rows (or, for fewer rows than threads,
 // each row's scoring spread over the threads).
-absl::Status SelectRows(
-    const AttentionProblem& problem, ThreadPool& pool,
-    IndexScoresFn score_keys,
-    const std::function<IndexQuery(int64_t)>& query_of, int64_t first,
-    std::vector<std::vector<int64_t>>* selected) {
+absl::Status SelectRows(const AttentionProblem& problem, ThreadPool& pool,
+                        IndexScoresFn score_keys,
+                        const std::function<IndexQuery(int64_t)>& query_of,
+                        int64_t first,
+                        std::vector<std::vector<int64_t>>* selected) {
   const int64_t count = static_cast<int64_t>(selected->size());
   std::vector<absl::Status> statuses(static_cast<size_t>(count));
   if (count < pool.num_threads()) {
@@ -195,8 +195,10 @@ absl::Status AttendSelected(
     for (int64_t j = i; j < end; ++j) {
       const int64_t r = first + j;
       AttentionProblem one;
-      one.q = TensorView{problem.q.dtype, {1, heads, head_dim},
-                         problem.q.data + r * q_row_bytes, q_row_bytes};
+      one.q = TensorView{problem.q.dtype,
+                         {1, heads, head_dim},
+                         problem.q.data + r * q_row_bytes,
+                         q_row_bytes};
       one.kv = SelectedKvView(kv, selected[j], &tables[2 * (j - i)],
                               &tables[2 * (j - i) + 1]);
       one.mask = MaskSpec{.causal = false};
@@ -267,8 +269,7 @@ absl::Status AttendTopK(
       for (int64_t r = first; r < end; ++r) {
         int64_t* out = spec.selected + r * spec.topk;
         std::fill(out, out + spec.topk, -1);
-        std::copy(selected[r - first].begin(), selected[r - first].end(),
-                  out);
+        std::copy(selected[r - first].begin(), selected[r - first].end(), out);
       }
     }
     ATTN_RETURN_IF_ERROR(

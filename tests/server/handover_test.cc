@@ -539,11 +539,11 @@ TEST(HandoverTest, ASessionAnEarlierAttemptLeftOnThePeerCountsAsMoved) {
   auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
   ATTN_ASSERT_OK(session);
   std::vector<v1::SessionChunk> records;
-  ATTN_ASSERT_OK(a->client->ExportSession(
-      session->session_id(), [&](const v1::SessionChunk& record) {
-        records.push_back(record);
-        return absl::OkStatus();
-      }));
+  ATTN_ASSERT_OK(a->client->ExportSession(session->session_id(),
+                                          [&](const v1::SessionChunk& record) {
+                                            records.push_back(record);
+                                            return absl::OkStatus();
+                                          }));
   {
     grpc::ClientContext context;
     context.AddMetadata("attention-handover-from", a->address);

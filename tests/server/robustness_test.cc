@@ -3,7 +3,6 @@
 // (one test per case of the robustness issue). Every call here must fail
 // fast with its documented code and leave the session as it was.
 #include <grpcpp/create_channel.h>
-#include <grpcpp/generic/generic_stub.h>
 
 #include <chrono>
 #include <cstring>
@@ -16,7 +15,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/server/test_server.h"
@@ -393,28 +391,13 @@ TEST_F(RobustnessTest, ErrorsQuoteOnlyAShortPrefixOfClientStrings) {
 // Row 8: bytes that are not a message were INTERNAL with no message.
 TEST_F(RobustnessTest, UnparseableRequestsAreInvalidArgument) {
   Start();
-  auto channel = grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", server_->server->port()),
-      grpc::InsecureChannelCredentials());
-  grpc::GenericStub stub(channel);
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->server->port()),
+                          grpc::InsecureChannelCredentials());
   const std::string garbage = "\xff\xff\xff\xff\x0f";
-  grpc::Slice slice(garbage);
-  grpc::ByteBuffer request(&slice, 1);
   for (const char* method : {"/attention.v1.AttentionService/Prefill",
                              "/attention.v1.AttentionService/GetSession"}) {
-    grpc::ClientContext context;
-    grpc::ByteBuffer response;
-    grpc::Status status;
-    bool done = false;
-    absl::Mutex mu;
-    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status s) {
-                     absl::MutexLock lock(&mu);
-                     status = std::move(s);
-                     done = true;
-                   });
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(&done));
+    const grpc::Status status = RawUnaryCall(channel, method, garbage);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << method << ": " << status.error_message();
     EXPECT_NE(status.error_message().find("not a valid protobuf"),

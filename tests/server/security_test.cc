@@ -5,8 +5,6 @@
 // each other's sessions, quotas refuse and recover, and a tokens-file edit
 // takes effect without a restart; snapshots carry their owner, exports
 // and imports act for the caller's tenant and restores for the owner.
-#include <grpcpp/generic/generic_stub.h>
-
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -14,7 +12,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/status_macros.h"
@@ -371,29 +368,10 @@ TEST_F(TokenTest, QuotasRefuseAndRecoverAfterDeletes) {
 }
 
 TEST_F(TokenTest, UnparseableRequestsOfStrangersAreUnauthenticated) {
-  grpc::GenericStub stub(alice_->channel());
   const std::string garbage = "\xff\xff\xff\xff\x0f";
-  // The status of `method` called with `garbage` and `token`.
   auto call = [&](const char* method, const std::string& token) {
-    grpc::ClientContext context;
-    if (!token.empty()) {
-      context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
-    }
-    grpc::Slice slice(garbage);
-    grpc::ByteBuffer request(&slice, 1);
-    grpc::ByteBuffer response;
-    grpc::Status status;
-    bool done = false;
-    absl::Mutex mu;
-    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status s) {
-                     absl::MutexLock lock(&mu);
-                     status = std::move(s);
-                     done = true;
-                   });
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(&done));
-    return status;
+    return RawUnaryCall(alice_->channel(), method, garbage,
+                        token.empty() ? "" : absl::StrCat("Bearer ", token));
   };
   for (const char* method : {"/attention.v1.AttentionService/Prefill",
                              "/attention.v1.AttentionService/GetSession"}) {
@@ -424,8 +402,8 @@ TEST_F(TokenTest, ARevokedTokenEndsAnOpenDecodeStream) {
   ATTN_ASSERT_OK(step(0));
   // Alice's line goes: her open stream must not outlive her token.
   ASSERT_TRUE(WriteFileAtomically(
-      tokens_file_, absl::StrCat("bob ", server::DigestTokenHex("bob-token"),
-                                 " - -\n")));
+      tokens_file_,
+      absl::StrCat("bob ", server::DigestTokenHex("bob-token"), " - -\n")));
   ATTN_ASSERT_OK(server_->ReloadAuthTokens());
   const absl::Status refused = step(1).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated) << refused;

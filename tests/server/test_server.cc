@@ -1,5 +1,7 @@
 #include "tests/server/test_server.h"
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "client/tensor_codec.h"
 
 namespace attention::testing {
@@ -217,6 +220,30 @@ std::vector<float> Floats(const v1::Tensor& tensor) {
     return {};
   }
   return *std::move(values);
+}
+
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& method, const std::string& bytes,
+                          const std::string& authorization) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  if (!authorization.empty())
+    context.AddMetadata("authorization", authorization);
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  bool done = false;
+  absl::Mutex mu;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status s) {
+                   absl::MutexLock lock(&mu);
+                   status = std::move(s);
+                   done = true;
+                 });
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(&done));
+  return status;
 }
 
 }  // namespace attention::testing

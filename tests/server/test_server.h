@@ -4,6 +4,9 @@
 #ifndef ATTENTION_TESTS_SERVER_TEST_SERVER_H_
 #define ATTENTION_TESTS_SERVER_TEST_SERVER_H_
 
+#include <grpcpp/channel.h>
+#include <grpcpp/support/status.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -95,6 +98,13 @@ v1::AttentionRequest StatelessRequestFor(const Tokens& tokens,
 
 // Bytes of rows [begin, begin + rows) along dimension 0 of `tensor`.
 std::string RowBytes(const v1::Tensor& tensor, int64_t begin, int64_t rows);
+
+// The status of unary call `method` ("/package.Service/Method") on
+// `channel` with request bytes `bytes` (any bytes, not necessarily a
+// message) and, when not empty, `authorization` metadata.
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
+                          const std::string& method, const std::string& bytes,
+                          const std::string& authorization = "");
 
 // What a failed call must leave unchanged.
 struct StateSnapshot {

@@ -313,8 +313,8 @@ TEST(TopKAttentionTest, ALongPrefillWithALargeKIsBitwiseItsChunks) {
         Request(pieces->session_id, 0, t, start, start + size, true));
     ASSERT_TRUE(out.ok()) << out.status();
     const std::vector<float> got = ToFloats(out->output);
-    EXPECT_TRUE(std::equal(got.begin(), got.end(),
-                           expected.begin() + start * row))
+    EXPECT_TRUE(
+        std::equal(got.begin(), got.end(), expected.begin() + start * row))
         << "chunk at " << start;
     EXPECT_TRUE(std::equal(out->topk_indices.begin(), out->topk_indices.end(),
                            one_shot->topk_indices.begin() + start * topk))
