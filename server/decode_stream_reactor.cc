@@ -32,12 +32,11 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
 }
 
 absl::Status DecodeStreamReactor::Authenticate() {
-  if (deps_.authenticator == nullptr ||
-      deps_.authenticator->generation() == auth_generation_) {
-    return absl::OkStatus();
-  }
+  if (deps_.authenticator == nullptr) return absl::OkStatus();
   // The generation first: a reload after it is seen by the next step.
-  auth_generation_ = deps_.authenticator->generation();
+  const uint64_t generation = deps_.authenticator->generation();
+  if (generation == auth_generation_) return absl::OkStatus();
+  auth_generation_ = generation;
   ATTN_ASSIGN_OR_RETURN(tenant_, deps_.authenticator->Authenticate(*context_));
   return absl::OkStatus();
 }

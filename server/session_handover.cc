@@ -107,14 +107,16 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
   }
   for (const Peer& peer : peers) {
     // An export this replica refuses (an MLA or top-k session) goes nowhere.
-    if (absl::Status exportable = engine_->ExportSealed(*seal).status();
-        !exportable.ok()) {
+    absl::StatusOr<std::unique_ptr<SessionExport>> session_export =
+        engine_->ExportSealed(*seal);
+    if (!session_export.ok()) {
       Log(LogLevel::kWarning, "handover_failed",
-          {{"session", id}, {"error", exportable.ToString()}});
+          {{"session", id}, {"error", session_export.status().ToString()}});
       return Outcome::kRefused;
     }
     bool moved = false;
-    const absl::Status sent = MoveTo(peer, *seal, deadline, &moved);
+    const absl::Status sent =
+        MoveTo(peer, *seal, *std::move(session_export), deadline, &moved);
     if (sent.ok() || moved) {
       // Never live on two replicas: an unknown outcome counts as moved.
       seal->Commit(peer.advertise_address);
@@ -132,13 +134,16 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
   return Outcome::kFailed;
 }
 
-absl::Status SessionHandover::MoveTo(const Peer& peer, SessionSeal& seal,
-                                     absl::Time deadline, bool* moved) {
+absl::Status SessionHandover::MoveTo(
+    const Peer& peer, SessionSeal& seal,
+    std::unique_ptr<SessionExport> session_export, absl::Time deadline,
+    bool* moved) {
   *moved = false;
   Doubt first = Doubt::kNone;
   for (int attempt = 0;; ++attempt) {
-    ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionExport> session_export,
-                          engine_->ExportSealed(seal));
+    if (attempt > 0) {
+      ATTN_ASSIGN_OR_RETURN(session_export, engine_->ExportSealed(seal));
+    }
     Doubt doubt = Doubt::kNone;
     const absl::Status sent = SendTo(peer, *session_export, deadline, &doubt);
     if (attempt == 0) first = doubt;

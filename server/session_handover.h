@@ -40,6 +40,7 @@
 #define ATTENTION_SERVER_SESSION_HANDOVER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -82,13 +83,14 @@ class SessionHandover {
   enum class Outcome { kSent, kFailed, kRefused, kNoPeer, kGone };
   // Moves session `id`: seals it, tries the peers in order.
   Outcome HandOver(const std::string& id, absl::Time deadline);
-  // Imports sealed session `seal` into `peer`, asking again once when the
-  // first answer leaves a doubt (a peer that holds the session answers
-  // ALREADY_EXISTS). OK when the peer holds it now; otherwise `*moved`
-  // says whether to count it as moved all the same (kUnknown twice: never
-  // live on two replicas).
-  absl::Status MoveTo(const Peer& peer, SessionSeal& seal, absl::Time deadline,
-                      bool* moved);
+  // Imports sealed session `seal` into `peer` (first from
+  // `session_export`, of `seal`), asking again once when the answer leaves
+  // a doubt (a peer that holds the session answers ALREADY_EXISTS). OK
+  // when the peer holds it now; otherwise `*moved` says whether to count it
+  // as moved all the same (a kUnknown answer: never live on two replicas).
+  absl::Status MoveTo(const Peer& peer, SessionSeal& seal,
+                      std::unique_ptr<SessionExport> session_export,
+                      absl::Time deadline, bool* moved);
   // One ImportSession call carrying `session_export` (of a sealed session)
   // to `peer`. OK when the peer holds the session now (also when it held
   // it already: ALREADY_EXISTS for its id); `*doubt` qualifies a failure.
