@@ -34,10 +34,13 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
                         std::vector<std::pair<float, int64_t>>* scores,
                         std::vector<int64_t>* selected);
 
-// Runs the top-k problem `problem` on `pool`: selection in parallel over
-// rows with the index kernel `score_keys` (the backend's ISA), then the
-// rows' attention through `attend_dense` (the backend's dense Attend) in
-// batches of bounded gathered size. Errors as AttentionBackend::Attend.
+// Runs the top-k problem `problem` on `pool`, in groups of rows whose
+// selections hold at most 2^20 keys together (so memory stays bounded
+// whatever topk and the row count are): the group's selection in parallel
+// over rows with the index kernel `score_keys` (the backend's ISA), then
+// its rows' attention through `attend_dense` (the backend's dense Attend)
+// in batches of bounded gathered size. Errors as AttentionBackend::Attend;
+// the first in row order (a group's selection before its attention).
 absl::Status AttendTopK(
     const AttentionProblem& problem, ThreadPool& pool, IndexScoresFn score_keys,
     const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
