@@ -68,8 +68,8 @@ std::shared_ptr<TenantUsage> SessionManager::UsageOf(const std::string& name) {
   if (tenants_.size() >= prune_tenants_at_) {
     // Drop the accounting nothing refers to any more (no session, no call
     // in flight: all zeros), such as that of failed imports' owners; the
-    // next use starts it again from zero. Amortized: the map at least
-    // halves or doubles its threshold.
+    // next use starts it again from zero. The next sweep waits until the
+    // map has doubled, so sweeps cost O(1) per new name.
     absl::erase_if(tenants_, [](const auto& entry) {
       return entry.second.use_count() == 1;
     });
