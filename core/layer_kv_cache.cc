@@ -16,8 +16,9 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 LayerKvCache::LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
-                           const LayerSpec& mask, TenantUsage* usage)
-    : pool_(pool), usage_(usage), layout_(layout), mask_(mask) {}
+                           const LayerSpec& mask,
+                           std::shared_ptr<TenantUsage> usage)
+    : pool_(pool), usage_(std::move(usage)), layout_(layout), mask_(mask) {}
 
 LayerKvCache::~LayerKvCache() { Release(table_); }
 
@@ -28,7 +29,7 @@ void LayerKvCache::Release(absl::Span<const BlockId> ids) {
 
 LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
     : pool_(other.pool_),
-      usage_(other.usage_),
+      usage_(std::move(other.usage_)),
       layout_(other.layout_),
       mask_(std::move(other.mask_)),
       length_(other.length_),
@@ -78,15 +79,16 @@ int64_t LayerKvCache::RestoreBlocks(const KvBlockLayout& layout,
 
 absl::StatusOr<LayerKvCache> LayerKvCache::Restore(
     BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
-    int64_t length, int64_t first_position, TenantUsage* usage) {
+    int64_t length, int64_t first_position,
+    std::shared_ptr<TenantUsage> usage) {
   const int64_t tpb = layout.tokens_per_block;
   const CarriedRanges ranges =
       CarriedPositions(length, mask.num_sink_tokens, first_position);
   std::vector<BlockId> blocks;
   ATTN_RETURN_IF_ERROR(pool->Allocate(
       RestoreBlocks(layout, mask, length, first_position), &blocks));
-  LayerKvCache layer(pool, layout, mask, usage);
   if (usage != nullptr) usage->RefAll(blocks);
+  LayerKvCache layer(pool, layout, mask, std::move(usage));
   layer.length_ = length;
   layer.first_held_ =
       ranges.window_start > ranges.sink_end ? ranges.window_start : 0;

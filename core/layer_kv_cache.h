@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -32,9 +33,12 @@ class LayerKvCache {
  public:
   // `pool` must outlive the cache. `mask` is the layer's resolved spec.
   // `usage`, when not null, is told of every block reference the cache
-  // gains or drops (the owning tenant's accounting) and must outlive it.
+  // gains or drops (the owning tenant's accounting); the cache and its forks
+  // keep it alive, so an export's blocks stay counted against the tenant
+  // after the session went.
   LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
-               const LayerSpec& mask, TenantUsage* usage = nullptr);
+               const LayerSpec& mask,
+               std::shared_ptr<TenantUsage> usage = nullptr);
   ~LayerKvCache();  // drops every block reference
 
   LayerKvCache(LayerKvCache&& other) noexcept;
@@ -57,7 +61,8 @@ class LayerKvCache {
   // REQUIRES: 0 <= first_position <= length.
   static absl::StatusOr<LayerKvCache> Restore(
       BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
-      int64_t length, int64_t first_position, TenantUsage* usage);
+      int64_t length, int64_t first_position,
+      std::shared_ptr<TenantUsage> usage);
   // Blocks Restore takes for those arguments.
   static int64_t RestoreBlocks(const KvBlockLayout& layout,
                                const LayerSpec& mask, int64_t length,
@@ -143,7 +148,7 @@ class LayerKvCache {
   void Release(absl::Span<const BlockId> ids);
 
   BlockPool* pool_;
-  TenantUsage* usage_;
+  std::shared_ptr<TenantUsage> usage_;
   KvBlockLayout layout_;
   LayerSpec mask_;
   int64_t length_ = 0;

@@ -5,9 +5,9 @@
 namespace attention {
 namespace {
 
-std::vector<LayerKvCache> EmptyLayers(const SessionSpec& spec,
-                                      const KvBlockLayout& layout,
-                                      BlockPool* pool, TenantUsage* usage) {
+std::vector<LayerKvCache> EmptyLayers(
+    const SessionSpec& spec, const KvBlockLayout& layout, BlockPool* pool,
+    const std::shared_ptr<TenantUsage>& usage) {
   std::vector<LayerKvCache> layers;
   layers.reserve(spec.num_layers);
   for (const LayerSpec& layer : spec.layers) {
@@ -47,7 +47,7 @@ Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
                  BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
                  std::shared_ptr<TenantUsage> usage)
     : Session(std::move(id), spec, layout, pool, idle_timeout, now, usage,
-              EmptyLayers(spec, layout, pool, usage.get())) {}
+              EmptyLayers(spec, layout, pool, usage)) {}
 
 Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
                  BlockPool* pool, absl::Duration idle_timeout, absl::Time now,

@@ -262,7 +262,7 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
         LayerKvCache layer,
         LayerKvCache::Restore(pool, layer_layouts[i], spec.layers[i],
                               header.layer_lengths[i],
-                              header.first_positions[i], usage.get()));
+                              header.first_positions[i], usage));
     layers.push_back(std::move(layer));
   }
 

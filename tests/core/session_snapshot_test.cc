@@ -450,6 +450,52 @@ TEST(SessionSnapshotTest, ExportIsConsistentAgainstRacingAppends) {
   }
 }
 
+// An export pins its session's blocks: they stay the owner's, counted
+// against its quota, until the export ends, also after the session went and
+// however many other tenants' accounting came and went meanwhile.
+TEST(SessionSnapshotTest, AnExportOutlivingItsSessionStaysItsOwners) {
+  const Shape4 shape{4, 2, 16, 8};
+  std::mt19937 rng(5);
+  auto engine = MakeEngine(int64_t{16} << 20, 4096);
+  const Tenant alice{.name = "alice", .quota = {}};
+  const std::string id = engine
+                             ->CreateSession(MakeSpec(shape, DType::kFloat32),
+                                             absl::ZeroDuration(), alice)
+                             ->session_id;
+  AppendRequest r;
+  r.session_id = id;
+  r.tenant = &alice;
+  Tokens t(100, shape, rng, DType::kFloat32);
+  r.q = t.q.view();
+  r.k = t.k.view();
+  r.v = t.v.view();
+  ASSERT_TRUE(engine->Append(r).ok());
+  const int64_t held = engine->tenant_stats("alice").kv_bytes;
+  ASSERT_GT(held, 0);
+
+  auto session_export = engine->ExportSession(id, alice);
+  ASSERT_TRUE(session_export.ok()) << session_export.status();
+  ASSERT_TRUE(engine->DeleteSession(id, alice).ok());
+  // Imports refused for 1,000 other owners leave accounting that is swept.
+  ImportOptions refused;
+  refused.tenant.quota.max_sessions = 0;
+  for (int i = 0; i < 1000; ++i) {
+    refused.tenant.name = absl::StrCat("other-", i);
+    ASSERT_FALSE(
+        engine->BeginImport((*session_export)->header(), refused).ok());
+  }
+  EXPECT_EQ(engine->tenant_stats("alice").kv_bytes, held);
+  EXPECT_EQ(engine->tenant_stats("alice").sessions, 0);
+
+  SnapshotChunk chunk;
+  int64_t chunks = 0;
+  while (*(*session_export)->NextChunk(&chunk)) ++chunks;
+  EXPECT_GT(chunks, 0);
+  session_export->reset();
+  EXPECT_EQ(engine->tenant_stats("alice").kv_bytes, 0);
+  EXPECT_EQ(engine->stats().pool.used_bytes, 0);
+}
+
 TEST(SessionSnapshotTest, TruncateAfterImportRespectsWhatWasCarried) {
   const Shape4 shape{4, 2, 16, 8};
   std::mt19937 rng(5);
