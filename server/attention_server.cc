@@ -80,11 +80,13 @@ absl::Status ValidateOptions(const ServerOptions& options) {
                                                    options.max_session_tokens,
                                                    " must be positive"));
   }
-  if (options.session_idle_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session_idle_timeout ",
-                     absl::FormatDuration(options.session_idle_timeout),
-                     " must be positive"));
+  for (const auto& [name, duration] :
+       {std::pair{"session_idle_timeout", options.session_idle_timeout},
+        std::pair{"transfer_stall_timeout", options.transfer_stall_timeout}}) {
+    if (duration <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, " ", absl::FormatDuration(duration), " must be positive"));
+    }
   }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -305,8 +307,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       std::make_unique<DecodeBatcher>(engine_ptr, batcher_options);
   server->service_ = std::make_unique<AttentionServiceImpl>(
       engine_ptr, server->decode_batcher_.get(), ServerVersion(),
-      options.max_message_bytes, metrics_ptr, authenticator_ptr,
-      options.on_decode_step_timing);
+      options.max_message_bytes, options.transfer_stall_timeout, metrics_ptr,
+      authenticator_ptr, options.on_decode_step_timing);
   server->service_->AcceptHandoversFrom(options.peer_tenant);
 
   // Both are process-wide switches read when a server is built.

@@ -41,14 +41,11 @@ absl::Status Draining() {
 
 }  // namespace
 
-AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
-                                           DecodeBatcher* batcher,
-                                           std::string version,
-                                           int64_t max_message_bytes,
-                                           ServerMetrics* metrics,
-                                           const Authenticator* authenticator,
-                                           DecodeStepTimingHook
-                                               on_decode_step_timing)
+AttentionServiceImpl::AttentionServiceImpl(
+    AttentionEngine* engine, DecodeBatcher* batcher, std::string version,
+    int64_t max_message_bytes, absl::Duration transfer_stall_timeout,
+    ServerMetrics* metrics, const Authenticator* authenticator,
+    DecodeStepTimingHook on_decode_step_timing)
     : engine_(engine),
       batcher_(batcher),
       version_(std::move(version)),
@@ -56,10 +53,23 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
       metrics_(metrics),
       authenticator_(authenticator),
       on_decode_step_timing_(std::move(on_decode_step_timing)),
+      transfer_watchdog_(transfer_stall_timeout),
       prefill_executor_(kPrefillThreads) {
   SetMessageAllocatorFor_Prefill(&prefill_messages_);
   SetMessageAllocatorFor_DecodeStep(&decode_step_messages_);
   SetMessageAllocatorFor_BatchDecode(&batch_decode_messages_);
+}
+
+StallWatchdog::Watch AttentionServiceImpl::WatchTransfer(
+    grpc::ServerContext* context) {
+  return transfer_watchdog_.Start([context] { context->TryCancel(); });
+}
+
+absl::Status AttentionServiceImpl::TransferEnded(
+    const StallWatchdog::Watch& watch, absl::string_view what) const {
+  if (watch.stalled()) return transfer_watchdog_.StallError(what);
+  return absl::CancelledError(
+      absl::StrCat("the client cancelled the ", what, " or went away"));
 }
 
 absl::Status AttentionServiceImpl::HandoverImportOptions(
@@ -387,14 +397,15 @@ grpc::Status AttentionServiceImpl::ExportSession(
     ATTN_ASSIGN_OR_RETURN(
         std::unique_ptr<SessionExport> session_export,
         engine_->ExportSession(request->session_id(), tenant));
+    StallWatchdog::Watch watch = WatchTransfer(context);
     ATTN_ASSIGN_OR_RETURN(
         const int64_t bytes,
         WriteSessionExport(
             *session_export, [&](v1::SessionChunk& record) -> absl::Status {
               if (context->IsCancelled() || !writer->Write(record)) {
-                return absl::CancelledError(
-                    "the client cancelled the export or went away");
+                return TransferEnded(watch, "export");
               }
+              watch.Progress();
               return absl::OkStatus();
             }));
     if (metrics_ != nullptr) metrics_->RecordExport(bytes);
@@ -407,6 +418,7 @@ grpc::Status AttentionServiceImpl::ImportSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
+    StallWatchdog::Watch watch = WatchTransfer(context);
     ImportOptions options;
     ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
     if (draining_.load(std::memory_order_acquire)) return Draining();
@@ -423,10 +435,11 @@ grpc::Status AttentionServiceImpl::ImportSession(
         ReadSessionImport(
             *engine_, std::move(options), keep,
             [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
-              if (context->IsCancelled()) {
-                return absl::CancelledError("the client cancelled the import");
-              }
-              return reader->Read(record);
+              const bool read =
+                  !context->IsCancelled() && reader->Read(record);
+              if (context->IsCancelled()) return TransferEnded(watch, "import");
+              watch.Progress();
+              return read;
             }));
     if (metrics_ != nullptr) {
       metrics_->RecordImport(result.kv_bytes);

@@ -48,6 +48,7 @@
 #include "server/decode_step_timing.h"
 #include "server/metrics.h"
 #include "server/request_scope.h"
+#include "server/stall_watchdog.h"
 
 namespace attention::server {
 
@@ -62,13 +63,15 @@ class AttentionServiceImpl final : public AttentionServiceBase {
  public:
   // `engine` and `batcher` (which must run on `engine`) must outlive the
   // service. `version` and `max_message_bytes` are reported by
-  // GetServerInfo.
+  // GetServerInfo. An ExportSession or ImportSession that moves no message
+  // for `transfer_stall_timeout` (> 0) is cancelled (server/stall_watchdog.h).
   // `metrics` may be null (no metrics); otherwise it must outlive the
   // service too. So must `authenticator`, which names each call's tenant;
   // null runs every call as DefaultTenant(). `on_decode_step_timing`, when
   // set, receives the timing of every successful DecodeStep.
   AttentionServiceImpl(AttentionEngine* engine, DecodeBatcher* batcher,
                        std::string version, int64_t max_message_bytes,
+                       absl::Duration transfer_stall_timeout,
                        ServerMetrics* metrics = nullptr,
                        const Authenticator* authenticator = nullptr,
                        DecodeStepTimingHook on_decode_step_timing = nullptr);
@@ -154,6 +157,12 @@ class AttentionServiceImpl final : public AttentionServiceBase {
  private:
   // `info` as the reply's SessionInfo, owned by this replica.
   void SessionReply(const SessionInfo& info, v1::SessionInfo* out) const;
+  // Puts a session transfer's call under transfer_watchdog_.
+  StallWatchdog::Watch WatchTransfer(grpc::ServerContext* context);
+  // Why the `what` ("import", "export") of a call that was cancelled or
+  // went away ended: the watchdog's stall error when it cancelled it.
+  absl::Status TransferEnded(const StallWatchdog::Watch& watch,
+                             absl::string_view what) const;
   // Completes `options` (the caller's tenant set) for an ImportSession
   // call: a handover's keeps the snapshot's owner (see
   // AcceptHandoversFrom); PERMISSION_DENIED when the caller may not.
@@ -178,6 +187,7 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   const Authenticator* const authenticator_;
   const DecodeStepTimingHook on_decode_step_timing_;
   InFlightCounter in_flight_;
+  StallWatchdog transfer_watchdog_;
   std::atomic<bool> draining_{false};
   std::string peer_tenant_ = "peer";
   mutable absl::Mutex advertise_mu_;

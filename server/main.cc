@@ -91,6 +91,10 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "On SIGTERM/SIGINT, how long in-flight calls and open Decode "
           "streams may take to finish (keep it below the orchestrator's "
           "grace period, 30s in Kubernetes).");
+ABSL_FLAG(absl::Duration, transfer_stall_timeout, absl::Seconds(60),
+          "An ExportSession or ImportSession that moves no message for this "
+          "long is cancelled (CANCELLED), freeing the KV blocks and the "
+          "thread it held.");
 ABSL_FLAG(std::string, snapshot_dir, "",
           "When set: on SIGTERM/SIGINT, once calls have finished (first half "
           "of --drain_timeout), every session is written to this directory "
@@ -154,6 +158,7 @@ ServerOptions OptionsFromFlags() {
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   options.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.transfer_stall_timeout = absl::GetFlag(FLAGS_transfer_stall_timeout);
   options.snapshot_dir = absl::GetFlag(FLAGS_snapshot_dir);
   options.peers = absl::GetFlag(FLAGS_peers);
   options.peer_token_file = absl::GetFlag(FLAGS_peer_token_file);

@@ -86,6 +86,10 @@ struct ServerOptions {
   // get up to this long to finish (inside Kubernetes' default 30 s grace)
   // before the rest are cancelled.
   absl::Duration drain_timeout = absl::Seconds(25);
+  // An ExportSession or ImportSession that moves no message for this long
+  // is cancelled, freeing the KV blocks and the thread it held (a stalled
+  // or vanished peer). > 0.
+  absl::Duration transfer_stall_timeout = absl::Seconds(60);
   // When set, the drain ends by writing every session to this directory
   // (server/snapshot_store.h), and Start restores the sessions found there
   // before it serves. In-flight calls then get the first half of

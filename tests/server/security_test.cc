@@ -29,17 +29,6 @@ using client::AttentionClient;
 using client::ClientOptions;
 using client::SessionHandle;
 
-// Polls `condition` every 100 ms for up to `timeout`.
-template <typename Condition>
-bool Eventually(Condition condition, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (condition()) return true;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  return condition();
-}
-
 class SecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -346,6 +346,85 @@ TEST_F(SessionSnapshotTest, ImportRespectsThePool) {
   EXPECT_EQ(info->active_sessions(), 0);
 }
 
+// A transfer whose peer stops moving messages is cancelled after
+// --transfer_stall_timeout, and what it held goes: an import's reserved
+// blocks, an export's pinned ones.
+TEST(StalledTransferTest, IsCancelledAndFreesWhatItHeld) {
+  server::ServerOptions options = TestServerOptions();
+  options.kv_cache_bytes = int64_t{128} << 20;
+  options.kv_block_bytes = 64 << 10;
+  options.transfer_stall_timeout = absl::Seconds(2);
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  client::AttentionClient& client = *(*server)->client;
+  const auto used_bytes = [&] {
+    auto info = client.GetServerInfo();
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->kv_cache_used_bytes() : -1;
+  };
+  // 20 layers × 64 tokens × 32 heads × 128 × fp32 K and V: 40 MiB, more
+  // than the transport buffers between a server and a client not reading.
+  auto session = client.OpenSession(MakeSpec(20, 32, 32, 128));
+  ATTN_ASSERT_OK(session);
+  Fill(*session, RandomTokens(session->spec(), 64, 9), 64);
+  const int64_t session_bytes = used_bytes();
+  ASSERT_GE(session_bytes, int64_t{40} << 20);
+
+  // The export's client stops reading after the header; the session goes
+  // meanwhile, its blocks pinned by the export until the server ends it.
+  bool pinned = false;
+  bool freed = false;
+  const absl::Status exported =
+      client.ExportSession(session->id(), [&](const v1::SessionChunk&) {
+        if (pinned) return absl::OkStatus();
+        EXPECT_TRUE(client.DeleteSession(session->id()).ok());
+        pinned = used_bytes() == session_bytes;
+        freed =
+            Eventually([&] { return used_bytes() == 0; }, absl::Seconds(50));
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(exported.code(), absl::StatusCode::kCancelled) << exported;
+  EXPECT_TRUE(pinned);
+  EXPECT_TRUE(freed);
+
+  // An import that stalls after its header: its reservation goes with it.
+  auto original = client.OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(original);
+  Fill(*original, RandomTokens(original->spec(), 200, 5), 200);
+  auto records = Export(client, original->id());
+  ATTN_ASSERT_OK(records);
+  const int64_t before = used_bytes();
+  bool reserved = false;
+  freed = false;
+  int sent = 0;
+  auto imported = client.ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (sent == 0) {
+          *record = (*records)[sent++];
+          return true;
+        }
+        reserved = Eventually([&] { return used_bytes() > before; },
+                              absl::Seconds(50));
+        freed = Eventually([&] { return used_bytes() == before; },
+                           absl::Seconds(50));
+        return false;
+      });
+  EXPECT_EQ(imported.status().code(), absl::StatusCode::kCancelled)
+      << imported.status();
+  EXPECT_TRUE(reserved);
+  EXPECT_TRUE(freed);
+  auto info = client.GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->active_sessions(), 1);
+  const std::string metrics = (*server)->server->metrics().TextExposition();
+  for (const char* method : {"ExportSession", "ImportSession"}) {
+    EXPECT_TRUE(absl::StrContains(
+        metrics, absl::StrCat("attention_requests_total{method=\"", method,
+                              "\",code=\"CANCELLED\"} 1")))
+        << method;
+  }
+}
+
 std::string TempDir(absl::string_view name) {
   const std::string dir =
       absl::StrCat(::testing::TempDir(), "/", name, "-", getpid());

@@ -16,6 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "attention/v1/attention.pb.h"
 #include "client/attention_client.h"
@@ -105,6 +107,18 @@ std::string RowBytes(const v1::Tensor& tensor, int64_t begin, int64_t rows);
 grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel,
                           const std::string& method, const std::string& bytes,
                           const std::string& authorization = "");
+
+// Polls `condition` every 100 ms for up to `timeout` (generous: a bound
+// that only a broken server reaches); whether it became true.
+template <typename Condition>
+bool Eventually(Condition condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return condition();
+}
 
 // What a failed call must leave unchanged.
 struct StateSnapshot {
