@@ -8,6 +8,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -471,6 +472,10 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   auto live = [&](size_t i) { return steps[i].status.ok(); };
 
   // 1. Resolve sessions; a (session, layer) may be appended once per batch.
+  // A session is looked up once per tenant: a second lookup could wait for
+  // a seal (SessionManager::Seal) that waits for this batch's first one.
+  absl::flat_hash_map<std::pair<absl::string_view, absl::string_view>, size_t>
+      first_lookup;
   absl::flat_hash_set<std::pair<const Session*, int32_t>> seen;
   seen.reserve(n);
   std::vector<Session*> to_lock;
@@ -478,8 +483,19 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   for (size_t i = 0; i < n; ++i) {
     const AppendRequest& request = requests[i];
     steps[i].request = &request;
-    absl::StatusOr<SessionRef> session =
-        sessions_.Get(request.session_id, TenantOf(request));
+    const auto [first, is_first] = first_lookup.try_emplace(
+        std::pair{absl::string_view(request.session_id),
+                  absl::string_view(TenantOf(request).name)},
+        i);
+    absl::StatusOr<SessionRef> session;
+    if (is_first) {
+      session = sessions_.Get(request.session_id, TenantOf(request));
+    } else if (const BatchStep& earlier = steps[first->second];
+               earlier.session) {
+      session = earlier.session.Share();
+    } else {
+      session = earlier.status;  // its lookup failed
+    }
     if (!session.ok()) {
       ATTN_RETURN_IF_ERROR(fail(i, session.status()));
       continue;

@@ -156,6 +156,10 @@ class SessionRef {
   }
   ~SessionRef() { Release(); }
 
+  // Another ref to the same session, made without a lookup (which could
+  // wait for a seal that waits for this ref's call). REQUIRES: *this.
+  SessionRef Share() const { return SessionRef(session_, clock_); }
+
   Session* get() const { return session_.get(); }
   Session* operator->() const { return session_.get(); }
   Session& operator*() const { return *session_; }

@@ -582,6 +582,62 @@ TEST_F(EngineTest, WithdrawnCallsStopAndChangeNothing) {
             absl::StatusCode::kCancelled);
 }
 
+// A batch with steps on several layers of one session looks the session up
+// once: a hand-over's seal that begins between the steps' lookups waits for
+// the batch, and the batch never waits for the seal (which would wait for
+// the batch until the seal's deadline).
+TEST(EngineSealTest, ASealBeginningDuringAMultiLayerBatchWaitsForIt) {
+  const std::thread::id batch_thread = std::this_thread::get_id();
+  std::atomic<bool> armed{false};
+  std::atomic<int> clock_reads{0};
+  std::atomic<AttentionEngine*> engine_ptr{nullptr};
+  std::string id;
+  std::thread sealer;
+  absl::Status sealed = absl::UnknownError("not sealed");
+  EngineOptions options;
+  options.kv_cache_bytes = 1 << 20;
+  options.kv_block_bytes = 4096;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  options.sessions.now = [&] {
+    // The batch's second read of the clock: a seal begins (and is given
+    // 50 ms to register) while the batch holds the session.
+    if (armed.load() && std::this_thread::get_id() == batch_thread &&
+        ++clock_reads == 2) {
+      sealer = std::thread([&] {
+        auto seal =
+            engine_ptr.load()->SealSession(id, absl::Now() + absl::Seconds(20));
+        sealed = seal.status();
+      });
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return absl::Now();
+  };
+  auto engine =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  engine_ptr = engine->get();
+  id = (*engine)->CreateSession(TestSpec(), absl::ZeroDuration())->session_id;
+  std::mt19937 rng(7);
+  const Tokens t(1, rng);
+  std::vector<AppendRequest> steps;
+  for (int layer = 0; layer < kLayers; ++layer) {
+    AppendRequest step;
+    step.session_id = id;
+    step.layer = layer;
+    step.q = t.q.view();
+    step.k = t.k.view();
+    step.v = t.v.view();
+    steps.push_back(step);
+  }
+  armed = true;
+  const auto batch = (*engine)->AppendBatch(steps);
+  armed = false;
+  ASSERT_TRUE(sealer.joinable());
+  sealer.join();
+  EXPECT_TRUE(batch.ok()) << batch.status();
+  EXPECT_TRUE(sealed.ok()) << sealed;
+}
+
 TEST_F(EngineTest, CallsOverTheFlopLimitAreRefusedBeforeAnyWork) {
   EngineOptions options;
   options.kv_cache_bytes = int64_t{16} << 20;
