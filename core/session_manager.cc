@@ -343,7 +343,8 @@ int64_t SessionManager::ExpireIdle(absl::Time now) {
   std::vector<std::shared_ptr<Session>> expired;
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    if (it->second->Expired(now)) {
+    // A sealed session's hand-over decides its fate.
+    if (it->second->Expired(now) && !sealed_.contains(it->first)) {
       it = Erase(it, &expired);
     } else {
       ++it;

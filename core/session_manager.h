@@ -181,8 +181,9 @@ class SessionManager {
   absl::StatusOr<KvBlockLayout> LayoutFor(const SessionSpec& spec) const;
   const SessionManagerOptions& options() const { return options_; }
 
-  // Removes every session idle for longer than its timeout at `now`;
-  // returns how many it removed.
+  // Removes every session idle for longer than its timeout at `now`, but
+  // not a sealed one (its hand-over decides: moved, or unsealed and
+  // expired later); returns how many it removed.
   int64_t ExpireIdle(absl::Time now);
 
   int64_t size() const;

@@ -291,6 +291,32 @@ TEST_F(SessionManagerTest, AccountingOfTenantsWithoutSessionsIsDropped) {
   EXPECT_EQ(manager.tenant_stats("alice").sessions, 0);
 }
 
+// A session being handed over does not expire here meanwhile: the
+// hand-over decides its fate (moved, or unsealed and then expired).
+TEST_F(SessionManagerTest, ASealedSessionDoesNotExpire) {
+  SessionManager manager = MakeManager();
+  auto moved = manager.Create(SmallSpec(), absl::Seconds(10));
+  auto kept = manager.Create(SmallSpec(), absl::Seconds(10));
+  ASSERT_TRUE(moved.ok() && kept.ok());
+  const std::string moved_id = (*moved)->id();
+  const std::string kept_id = (*kept)->id();
+  moved->reset();
+  kept->reset();
+  auto moving = manager.Seal(moved_id, absl::Now() + absl::Seconds(5));
+  auto staying = manager.Seal(kept_id, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(moving.ok() && staying.ok());
+  now_ += absl::Minutes(1);
+  EXPECT_EQ(manager.ExpireIdle(now_), 0);
+  EXPECT_EQ(manager.size(), 2);
+  moving->Commit("replica-1.example:50051");
+  EXPECT_EQ(MovedSessionOwner(manager.Get(moved_id).status()),
+            "replica-1.example:50051");
+  // Unsealed, the other one is past its idle time.
+  staying = absl::UnavailableError("unsealed");
+  EXPECT_EQ(manager.ExpireIdle(now_), 1);
+  EXPECT_EQ(manager.size(), 0);
+}
+
 TEST_F(SessionManagerTest, ASealMakesCallsWaitAndCommitRedirectsThem) {
   SessionManager manager = MakeManager();
   const Tenant alice = NamedTenant("alice");
