@@ -89,6 +89,7 @@ absl::Status AttentionServiceImpl::HandoverImportOptions(
         "or their client certificate"));
   }
   options.keep_owner = true;
+  options.keep_idle_deadline = true;
   if (authenticates) {
     options.owner_quota = [auth = authenticator_](const std::string& owner) {
       return auth->QuotaOf(owner);
@@ -120,7 +121,16 @@ std::string AttentionServiceImpl::advertise_address() const {
 }
 
 void AttentionServiceImpl::StartDraining() {
+  // Waits for the sessions being made (UnlessDraining) to exist.
+  absl::WriterMutexLock lock(&drain_mu_);
   draining_.store(true, std::memory_order_release);
+}
+
+absl::StatusOr<SessionInfo> AttentionServiceImpl::UnlessDraining(
+    absl::FunctionRef<absl::StatusOr<SessionInfo>()> create) {
+  absl::ReaderMutexLock lock(&drain_mu_);
+  if (draining_.load(std::memory_order_acquire)) return Draining();
+  return create();
 }
 
 grpc::Status AttentionServiceImpl::CreateSession(
@@ -133,9 +143,10 @@ grpc::Status AttentionServiceImpl::CreateSession(
     ATTN_ASSIGN_OR_RETURN(SessionSpec spec,
                           SessionSpecFromProto(request->spec()));
     ATTN_ASSIGN_OR_RETURN(
-        SessionInfo info,
-        engine_->CreateSession(
-            spec, absl::Seconds(request->idle_timeout_seconds()), tenant));
+        SessionInfo info, UnlessDraining([&] {
+          return engine_->CreateSession(
+              spec, absl::Seconds(request->idle_timeout_seconds()), tenant);
+        }));
     SessionReply(info, response);
     return absl::OkStatus();
   }(), context));
@@ -230,8 +241,10 @@ grpc::Status AttentionServiceImpl::ForkSession(
           engine_->GetSession(request->session_id(), tenant).status());
       return Draining();
     }
-    ATTN_ASSIGN_OR_RETURN(SessionInfo info,
-                          engine_->ForkSession(request->session_id(), tenant));
+    ATTN_ASSIGN_OR_RETURN(SessionInfo info, UnlessDraining([&] {
+                            return engine_->ForkSession(request->session_id(),
+                                                        tenant);
+                          }));
     SessionReply(info, response);
     return absl::OkStatus();
   }(), context));
@@ -431,7 +444,7 @@ grpc::Status AttentionServiceImpl::ImportSession(
             ? KeepSessionId::kAllowed
             : KeepSessionId::kRefused;
     ATTN_ASSIGN_OR_RETURN(
-        const ImportResult result,
+        ReadImport read,
         ReadSessionImport(
             *engine_, std::move(options), keep,
             [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
@@ -441,11 +454,15 @@ grpc::Status AttentionServiceImpl::ImportSession(
               watch.Progress();
               return read;
             }));
+    // Not once the drain began: its hand-over may have listed the
+    // sessions already, and this one would be lost.
+    ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
+                          UnlessDraining([&] { return read.Commit(); }));
     if (metrics_ != nullptr) {
-      metrics_->RecordImport(result.kv_bytes);
+      metrics_->RecordImport(read.kv_bytes);
       if (handover) metrics_->RecordHandoverReceived();
     }
-    SessionReply(result.info, response);
+    SessionReply(info, response);
     return absl::OkStatus();
   }(), context));
 }

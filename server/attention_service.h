@@ -36,6 +36,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
@@ -76,9 +77,11 @@ class AttentionServiceImpl final : public AttentionServiceBase {
                        const Authenticator* authenticator = nullptr,
                        DecodeStepTimingHook on_decode_step_timing = nullptr);
 
-  // From now on CreateSession and ForkSession fail with UNAVAILABLE (a fork
-  // of a session not here: NOT_FOUND, or the redirect of a moved one);
-  // calls on existing sessions still run (graceful drain).
+  // From now on CreateSession, ForkSession and ImportSession fail with
+  // UNAVAILABLE (a fork of a session not here: NOT_FOUND, or the redirect
+  // of a moved one); calls on existing sessions still run (graceful drain).
+  // Returns once the sessions being made have been (so that the drain's
+  // hand-over and snapshot see all of them).
   void StartDraining();
   // ImportSession calls carrying kHandoverMetadata (a draining peer handing
   // a session over; server/session_handover.h) keep the snapshot's owner
@@ -157,6 +160,12 @@ class AttentionServiceImpl final : public AttentionServiceBase {
  private:
   // `info` as the reply's SessionInfo, owned by this replica.
   void SessionReply(const SessionInfo& info, v1::SessionInfo* out) const;
+  // Runs `create`, which makes a session here, unless the server drains
+  // (UNAVAILABLE). StartDraining waits for a running one, so that the
+  // drain's hand-over and snapshot see every session made before it.
+  absl::StatusOr<SessionInfo> UnlessDraining(
+      absl::FunctionRef<absl::StatusOr<SessionInfo>()> create)
+      ABSL_LOCKS_EXCLUDED(drain_mu_);
   // Puts a session transfer's call under transfer_watchdog_.
   StallWatchdog::Watch WatchTransfer(grpc::ServerContext* context);
   // Why the `what` ("import", "export") of a call that was cancelled or
@@ -165,7 +174,8 @@ class AttentionServiceImpl final : public AttentionServiceBase {
                              absl::string_view what) const;
   // Completes `options` (the caller's tenant set) for an ImportSession
   // call: a handover's keeps the snapshot's owner (see
-  // AcceptHandoversFrom); PERMISSION_DENIED when the caller may not.
+  // AcceptHandoversFrom) and idle deadline; PERMISSION_DENIED when the
+  // caller may not.
   absl::Status HandoverImportOptions(const grpc::ServerContext& context,
                                      ImportOptions& options) const;
   // The tenant of the call in `context`, or UNAUTHENTICATED.
@@ -188,6 +198,8 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   const DecodeStepTimingHook on_decode_step_timing_;
   InFlightCounter in_flight_;
   StallWatchdog transfer_watchdog_;
+  // Written under drain_mu_ (read without it where a late answer is fine).
+  absl::Mutex drain_mu_;
   std::atomic<bool> draining_{false};
   std::string peer_tenant_ = "peer";
   mutable absl::Mutex advertise_mu_;

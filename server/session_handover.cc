@@ -197,14 +197,17 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
     if (metrics_ != nullptr) metrics_->RecordExport(*written);
     return absl::OkStatus();
   }
-  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
-    // The id is the sealed session's own (128 random bits): an earlier
-    // attempt whose answer was lost created it there.
+  const std::pair<std::string, std::string> attempt{
+      session_export.header().session_id, peer.advertise_address};
+  if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS &&
+      in_doubt_.contains(attempt)) {
+    // An earlier attempt whose answer was lost created it there.
     Log(LogLevel::kWarning, "handover_found_on_peer",
         {{"to", peer.advertise_address}, {"error", status.error_message()}});
     return absl::OkStatus();
   }
   *doubt = DoubtOf(status, all_sent);
+  if (*doubt != Doubt::kNone) in_doubt_.insert(attempt);
   if (!written.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {
     return written.status();
   }

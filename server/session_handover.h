@@ -23,11 +23,13 @@
 // the peer accepts calls on it. When an import's answer leaves a doubt
 // (the stream broke, timed out or failed oddly after the whole snapshot
 // was sent: the peer may have created the session) the same peer is asked
-// again; a peer that holds the session answers ALREADY_EXISTS for its id
-// (128 random bits, so only an earlier attempt can have put it there),
-// which counts as moved. Still in doubt, a session counts as moved unless
-// both answers were broken connections (what a peer that started to drain
-// gives at once). Sessions that could not
+// again; the peer then answers ALREADY_EXISTS for its id if the earlier
+// attempt created it, which counts as moved. Only then: without such an
+// attempt, ALREADY_EXISTS is a refusal (the peer holds another copy, e.g.
+// one a client imported keeping the id, which may be older than this
+// one). Still in doubt, a session counts as moved unless both answers were
+// broken connections (what a peer that started to drain gives at once).
+// Sessions that could not
 // be moved (no SERVING peer, every peer refused, the export refused - MLA
 // and top-k sessions, calls that kept it busy) stay here; the drain then
 // snapshots them when --snapshot_dir is set.
@@ -42,7 +44,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/engine.h"
@@ -92,8 +96,9 @@ class SessionHandover {
                       std::unique_ptr<SessionExport> session_export,
                       absl::Time deadline, bool* moved);
   // One ImportSession call carrying `session_export` (of a sealed session)
-  // to `peer`. OK when the peer holds the session now (also when it held
-  // it already: ALREADY_EXISTS for its id); `*doubt` qualifies a failure.
+  // to `peer`. OK when the peer holds the session now (also when an
+  // attempt of this hand-over left it there: ALREADY_EXISTS for its id
+  // after a doubt); `*doubt` qualifies a failure.
   absl::Status SendTo(const Peer& peer, SessionExport& session_export,
                       absl::Time deadline, Doubt* doubt);
 
@@ -101,6 +106,8 @@ class SessionHandover {
   Peers* const peers_;
   ServerMetrics* const metrics_;
   const std::string self_address_;
+  // (session id, peer address) of the attempts whose answer left a doubt.
+  absl::flat_hash_set<std::pair<std::string, std::string>> in_doubt_;
 };
 
 }  // namespace attention::server

@@ -114,7 +114,7 @@ absl::Status Truncated(absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<ImportResult> ReadSessionImport(
+absl::StatusOr<ReadImport> ReadSessionImport(
     AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
     const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read) {
   v1::SessionChunk record;
@@ -137,8 +137,10 @@ absl::StatusOr<ImportResult> ReadSessionImport(
   }
   ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
                         SnapshotHeaderFromProto(record.header()));
-  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionImport> import,
-                        engine.BeginImport(header, options));
+  ReadImport result;
+  result.kv_bytes = header.kv_bytes;
+  ATTN_ASSIGN_OR_RETURN(result.import, engine.BeginImport(header, options));
+  SessionImport& import = *result.import;
   SnapshotChunk chunk;
   while (true) {
     ATTN_ASSIGN_OR_RETURN(more, read(&record));
@@ -150,17 +152,14 @@ absl::StatusOr<ImportResult> ReadSessionImport(
           "another header or empty");
     }
     SwapSnapshotChunkFromProto(record.mutable_data(), &chunk);
-    ATTN_RETURN_IF_ERROR(import->AddChunk(chunk));
+    ATTN_RETURN_IF_ERROR(import.AddChunk(chunk));
   }
-  const SnapshotTrailer trailer = SnapshotTrailerFromProto(record.trailer());
+  result.trailer = SnapshotTrailerFromProto(record.trailer());
   ATTN_ASSIGN_OR_RETURN(more, read(&record));
   if (more) {
     return absl::InvalidArgumentError(
         "a snapshot stream ends with its trailer; a record follows it");
   }
-  ImportResult result;
-  ATTN_ASSIGN_OR_RETURN(result.info, import->Finish(trailer));
-  result.kv_bytes = header.kv_bytes;
   return result;
 }
 

@@ -7,11 +7,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention/v1/attention.pb.h"
 #include "core/engine.h"
+#include "core/session_import.h"
 #include "core/session_snapshot.h"
 
 namespace attention::server {
@@ -47,9 +49,15 @@ absl::StatusOr<int64_t> WriteSessionExport(
 // (AttentionServiceImpl::AcceptHandoversFrom says who may send it).
 inline constexpr char kHandoverMetadata[] = "attention-handover-from";
 
-struct ImportResult {
-  SessionInfo info;
-  int64_t kv_bytes = 0;
+// A snapshot read to its trailer and checked as far as it can be before
+// the session exists.
+struct ReadImport {
+  std::unique_ptr<SessionImport> import;  // every chunk added
+  SnapshotTrailer trailer;
+  int64_t kv_bytes = 0;  // the header's
+
+  // Creates the session (SessionImport::Finish: the checksum, the id).
+  absl::StatusOr<SessionInfo> Commit() { return import->Finish(trailer); }
 };
 
 // Whether a snapshot stream may ask to keep its session id. Session ids
@@ -58,15 +66,15 @@ struct ImportResult {
 // tenant's session has that id.
 enum class KeepSessionId { kAllowed, kRefused };
 
-// Reads one snapshot from `read` and imports it into `engine`. `read`
-// fills the message and returns true, or returns false at the end of the
-// stream; the stream must end right after the trailer. A header record
-// with keep_session_id adds it to `options` where `keep` allows it.
-// Errors: those of SessionImport, plus INVALID_ARGUMENT for records in the
-// wrong place, DATA_LOSS for a stream that ends early and
-// PERMISSION_DENIED for keep_session_id where it is refused; nothing is
-// left behind.
-absl::StatusOr<ImportResult> ReadSessionImport(
+// Reads one snapshot from `read` into an import on `engine`, for the
+// caller to Commit (or drop: nothing stays behind). `read` fills the
+// message and returns true, or returns false at the end of the stream; the
+// stream must end right after the trailer. A header record with
+// keep_session_id adds it to `options` where `keep` allows it. Errors:
+// those of SessionImport, plus INVALID_ARGUMENT for records in the wrong
+// place, DATA_LOSS for a stream that ends early and PERMISSION_DENIED for
+// keep_session_id where it is refused; nothing is left behind.
+absl::StatusOr<ReadImport> ReadSessionImport(
     AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
     const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read);
 

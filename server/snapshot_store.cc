@@ -194,7 +194,7 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
   options.keep_idle_deadline = true;
   options.keep_owner = true;
   ATTN_ASSIGN_OR_RETURN(
-      const ImportResult result,
+      ReadImport read,
       ReadSessionImport(
           engine, options, KeepSessionId::kAllowed,
           [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
@@ -225,7 +225,8 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
             }
             return true;
           }));
-  return result.kv_bytes;
+  ATTN_RETURN_IF_ERROR(read.Commit().status());
+  return read.kv_bytes;
 }
 
 RestoreAllResult RestoreAllSessions(AttentionEngine& engine,

@@ -525,45 +525,55 @@ TEST(HandoverTest, ASessionNoPeerAcceptsStaysBehind) {
               ::testing::HasSubstr("event=handover_finished sent=1 failed=1"));
 }
 
-TEST(HandoverTest, ASessionAnEarlierAttemptLeftOnThePeerCountsAsMoved) {
-  // An earlier attempt whose answer was lost: B already holds A's session
-  // (imported as a hand-over keeps it, under the same id). A must count it
-  // as moved to B, not keep (and snapshot) a second live copy.
-  const std::string dir = FreshDir("found-on-peer");
+TEST(HandoverTest, APeerHoldingAnotherCopyOfTheIdRefusesTheSession) {
+  // B holds an older copy of A's session under the same id (a client
+  // imported it keeping the id); A's session then grows. No attempt of A's
+  // drain created B's copy, so B's ALREADY_EXISTS is a refusal: A keeps the
+  // session (and snapshots it whole) instead of redirecting to the stale
+  // copy.
+  const std::string dir = FreshDir("copy-on-peer");
   std::unique_ptr<Replica> b = StartReplica({});
   ASSERT_NE(b, nullptr);
   std::unique_ptr<Replica> a =
       StartReplica({absl::StrCat("--peers=", b->address),
                     absl::StrCat("--snapshot_dir=", dir)});
   ASSERT_NE(a, nullptr);
-  auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  auto session = a->client->OpenSession(MakeSpec(1, 2, 1, 8));
   ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(session->spec(), 30, 17);
+  ATTN_ASSERT_OK(session->Prefill(0, tokens.q_rows(0, 10), tokens.k_rows(0, 10),
+                                  tokens.v_rows(0, 10)));
   std::vector<v1::SessionChunk> records;
-  ATTN_ASSERT_OK(a->client->ExportSession(session->session_id(),
+  ATTN_ASSERT_OK(a->client->ExportSession(session->id(),
                                           [&](const v1::SessionChunk& record) {
                                             records.push_back(record);
                                             return absl::OkStatus();
                                           }));
-  {
-    grpc::ClientContext context;
-    context.AddMetadata("attention-handover-from", a->address);
-    v1::SessionInfo reply;
-    auto writer = b->client->stub()->ImportSession(&context, &reply);
-    records.front().set_keep_session_id(true);
-    for (const v1::SessionChunk& record : records) writer->Write(record);
-    writer->WritesDone();
-    const grpc::Status imported = writer->Finish();
-    ASSERT_TRUE(imported.ok()) << imported.error_message();
-  }
+  size_t next = 0;
+  ATTN_ASSERT_OK(b->client->ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == records.size()) return false;
+        *record = records[next++];
+        return true;
+      },
+      /*keep_session_id=*/true));
+  ATTN_ASSERT_OK(session->Prefill(
+      0, tokens.q_rows(10, 20), tokens.k_rows(10, 20), tokens.v_rows(10, 20)));
   a->process->Signal(SIGTERM);
   ExpectExitedZero(*a);
   EXPECT_THAT(a->process->output(),
-              ::testing::HasSubstr("event=handover_found_on_peer"));
-  // Not left behind (a failure would log handover_finished ... failed=1).
+              ::testing::HasSubstr("event=handover_refused"));
   EXPECT_THAT(a->process->output(),
-              ::testing::Not(::testing::HasSubstr("failed=1")));
-  ATTN_EXPECT_OK(b->client->GetSession(session->session_id()));
-  EXPECT_THAT(RestoredIds(dir), ::testing::IsEmpty());
+              ::testing::Not(::testing::HasSubstr("handover_found_on_peer")));
+  auto on_b = b->client->GetSession(session->id());
+  ATTN_ASSERT_OK(on_b);
+  EXPECT_EQ(on_b->layer_lengths(0), 10);  // B's copy untouched
+  std::unique_ptr<Replica> restarted =
+      StartReplica({absl::StrCat("--snapshot_dir=", dir)});
+  ASSERT_NE(restarted, nullptr);
+  auto restored = restarted->client->GetSession(session->id());
+  ATTN_ASSERT_OK(restored);
+  EXPECT_EQ(restored->layer_lengths(0), 30);
   std::filesystem::remove_all(dir);
 }
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -423,6 +424,44 @@ TEST(StalledTransferTest, IsCancelledAndFreesWhatItHeld) {
                               "\",code=\"CANCELLED\"} 1")))
         << method;
   }
+}
+
+// An import still streaming when the drain begins is refused at its end:
+// the drain's hand-over or snapshot may have listed the sessions already,
+// so a session it created would be lost with the process.
+TEST(DrainingImportTest, AnImportEndingAfterTheDrainBeganIsUnavailable) {
+  server::ServerOptions options = TestServerOptions();
+  options.drain_timeout = absl::Seconds(30);
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  client::AttentionClient& client = *(*server)->client;
+  auto original = client.OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(original);
+  Fill(*original, RandomTokens(original->spec(), 50, 8), 50);
+  auto records = Export(client, original->id());
+  ATTN_ASSERT_OK(records);
+  std::thread drain;
+  size_t next = 0;
+  bool draining = false;
+  auto imported = client.ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == 1) {
+          drain = std::thread([&] { (*server)->server->Shutdown(); });
+          draining = Eventually(
+              [&] {
+                auto info = client.GetServerInfo();
+                return info.ok() && info->draining();
+              },
+              absl::Seconds(20));
+        }
+        if (next == records->size()) return false;
+        *record = (*records)[next++];
+        return true;
+      });
+  drain.join();
+  EXPECT_TRUE(draining);
+  EXPECT_EQ(imported.status().code(), absl::StatusCode::kUnavailable)
+      << imported.status();
 }
 
 std::string TempDir(absl::string_view name) {
