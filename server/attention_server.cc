@@ -1,7 +1,5 @@
 #include "server/attention_server.h"
 
-#include <unistd.h>
-
 #include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -9,6 +7,7 @@
 #include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,6 +31,7 @@
 #include "server/parse_error_interceptor.h"
 #include "server/session_handover.h"
 #include "server/snapshot_store.h"
+#include "server/transport_limits.h"
 #include "server/transport_security.h"
 
 #ifndef ATTN_SERVER_VERSION
@@ -87,6 +87,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, " ", absl::FormatDuration(duration), " must be positive"));
     }
+  }
+  if (options.max_rpc_threads < 16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_rpc_threads ", options.max_rpc_threads, " must be >= 16"));
   }
   if (options.threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -321,11 +325,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   if (!options.reflection) {
     builder.SetOption(std::make_unique<NoReflectionOption>());
   }
-  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
-  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
-  // gRPC sets SO_REUSEPORT by default, which would let two servers share a
-  // port silently; a port in use must be an error instead.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  ApplyTransportLimits(options, builder);
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;

@@ -21,6 +21,7 @@
 #include "server/attention_server.h"
 #include "server/log.h"
 #include "server/server_options.h"
+#include "server/transport_limits.h"
 
 ABSL_FLAG(std::string, listen_address, "0.0.0.0",
           "Address to listen on (0.0.0.0 = all IPv4 interfaces).");
@@ -95,6 +96,10 @@ ABSL_FLAG(absl::Duration, transfer_stall_timeout, absl::Seconds(60),
           "An ExportSession or ImportSession that moves no message for this "
           "long is cancelled (CANCELLED), freeing the KV blocks and the "
           "thread it held.");
+ABSL_FLAG(int, max_rpc_threads, 1024,
+          "Most threads the synchronous RPCs (all but Prefill, DecodeStep, "
+          "Decode and BatchDecode) may take; past it they get "
+          "RESOURCE_EXHAUSTED.");
 ABSL_FLAG(std::string, snapshot_dir, "",
           "When set: on SIGTERM/SIGINT, once calls have finished (first half "
           "of --drain_timeout), every session is written to this directory "
@@ -159,6 +164,7 @@ ServerOptions OptionsFromFlags() {
   options.max_session_tokens = absl::GetFlag(FLAGS_max_session_tokens);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.transfer_stall_timeout = absl::GetFlag(FLAGS_transfer_stall_timeout);
+  options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
   options.snapshot_dir = absl::GetFlag(FLAGS_snapshot_dir);
   options.peers = absl::GetFlag(FLAGS_peers);
   options.peer_token_file = absl::GetFlag(FLAGS_peer_token_file);
@@ -185,6 +191,7 @@ bool WritePortFile(const std::string& path, int port) {
 }
 
 int Run() {
+  const int64_t max_open_files = RaiseOpenFilesLimit();
   // Block the signals before any thread exists, so every thread inherits
   // the mask and only sigwait below ever sees them.
   sigset_t signals;
@@ -232,7 +239,8 @@ int Run() {
        {"device", (*server)->engine().backend().device()},
        {"transport", (*server)->transport_mode()},
        {"auth", (*server)->auth_mode()},
-       {"kv_cache_bytes", options.kv_cache_bytes}});
+       {"kv_cache_bytes", options.kv_cache_bytes},
+       {"max_open_files", max_open_files}});
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WritePortFile(port_file, (*server)->port())) {
     std::cerr << "attention-server: cannot write --port_file " << port_file

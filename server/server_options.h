@@ -90,6 +90,8 @@ struct ServerOptions {
   // is cancelled, freeing the KV blocks and the thread it held (a stalled
   // or vanished peer). > 0.
   absl::Duration transfer_stall_timeout = absl::Seconds(60);
+  // Most threads the synchronous RPCs may take (server/transport_limits.h).
+  int max_rpc_threads = 1024;
   // When set, the drain ends by writing every session to this directory
   // (server/snapshot_store.h), and Start restores the sessions found there
   // before it serves. In-flight calls then get the first half of

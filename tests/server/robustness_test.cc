@@ -2,10 +2,13 @@
 // server, burnt it for a client that had gone, or changed state on failure
 // (one test per case of the robustness issue). Every call here must fail
 // fast with its documented code and leave the session as it was.
+#include <grpc/compression.h>
+#include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <string>
 #include <thread>
@@ -404,6 +407,72 @@ TEST_F(RobustnessTest, UnparseableRequestsAreInvalidArgument) {
               std::string::npos)
         << status.error_message();
   }
+  ATTN_EXPECT_OK(client().GetServerInfo());
+}
+
+// gRPC inflates a compressed message whole before it checks the size
+// limit: a few MB of gzip once took gigabytes of memory. The
+// server takes no compressed request at all.
+TEST_F(RobustnessTest, CompressedRequestsAreRefusedFromTheirHeaders) {
+  Start();
+  v1::AttentionRequest request;
+  request.mutable_q()->set_dtype(v1::DTYPE_FLOAT32);
+  request.mutable_q()->add_shape(1);
+  request.mutable_q()->add_shape(1);
+  request.mutable_q()->add_shape(int64_t{8} << 20);
+  request.mutable_q()->set_data(std::string(size_t{32} << 20, '\0'));
+  for (grpc_compression_algorithm algorithm :
+       {GRPC_COMPRESS_GZIP, GRPC_COMPRESS_DEFLATE}) {
+    grpc::ClientContext context;
+    context.set_compression_algorithm(algorithm);
+    v1::AttentionResult result;
+    const grpc::Status status =
+        client().stub()->Attention(&context, request, &result);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+        << status.error_message();
+  }
+  ATTN_EXPECT_OK(client().GetServerInfo());
+}
+
+// The synchronous RPCs take one thread each while they run; past
+// max_rpc_threads they are refused, and the callback RPCs (the decode
+// path) run on.
+TEST_F(RobustnessTest, SynchronousCallsTakeAtMostMaxRpcThreads) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_rpc_threads = 16;
+  options.transfer_stall_timeout = absl::Seconds(10);
+  Start(options);
+  client::SessionHandle session = Open(MakeSpec(1, 2, 1, 8));
+  const Tokens tokens = RandomTokens(session.spec(), 1, 3);
+  // Imports that send nothing: each holds a thread until the stall
+  // timeout ends it.
+  constexpr int kCalls = 60;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientWriter<v1::SessionChunk>>> writers;
+  std::vector<v1::SessionInfo> replies(kCalls);
+  for (int i = 0; i < kCalls; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->set_deadline(std::chrono::system_clock::now() +
+                                  std::chrono::seconds(60));
+    writers.push_back(
+        client().stub()->ImportSession(contexts.back().get(), &replies[i]));
+  }
+  ATTN_EXPECT_OK(session.DecodeStep(0, tokens.q_rows(0, 1), tokens.k_rows(0, 1),
+                                    tokens.v_rows(0, 1)));
+  int refused = 0;
+  int stalled = 0;
+  for (auto& writer : writers) {
+    const grpc::Status status = writer->Finish();
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
+    } else if (status.error_code() == grpc::StatusCode::CANCELLED) {
+      ++stalled;
+    } else {
+      ADD_FAILURE() << status.error_code() << " " << status.error_message();
+    }
+  }
+  EXPECT_LE(stalled, options.max_rpc_threads);
+  EXPECT_EQ(refused + stalled, kCalls);
   ATTN_EXPECT_OK(client().GetServerInfo());
 }
 
