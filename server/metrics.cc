@@ -473,8 +473,11 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
   if (options.listen_address.empty()) return metrics;
   // civetweb reports a failed bind by throwing; nothing else here throws.
   try {
-    metrics->exposer_ = std::make_unique<prometheus::Exposer>(
-        options.listen_address, static_cast<size_t>(options.http_threads));
+    metrics->exposer_ =
+        std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+            "listening_ports", options.listen_address, "num_threads",
+            absl::StrCat(options.http_threads), "request_timeout_ms",
+            absl::StrCat(absl::ToInt64Milliseconds(options.request_timeout))});
   } catch (const std::exception& e) {
     return absl::UnavailableError(absl::StrCat(
         "cannot serve metrics on ", options.listen_address, " (", e.what(),

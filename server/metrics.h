@@ -163,8 +163,12 @@ struct ServerMetricsOptions {
   // Empty: no HTTP endpoint; the metrics are still recorded and readable
   // through Collect()/TextExposition() (tests, embedding).
   std::string listen_address = "0.0.0.0:9464";
-  // HTTP worker threads of the endpoint.
+  // HTTP worker threads of the endpoint (one per open connection).
   int http_threads = 2;
+  // A connection that has not sent a whole request within this is closed,
+  // so that idle connections hold the workers only this long (civetweb's
+  // default, 30 s, let two idle connections blind the scrapes).
+  absl::Duration request_timeout = absl::Seconds(2);
   // Labels of attention_build_info.
   std::string version;
   std::string backend;  // "cpu" or "cuda"

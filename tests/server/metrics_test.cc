@@ -512,6 +512,9 @@ std::string HttpGet(int port, const std::string& path) {
   address.sin_family = AF_INET;
   address.sin_port = htons(static_cast<uint16_t>(port));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // Gives up on a response that takes longer than 20 s.
+  const timeval timeout{.tv_sec = 20, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   std::string response;
   if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) ==
       0) {
@@ -554,6 +557,31 @@ TEST(ServerMetricsTest, ServesMetricsOverHttp) {
     return entry.first.rfind("exposer_", 0) == 0;
   });
   EXPECT_EQ(served, ExposedTypes(metrics->TextExposition()));
+}
+
+// Idle connections (a slow or hostile client) hold a worker each, only
+// until the request timeout closes them: a scrape behind them still gets
+// its answer.
+TEST(ServerMetricsTest, IdleConnectionsDoNotBlindTheEndpoint) {
+  ServerMetricsOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.http_threads = 1;
+  options.request_timeout = absl::Milliseconds(500);
+  auto metrics = ServerMetrics::Create(options);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const int idle = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(idle, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>((*metrics)->port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(
+      connect(idle, reinterpret_cast<sockaddr*>(&address), sizeof(address)),
+      0);
+  // civetweb's default timeout (30 s) would still hold the only worker
+  // when HttpGet gives up (20 s).
+  EXPECT_THAT(HttpGet((*metrics)->port(), "/metrics"), HasSubstr("200 OK"));
+  close(idle);
 }
 
 TEST(ServerMetricsTest, PortInUseIsUnavailable) {
