@@ -576,8 +576,7 @@ TEST(ServerMetricsTest, IdleConnectionsDoNotBlindTheEndpoint) {
   address.sin_port = htons(static_cast<uint16_t>((*metrics)->port()));
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   ASSERT_EQ(
-      connect(idle, reinterpret_cast<sockaddr*>(&address), sizeof(address)),
-      0);
+      connect(idle, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
   // civetweb's default timeout (30 s) would still hold the only worker
   // when HttpGet gives up (20 s).
   EXPECT_THAT(HttpGet((*metrics)->port(), "/metrics"), HasSubstr("200 OK"));
