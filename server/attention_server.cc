@@ -88,6 +88,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
           name, " ", absl::FormatDuration(duration), " must be positive"));
     }
   }
+  if (options.max_queued_prefills < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_queued_prefills ", options.max_queued_prefills, " must be >= 1"));
+  }
   if (options.max_rpc_threads < 16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_rpc_threads ", options.max_rpc_threads, " must be >= 16"));
@@ -310,9 +314,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   server->decode_batcher_ =
       std::make_unique<DecodeBatcher>(engine_ptr, batcher_options);
   server->service_ = std::make_unique<AttentionServiceImpl>(
-      engine_ptr, server->decode_batcher_.get(), ServerVersion(),
-      options.max_message_bytes, options.transfer_stall_timeout, metrics_ptr,
-      authenticator_ptr, options.on_decode_step_timing);
+      engine_ptr, server->decode_batcher_.get(), ServerVersion(), options,
+      metrics_ptr, authenticator_ptr);
   server->service_->AcceptHandoversFrom(options.peer_tenant);
 
   // Both are process-wide switches read when a server is built.

@@ -41,20 +41,21 @@ absl::Status Draining() {
 
 }  // namespace
 
-AttentionServiceImpl::AttentionServiceImpl(
-    AttentionEngine* engine, DecodeBatcher* batcher, std::string version,
-    int64_t max_message_bytes, absl::Duration transfer_stall_timeout,
-    ServerMetrics* metrics, const Authenticator* authenticator,
-    DecodeStepTimingHook on_decode_step_timing)
+AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
+                                           DecodeBatcher* batcher,
+                                           std::string version,
+                                           const ServerOptions& options,
+                                           ServerMetrics* metrics,
+                                           const Authenticator* authenticator)
     : engine_(engine),
       batcher_(batcher),
       version_(std::move(version)),
-      max_message_bytes_(max_message_bytes),
+      max_message_bytes_(options.max_message_bytes),
       metrics_(metrics),
       authenticator_(authenticator),
-      on_decode_step_timing_(std::move(on_decode_step_timing)),
-      transfer_watchdog_(transfer_stall_timeout),
-      prefill_executor_(kPrefillThreads) {
+      on_decode_step_timing_(options.on_decode_step_timing),
+      transfer_watchdog_(options.transfer_stall_timeout),
+      prefill_executor_(kPrefillThreads, options.max_queued_prefills) {
   SetMessageAllocatorFor_Prefill(&prefill_messages_);
   SetMessageAllocatorFor_DecodeStep(&decode_step_messages_);
   SetMessageAllocatorFor_BatchDecode(&batch_decode_messages_);
@@ -288,12 +289,18 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Prefill(
     call->Reply(status);
     return call;
   }
-  prefill_executor_.Schedule([this, call, response] {
+  const bool queued = prefill_executor_.TrySchedule([this, call, response] {
     const absl::StatusOr<AttentionOutput> output =
         engine_->Append(call->appends[0]);
     if (output.ok()) FinishAppendReply(call->appends[0], *output, response);
     call->Reply(output.status());
   });
+  if (!queued) {
+    call->Reply(absl::UnavailableError(absl::StrCat(
+        "the server is overloaded: ", prefill_executor_.max_queued(),
+        " prefills already wait to run; nothing was applied, retry with "
+        "backoff (or raise --max_queued_prefills)")));
+  }
   return call;
 }
 

@@ -49,6 +49,7 @@
 #include "server/decode_step_timing.h"
 #include "server/metrics.h"
 #include "server/request_scope.h"
+#include "server/server_options.h"
 #include "server/stall_watchdog.h"
 
 namespace attention::server {
@@ -63,19 +64,18 @@ using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_Prefill<
 class AttentionServiceImpl final : public AttentionServiceBase {
  public:
   // `engine` and `batcher` (which must run on `engine`) must outlive the
-  // service. `version` and `max_message_bytes` are reported by
-  // GetServerInfo. An ExportSession or ImportSession that moves no message
-  // for `transfer_stall_timeout` (> 0) is cancelled (server/stall_watchdog.h).
-  // `metrics` may be null (no metrics); otherwise it must outlive the
-  // service too. So must `authenticator`, which names each call's tenant;
-  // null runs every call as DefaultTenant(). `on_decode_step_timing`, when
-  // set, receives the timing of every successful DecodeStep.
+  // service. `version` is reported by GetServerInfo. Of `options` (valid)
+  // the service uses max_message_bytes, transfer_stall_timeout (an
+  // ExportSession or ImportSession that moves no message that long is
+  // cancelled: server/stall_watchdog.h), max_queued_prefills and
+  // on_decode_step_timing (when set, it receives the timing of every
+  // successful DecodeStep). `metrics` may be null (no metrics); otherwise
+  // it must outlive the service too. So must `authenticator`, which names
+  // each call's tenant; null runs every call as DefaultTenant().
   AttentionServiceImpl(AttentionEngine* engine, DecodeBatcher* batcher,
-                       std::string version, int64_t max_message_bytes,
-                       absl::Duration transfer_stall_timeout,
+                       std::string version, const ServerOptions& options,
                        ServerMetrics* metrics = nullptr,
-                       const Authenticator* authenticator = nullptr,
-                       DecodeStepTimingHook on_decode_step_timing = nullptr);
+                       const Authenticator* authenticator = nullptr);
 
   // From now on CreateSession, ForkSession and ImportSession fail with
   // UNAVAILABLE (a fork of a session not here: NOT_FOUND, or the redirect

@@ -4,7 +4,8 @@
 
 namespace attention::server {
 
-CallExecutor::CallExecutor(int num_threads) {
+CallExecutor::CallExecutor(int num_threads, int64_t max_queued)
+    : max_queued_(max_queued) {
   threads_.reserve(num_threads);
   for (int i = 0; i < num_threads; ++i) {
     threads_.emplace_back([this] { ThreadMain(); });
@@ -22,6 +23,13 @@ CallExecutor::~CallExecutor() {
 void CallExecutor::Schedule(absl::AnyInvocable<void() &&> work) {
   absl::MutexLock lock(&mu_);
   queue_.push_back(std::move(work));
+}
+
+bool CallExecutor::TrySchedule(absl::AnyInvocable<void() &&> work) {
+  absl::MutexLock lock(&mu_);
+  if (static_cast<int64_t>(queue_.size()) >= max_queued_) return false;
+  queue_.push_back(std::move(work));
+  return true;
 }
 
 void CallExecutor::ThreadMain() {

@@ -96,6 +96,9 @@ ABSL_FLAG(absl::Duration, transfer_stall_timeout, absl::Seconds(60),
           "An ExportSession or ImportSession that moves no message for this "
           "long is cancelled (CANCELLED), freeing the KV blocks and the "
           "thread it held.");
+ABSL_FLAG(int64_t, max_queued_prefills, 64,
+          "Prefills waiting for a prefill thread (4) before new ones get "
+          "UNAVAILABLE (overloaded); each holds its request.");
 ABSL_FLAG(int, max_rpc_threads, 1024,
           "Most threads the synchronous RPCs (all but Prefill, DecodeStep, "
           "Decode and BatchDecode) may take; past it they get "
@@ -165,6 +168,7 @@ ServerOptions OptionsFromFlags() {
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.transfer_stall_timeout = absl::GetFlag(FLAGS_transfer_stall_timeout);
   options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  options.max_queued_prefills = absl::GetFlag(FLAGS_max_queued_prefills);
   options.snapshot_dir = absl::GetFlag(FLAGS_snapshot_dir);
   options.peers = absl::GetFlag(FLAGS_peers);
   options.peer_token_file = absl::GetFlag(FLAGS_peer_token_file);

@@ -127,6 +127,9 @@ struct ServerOptions {
   absl::Duration batch_wait = absl::Microseconds(200);
   int max_batch_size = 256;
   int64_t max_queued_decode_steps = 4096;
+  // Prefills waiting for one of the prefill threads before new ones get
+  // UNAVAILABLE (each holds its request, up to max_message_bytes).
+  int64_t max_queued_prefills = 64;
   // Not a flag: called once per engine batch of decode steps with its size
   // (e.g. to export a batch-size histogram); see
   // DecodeBatcherOptions::on_batch for the rules it must follow.
