@@ -440,12 +440,22 @@ TEST(DrainingImportTest, AnImportEndingAfterTheDrainBeganIsUnavailable) {
   Fill(*original, RandomTokens(original->spec(), 50, 8), 50);
   auto records = Export(client, original->id());
   ATTN_ASSERT_OK(records);
+  const auto used_bytes = [&] {
+    auto info = client.GetServerInfo();
+    return info.ok() ? info->kv_cache_used_bytes() : -1;
+  };
+  const int64_t before = used_bytes();
   std::thread drain;
   size_t next = 0;
+  bool importing = false;
   bool draining = false;
   auto imported = client.ImportSession(
       [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
         if (next == 1) {
+          // The server has the header (its blocks are reserved): the
+          // import is in its handler when the drain begins.
+          importing = Eventually([&] { return used_bytes() > before; },
+                                 absl::Seconds(20));
           drain = std::thread([&] { (*server)->server->Shutdown(); });
           draining = Eventually(
               [&] {
@@ -459,6 +469,7 @@ TEST(DrainingImportTest, AnImportEndingAfterTheDrainBeganIsUnavailable) {
         return true;
       });
   drain.join();
+  EXPECT_TRUE(importing);
   EXPECT_TRUE(draining);
   EXPECT_EQ(imported.status().code(), absl::StatusCode::kUnavailable)
       << imported.status();
