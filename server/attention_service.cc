@@ -455,11 +455,11 @@ grpc::Status AttentionServiceImpl::ImportSession(
         ReadSessionImport(
             *engine_, std::move(options), keep,
             [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
-              const bool read =
+              const bool more =
                   !context->IsCancelled() && reader->Read(record);
               if (context->IsCancelled()) return TransferEnded(watch, "import");
               watch.Progress();
-              return read;
+              return more;
             }));
     // Not once the drain began: its hand-over may have listed the
     // sessions already, and this one would be lost.

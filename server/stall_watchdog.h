@@ -12,10 +12,9 @@
 // which ends the blocked Read or Write). Its handler then returns, and what
 // it held goes with it.
 //
-// One thread checks every watch a few times per timeout (at most once a
-// second), so a stalled call ends between `timeout` and about 1.25 ×
-// `timeout` (or `timeout` + 1 s) after its last message. The thread sleeps
-// while nothing is watched.
+// One thread checks every watch each min(timeout / 4, 1 s), so a stalled
+// call ends between `timeout` and `timeout` + that interval after its last
+// message. The thread sleeps while nothing is watched.
 //
 // Example:
 //   auto watch = watchdog.Watch([context] { context->TryCancel(); });
