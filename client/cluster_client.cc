@@ -553,9 +553,11 @@ absl::StatusOr<std::vector<v1::SessionInfo>> ClusterClient::ListSessions() {
   std::vector<std::string> unanswered;
   std::set<std::string> asked;
   for (const ReplicaStatus& status : Replicas()) {
-    // Each replica once; one known unreachable holds nothing reachable.
-    if (!status.listed || !asked.insert(status.address).second ||
-        status.state == ReplicaStatus::State::kUnreachable) {
+    if (!status.listed || !asked.insert(status.address).second) continue;
+    // One known unreachable may still hold sessions (a partition).
+    if (status.state == ReplicaStatus::State::kUnreachable) {
+      unanswered.push_back(
+          absl::StrCat(status.address, " (unreachable: ", status.error, ")"));
       continue;
     }
     std::shared_ptr<Replica> replica = ReplicaAt(status.dialed);
@@ -799,12 +801,30 @@ ClusterDecodeStream::Lane* ClusterDecodeStream::LaneFor(
   return lane.get();
 }
 
+void ClusterDecodeStream::Fail(Entry* entry, absl::Status status) {
+  entry->lane = nullptr;
+  entry->result = std::move(status);
+  failed_ = true;
+}
+
 void ClusterDecodeStream::Dispatch(Entry* entry) {
+  // Behind an earlier request of the session that still waits (at its
+  // former owner, say): re-sent together, in order, if that one moves.
+  for (auto& [replica, waiting] : lanes_) {
+    for (const Entry* earlier : waiting->unanswered) {
+      if (earlier->request.session_id() != entry->request.session_id()) {
+        continue;
+      }
+      entry->lane = waiting.get();
+      waiting->unanswered.push_back(entry);
+      waiting->stream->Write(entry->request);
+      return;
+    }
+  }
   absl::StatusOr<std::shared_ptr<ClusterReplica>> owner =
       cluster_->OwnerReplica(entry->request.session_id());
   if (!owner.ok()) {
-    entry->lane = nullptr;
-    entry->result = owner.status();
+    Fail(entry, owner.status());
     return;
   }
   Lane* lane = LaneFor(*owner);
@@ -852,14 +872,11 @@ void ClusterDecodeStream::Pump(Lane* lane) {
     }
     if (!next.ok()) status = next.status();
   }
-  for (Entry* entry : pending) {
-    entry->lane = nullptr;
-    entry->result = status;
-  }
+  for (Entry* entry : pending) Fail(entry, status);
 }
 
 bool ClusterDecodeStream::Write(const v1::DecodeRequest& request) {
-  if (final_status_.has_value() || writes_done_) return false;
+  if (final_status_.has_value() || failed_ || writes_done_) return false;
   entries_.push_back(std::make_unique<Entry>());
   entries_.back()->request = request;
   Dispatch(entries_.back().get());

@@ -125,9 +125,12 @@ struct ClusterReplica;
 //
 // The first request that fails ends the stream; Read returns its status
 // (then Finish does). With one replica the requests before it stay
-// applied and none after it are, as with DecodeStream. With several, the
-// requests written after it to OTHER replicas may have been applied:
-// GetSession's layer_lengths tells.
+// applied and none after it are, as with DecodeStream: once a request has
+// failed (also one that could not be routed), Write sends nothing more and
+// returns false. With several, requests written to OTHER replicas before
+// the failure was known may have been applied: GetSession's layer_lengths
+// tells. A session's requests reach it in the order written, also when it
+// moves while some of them wait.
 class ClusterDecodeStream {
  public:
   ~ClusterDecodeStream();  // cancels whatever is still open
@@ -156,9 +159,13 @@ class ClusterDecodeStream {
   struct Lane;
   explicit ClusterDecodeStream(ClusterClient* cluster);
 
-  // Routes `entry` to its owner's lane (opening it); on a routing error the
-  // entry gets that error as its result.
+  // Routes `entry` to its owner's lane (opening it), or to the lane where
+  // an earlier request of its session still waits, so that it never
+  // overtakes it; on a routing error the entry gets that error as its
+  // result.
   void Dispatch(Entry* entry);
+  // `entry` ends with `status`: the stream takes no more requests.
+  void Fail(Entry* entry, absl::Status status);
   // Reads the next result of `lane` into its oldest unanswered entry, or
   // handles the lane's end (re-dispatch after a move, else the error).
   void Pump(Lane* lane);
@@ -169,6 +176,7 @@ class ClusterDecodeStream {
   std::deque<std::unique_ptr<Entry>> entries_;  // written, not yet read
   std::map<const ClusterReplica*, std::unique_ptr<Lane>> lanes_;
   bool writes_done_ = false;
+  bool failed_ = false;  // a request has failed: nothing more is sent
   std::optional<absl::Status> final_status_;
 };
 

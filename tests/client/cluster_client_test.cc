@@ -650,6 +650,92 @@ TEST(ClusterClientTest, AFourthReplicaTakesNewSessionsWithoutDisturbing) {
   EXPECT_TRUE(listed);
 }
 
+// A stream request that fails - here one that cannot be routed - ends
+// the stream: nothing written after it is sent, as with DecodeStream.
+TEST(ClusterClientTest, AFailedStreamRequestStopsTheOnesAfterIt) {
+  Fleet fleet(1);
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  Workload w = NewWorkload(**cluster, 0, kPrompt + 3);
+  PrefillAll(**cluster, w);
+  auto stream = (*cluster)->OpenDecodeStream();
+  v1::DecodeRequest unknown = NextStep(w, 0);
+  unknown.set_session_id("no-such-session");
+  EXPECT_TRUE(stream->Write(unknown));
+  EXPECT_FALSE(stream->Write(NextStep(w, 0)));
+  EXPECT_EQ(stream->Read().status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(stream->Finish().code(), absl::StatusCode::kNotFound);
+  auto info = (*cluster)->GetSession(w.id);
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), w.length);
+}
+
+// A replica that does not answer (a partition) may hold sessions: the
+// listing says so instead of leaving them out.
+TEST(ClusterClientTest, ListingWithAnUnreachableReplicaIsUnavailable) {
+  Fleet fleet(2);
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  for (int i = 0; i < 4; ++i) NewWorkload(**cluster, i, 1);
+  auto listed = (*cluster)->ListSessions();
+  ATTN_ASSERT_OK(listed);
+  EXPECT_EQ(listed->size(), 4u);
+  fleet.replica(1).Signal(SIGSTOP);
+  ASSERT_TRUE(AwaitState(**cluster, fleet.address(1),
+                         client::ReplicaStatus::State::kUnreachable));
+  listed = (*cluster)->ListSessions();
+  EXPECT_EQ(listed.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(listed.status().message(), fleet.address(1)))
+      << listed.status();
+  fleet.replica(1).Signal(SIGCONT);
+  ASSERT_TRUE(AwaitState(**cluster, fleet.address(1),
+                         client::ReplicaStatus::State::kServing));
+  listed = (*cluster)->ListSessions();
+  ATTN_ASSERT_OK(listed);
+  EXPECT_EQ(listed->size(), 4u);
+}
+
+// A step written while the client still routes its session to the old
+// owner, and a later one written once it knows the new owner, reach the
+// session in the order written.
+TEST(ClusterClientTest, StepsOfAMovingSessionKeepTheirOrder) {
+  Fleet fleet(2, {}, /*peers=*/true);
+  ClusterOptions options = TestClusterOptions();
+  options.refresh_interval = absl::Hours(1);  // learns of moves by calls
+  auto cluster = ClusterClient::Open(fleet.List(), options);
+  ATTN_ASSERT_OK(cluster);
+  Workload w = NewWorkload(**cluster, 1, kPrompt + 3);
+  PrefillAll(**cluster, w);
+  const std::string old_owner = (*cluster)->OwnerOf(w.id);
+  const int index = fleet.IndexOf(old_owner);
+  ASSERT_GE(index, 0) << old_owner;
+  const std::string new_owner = fleet.address(1 - index);
+  // An idle stream keeps the draining replica (and its redirects) up.
+  auto keeper = client::AttentionClient::Connect(old_owner);
+  auto idle = keeper->OpenDecodeStream();
+  ATTN_ASSERT_OK(keeper->GetServerInfo());
+  fleet.replica(index).Signal(SIGTERM);
+  auto direct = client::AttentionClient::Connect(new_owner);
+  ASSERT_TRUE(Eventually([&] { return direct->GetSession(w.id).ok(); },
+                         absl::Seconds(20)));
+
+  auto stream = (*cluster)->OpenDecodeStream();
+  ASSERT_TRUE(stream->Write(NextStep(w, 0)));    // routed to the old owner
+  ATTN_ASSERT_OK((*cluster)->GetSession(w.id));  // learns the new one
+  EXPECT_EQ((*cluster)->OwnerOf(w.id), new_owner);
+  v1::DecodeRequest second =
+      AppendRequest<v1::DecodeRequest>(w, 0, w.length + 1, 1);
+  ASSERT_TRUE(stream->Write(second));
+  for (int64_t position : {w.length, w.length + 1}) {
+    auto result = stream->Read();
+    ATTN_ASSERT_OK(result);
+    EXPECT_EQ(result->position(), position);
+  }
+  ATTN_EXPECT_OK(stream->Finish());
+  idle->WritesDone();
+  idle->Finish().IgnoreError();
+}
+
 TEST(ClusterClientTest, NoReplicaServingIsUnavailableNamingThem) {
   const std::string nowhere = absl::StrCat("127.0.0.1:", PickFreePort());
   auto cluster =
