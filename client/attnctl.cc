@@ -14,6 +14,9 @@
 // Against a server with TLS: --tls_ca_file (and --tls_server_name when the
 // certificate names another host; --tls_cert_file/--tls_key_file for mutual
 // TLS). With bearer tokens: --auth_token_file (a file holding the token).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -689,6 +692,15 @@ class Progress {
   int64_t shown_ = -1;
 };
 
+// Flushes the file at `path` to the disk; whether that worked.
+bool SyncFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  return synced;
+}
+
 int RunExport() {
   const std::string id = absl::GetFlag(FLAGS_session);
   const std::string path = absl::GetFlag(FLAGS_out);
@@ -737,6 +749,11 @@ int RunExport() {
   absl::Status status = cluster != nullptr ? cluster->ExportSession(id, sink)
                                            : client->ExportSession(id, sink);
   out.close();
+  // The last records reach the file only when it is closed (a full disk
+  // shows here), and on the disk only once synced.
+  if (status.ok() && (!out || !SyncFile(temporary))) {
+    status = absl::InternalError("cannot write " + temporary);
+  }
   if (status.ok() && std::rename(temporary.c_str(), path.c_str()) != 0) {
     status = absl::InternalError("cannot rename " + temporary + " to " + path);
   }
