@@ -350,10 +350,14 @@ std::shared_ptr<ClusterReplica> ClusterClient::Locate(
 
 absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Confirm(
     absl::string_view session_id, const std::shared_ptr<Replica>& replica) {
-  // The full call timeout: on a draining replica the answer waits while
-  // the session is sealed for its move.
-  absl::StatusOr<v1::SessionInfo> info =
-      replica->client->GetSession(session_id);
+  // The probe first: no retries, so a replica that is gone answers at once
+  // (the retrying client spent seconds per session on one). On a draining
+  // replica the answer waits while the session is sealed for its move,
+  // which may outlast the probe's deadline: then the full call timeout.
+  absl::StatusOr<v1::SessionInfo> info = replica->probe->GetSession(session_id);
+  if (info.status().code() == absl::StatusCode::kDeadlineExceeded) {
+    info = replica->client->GetSession(session_id);
+  }
   if (info.ok()) return replica;
   if (std::optional<std::string> owner = MovedSessionOwner(info.status())) {
     SetOwner(session_id, *owner);
