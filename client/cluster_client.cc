@@ -811,27 +811,29 @@ void ClusterDecodeStream::Fail(Entry* entry, absl::Status status) {
   failed_ = true;
 }
 
+ClusterDecodeStream::Lane* ClusterDecodeStream::LaneWaitingOn(
+    const std::string& session_id) const {
+  for (const auto& [replica, lane] : lanes_) {
+    for (const Entry* entry : lane->unanswered) {
+      if (entry->request.session_id() == session_id) return lane.get();
+    }
+  }
+  return nullptr;
+}
+
 void ClusterDecodeStream::Dispatch(Entry* entry) {
   // Behind an earlier request of the session that still waits (at its
   // former owner, say): re-sent together, in order, if that one moves.
-  for (auto& [replica, waiting] : lanes_) {
-    for (const Entry* earlier : waiting->unanswered) {
-      if (earlier->request.session_id() != entry->request.session_id()) {
-        continue;
-      }
-      entry->lane = waiting.get();
-      waiting->unanswered.push_back(entry);
-      waiting->stream->Write(entry->request);
+  Lane* lane = LaneWaitingOn(entry->request.session_id());
+  if (lane == nullptr) {
+    absl::StatusOr<std::shared_ptr<ClusterReplica>> owner =
+        cluster_->OwnerReplica(entry->request.session_id());
+    if (!owner.ok()) {
+      Fail(entry, owner.status());
       return;
     }
+    lane = LaneFor(*owner);
   }
-  absl::StatusOr<std::shared_ptr<ClusterReplica>> owner =
-      cluster_->OwnerReplica(entry->request.session_id());
-  if (!owner.ok()) {
-    Fail(entry, owner.status());
-    return;
-  }
-  Lane* lane = LaneFor(*owner);
   entry->lane = lane;
   lane->unanswered.push_back(entry);
   // A refused write means the lane's stream has ended: Pump says why.

@@ -169,6 +169,8 @@ class ClusterDecodeStream {
   // Reads the next result of `lane` into its oldest unanswered entry, or
   // handles the lane's end (re-dispatch after a move, else the error).
   void Pump(Lane* lane);
+  // The lane where a request of `session_id` waits for its result, if any.
+  Lane* LaneWaitingOn(const std::string& session_id) const;
   // The lane of `replica`, opened when missing.
   Lane* LaneFor(const std::shared_ptr<ClusterReplica>& replica);
 

@@ -476,6 +476,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   // a seal (SessionManager::Seal) that waits for this batch's first one.
   absl::flat_hash_map<std::pair<absl::string_view, absl::string_view>, size_t>
       first_lookup;
+  first_lookup.reserve(n);
   absl::flat_hash_set<std::pair<const Session*, int32_t>> seen;
   seen.reserve(n);
   std::vector<Session*> to_lock;
