@@ -176,6 +176,7 @@ absl::StatusOr<SessionInfo> AttentionEngine::CreateSession(
 absl::StatusOr<SessionInfo> AttentionEngine::GetSession(const std::string& id,
                                                         const Tenant& tenant) {
   ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
+  session.MarkUsed();
   return session->Info();
 }
 
@@ -265,6 +266,7 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
       session->layer(i).Truncate(length);
     }
   }
+  session.MarkUsed();
   return session->Info();
 }
 
@@ -694,14 +696,15 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     }
   }
 
-  // 8. Publish every surviving append. Releasing the session refs restarts
-  // their idle clocks.
+  // 8. Publish every surviving append. Releasing their session refs
+  // restarts the idle clocks (not those of failed steps).
   statuses->resize(n);
   for (size_t i = 0; i < n; ++i) {
     (*statuses)[i] = steps[i].status;
     if (!live(i)) continue;
     BatchStep& step = steps[i];
     step.session->layer(step.request->layer).Commit(*std::move(step.pending));
+    step.session.MarkUsed();
     step.pending.reset();
     step.reservation = BlockReservation();  // the blocks now count as used
     (step.request->required_tokens.has_value() ? decode_tokens_total_

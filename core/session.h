@@ -102,9 +102,12 @@ class Session {
   absl::Time last_used() const;
   // A call (or an open Decode stream) uses the session from BeginUse to
   // EndUse: it never expires meanwhile, and EndUse restarts its idle clock,
-  // so idle time counts from the end of the last call. Use SessionRef.
+  // so idle time counts from the end of the last successful call. A failed
+  // call changes nothing, its idle clock included: it ends with
+  // EndUnchangedUse, which leaves the clock where it was. Use SessionRef.
   void BeginUse() { users_.fetch_add(1, std::memory_order_acq_rel); }
   void EndUse(absl::Time now);
+  void EndUnchangedUse() { users_.fetch_sub(1, std::memory_order_acq_rel); }
   // Calls running on the session now (SessionRefs; a Decode stream's
   // SessionHold is not one): a seal (SessionManager::Seal) waits for none.
   void BeginCall() { calls_.fetch_add(1, std::memory_order_acq_rel); }
@@ -135,8 +138,9 @@ class Session {
 
 // A session held by one call: while any SessionRef to a session lives, the
 // session does not expire (Session::BeginUse) and counts a call
-// (Session::BeginCall); the last one to go restarts its idle clock.
-// Move-only.
+// (Session::BeginCall). A ref whose call succeeded (MarkUsed) restarts the
+// session's idle clock when it goes; one whose call failed leaves the clock
+// as it was. Move-only.
 class SessionRef {
  public:
   SessionRef() = default;
@@ -152,13 +156,18 @@ class SessionRef {
     Release();
     session_ = std::move(other.session_);
     clock_ = other.clock_;
+    used_ = other.used_;
     return *this;
   }
   ~SessionRef() { Release(); }
 
   // Another ref to the same session, made without a lookup (which could
-  // wait for a seal that waits for this ref's call). REQUIRES: *this.
+  // wait for a seal that waits for this ref's call); it is not marked used.
+  // REQUIRES: *this.
   SessionRef Share() const { return SessionRef(session_, clock_); }
+
+  // The call succeeded: releasing the ref restarts the idle clock.
+  void MarkUsed() { used_ = true; }
 
   Session* get() const { return session_.get(); }
   Session* operator->() const { return session_.get(); }
@@ -170,13 +179,19 @@ class SessionRef {
   void Release() {
     if (session_ != nullptr) {
       session_->EndCall();
-      session_->EndUse((*clock_)());
+      if (used_) {
+        session_->EndUse((*clock_)());
+      } else {
+        session_->EndUnchangedUse();
+      }
     }
     session_.reset();
+    used_ = false;
   }
 
   std::shared_ptr<Session> session_;
   const std::function<absl::Time()>* clock_ = nullptr;
+  bool used_ = false;
 };
 
 // Keeps a session in use (it cannot expire) without keeping it alive: a

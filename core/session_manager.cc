@@ -204,8 +204,8 @@ absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
     ++expired_total_;
     return SessionNotFound(id);
   }
-  it->second->Touch(now);
-  // Taken under the lock, so the reaper cannot expire it in between.
+  // Taken under the lock, so the reaper cannot expire it in between. The
+  // idle clock restarts when the call ends, if it succeeded (SessionRef).
   return SessionRef(it->second, &options_.now);
 }
 
@@ -267,6 +267,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Fork(
     child = parent->Fork(NewSessionId(), options_.now());
   }
   ATTN_RETURN_IF_ERROR(Insert(child, tenant.quota));
+  parent.MarkUsed();
   return child;
 }
 

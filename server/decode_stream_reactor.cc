@@ -37,7 +37,12 @@ absl::Status DecodeStreamReactor::Authenticate() {
   const uint64_t generation = deps_.authenticator->generation();
   if (generation == auth_generation_) return absl::OkStatus();
   auth_generation_ = generation;
-  ATTN_ASSIGN_OR_RETURN(tenant_, deps_.authenticator->Authenticate(*context_));
+  ATTN_ASSIGN_OR_RETURN(Tenant tenant,
+                        deps_.authenticator->Authenticate(*context_));
+  // The token now names another tenant: the sessions held for the old one
+  // are no longer this stream's to keep from expiring.
+  if (tenant.name != tenant_.name) held_.clear();
+  tenant_ = std::move(tenant);
   return absl::OkStatus();
 }
 

@@ -638,6 +638,68 @@ TEST(EngineSealTest, ASealBeginningDuringAMultiLayerBatchWaitsForIt) {
   EXPECT_TRUE(sealed.ok()) << sealed;
 }
 
+// A failed call changes nothing, the session's idle clock included: only
+// calls that succeed restart it (the deadline an export reports moves).
+TEST_F(EngineTest, OnlySuccessfulCallsRestartTheIdleClock) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  EngineOptions options;
+  options.kv_cache_bytes = 1 << 20;
+  options.kv_block_bytes = 4096;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  options.sessions.now = [&now] { return now; };
+  auto engine =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  AttentionEngine& e = **engine;
+  const std::string id =
+      e.CreateSession(TestSpec(), absl::Seconds(10))->session_id;
+  const std::string other =
+      e.CreateSession(TestSpec(), absl::Seconds(10))->session_id;
+  const auto deadline = [&](const std::string& session) -> int64_t {
+    auto exported = e.ExportSession(session);
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms / 1000
+                         : -1;
+  };
+  std::mt19937 rng(3);
+  const Tokens t(400, rng);
+  // Layer 1's window drops its early blocks: it cannot be cut back to 100.
+  ASSERT_TRUE(e.Append(Request(id, 1, t, 0, 400)).ok());
+  ASSERT_EQ(deadline(id), 1010);
+
+  now += absl::Seconds(4);
+  AppendRequest bad_layer = Request(id, 0, t, 0, 1);
+  bad_layer.layer = kLayers;
+  EXPECT_EQ(e.Append(bad_layer).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.TruncateSession(id, 100).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // In an independent batch, the failed step's session keeps its clock;
+  // the other step's session restarts its own.
+  const std::vector<AppendRequest> batch = {bad_layer,
+                                            Request(other, 0, t, 0, 1)};
+  const auto results = e.AppendEach(batch);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_FALSE(results[0].ok());
+  EXPECT_TRUE(results[1].ok()) << results[1].status();
+  EXPECT_EQ(deadline(id), 1010);
+  EXPECT_EQ(deadline(other), 1014);
+
+  // Successful calls restart it: a step, a truncate, a fork, a lookup.
+  now += absl::Seconds(1);
+  ASSERT_TRUE(e.Append(Request(id, 0, t, 0, 1)).ok());
+  EXPECT_EQ(deadline(id), 1015);
+  now += absl::Seconds(1);
+  ASSERT_TRUE(e.TruncateSession(id, 400).ok());
+  EXPECT_EQ(deadline(id), 1016);
+  now += absl::Seconds(1);
+  ASSERT_TRUE(e.ForkSession(id).ok());
+  EXPECT_EQ(deadline(id), 1017);
+  now += absl::Seconds(1);
+  ASSERT_TRUE(e.GetSession(id).ok());
+  EXPECT_EQ(deadline(id), 1018);
+}
+
 TEST_F(EngineTest, CallsOverTheFlopLimitAreRefusedBeforeAnyWork) {
   EngineOptions options;
   options.kv_cache_bytes = int64_t{16} << 20;

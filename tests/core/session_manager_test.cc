@@ -120,12 +120,27 @@ TEST_F(SessionManagerTest, IdleSessionsExpireAndUseResetsTheClock) {
   const std::string idle_id = idle->id();
   idle.reset();
   now_ += absl::Seconds(8);
-  ASSERT_TRUE(manager.Get(busy->id()).ok());  // touches `busy`
+  {
+    auto call = manager.Get(busy->id());  // a call that succeeds
+    ASSERT_TRUE(call.ok());
+    call->MarkUsed();  // touches `busy` as it ends
+  }
   now_ += absl::Seconds(8);
   EXPECT_EQ(manager.ExpireIdle(now_), 1);
   EXPECT_EQ(manager.Get(idle_id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(manager.Get(busy->id()).ok());
   EXPECT_EQ(manager.expired_total(), 1);
+}
+
+// A failed call changes nothing: its ref ends without touching the clock.
+TEST_F(SessionManagerTest, AFailedCallLeavesTheIdleClock) {
+  SessionManager manager = MakeManager();
+  const std::string id =
+      (*manager.Create(SmallSpec(), absl::Seconds(10)))->id();
+  now_ += absl::Seconds(8);
+  ASSERT_TRUE(manager.Get(id).ok());  // never marked used
+  now_ += absl::Seconds(3);
+  EXPECT_EQ(manager.ExpireIdle(now_), 1);
 }
 
 TEST_F(SessionManagerTest, GetOfAnExpiredSessionIsNotFound) {
@@ -169,6 +184,7 @@ TEST_F(SessionManagerTest, SessionsInUseNeverExpireAndIdleCountsFromTheEnd) {
   {
     auto call = manager.Get(id);  // a call that runs for a minute
     ASSERT_TRUE(call.ok());
+    call->MarkUsed();
     now_ += absl::Seconds(60);
     EXPECT_EQ(manager.ExpireIdle(now_), 0);
     EXPECT_TRUE(manager.Get(id).ok()) << "a second call on the same session";

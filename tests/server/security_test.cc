@@ -405,6 +405,41 @@ TEST_F(TokenTest, ARevokedTokenEndsAnOpenDecodeStream) {
   EXPECT_EQ(info->layer_lengths[0], 1);
 }
 
+// A stream keeps the sessions it has used from expiring only for the tenant
+// its token names: when a reload moves the token to another tenant, the
+// old tenant's sessions are let go (their idle clocks run again).
+TEST_F(TokenTest, AStreamWhoseTokenChangesTenantLetsTheOldSessionsGo) {
+  const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
+  auto old_session = alice_->OpenSession(spec, absl::Seconds(1));
+  ATTN_ASSERT_OK(old_session);
+  const Tokens tokens = RandomTokens(spec, 2, 12);
+  auto stream = alice_->OpenDecodeStream();
+  auto step = [&](SessionHandle& session) {
+    return stream->Step(*session.MakeDecodeRequest(
+        0, tokens.q_rows(0, 1), tokens.k_rows(0, 1), tokens.v_rows(0, 1)));
+  };
+  ATTN_ASSERT_OK(step(*old_session));
+  ASSERT_TRUE(WriteFileAtomically(
+      tokens_file_,
+      absl::StrCat("carol ", server::DigestTokenHex("alice-token"), " - -\n",
+                   "bob ", server::DigestTokenHex("bob-token"), " - -\n")));
+  ATTN_ASSERT_OK(server_->ReloadAuthTokens());
+  auto new_session = alice_->OpenSession(spec);  // carol's now
+  ATTN_ASSERT_OK(new_session);
+  ATTN_ASSERT_OK(step(*new_session));
+  // Listing does not use a session, so it leaves the idle clock running.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return server_->engine()
+            .ListSessions("", 10, Tenant{.name = "alice", .quota = {}})
+            .empty();
+      },
+      absl::Seconds(20)))
+      << "alice's session never expired while carol's stream was open";
+  ATTN_EXPECT_OK(step(*new_session));
+  ATTN_EXPECT_OK(stream->Finish());
+}
+
 TEST_F(TokenTest, TokensFileEditTakesEffectWithoutRestart) {
   ATTN_ASSERT_OK(bob_->GetServerInfo());
   ASSERT_TRUE(WriteFileAtomically(tokens_file_, TokensFile("bob-new-token")));
