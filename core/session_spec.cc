@@ -23,7 +23,7 @@ absl::Status CheckRange(absl::string_view field, int64_t value, int64_t lo,
 }
 
 absl::Status ValidateLayer(const LayerSpec& layer, absl::string_view name,
-                           int32_t num_q_heads) {
+                           int32_t num_q_heads, int64_t max_tokens_limit) {
   if (layer.window < 0) {
     return SpecError(
         absl::StrCat(name, ".window"),
@@ -50,6 +50,14 @@ absl::Status ValidateLayer(const LayerSpec& layer, absl::string_view name,
   if (layer.topk < 0) {
     return SpecError(absl::StrCat(name, ".topk"),
                      absl::StrCat("must be >= 0 (0 = dense), got ", layer.topk));
+  }
+  // No session here holds more tokens: a larger topk selects nothing more,
+  // but would size every return_topk_indices reply by it.
+  if (layer.topk > max_tokens_limit) {
+    return SpecError(
+        absl::StrCat(name, ".topk"),
+        absl::StrCat("must be at most the server's largest max_tokens = ",
+                     max_tokens_limit, ", got ", layer.topk));
   }
   if (layer.index_score != IndexScore::kIdentity &&
       layer.index_score != IndexScore::kRelu) {
@@ -158,7 +166,7 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
   }
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     if (auto s = ValidateLayer(spec.layers[i], absl::StrCat("layers[", i, "]"),
-                               spec.num_q_heads);
+                               spec.num_q_heads, limits.max_tokens_limit);
         !s.ok()) {
       return s;
     }

@@ -232,6 +232,13 @@ TEST(SessionSpecTest, TopKLayersNeedAnIndexAndOnlyThen) {
   EXPECT_TRUE(ResolveSessionSpec(spec, SpecLimits()).ok());
   spec.layers[1].topk = -1;
   ExpectInvalid(spec, "layers[1].topk");
+  // Up to the server's largest session, which it can select entirely.
+  SpecLimits limits;
+  limits.max_tokens_limit = 4096;
+  spec.layers[1].topk = 4096;
+  EXPECT_TRUE(ResolveSessionSpec(spec, limits).ok());
+  spec.layers[1].topk = 4097;
+  ExpectInvalid(spec, "layers[1].topk", limits);
   spec.layers[1].topk = 0;
   spec.layers[1].index_score = static_cast<IndexScore>(9);
   ExpectInvalid(spec, "layers[1].index_score");
