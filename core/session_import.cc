@@ -271,10 +271,14 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
     idle_timeout = config.default_idle_timeout;
   }
   idle_timeout = std::min(idle_timeout, config.max_idle_timeout);
+  // A kept deadline is never later than a fresh one: the session was last
+  // used before now (a far-future deadline would never expire).
+  const absl::Time now = config.now();
   const absl::Time last_used =
       options.keep_idle_deadline
-          ? absl::FromUnixMillis(header.idle_deadline_unix_ms) - idle_timeout
-          : config.now();
+          ? std::min(now, absl::FromUnixMillis(header.idle_deadline_unix_ms) -
+                              idle_timeout)
+          : now;
   auto import = std::unique_ptr<SessionImport>(new SessionImport(
       manager, pool, backend, header, layout, std::move(id), idle_timeout,
       last_used, std::move(tenant), std::move(usage), std::move(layers)));

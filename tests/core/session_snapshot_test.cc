@@ -415,6 +415,35 @@ TEST(SessionSnapshotTest, ForkExportsAsAFullSessionAndKeepIdWorks) {
   EXPECT_EQ(target->stats().active_sessions, 1);
 }
 
+// A restore keeps the snapshot's idle deadline, but never one later than
+// a session used just now would have: a far-future deadline in a file
+// would otherwise keep its session forever.
+TEST(SessionSnapshotTest, AKeptIdleDeadlineIsNeverInTheFuture) {
+  const Shape4 shape{4, 2, 16, 8};
+  std::mt19937 rng(5);
+  auto source = MakeEngine(int64_t{16} << 20, 4096);
+  auto target = MakeEngine(int64_t{16} << 20, 4096);
+  const std::string id =
+      source->CreateSession(MakeSpec(shape, DType::kFloat32), absl::Minutes(3))
+          ->session_id;
+  Tokens t(10, shape, rng, DType::kFloat32);
+  Append(*source, id, 0, t, 0, 10);
+  Snapshot snapshot = Export(*source, id);
+  snapshot.header.idle_deadline_unix_ms =
+      absl::ToUnixMillis(absl::Now() + absl::Hours(240));
+  Reseal(snapshot);
+  ImportOptions restore;
+  restore.keep_session_id = true;
+  restore.keep_idle_deadline = true;
+  const absl::Time before = absl::Now();
+  auto restored = Import(*target, snapshot, restore);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  const absl::Time after = absl::Now();
+  const int64_t deadline = Export(*target, id).header.idle_deadline_unix_ms;
+  EXPECT_GE(deadline, absl::ToUnixMillis(before + absl::Minutes(3)));
+  EXPECT_LE(deadline, absl::ToUnixMillis(after + absl::Minutes(3)));
+}
+
 TEST(SessionSnapshotTest, ExportIsConsistentAgainstRacingAppends) {
   const Shape4 shape{4, 2, 16, 8};
   std::mt19937 rng(3);
