@@ -226,6 +226,10 @@ absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
   return SessionExport::Start(backend_.get(), *session, options_.version);
 }
 
+absl::Status AttentionEngine::StopChanges(absl::Time deadline) {
+  return sessions_.changes().Close(deadline);
+}
+
 absl::StatusOr<SessionSeal> AttentionEngine::SealSession(const std::string& id,
                                                          absl::Time deadline) {
   return sessions_.Seal(id, deadline);
@@ -251,6 +255,8 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
     return absl::InvalidArgumentError(
         absl::StrCat("truncate length must be >= 0, got ", length));
   }
+  ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass,
+                        sessions_.changes().Enter());
   ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
   {
     absl::MutexLock lock(&session->mu());
@@ -462,6 +468,11 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
                                        std::vector<absl::Status>* statuses,
                                        std::vector<AttentionOutput>* outputs) {
   const size_t n = requests.size();
+  absl::StatusOr<ChangeGate::Pass> pass = sessions_.changes().Enter();
+  if (!pass.ok()) {
+    statuses->assign(n, pass.status());
+    return pass.status();
+  }
   std::vector<BatchStep> steps(n);
   // Records a step's failure. An atomic batch fails as a whole (dropping
   // `steps` releases every staged block); an independent one carries on.
@@ -634,22 +645,20 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     problem_step.push_back(i);
   }
 
-  // 5. Attend. When an independent batch fails, run its problems one by one
-  // so that only the offending steps fail (results are batch-invariant),
-  // unless the backend has failed for good: then every step fails at once.
+  // 5. Attend. When a batch of several steps fails, run its problems one by
+  // one (results are batch-invariant): an independent batch fails only the
+  // offending steps, an atomic one names the first of them. Unless the
+  // backend has failed for good: then every step fails at once.
   if (absl::Status status = backend_->Attend(problems); !status.ok()) {
-    if (atomic || problems.size() == 1) {
-      ATTN_RETURN_IF_ERROR(
-          fail(problem_step.empty() ? 0 : problem_step[0], status));
-    } else if (!backend_->failure().ok()) {
+    if (problems.size() == 1 || !backend_->failure().ok()) {
       for (size_t p = 0; p < problems.size(); ++p) {
-        fail(problem_step[p], status).IgnoreError();
+        ATTN_RETURN_IF_ERROR(fail(problem_step[p], status));
       }
     } else {
       for (size_t p = 0; p < problems.size(); ++p) {
         absl::Status alone =
             backend_->Attend(absl::MakeConstSpan(&problems[p], 1));
-        if (!alone.ok()) fail(problem_step[p], alone).IgnoreError();
+        if (!alone.ok()) ATTN_RETURN_IF_ERROR(fail(problem_step[p], alone));
       }
     }
   }

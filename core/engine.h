@@ -226,6 +226,13 @@ class AttentionEngine {
   // engine.
   absl::StatusOr<std::unique_ptr<SessionExport>> ExportSession(
       const std::string& id, const Tenant& tenant = DefaultTenant());
+  // From now on every call that would change a session (create, fork,
+  // import, delete, truncate, append) fails with UNAVAILABLE; waits until
+  // those already running have finished, but not past `deadline`
+  // (DEADLINE_EXCEEDED when some have not). What a server does before its
+  // shutdown snapshot, so that the snapshot holds every change made and
+  // none comes after it. Reads and exports still work.
+  absl::Status StopChanges(absl::Time deadline);
   // Seals session `id` (any tenant) for a handover to another replica; see
   // SessionManager::Seal for the waiting and the errors.
   absl::StatusOr<SessionSeal> SealSession(const std::string& id,

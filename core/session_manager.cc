@@ -153,6 +153,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
 
 absl::Status SessionManager::Insert(std::shared_ptr<Session> session,
                                     const TenantQuota& quota) {
+  ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass, changes_.Enter());
   absl::MutexLock lock(&mu_);
   if (sessions_.contains(session->id())) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -247,6 +248,7 @@ std::vector<std::shared_ptr<Session>> SessionManager::ListAllTenants(
 
 absl::Status SessionManager::Delete(const std::string& id,
                                     const Tenant& tenant) {
+  ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass, changes_.Enter());
   std::vector<std::shared_ptr<Session>> removed;  // freed outside the lock
   absl::MutexLock lock(&mu_);
   AwaitUnsealed(id);

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/block_pool.h"
+#include "core/change_gate.h"
 #include "core/moved_sessions.h"
 #include "core/session.h"
 #include "core/session_spec.h"
@@ -172,6 +173,11 @@ class SessionManager {
     return redirects_total_.load(std::memory_order_relaxed);
   }
 
+  // The gate every change to the sessions passes: Create, Fork, Adopt and
+  // Delete here, and the engine's appends and truncates. Closed, they fail
+  // with UNAVAILABLE (a server that has saved its sessions).
+  ChangeGate& changes() { return changes_; }
+
   // Whether `id` names a live session (it may expire right after).
   bool Contains(const std::string& id) const;
   // A fresh unguessable id (128 random bits, hex).
@@ -237,6 +243,7 @@ class SessionManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Ids of the sessions being moved now (Seal).
   absl::flat_hash_set<std::string> sealed_ ABSL_GUARDED_BY(mu_);
+  ChangeGate changes_;
   MovedSessions moved_;
   mutable std::atomic<int64_t> redirects_total_{0};
   std::thread reaper_;

@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/backend_factory.h"
 #include "core/read_file.h"
@@ -430,22 +432,45 @@ void AttentionServer::Shutdown() {
     absl::SleepFor(absl::Milliseconds(5));
   }
   const int64_t left = service_->in_flight();
-  server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
-  Log(left > 0 ? LogLevel::kWarning : LogLevel::kInfo, "drain_finished",
-      {{"cancelled_calls", left}});
-  if (!options_.snapshot_dir.empty()) {
-    // No call runs any more: the sessions are at rest.
-    const SaveAllResult saved =
-        SaveAllSessions(*engine_, options_.snapshot_dir, snapshot_deadline);
-    metrics_->RecordSnapshot(saved.written, saved.failed, saved.duration);
-    Log(saved.failed > 0 ? LogLevel::kError : LogLevel::kInfo,
-        "snapshot_written",
-        {{"dir", options_.snapshot_dir},
-         {"sessions", saved.written},
-         {"failed", saved.failed},
-         {"kv_bytes", saved.bytes},
-         {"duration_ms", absl::ToInt64Milliseconds(saved.duration)}});
+  // gRPC's shutdown cancels the calls left at the deadline, but may return
+  // long after it: a client that stops reading keeps its reply, and the
+  // shutdown, waiting in the transport. The snapshot does not wait for it.
+  absl::Notification grpc_stopped;
+  std::thread stopper([&] {
+    server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
+    grpc_stopped.Notify();
+  });
+  const bool stopped = grpc_stopped.WaitForNotificationWithDeadline(
+      deadline + ShutdownGrace(options_.drain_timeout));
+  Log(left > 0 || !stopped ? LogLevel::kWarning : LogLevel::kInfo,
+      "drain_finished",
+      {{"cancelled_calls", left},
+       {"transport_stopped", stopped ? "true" : "false"}});
+  if (!options_.snapshot_dir.empty()) WriteSnapshot(snapshot_deadline);
+  stopper.join();
+}
+
+absl::Duration AttentionServer::ShutdownGrace(absl::Duration drain_timeout) {
+  return std::min(absl::Seconds(1), drain_timeout / 10);
+}
+
+void AttentionServer::WriteSnapshot(absl::Time deadline) {
+  // From here no call changes a session, so the snapshot holds every change
+  // a caller may have been told of (the calls still in gRPC's hands fail
+  // with UNAVAILABLE if they try).
+  if (absl::Status stopped = engine_->StopChanges(deadline); !stopped.ok()) {
+    Log(LogLevel::kWarning, "snapshot_changes_still_running",
+        {{"message", stopped.message()}});
   }
+  const SaveAllResult saved =
+      SaveAllSessions(*engine_, options_.snapshot_dir, deadline);
+  metrics_->RecordSnapshot(saved.written, saved.failed, saved.duration);
+  Log(saved.failed > 0 ? LogLevel::kError : LogLevel::kInfo, "snapshot_written",
+      {{"dir", options_.snapshot_dir},
+       {"sessions", saved.written},
+       {"failed", saved.failed},
+       {"kv_bytes", saved.bytes},
+       {"duration_ms", absl::ToInt64Milliseconds(saved.duration)}});
 }
 
 void AttentionServer::HandOverSessions(absl::Time deadline) {

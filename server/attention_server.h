@@ -106,6 +106,12 @@ class AttentionServer {
                   std::string backend_reason);
   // The drain's handover of every session to peers_, until `deadline`.
   void HandOverSessions(absl::Time deadline);
+  // Stops every change to the sessions, then writes them all to
+  // options_.snapshot_dir, until `deadline`.
+  void WriteSnapshot(absl::Time deadline);
+  // How long past the calls' deadline the snapshot waits for gRPC's
+  // shutdown before it goes ahead.
+  static absl::Duration ShutdownGrace(absl::Duration drain_timeout);
 
   const ServerOptions options_;
   const std::string backend_reason_;

@@ -61,6 +61,13 @@ absl::StatusOr<AppendRequest> AppendFromProto(const Request& request,
     if (!input.present) continue;
     auto view = TensorViewFromProto(input.tensor, FieldName(prefix, input.name));
     if (!view.ok()) return view.status();
+    // Never a scalar; one set without a shape would pass for unset.
+    if (view->shape.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          FieldName(prefix, input.name),
+          " is set but has no shape: give its shape on a top-k layer, or "
+          "leave it unset on a dense one"));
+    }
     *input.view = *std::move(view);
   }
   out.return_topk_indices = request.return_topk_indices();

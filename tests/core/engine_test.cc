@@ -264,6 +264,28 @@ TEST_F(EngineTest, AppendEachIsolatesFailuresAndMatchesAppend) {
   EXPECT_EQ(Info(c).kv_cache_bytes, c_before.kv_cache_bytes);
 }
 
+// An atomic batch that fails in the attention itself names the step that
+// failed (found by running the steps one by one), and applies nothing.
+TEST_F(EngineTest, AnAtomicBatchNamesTheStepThatFailedInTheKernels) {
+  const std::string a = NewSession();
+  const std::string b = NewSession();
+  Tokens ta(20, rng_), tb(20, rng_);
+  Append(a, 0, ta, 0, 10);
+  Append(b, 0, tb, 0, 10);
+  Tokens huge = tb;
+  std::vector<float> big(huge.q.values.size(), 3e19f);
+  std::memcpy(huge.q.bytes.data(), big.data(), big.size() * 4);
+  std::memcpy(huge.k.bytes.data(), big.data(),
+              std::min(big.size(), huge.k.values.size()) * 4);
+  const std::vector<AppendRequest> batch = {Request(a, 0, ta, 10, 11),
+                                            Request(b, 0, huge, 10, 11)};
+  const absl::Status status = engine_->AppendBatch(batch).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message().rfind("step 1", 0), 0u) << status;
+  EXPECT_EQ(Info(a).layer_lengths[0], 10);
+  EXPECT_EQ(Info(b).layer_lengths[0], 10);
+}
+
 TEST_F(EngineTest, ReducedPrecisionKvUsesTheStoredValues) {
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     SessionSpec spec = TestSpec();
@@ -698,6 +720,36 @@ TEST_F(EngineTest, OnlySuccessfulCallsRestartTheIdleClock) {
   now += absl::Seconds(1);
   ASSERT_TRUE(e.GetSession(id).ok());
   EXPECT_EQ(deadline(id), 1018);
+}
+
+// After StopChanges (a server about to write its snapshot) every change
+// is refused with UNAVAILABLE and nothing changes; reads still work.
+TEST_F(EngineTest, StoppedChangesAreUnavailableAndReadsStillWork) {
+  const std::string id = NewSession();
+  Tokens t(4, rng_);
+  Append(id, 0, t, 0, 2);
+  const absl::Status stopped =
+      engine_->StopChanges(absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(stopped.ok()) << stopped;
+  const auto unavailable = [](const absl::Status& status) {
+    return status.code() == absl::StatusCode::kUnavailable;
+  };
+  EXPECT_TRUE(unavailable(engine_->Append(Request(id, 0, t, 2, 3)).status()));
+  const std::vector<AppendRequest> batch = {Request(id, 0, t, 2, 3),
+                                            Request(id, 1, t, 0, 1)};
+  EXPECT_TRUE(unavailable(engine_->AppendBatch(batch).status()));
+  for (const auto& result : engine_->AppendEach(batch)) {
+    EXPECT_TRUE(unavailable(result.status()));
+  }
+  EXPECT_TRUE(unavailable(engine_->TruncateSession(id, 1).status()));
+  EXPECT_TRUE(unavailable(engine_->ForkSession(id).status()));
+  EXPECT_TRUE(unavailable(engine_->DeleteSession(id)));
+  EXPECT_TRUE(unavailable(
+      engine_->CreateSession(TestSpec(), absl::ZeroDuration()).status()));
+  const SessionInfo info = Info(id);
+  EXPECT_EQ(info.layer_lengths, (std::vector<int64_t>{2, 0, 0}));
+  EXPECT_TRUE(engine_->ExportSession(id).ok());
+  EXPECT_EQ(engine_->stats().active_sessions, 1);
 }
 
 TEST_F(EngineTest, CallsOverTheFlopLimitAreRefusedBeforeAnyWork) {

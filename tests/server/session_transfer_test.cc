@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/snapshot_store.h"
+#include "tests/server/frozen_reader.h"
 #include "tests/server/test_server.h"
 
 namespace attention::testing {
@@ -481,6 +482,55 @@ std::string TempDir(absl::string_view name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+// A client that stops reading in the middle of its replies (a stopped or
+// hung process) keeps gRPC's shutdown waiting past the drain's deadline.
+// The snapshot does not wait for it: it is written in time, and holds the
+// session.
+TEST(SnapshotDirTest, AFrozenClientDoesNotHoldUpTheSnapshot) {
+  const std::string dir = TempDir("snapshot-frozen");
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  options.drain_timeout = absl::Seconds(4);
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  auto session = (*server)->client->OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(session);
+  Fill(*session, RandomTokens(session->spec(), 20, 7), 20);
+
+  // Calls whose replies (64 MB of weights each) fill the socket buffers.
+  v1::AttentionRequest request;
+  const int64_t tokens = 4000;
+  for (v1::Tensor* tensor :
+       {request.mutable_q(), request.mutable_k(), request.mutable_v()}) {
+    tensor->set_dtype(v1::DTYPE_FLOAT16);
+    for (int64_t dim : {tokens, int64_t{1}, int64_t{1}}) tensor->add_shape(dim);
+    tensor->set_data(std::string(tokens * 2, '\0'));
+  }
+  request.set_return_weights(true);
+  FrozenReader frozen;
+  ATTN_ASSERT_OK(frozen.Connect((*server)->server->port()));
+  for (int call = 0; call < 2; ++call) {
+    ATTN_ASSERT_OK(frozen.Call("/attention.v1.AttentionService/Attention",
+                               request.SerializeAsString()));
+  }
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return absl::StrContains(
+            (*server)->server->metrics().TextExposition(),
+            "attention_requests_total{method=\"Attention\",code=\"OK\"} 2");
+      },
+      absl::Seconds(30)));
+
+  std::thread drain([&] { (*server)->server->Shutdown(); });
+  const std::string file = absl::StrCat(dir, "/", session->id(), ".session");
+  // The drain's whole budget, and a margin, while the client stays frozen.
+  EXPECT_TRUE(Eventually([&] { return std::filesystem::exists(file); },
+                         options.drain_timeout + absl::Seconds(4)));
+  frozen.Close();
+  drain.join();
+  EXPECT_TRUE(std::filesystem::exists(file));
 }
 
 TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
