@@ -46,6 +46,11 @@ absl::Status NoLongerAnywhere(absl::string_view session_id,
       "is not recreated"));
 }
 
+// The key of ClusterClient::owners_ (absl::string_view may be its own type).
+std::string_view View(absl::string_view text) {
+  return std::string_view(text.data(), text.size());
+}
+
 bool Unreachable(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded;
@@ -103,6 +108,9 @@ struct ClusterReplica {
   // Guarded by the ClusterClient's mu_ (mutable: probes and failures update
   // it through const references).
   mutable ReplicaStatus status;
+  // When the probes started failing to reach it (none since it last
+  // answered), if they do.
+  mutable std::optional<absl::Time> unreachable_since;
 };
 
 // ---------------------------------------------------------------------------
@@ -187,6 +195,23 @@ void ClusterClient::Refresh() {
     probes.emplace_back([this, replica] { Probe(*replica); });
   }
   for (std::thread& probe : probes) probe.join();
+  ForgetUnreachable();
+}
+
+absl::Time ClusterClient::Now() const {
+  return options_.now ? options_.now() : absl::Now();
+}
+
+void ClusterClient::ForgetUnreachable() {
+  const absl::Time now = Now();
+  absl::MutexLock lock(&mu_);
+  // Calls, streams and look-ups holding a forgotten replica keep it (and
+  // its channels) until they are done with it.
+  std::erase_if(replicas_, [&](const auto& entry) {
+    const Replica& replica = *entry.second;
+    return !replica.status.listed && replica.unreachable_since.has_value() &&
+           now - *replica.unreachable_since > options_.forget_unreachable_after;
+  });
 }
 
 void ClusterClient::Probe(Replica& replica) {
@@ -194,11 +219,17 @@ void ClusterClient::Probe(Replica& replica) {
   absl::StatusOr<ServingStatus> health = replica.probe->CheckHealth();
   absl::StatusOr<v1::ServerInfo> info =
       health.ok() ? replica.probe->GetServerInfo() : health.status();
+  const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   ReplicaStatus& status = replica.status;
+  const bool unreachable = !info.ok() && Unreachable(info.status());
+  if (!unreachable) {
+    replica.unreachable_since.reset();
+  } else if (!replica.unreachable_since.has_value()) {
+    replica.unreachable_since = now;
+  }
   if (!info.ok()) {
-    status.state =
-        Unreachable(info.status()) ? State::kUnreachable : State::kNotServing;
+    status.state = unreachable ? State::kUnreachable : State::kNotServing;
     status.error = std::string(info.status().message());
     return;
   }
@@ -312,8 +343,21 @@ std::string ClusterClient::DescribeReplicas() const {
 
 void ClusterClient::SetOwner(absl::string_view session_id,
                              const std::string& address) {
+  if (address.empty()) return;
   absl::MutexLock lock(&mu_);
-  owners_[std::string(session_id)] = address;
+  auto it = owners_.find(View(session_id));
+  if (it != owners_.end()) {
+    it->second->address = address;
+    owner_order_.splice(owner_order_.begin(), owner_order_, it->second);
+  } else {
+    owner_order_.push_front(KnownOwner{std::string(session_id), address});
+    owners_.emplace(owner_order_.front().session_id, owner_order_.begin());
+  }
+  while (owner_order_.size() > options_.max_known_owners) {
+    // A forgotten session is looked up again at its next use.
+    owners_.erase(owner_order_.back().session_id);
+    owner_order_.pop_back();
+  }
 }
 
 void ClusterClient::Learn(const v1::SessionInfo& info, const Replica& replica) {
@@ -323,23 +367,58 @@ void ClusterClient::Learn(const v1::SessionInfo& info, const Replica& replica) {
 
 void ClusterClient::Forget(absl::string_view session_id) {
   absl::MutexLock lock(&mu_);
-  owners_.erase(std::string(session_id));
+  ForgetOwnerLocked(session_id);
+}
+
+void ClusterClient::ForgetOwnerLocked(absl::string_view session_id) {
+  auto it = owners_.find(View(session_id));
+  if (it == owners_.end()) return;
+  const std::list<KnownOwner>::iterator entry = it->second;
+  owners_.erase(it);  // before the entry its key views
+  owner_order_.erase(entry);
 }
 
 std::string ClusterClient::OwnerOf(absl::string_view session_id) const {
   absl::MutexLock lock(&mu_);
-  auto it = owners_.find(std::string(session_id));
-  return it == owners_.end() ? std::string() : it->second;
+  auto it = owners_.find(View(session_id));
+  return it == owners_.end() ? std::string() : it->second->address;
+}
+
+std::string ClusterClient::UseOwner(absl::string_view session_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = owners_.find(View(session_id));
+  if (it == owners_.end()) return std::string();
+  owner_order_.splice(owner_order_.begin(), owner_order_, it->second);
+  return it->second->address;
 }
 
 std::shared_ptr<ClusterReplica> ClusterClient::Locate(
     absl::string_view session_id, const Replica* skip) {
-  for (const std::shared_ptr<Replica>& replica : AllReplicas()) {
-    if (replica.get() == skip) continue;
-    absl::StatusOr<v1::SessionInfo> info =
-        replica->probe->GetSession(session_id);
+  std::vector<std::shared_ptr<Replica>> replicas = AllReplicas();
+  std::erase_if(replicas, [&](const std::shared_ptr<Replica>& replica) {
+    return replica.get() == skip;
+  });
+  // Every replica at once: one that does not answer costs one probe
+  // deadline, however many do not.
+  std::vector<absl::StatusOr<v1::SessionInfo>> answers(
+      replicas.size(), absl::UnknownError("not asked"));
+  auto ask = [&](size_t i) {
+    answers[i] = replicas[i]->probe->GetSession(session_id);
+  };
+  if (replicas.size() == 1) {
+    ask(0);
+  } else {
+    std::vector<std::thread> threads;
+    threads.reserve(replicas.size());
+    for (size_t i = 0; i < replicas.size(); ++i) threads.emplace_back(ask, i);
+    for (std::thread& thread : threads) thread.join();
+  }
+  // By dialed address, whichever answered first: the same answers always
+  // give the same owner.
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    const absl::StatusOr<v1::SessionInfo>& info = answers[i];
     if (info.ok()) {
-      return info->owner().empty() ? replica : ReplicaAt(info->owner());
+      return info->owner().empty() ? replicas[i] : ReplicaAt(info->owner());
     }
     if (std::optional<std::string> owner = MovedSessionOwner(info.status())) {
       return ReplicaAt(*owner);
@@ -379,7 +458,7 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Confirm(
 
 absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::OwnerReplica(
     absl::string_view session_id) {
-  const std::string owner = OwnerOf(session_id);
+  const std::string owner = UseOwner(session_id);
   if (!owner.empty()) {
     std::shared_ptr<Replica> replica = ReplicaAt(owner);
     bool draining = false;

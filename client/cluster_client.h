@@ -14,6 +14,10 @@
 // client keeps one channel per replica for the calls (and a second one,
 // without retries, for probes and look-ups) and probes each replica's
 // health and GetServerInfo (draining, free KV) every refresh_interval.
+// Replicas it learned of otherwise (a redirect, an older resolution) are
+// kept while they answer; one the membership no longer lists that has not
+// answered for forget_unreachable_after is forgotten (dialed again if a
+// redirect or a remembered owner names it later).
 //
 // Placement (placement.h). CreateSession goes to a SERVING, non-draining
 // replica: the one with the most free KV; near-ties, and sessions given a
@@ -23,8 +27,9 @@
 // next. ForkSession stays on the parent's replica.
 //
 // Routing. Every call on a session goes to its owner (SessionInfo.owner,
-// remembered per session; a session this client has not seen is looked up
-// on every replica). A BatchDecode whose steps live on several replicas is
+// remembered for the max_known_owners sessions used most recently; a
+// session this client has not seen, or has forgotten, is looked up on every
+// replica at once). A BatchDecode whose steps live on several replicas is
 // split per replica, the parts sent in parallel, and the results put back
 // in request order. All-or-nothing then holds PER REPLICA: when one part
 // fails, the parts other replicas accepted stay applied (the error says
@@ -58,14 +63,18 @@
 #ifndef ATTENTION_CLIENT_CLUSTER_CLIENT_H_
 #define ATTENTION_CLIENT_CLUSTER_CLIENT_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -95,6 +104,21 @@ struct ClusterOptions {
   // Replaces the target's resolution when set (a service registry, a list
   // that changes): returns the replica addresses "host:port".
   std::function<absl::StatusOr<std::vector<std::string>>()> resolver;
+  // A replica the membership no longer lists (or never did: known from a
+  // redirect or as a session's owner) whose probes have all failed for
+  // longer than this is forgotten at the next refresh: look-ups stop asking
+  // it, and its channels close once no call or stream uses them. A listed
+  // replica is never forgotten, nor one that answers. A forgotten address
+  // named again (a redirect, a remembered owner) is dialed anew.
+  // absl::InfiniteDuration(): never.
+  absl::Duration forget_unreachable_after = absl::Seconds(60);
+  // The most sessions whose owner is remembered; past it the one used least
+  // recently is forgotten (its next call looks it up on every replica). 0:
+  // none is remembered.
+  size_t max_known_owners = 1'000'000;
+  // The clock of forget_unreachable_after (tests replace it); empty:
+  // absl::Now.
+  std::function<absl::Time()> now;
 };
 
 // One replica as last probed.
@@ -105,7 +129,8 @@ struct ReplicaStatus {
   std::string dialed;  // the address the channel connects to
   State state = State::kUnreachable;
   // Listed by the current membership (false: only known as a session's
-  // owner or from an older resolution; never placed on).
+  // owner or from an older resolution; never placed on, and forgotten once
+  // unreachable for forget_unreachable_after).
   bool listed = false;
   v1::ServerInfo info;  // the last GetServerInfo answer
   std::string error;    // why it is unreachable or not serving
@@ -195,12 +220,14 @@ class ClusterClient {
   ClusterClient(const ClusterClient&) = delete;
   ClusterClient& operator=(const ClusterClient&) = delete;
 
-  // Re-resolves the membership and probes every replica now.
+  // Re-resolves the membership, probes every replica now, then forgets the
+  // unlisted replicas unreachable for forget_unreachable_after.
   void Refresh();
   // Every replica as last probed, listed ones first, by address.
   std::vector<ReplicaStatus> Replicas() const;
   // The address of the replica this client believes owns `session_id`
-  // (empty when it has not seen the session).
+  // (empty when it has not seen the session, or has forgotten it past
+  // max_known_owners). Does not count as a use of the session.
   std::string OwnerOf(absl::string_view session_id) const;
 
   // A new session, placed as above; `placement_key` (optional) groups
@@ -250,9 +277,13 @@ class ClusterClient {
   // Wakes the refresher now (after a replica failed).
   void RequestRefresh();
   void Probe(Replica& replica);
+  // options_.now(), or absl::Now().
+  absl::Time Now() const;
+  // Drops the unlisted replicas unreachable for forget_unreachable_after.
+  void ForgetUnreachable();
 
   // The replica known by `address` (advertise or dialed address), added
-  // (unlisted) when unknown.
+  // (unlisted) when unknown or forgotten.
   std::shared_ptr<Replica> ReplicaAt(const std::string& address);
   std::shared_ptr<Replica> FindLocked(const std::string& address) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -261,9 +292,16 @@ class ClusterClient {
   void MarkDraining(const Replica& replica);
   void MarkUnreachable(const Replica& replica, const absl::Status& why);
 
+  // Remembers (as most recently used) that `address` owns the session,
+  // forgetting the least recently used past max_known_owners. An empty
+  // address is ignored.
   void SetOwner(absl::string_view session_id, const std::string& address);
   void Learn(const v1::SessionInfo& info, const Replica& replica);
   void Forget(absl::string_view session_id);
+  // OwnerOf, counted as a use (most recently used from now).
+  std::string UseOwner(absl::string_view session_id);
+  void ForgetOwnerLocked(absl::string_view session_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The replica to send a call on `session_id` to: its known owner
   // (confirmed first when that replica drains), else found by Locate.
   absl::StatusOr<std::shared_ptr<Replica>> OwnerReplica(
@@ -272,8 +310,10 @@ class ClusterClient {
   // of a moved session, or (not there) the replica Locate finds.
   absl::StatusOr<std::shared_ptr<Replica>> Confirm(
       absl::string_view session_id, const std::shared_ptr<Replica>& replica);
-  // Asks every replica but `skip` for the session: the one that has it
-  // (following a redirect), or nullptr.
+  // Asks every replica but `skip` for the session, all at once (one probe
+  // deadline in all): of the first replica by dialed address that answers
+  // either way, itself when it has the session, or the owner its redirect
+  // names; nullptr when none does.
   std::shared_ptr<Replica> Locate(absl::string_view session_id,
                                   const Replica* skip);
   // After `status` from `replica` for `method` on the session: the replica
@@ -310,8 +350,15 @@ class ClusterClient {
   // By dialed address.
   std::map<std::string, std::shared_ptr<Replica>> replicas_
       ABSL_GUARDED_BY(mu_);
-  // Session id -> owner address.
-  std::map<std::string, std::string, std::less<>> owners_ ABSL_GUARDED_BY(mu_);
+  // Known owners, most recently used first, at most max_known_owners.
+  struct KnownOwner {
+    std::string session_id;
+    std::string address;
+  };
+  std::list<KnownOwner> owner_order_ ABSL_GUARDED_BY(mu_);
+  // Session id (a view of its owner_order_ entry's) -> that entry.
+  std::unordered_map<std::string_view, std::list<KnownOwner>::iterator> owners_
+      ABSL_GUARDED_BY(mu_);
   std::string resolve_error_ ABSL_GUARDED_BY(mu_);
   const uint64_t nonce_seed_;
   uint64_t nonce_ ABSL_GUARDED_BY(mu_) = 0;

@@ -5,8 +5,9 @@
 // a replica drained in the middle of streamed decoding (its sessions move
 // to the others, the client sees no error), a replica killed (its sessions
 // report it, the others carry on, a replacement comes up empty), a replica
-// restarted from its snapshot directory, a fourth replica joining, and
-// placement keys.
+// restarted from its snapshot directory, a fourth replica joining,
+// placement keys, replicas forgotten once gone, look-ups past unreachable
+// replicas, and the bound on remembered owners.
 #include "client/cluster_client.h"
 
 #include <arpa/inet.h>
@@ -18,12 +19,14 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -229,12 +232,11 @@ v1::DecodeRequest NextStep(const Workload& w, int layer) {
   return AppendRequest<v1::DecodeRequest>(w, layer, w.length, 1);
 }
 
-// Creates a session through the cluster with tokens for `total` positions.
-Workload NewWorkload(ClusterClient& cluster, int i, int64_t total,
-                     absl::string_view placement_key = "") {
+// The workload of a created session (MixedSpec(i)) with tokens for `total`
+// positions; empty when `info` is an error.
+Workload WorkloadOf(const absl::StatusOr<v1::SessionInfo>& info, int i,
+                    int64_t total) {
   Workload w;
-  auto info =
-      cluster.CreateSession(MixedSpec(i), absl::ZeroDuration(), placement_key);
   EXPECT_TRUE(info.ok()) << info.status();
   if (!info.ok()) return w;
   w.id = info->session_id();
@@ -244,6 +246,71 @@ Workload NewWorkload(ClusterClient& cluster, int i, int64_t total,
   }
   w.out.resize(w.spec.num_layers());
   return w;
+}
+
+// Creates a session through the cluster with tokens for `total` positions.
+Workload NewWorkload(ClusterClient& cluster, int i, int64_t total,
+                     absl::string_view placement_key = "") {
+  return WorkloadOf(
+      cluster.CreateSession(MixedSpec(i), absl::ZeroDuration(), placement_key),
+      i, total);
+}
+
+// Creates a session on one replica directly, behind the cluster's back.
+Workload NewWorkloadOn(const std::string& replica, int i, int64_t total) {
+  return WorkloadOf(
+      client::AttentionClient::Connect(replica)->CreateSession(MixedSpec(i)), i,
+      total);
+}
+
+// A clock moved by hand (ClusterOptions::now).
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration by) {
+    absl::MutexLock lock(&mu_);
+    now_ += by;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000'000);
+};
+
+// A membership the test changes (ClusterOptions::resolver).
+class Members {
+ public:
+  explicit Members(std::vector<std::string> addresses)
+      : addresses_(std::move(addresses)) {}
+  void Set(std::vector<std::string> addresses) {
+    absl::MutexLock lock(&mu_);
+    addresses_ = std::move(addresses);
+  }
+  std::function<absl::StatusOr<std::vector<std::string>>()> Resolver() {
+    return [this]() -> absl::StatusOr<std::vector<std::string>> {
+      absl::MutexLock lock(&mu_);
+      return addresses_;
+    };
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> addresses_;
+};
+
+// The cluster's view of the replica dialed or known as `address`, if it
+// still knows it.
+std::optional<client::ReplicaStatus> ReplicaNamed(ClusterClient& cluster,
+                                                  const std::string& address) {
+  for (const client::ReplicaStatus& replica : cluster.Replicas()) {
+    if (replica.address == address || replica.dialed == address) {
+      return replica;
+    }
+  }
+  return std::nullopt;
 }
 
 void PrefillAll(ClusterClient& cluster, Workload& w) {
@@ -747,6 +814,165 @@ TEST(ClusterClientTest, NoReplicaServingIsUnavailableNamingThem) {
       << info.status();
   ATTN_EXPECT_CODE(ClusterClient::Open("no-port"),
                    absl::StatusCode::kInvalidArgument);
+}
+
+// A replica the membership no longer lists is kept while it answers, and
+// forgotten once unreachable for forget_unreachable_after; a listed one
+// never is. A stream still using the forgotten replica carries on, and a
+// remembered owner at its address dials it again.
+TEST(ClusterClientTest, AnUnlistedReplicaUnreachableForLongIsForgotten) {
+  Fleet fleet(3);
+  Members members({fleet.address(0), fleet.address(1), fleet.address(2)});
+  FakeClock clock;
+  ClusterOptions options = TestClusterOptions();
+  options.refresh_interval = absl::Hours(1);  // refreshed by the test
+  options.forget_unreachable_after = absl::Seconds(60);
+  options.now = [&clock] { return clock.Now(); };
+  options.resolver = members.Resolver();
+  auto cluster = ClusterClient::Open("membership-from-resolver:1", options);
+  ATTN_ASSERT_OK(cluster);
+  // A session on replica 2, its owner learned from the listing.
+  const std::string gone = fleet.address(2);
+  Workload w = NewWorkloadOn(gone, 0, kPrompt + 3);
+  ATTN_ASSERT_OK((*cluster)->ListSessions());
+  EXPECT_EQ((*cluster)->OwnerOf(w.id), gone);
+  PrefillAll(**cluster, w);
+
+  // Replica 2 leaves the membership but answers: kept, however long.
+  members.Set({fleet.address(0), fleet.address(1)});
+  (*cluster)->Refresh();
+  clock.Advance(absl::Hours(1));
+  (*cluster)->Refresh();
+  std::optional<client::ReplicaStatus> kept = ReplicaNamed(**cluster, gone);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_FALSE(kept->listed);
+
+  // A stream with a step for the session that it has not read yet.
+  auto stream = (*cluster)->OpenDecodeStream();
+  ASSERT_TRUE(stream->Write(NextStep(w, 0)));
+
+  // Replica 1 (listed) is killed, replica 2 (unlisted) stops answering.
+  fleet.replica(1).Signal(SIGKILL);
+  EXPECT_EQ(ExitCode(fleet.replica(1)), -1);
+  fleet.replica(2).Signal(SIGSTOP);
+  ASSERT_TRUE(AwaitState(**cluster, fleet.address(1),
+                         client::ReplicaStatus::State::kUnreachable));
+  ASSERT_TRUE(
+      AwaitState(**cluster, gone, client::ReplicaStatus::State::kUnreachable));
+  clock.Advance(absl::Seconds(30));
+  (*cluster)->Refresh();
+  EXPECT_TRUE(ReplicaNamed(**cluster, gone).has_value());
+  clock.Advance(absl::Seconds(31));
+  (*cluster)->Refresh();
+  EXPECT_FALSE(ReplicaNamed(**cluster, gone).has_value());
+  std::optional<client::ReplicaStatus> listed =
+      ReplicaNamed(**cluster, fleet.address(1));
+  ASSERT_TRUE(listed.has_value());
+  EXPECT_TRUE(listed->listed);
+  EXPECT_EQ(listed->state, client::ReplicaStatus::State::kUnreachable);
+
+  fleet.replica(2).Signal(SIGCONT);
+  // The stream's lane at replica 2 outlives the replica's entry: the next
+  // step of the session follows the one waiting there, in order.
+  ASSERT_TRUE(
+      stream->Write(AppendRequest<v1::DecodeRequest>(w, 0, w.length + 1, 1)));
+  for (int64_t position : {w.length, w.length + 1}) {
+    auto result = stream->Read();
+    ATTN_ASSERT_OK(result);
+    EXPECT_EQ(result->position(), position);
+  }
+  ATTN_EXPECT_OK(stream->Finish());
+
+  // Look-ups no longer ask the forgotten replica...
+  Workload unknown = NewWorkloadOn(gone, 1, kPrompt + 1);
+  ATTN_EXPECT_CODE((*cluster)->GetSession(unknown.id),
+                   absl::StatusCode::kNotFound);
+  // ...until a remembered owner names it: dialed again.
+  auto info = (*cluster)->GetSession(w.id);
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), w.length + 2);
+  EXPECT_TRUE(ReplicaNamed(**cluster, gone).has_value());
+  ATTN_EXPECT_OK((*cluster)->GetSession(unknown.id));
+}
+
+// A session the client has not seen is found on its replica while two
+// unlisted replicas not yet forgotten do not answer (each look-up there
+// waits for its deadline; they are asked at once, not in turn).
+TEST(ClusterClientTest, ALookUpPastUnreachableReplicasFindsTheOwner) {
+  Fleet fleet(3);
+  // The owner is the last in address order: every other is asked first.
+  int owner = 0;
+  for (int i = 1; i < fleet.size(); ++i) {
+    if (fleet.address(i) > fleet.address(owner)) owner = i;
+  }
+  Members members({fleet.address(0), fleet.address(1), fleet.address(2)});
+  ClusterOptions options = TestClusterOptions();
+  options.refresh_interval = absl::Hours(1);  // refreshed by the test
+  options.forget_unreachable_after = absl::Hours(1);
+  options.resolver = members.Resolver();
+  auto cluster = ClusterClient::Open("membership-from-resolver:1", options);
+  ATTN_ASSERT_OK(cluster);
+  for (int i = 0; i < fleet.size(); ++i) {
+    if (i != owner) fleet.replica(i).Signal(SIGSTOP);
+  }
+  members.Set({fleet.address(owner)});
+  (*cluster)->Refresh();
+  ASSERT_EQ((*cluster)->Replicas().size(), 3u);
+
+  std::vector<Workload> workloads;
+  for (int i = 0; i < 2; ++i) {
+    workloads.push_back(NewWorkloadOn(fleet.address(owner), i, kPrompt + 2));
+    EXPECT_EQ((*cluster)->OwnerOf(workloads.back().id), "");
+  }
+  PrefillAll(**cluster, workloads[0]);
+  EXPECT_EQ((*cluster)->OwnerOf(workloads[0].id), fleet.address(owner));
+  auto info = (*cluster)->GetSession(workloads[1].id);
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ((*cluster)->OwnerOf(workloads[1].id), fleet.address(owner));
+  PrefillAll(**cluster, workloads[1]);
+  StreamStep(**cluster, workloads);
+  for (const Workload& w : workloads) ExpectOneShot(**cluster, w);
+  ATTN_EXPECT_CODE((*cluster)->GetSession("no-such-session"),
+                   absl::StatusCode::kNotFound);
+  for (int i = 0; i < fleet.size(); ++i) {
+    if (i != owner) fleet.replica(i).Signal(SIGCONT);
+  }
+}
+
+// At most max_known_owners owners are remembered, the least recently used
+// forgotten first; a forgotten one is looked up again at its next use.
+TEST(ClusterClientTest, OwnersPastTheBoundAreForgottenAndFoundAgain) {
+  Fleet fleet(2);
+  ClusterOptions options = TestClusterOptions();
+  options.max_known_owners = 2;
+  auto cluster = ClusterClient::Open(fleet.List(), options);
+  ATTN_ASSERT_OK(cluster);
+  Workload a = NewWorkload(**cluster, 0, kPrompt + 2);
+  Workload b = NewWorkload(**cluster, 1, kPrompt + 2);
+  Workload c = NewWorkload(**cluster, 2, kPrompt + 2);
+  EXPECT_EQ((*cluster)->OwnerOf(a.id), "");
+  EXPECT_NE((*cluster)->OwnerOf(b.id), "");
+  EXPECT_NE((*cluster)->OwnerOf(c.id), "");
+
+  // Found again (b, now the least recently used, makes way), then used.
+  PrefillAll(**cluster, a);
+  EXPECT_NE((*cluster)->OwnerOf(a.id), "");
+  EXPECT_EQ((*cluster)->OwnerOf(b.id), "");
+  ATTN_ASSERT_OK((*cluster)->GetSession(c.id));  // c: the most recent
+  PrefillAll(**cluster, b);                      // a makes way
+  EXPECT_EQ((*cluster)->OwnerOf(a.id), "");
+  EXPECT_NE((*cluster)->OwnerOf(b.id), "");
+  EXPECT_NE((*cluster)->OwnerOf(c.id), "");
+
+  PrefillAll(**cluster, c);
+  std::vector<Workload> workloads = {a, b, c};
+  StreamStep(**cluster, workloads);
+  for (const Workload& w : workloads) {
+    ExpectOneShot(**cluster, w);
+    auto info = (*cluster)->GetSession(w.id);
+    ATTN_ASSERT_OK(info);
+    EXPECT_EQ(info->layer_lengths(0), w.length);
+  }
 }
 
 }  // namespace
