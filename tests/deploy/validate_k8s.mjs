@@ -365,6 +365,14 @@ function checkWiring(name, objects) {
   // which native probes cannot) `attnctl health` against it over TLS.
   const healthProbes = [];
   for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
+    // The API server refuses a probe with more than one handler (a patch
+    // that adds one merges next to the base's).
+    const handlers = ["exec", "grpc", "httpGet", "tcpSocket"].filter(
+      (handler) => container[probe]?.[handler] !== undefined,
+    );
+    if (handlers.length > 1) {
+      problem(where, `${probe} has ${handlers.length} handlers (${handlers.join(", ")})`);
+    }
     const command = container[probe]?.exec?.command;
     if (command) {
       healthProbes.push({ probe, command });
