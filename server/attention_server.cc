@@ -296,7 +296,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     const absl::Time start = absl::Now();
     const RestoreAllResult restored =
         RestoreAllSessions(*engine_ptr, options.snapshot_dir);
-    server->metrics_->RecordRestore(restored.restored, restored.corrupt);
+    server->metrics_->RecordRestore(restored.restored, restored.corrupt,
+                                    restored.rejected);
     Log(LogLevel::kInfo, "sessions_restored",
         {{"dir", options.snapshot_dir},
          {"restored", restored.restored},

@@ -195,9 +195,10 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
                                 std::memory_order_relaxed);
   }
 
-  void RecordRestore(int64_t restored, int64_t corrupt) {
+  void RecordRestore(int64_t restored, int64_t corrupt, int64_t rejected) {
     restored_.fetch_add(restored, std::memory_order_relaxed);
     corrupt_.fetch_add(corrupt, std::memory_order_relaxed);
+    rejected_.fetch_add(rejected, std::memory_order_relaxed);
   }
 
   void RecordHandovers(int64_t sent, int64_t failed) {
@@ -298,6 +299,12 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         "Snapshot files that failed validation at start-up (moved aside as "
         "*.corrupt).",
         MetricType::Counter, load(corrupt_)));
+    families.push_back(Scalar(
+        "attention_snapshots_rejected_total",
+        "Valid snapshot files this server could not restore at start-up (KV "
+        "pool or --max_sessions full, id taken, spec refused; moved aside as "
+        "*.rejected).",
+        MetricType::Counter, load(rejected_)));
 
     families.push_back(
         Scalar("attention_handovers_sent_total",
@@ -430,6 +437,7 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
   std::atomic<int64_t> snapshot_duration_ns_{0};
   std::atomic<int64_t> restored_{0};
   std::atomic<int64_t> corrupt_{0};
+  std::atomic<int64_t> rejected_{0};
   std::atomic<int64_t> handovers_sent_{0};
   std::atomic<int64_t> handovers_failed_{0};
   std::atomic<int64_t> handovers_received_{0};
@@ -514,8 +522,9 @@ void ServerMetrics::RecordSnapshot(int64_t written, int64_t failed,
   collector_->RecordSnapshot(written, failed, duration);
 }
 
-void ServerMetrics::RecordRestore(int64_t restored, int64_t corrupt) {
-  collector_->RecordRestore(restored, corrupt);
+void ServerMetrics::RecordRestore(int64_t restored, int64_t corrupt,
+                                  int64_t rejected) {
+  collector_->RecordRestore(restored, corrupt, rejected);
 }
 
 void ServerMetrics::RecordHandovers(int64_t sent, int64_t failed) {

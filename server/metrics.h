@@ -26,6 +26,7 @@
 //   attention_snapshot_duration_seconds              gauge    } on start
 //   attention_sessions_restored_total                counter  }
 //   attention_snapshots_corrupt_total                counter  }
+//   attention_snapshots_rejected_total               counter  }
 //   attention_tenant_sessions{tenant}                gauge    } (tenants of
 //   attention_tenant_kv_bytes{tenant}                gauge    } tokens file)
 //   attention_build_info{version,backend,device}     gauge, always 1
@@ -218,8 +219,9 @@ class ServerMetrics {
   // The snapshot on drain: sessions written and not written, and how long
   // it took (attention_snapshot_duration_seconds is the last one's).
   void RecordSnapshot(int64_t written, int64_t failed, absl::Duration duration);
-  // The restore at start-up: sessions restored, files found corrupt.
-  void RecordRestore(int64_t restored, int64_t corrupt);
+  // The restore at start-up: sessions restored, files found corrupt, valid
+  // files this server could not take.
+  void RecordRestore(int64_t restored, int64_t corrupt, int64_t rejected);
   // Handovers on drain (server/session_handover.h): sessions this replica
   // moved to a peer, and those it could not; and a session a draining peer
   // moved here (a handover's ImportSession).

@@ -117,6 +117,7 @@ TEST(ServerMetricsTest, ExposesEveryFamilyWithItsType) {
       {"attention_snapshot_duration_seconds", "gauge"},
       {"attention_sessions_restored_total", "counter"},
       {"attention_snapshots_corrupt_total", "counter"},
+      {"attention_snapshots_rejected_total", "counter"},
       {"attention_backend_failed", "gauge"},
       {"attention_backend_scratch_bytes", "gauge"},
       {"attention_handovers_sent_total", "counter"},
@@ -136,7 +137,7 @@ TEST(ServerMetricsTest, SnapshotCountersAddUp) {
   metrics->RecordExport(24);
   metrics->RecordImport(512);
   metrics->RecordSnapshot(3, 1, absl::Milliseconds(1500));
-  metrics->RecordRestore(2, 1);
+  metrics->RecordRestore(2, 1, 3);
   metrics->RecordHandovers(2, 1);
   metrics->RecordHandoverReceived();
   const auto families = metrics->Collect();
@@ -158,6 +159,7 @@ TEST(ServerMetricsTest, SnapshotCountersAddUp) {
   EXPECT_DOUBLE_EQ(value("attention_snapshot_duration_seconds"), 1.5);
   EXPECT_EQ(value("attention_sessions_restored_total"), 2);
   EXPECT_EQ(value("attention_snapshots_corrupt_total"), 1);
+  EXPECT_EQ(value("attention_snapshots_rejected_total"), 3);
   EXPECT_EQ(value("attention_handovers_sent_total"), 2);
   EXPECT_EQ(value("attention_handovers_failed_total"), 1);
   EXPECT_EQ(value("attention_handovers_received_total"), 1);

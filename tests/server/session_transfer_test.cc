@@ -691,6 +691,43 @@ TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
   std::filesystem::remove_all(dir);
 }
 
+// Valid files a server cannot take (here: past --max_sessions) are moved
+// aside as *.rejected and counted apart from corrupt ones.
+TEST(SnapshotDirTest, FilesTheServerCannotTakeAreRejectedAndCounted) {
+  const std::string dir = TempDir("snapshot-rejected");
+  auto first = StartTestServer();
+  ATTN_ASSERT_OK(first);
+  for (int i = 0; i < 3; ++i) {
+    auto session = (*first)->client->OpenSession(HybridSpec());
+    ATTN_ASSERT_OK(session);
+    Fill(*session, RandomTokens(session->spec(), 10, 70 + i), 10);
+  }
+  EXPECT_EQ(server::SaveAllSessions((*first)->server->engine(), dir,
+                                    absl::Now() + absl::Minutes(1))
+                .written,
+            3);
+  first->reset();
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  options.max_sessions = 1;
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  const std::string metrics = (*second)->server->metrics().TextExposition();
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_sessions_restored_total 1"));
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_snapshots_rejected_total 2"));
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_snapshots_corrupt_total 0"));
+  int rejected_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    rejected_files += absl::EndsWith(entry.path().string(), ".rejected");
+  }
+  EXPECT_EQ(rejected_files, 2);
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
 // A snapshot that runs out of time counts what it could not write and
 // leaves no file behind for it.
 TEST(SnapshotDirTest, SessionsPastTheDeadlineAreCountedAndLeaveNoFile) {
