@@ -247,6 +247,9 @@ RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
         {{"dir", dir}, {"message", std::strerror(errno)}});
     return result;
   }
+  // Restored files go only once every file is read: a start killed
+  // half-way (a startup probe out of patience) restores them all again.
+  std::vector<std::string> restored;
   for (const std::string& name : names) {
     const std::string path = absl::StrCat(dir, "/", name);
     if (HasSuffix(name, absl::StrCat(kSessionSuffix, kTemporarySuffix))) {
@@ -260,7 +263,7 @@ RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
     if (bytes.ok()) {
       ++result.restored;
       result.bytes += *bytes;
-      ::unlink(path.c_str());
+      restored.push_back(path);
       continue;
     }
     const absl::StatusCode code = bytes.status().code();
@@ -276,6 +279,7 @@ RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
          {"code", absl::StatusCodeToString(code)},
          {"message", bytes.status().message()}});
   }
+  for (const std::string& path : restored) ::unlink(path.c_str());
   if (absl::Status status = SyncDirectory(dir); !status.ok()) {
     Log(LogLevel::kWarning, "restore_sync_failed",
         {{"dir", dir}, {"message", status.message()}});

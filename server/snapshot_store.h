@@ -57,9 +57,9 @@ struct RestoreAllResult {
 };
 
 // Restores every `*.session` file of `dir` with its id, idle deadline and
-// owner tenant,
-// removing each file once restored, deleting leftover `*.tmp` files and
-// logging every file it moves aside. A missing directory is created; a
+// owner tenant, removing the restored files once all are read (a restore
+// cut short leaves every file for the next one), deleting leftover `*.tmp`
+// files and logging every file it moves aside. A missing directory is created; a
 // directory that cannot be read is logged and restores nothing. Never
 // fails.
 RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
