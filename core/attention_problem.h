@@ -100,6 +100,17 @@ struct TopKSpec {
   int64_t* selected = nullptr;
 };
 
+// What a problem made from one row of another problem and a selection of
+// its keys (a top-k row's attention over its shortlist) stands for in that
+// problem: its error messages name these, which the caller knows, instead
+// of its own indices.
+struct ProblemOrigin {
+  int64_t problem = 0;            // the other problem's index in its batch
+  int64_t row = 0;                // the row's index in it
+  int64_t position = 0;           // and its position
+  const int64_t* keys = nullptr;  // [kv.length]: each key's position there
+};
+
 struct AttentionProblem {
   // Queries [T, H, head_dim], any dtype (converted to float32 once).
   TensorView q;
@@ -121,6 +132,8 @@ struct AttentionProblem {
   // Optional top-k selection (sessions' top-k layers; causal masks only,
   // no bias, no weights). nullptr = dense.
   const TopKSpec* topk = nullptr;
+  // Optional, for error messages only (see ProblemOrigin); one query row.
+  const ProblemOrigin* origin = nullptr;
 
   // Caller-owned float32 outputs, written by the backend:
   float* output = nullptr;   // [T, H, value_dim], required

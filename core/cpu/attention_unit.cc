@@ -342,15 +342,22 @@ bool UnitRunner::PrepareTile(int64_t t0, int64_t t1, bool with_values,
   return true;
 }
 
+std::string UnitRunner::RowName(int64_t r, int head) const {
+  const ProblemOrigin* origin = pr_.origin;
+  const int64_t row = unit_.row_begin + r;
+  return absl::StrCat("query row ", origin != nullptr ? origin->row + row : row,
+                      " (position ",
+                      origin != nullptr ? origin->position + row : Position(r),
+                      "), head ", head);
+}
+
 absl::Status UnitRunner::TileFailure(TileError error, const TileJob& job,
                                      int64_t t0) {
   const int64_t r = job.error_row_head / info_.group;
   const int head = first_head_ + job.error_row_head % info_.group;
-  const int64_t row = unit_.row_begin + r;
-  const int64_t key = t0 + job.error_key;
-  const std::string where = absl::StrCat(
-      " at problem ", unit_.problem, ", query row ", row, " (position ",
-      Position(r), "), head ", head, ", key position ", key);
+  const std::string where =
+      absl::StrCat(" at problem ", ProblemName(), ", ", RowName(r, head),
+                   ", key position ", KeyName(t0 + job.error_key));
   if (error == TileError::kBiasOverflow) {
     return absl::InvalidArgumentError(absl::StrCat(
         "adding the bias overflowed", where, "; reduce the bias magnitude"));
@@ -410,8 +417,7 @@ absl::Status UnitRunner::Finish(const float* state) {
       if (l[rh] == 0.0f) {
         if (pr_.empty_row_policy == EmptyRowPolicy::kError) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "problem ", unit_.problem, ": query row ", row, " (position ",
-              Position(r), "), head ", head,
+              "problem ", ProblemName(), ": ", RowName(r, head),
               " sees no key and has no sink logit, so its softmax is "
               "undefined; fix the mask/bias or use empty_row_policy ZERO to "
               "get zeros for padding rows"));

@@ -113,6 +113,16 @@ class UnitRunner {
   int64_t Position(int64_t r) const {
     return pr_.mask.query_start + unit_.row_begin + r;
   }
+  // The problem's index and "query row R (position X), head H", for
+  // messages: in the numbers of the problem's origin when it has one.
+  int64_t ProblemName() const {
+    return pr_.origin != nullptr ? pr_.origin->problem : unit_.problem;
+  }
+  std::string RowName(int64_t r, int head) const;
+  // Key `key`'s position for messages (its origin's when it has one).
+  int64_t KeyName(int64_t key) const {
+    return pr_.origin != nullptr ? pr_.origin->keys[key] : key;
+  }
   void LoadQueries();
   void InitRowState(float* state);
   void MergeInto(float* row_state, const float* chunk_state);

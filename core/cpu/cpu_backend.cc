@@ -230,16 +230,17 @@ absl::Status CpuBackend::CopyBlock(const std::byte* src, std::byte* dst,
 absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
   std::vector<AttentionProblem> dense;
   dense.reserve(problems.size());
-  for (const AttentionProblem& problem : problems) {
+  for (size_t p = 0; p < problems.size(); ++p) {
+    const AttentionProblem& problem = problems[p];
     if (problem.topk == nullptr) {
       dense.push_back(problem);
       continue;
     }
-    ATTN_RETURN_IF_ERROR(
-        cpu::AttendTopK(problem, pool_, cpu::IndexScoresFor(isa_),
-                        [this](absl::Span<const AttentionProblem> rows) {
-                          return AttendDense(rows);
-                        }));
+    ATTN_RETURN_IF_ERROR(cpu::AttendTopK(
+        problem, static_cast<int64_t>(p), pool_, cpu::IndexScoresFor(isa_),
+        [this](absl::Span<const AttentionProblem> rows) {
+          return AttendDense(rows);
+        }));
   }
   if (dense.size() == problems.size()) return AttendDense(problems);
   return dense.empty() ? absl::OkStatus() : AttendDense(dense);

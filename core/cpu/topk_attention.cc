@@ -170,7 +170,7 @@ absl::Status SelectRows(const AttentionProblem& problem, ThreadPool& pool,
 // "blocks" are the selected tokens in place (nothing is copied), run in
 // batches of bounded table size.
 absl::Status AttendSelected(
-    const AttentionProblem& problem, int64_t first,
+    const AttentionProblem& problem, int64_t index, int64_t first,
     const std::vector<std::vector<int64_t>>& selected,
     const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
         attend_dense) {
@@ -190,10 +190,15 @@ absl::Status AttendSelected(
       ++end;
     }
     std::vector<std::vector<const std::byte*>> tables(2 * (end - i));
+    std::vector<ProblemOrigin> origins(end - i);
     std::vector<AttentionProblem> batch;
     batch.reserve(end - i);
     for (int64_t j = i; j < end; ++j) {
       const int64_t r = first + j;
+      origins[j - i] = ProblemOrigin{.problem = index,
+                                     .row = r,
+                                     .position = problem.mask.query_start + r,
+                                     .keys = selected[j].data()};
       AttentionProblem one;
       one.q = TensorView{problem.q.dtype,
                          {1, heads, head_dim},
@@ -208,6 +213,7 @@ absl::Status AttendSelected(
       one.control = problem.control;
       one.output = problem.output + r * heads * value_dim;
       one.lse = problem.lse == nullptr ? nullptr : problem.lse + r * heads;
+      one.origin = &origins[j - i];
       batch.push_back(one);
     }
     ATTN_RETURN_IF_ERROR(attend_dense(batch));
@@ -219,7 +225,8 @@ absl::Status AttendSelected(
 }  // namespace
 
 absl::Status AttendTopK(
-    const AttentionProblem& problem, ThreadPool& pool, IndexScoresFn score_keys,
+    const AttentionProblem& problem, int64_t index, ThreadPool& pool,
+    IndexScoresFn score_keys,
     const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
         attend_dense) {
   const TopKSpec& spec = *problem.topk;
@@ -273,7 +280,7 @@ absl::Status AttendTopK(
       }
     }
     ATTN_RETURN_IF_ERROR(
-        AttendSelected(problem, first, selected, attend_dense));
+        AttendSelected(problem, index, first, selected, attend_dense));
   }
   return absl::OkStatus();
 }

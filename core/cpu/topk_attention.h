@@ -40,9 +40,12 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
 // over rows with the index kernel `score_keys` (the backend's ISA), then
 // its rows' attention through `attend_dense` (the backend's dense Attend)
 // in batches of bounded gathered size. Errors as AttentionBackend::Attend;
-// the first in row order (a group's selection before its attention).
+// the first in row order (a group's selection before its attention), naming
+// `problem` as problem `index` of its batch, and its rows' and keys'
+// positions.
 absl::Status AttendTopK(
-    const AttentionProblem& problem, ThreadPool& pool, IndexScoresFn score_keys,
+    const AttentionProblem& problem, int64_t index, ThreadPool& pool,
+    IndexScoresFn score_keys,
     const std::function<absl::Status(absl::Span<const AttentionProblem>)>&
         attend_dense);
 

@@ -354,6 +354,39 @@ TEST(TopKAttentionTest, BadIndexInputsFailAndChangeNothing) {
   EXPECT_EQ(after->kv_cache_bytes, 0);
 }
 
+// An overflow in a row's attention over its shortlist names the row's and
+// the key's positions in the session, not those inside the shortlist.
+TEST(TopKAttentionTest, AnOverflowNamesThePositionsOfTheSession) {
+  auto engine = MakeEngine();
+  auto info = engine->CreateSession(TopKSpec(4), absl::ZeroDuration());
+  ASSERT_TRUE(info.ok());
+  Tokens t(101, 5);
+  // Token 100: its query and key overflow Q @ K^T, and its index key
+  // scores highest, so that its own key is in its shortlist.
+  const auto set_row = [](HostTensor& x, int64_t row, float value) {
+    std::vector<float> values = x.values;
+    const int64_t width = NumElements(x.shape) / x.shape[0];
+    std::fill(values.begin() + row * width, values.begin() + (row + 1) * width,
+              value);
+    x = FloatTensor(x.shape, values);
+  };
+  set_row(t.q, 100, 1e20f);
+  set_row(t.k, 100, 1e20f);
+  set_row(t.index_k, 100, 3.0f);
+  set_row(t.index_q, 100, 2.0f);
+  set_row(t.index_w, 100, 2.0f);
+  ASSERT_TRUE(
+      engine->Append(Request(info->session_id, 0, t, 0, 100, true)).ok());
+  const absl::Status status =
+      engine->Append(Request(info->session_id, 0, t, 100, 101, true)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("query row 0 (position 100)"),
+            absl::string_view::npos)
+      << status;
+  EXPECT_NE(status.message().find("key position 100"), absl::string_view::npos)
+      << status;
+}
+
 // Index keys are stored in the KV dtype and counted: a top-k layer's token
 // takes (H_kv * (head_dim + value_dim) + index_dim) * dtype bytes.
 TEST(TopKAttentionTest, IndexKeysAreCountedInKvBytes) {
