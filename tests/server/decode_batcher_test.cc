@@ -278,9 +278,10 @@ TEST_F(DecodeBatcherTest, ConcurrentStepsShareOneBatchAndMatchAppend) {
       for (int layer = 0; layer < kLayers; ++layer) {
         const size_t i = tokens.size();
         tokens.push_back(std::make_unique<Tokens>(1, 50 + i));
-        threads.emplace_back([&, s, layer, i] {
-          results[i] =
-              batcher_->Append(DecodeRequest(ids_[s], layer, *tokens[i]));
+        // The thread gets its tokens, not the vector the next push_back
+        // may move.
+        threads.emplace_back([&, s, layer, i, t = tokens.back().get()] {
+          results[i] = batcher_->Append(DecodeRequest(ids_[s], layer, *t));
         });
       }
     }
@@ -473,9 +474,8 @@ TEST_F(DecodeBatcherTest, MaxBatchSizeSplitsTheQueue) {
   std::vector<std::thread> threads;
   for (int s = 1; s < kSessions; ++s) {
     tokens.push_back(std::make_unique<Tokens>(1, 400 + s));
-    threads.emplace_back([&, s] {
-      results[s - 1] =
-          batcher_->Append(DecodeRequest(ids_[s], 0, *tokens[s - 1]));
+    threads.emplace_back([&, s, t = tokens.back().get()] {
+      results[s - 1] = batcher_->Append(DecodeRequest(ids_[s], 0, *t));
     });
   }
   WaitForQueued(*batcher_, kSessions - 1);
