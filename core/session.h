@@ -196,7 +196,9 @@ class SessionRef {
 
 // Keeps a session in use (it cannot expire) without keeping it alive: a
 // session deleted while held is freed at once. What a Decode stream holds
-// for every session it has used. Move-only.
+// for every session it has used. As a SessionRef, it restarts the idle
+// clock when it goes only if marked used (a step on the session
+// succeeded). Move-only.
 class SessionHold {
  public:
   // `clock` must outlive the hold.
@@ -206,19 +208,28 @@ class SessionHold {
     session->BeginUse();
   }
   SessionHold(SessionHold&& other) noexcept
-      : session_(std::move(other.session_)), clock_(other.clock_) {
+      : session_(std::move(other.session_)),
+        clock_(other.clock_),
+        used_(other.used_) {
     other.session_.reset();
   }
   SessionHold& operator=(SessionHold&&) = delete;
   ~SessionHold() {
     if (std::shared_ptr<Session> session = session_.lock()) {
-      session->EndUse((*clock_)());
+      if (used_) {
+        session->EndUse((*clock_)());
+      } else {
+        session->EndUnchangedUse();
+      }
     }
   }
+
+  void MarkUsed() { used_ = true; }
 
  private:
   std::weak_ptr<Session> session_;
   const std::function<absl::Time()>* clock_;
+  bool used_ = false;
 };
 
 }  // namespace attention

@@ -1,6 +1,7 @@
 #include "core/session_import.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -50,10 +51,21 @@ absl::Status ValidateHeader(const SnapshotHeader& header,
   absl::StatusOr<SessionSpec> resolved =
       ResolveSessionSpec(header.spec, limits);
   if (!resolved.ok()) {
-    return absl::InvalidArgumentError(
+    // A spec a server with a larger --max_session_tokens takes is a valid
+    // snapshot this one cannot hold, not a broken one.
+    SpecLimits larger = limits;
+    larger.max_tokens_limit = std::numeric_limits<int64_t>::max();
+    const bool valid_elsewhere = ResolveSessionSpec(header.spec, larger).ok();
+    return absl::Status(
+        valid_elsewhere ? absl::StatusCode::kFailedPrecondition
+                        : absl::StatusCode::kInvalidArgument,
         absl::StrCat("the snapshot's session spec is not accepted by this "
                      "server: ",
-                     resolved.status().message()));
+                     resolved.status().message(),
+                     valid_elsewhere
+                         ? "; import it into a server with a larger "
+                           "--max_session_tokens"
+                         : ""));
   }
   if (!(*resolved == header.spec)) {
     return Inconsistent("its spec is not in resolved form");

@@ -112,8 +112,8 @@ class SessionManager {
 
   // NOT_FOUND for an unknown or expired id, or one of another tenant (the
   // redirect for a moved one). The session is in use (it cannot expire)
-  // until the returned ref goes; its idle clock restarts then. Waits while
-  // the session is sealed.
+  // until the returned ref goes (see SessionRef for its idle clock). Waits
+  // while the session is sealed.
   absl::StatusOr<SessionRef> Get(const std::string& id,
                                  const Tenant& tenant = DefaultTenant());
 

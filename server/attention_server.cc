@@ -459,7 +459,13 @@ void AttentionServer::WriteSnapshot(absl::Time deadline) {
   // From here no call changes a session, so the snapshot holds every change
   // a caller may have been told of (the calls still in gRPC's hands fail
   // with UNAVAILABLE if they try).
-  if (absl::Status stopped = engine_->StopChanges(deadline); !stopped.ok()) {
+  // Changes still running get a quarter of the time left: one stuck call
+  // must not cost every session its snapshot.
+  const absl::Time now = absl::Now();
+  const absl::Time stop_deadline =
+      now + std::max(absl::ZeroDuration(), (deadline - now) / 4);
+  if (absl::Status stopped = engine_->StopChanges(stop_deadline);
+      !stopped.ok()) {
     Log(LogLevel::kWarning, "snapshot_changes_still_running",
         {{"message", stopped.message()}});
   }

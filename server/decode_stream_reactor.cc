@@ -98,6 +98,10 @@ void DecodeStreamReactor::OnStepDone(absl::StatusOr<AttentionOutput> output) {
     return;
   }
   FinishAppendReply(append_, *output, &result_);
+  // The stream used the session: its end restarts the idle clock.
+  if (auto held = held_.find(request_.session_id()); held != held_.end()) {
+    held->second.MarkUsed();
+  }
   StartWrite(&result_);
 }
 
@@ -118,7 +122,9 @@ void DecodeStreamReactor::End(const absl::Status& status) {
 }
 
 void DecodeStreamReactor::Close(const grpc::Status& status) {
-  // No longer open once the client can see the status.
+  // No longer open once the client can see the status: the sessions it
+  // held are let go first.
+  held_.clear();
   open_stream_.reset();
   Finish(status);
 }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace attention::server {
 namespace {
@@ -22,6 +23,20 @@ std::string FieldName(absl::string_view prefix, absl::string_view field) {
 // (elements * dtype size, offsets) far from int64 overflow.
 constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
 
+// The view of an optional tensor that is set, or its error: never a
+// scalar, since one set without a shape would pass for unset.
+absl::Status RequireShape(const absl::StatusOr<TensorView>& view,
+                          absl::string_view name) {
+  if (!view.ok()) return view.status();
+  if (view->shape.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name,
+        " is set but has no shape: give its shape, or leave it unset where "
+        "the layer does not take it"));
+  }
+  return absl::OkStatus();
+}
+
 template <typename Request>
 absl::StatusOr<AppendRequest> AppendFromProto(const Request& request,
                                               absl::string_view prefix) {
@@ -35,7 +50,10 @@ absl::StatusOr<AppendRequest> AppendFromProto(const Request& request,
   // An unset v is an empty view: what a shared-latent session expects (its
   // values are read from k); any other session rejects it.
   absl::StatusOr<TensorView> v = TensorView();
-  if (request.has_v()) v = TensorViewFromProto(request.v(), FieldName(prefix, "v"));
+  if (request.has_v()) {
+    v = TensorViewFromProto(request.v(), FieldName(prefix, "v"));
+    ATTN_RETURN_IF_ERROR(RequireShape(v, FieldName(prefix, "v")));
+  }
   if (!v.ok()) return v.status();
   auto output_dtype = OptionalDTypeFromProto(request.output_dtype(),
                                              FieldName(prefix, "output_dtype"));
@@ -60,14 +78,7 @@ absl::StatusOr<AppendRequest> AppendFromProto(const Request& request,
   for (const auto& input : index_inputs) {
     if (!input.present) continue;
     auto view = TensorViewFromProto(input.tensor, FieldName(prefix, input.name));
-    if (!view.ok()) return view.status();
-    // Never a scalar; one set without a shape would pass for unset.
-    if (view->shape.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          FieldName(prefix, input.name),
-          " is set but has no shape: give its shape on a top-k layer, or "
-          "leave it unset on a dense one"));
-    }
+    ATTN_RETURN_IF_ERROR(RequireShape(view, FieldName(prefix, input.name)));
     *input.view = *std::move(view);
   }
   out.return_topk_indices = request.return_topk_indices();

@@ -444,6 +444,34 @@ TEST(SessionSnapshotTest, AKeptIdleDeadlineIsNeverInTheFuture) {
   EXPECT_LE(deadline, absl::ToUnixMillis(after + absl::Minutes(3)));
 }
 
+// A valid snapshot over this server's --max_session_tokens is refused as a
+// precondition (a server with a larger limit takes it), not as a broken
+// stream; a spec no server takes is INVALID_ARGUMENT.
+TEST(SessionSnapshotTest, ASpecOverThisServersLimitsIsAPreconditionFailure) {
+  const Shape4 shape{4, 2, 16, 8};
+  auto source = MakeEngine(int64_t{16} << 20, 4096);
+  SessionSpec spec = MakeSpec(shape, DType::kFloat32);
+  spec.max_tokens = 4096;
+  const std::string id =
+      source->CreateSession(spec, absl::ZeroDuration())->session_id;
+  Snapshot snapshot = Export(*source, id);
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{16} << 20;
+  options.kv_block_bytes = 4096;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  options.sessions.limits.max_tokens_limit = 1024;
+  options.sessions.limits.default_max_tokens = 1024;
+  auto small =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
+  ASSERT_TRUE(small.ok()) << small.status();
+  const absl::Status refused = Import(**small, snapshot).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  snapshot.header.spec.num_q_heads = -1;
+  Reseal(snapshot);
+  EXPECT_EQ(Import(**small, snapshot).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SessionSnapshotTest, ExportIsConsistentAgainstRacingAppends) {
   const Shape4 shape{4, 2, 16, 8};
   std::mt19937 rng(3);

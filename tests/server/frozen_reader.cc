@@ -90,7 +90,9 @@ absl::Status FrozenReader::Connect(int port) {
   std::string window;
   AppendBigEndian(&window, kMaxWindow - 65535, 4);
   // The preface, our settings (streams may receive as much as they like),
-  // the acknowledgement of the server's, and the connection's window.
+  // the acknowledgement of the server's (sent before they arrive: this
+  // client never reads them, and gRPC does not mind), and the connection's
+  // window.
   return Send(absl::StrCat(
       "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Frame(kSettings, 0, 0, settings),
       Frame(kSettings, kAck, 0, ""), Frame(kWindowUpdate, 0, 0, window)));

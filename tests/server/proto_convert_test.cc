@@ -275,16 +275,17 @@ TEST(ProtoConvertTest, UnsetVAndIndexInputsConvert) {
   EXPECT_EQ(result.topk_indices(2), -1);
 }
 
-// An index input that is set has a shape: set without one (a scalar, or
-// just a dtype) it would pass for unset on a dense layer.
+// An optional tensor that is set (v, the index inputs) has a shape: set
+// without one (a scalar, or just a dtype) it would pass for unset.
 TEST(ProtoConvertTest, ASetIndexInputWithoutAShapeIsInvalid) {
-  for (const char* field : {"index_k", "index_q", "index_weights"}) {
+  for (const char* field : {"v", "index_k", "index_q", "index_weights"}) {
     v1::PrefillRequest request;
     request.set_session_id("s1");
     *request.mutable_q() = FloatTensor({1, 2}, {1, 1, 2});
     *request.mutable_k() = FloatTensor({1, 2}, {1, 1, 2});
     *request.mutable_v() = FloatTensor({1, 2}, {1, 1, 2});
     v1::Tensor scalar = FloatTensor({1}, {});
+    if (std::string(field) == "v") *request.mutable_v() = scalar;
     if (std::string(field) == "index_k") *request.mutable_index_k() = scalar;
     if (std::string(field) == "index_q") {
       request.mutable_index_q()->set_dtype(v1::DTYPE_FLOAT32);

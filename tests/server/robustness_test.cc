@@ -370,6 +370,37 @@ TEST_F(RobustnessTest, SessionsUsedByAnOpenStreamDoNotExpire) {
   EXPECT_EQ(session.Info().status().code(), StatusCode::kNotFound);
 }
 
+// A stream whose only step on a session failed changes nothing there, the
+// idle clock included: its end leaves the deadline as it was.
+TEST_F(RobustnessTest, AStreamThatOnlyFailedOnASessionLeavesItsIdleClock) {
+  Start();
+  client::SessionHandle session =
+      Open(MakeSpec(1, 4, 2, 16), absl::Seconds(60));
+  const auto deadline = [&]() -> int64_t {
+    auto exported = server_->server->engine().ExportSession(session.id());
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms : -1;
+  };
+  const int64_t before = deadline();
+  absl::SleepFor(absl::Milliseconds(20));  // a later clock would show
+  const Tokens tokens = RandomTokens(session.spec(), 1, 9);
+  auto step = session.MakeDecodeRequest(
+      0, tokens.q_rows(0, 1), tokens.k_rows(0, 1), tokens.v_rows(0, 1));
+  ATTN_ASSERT_OK(step);
+  step->set_layer(3);  // no such layer
+  client::DecodeStream stream(client().stub());
+  EXPECT_FALSE(stream.Step(*step).ok());
+  EXPECT_EQ(stream.Finish().code(), StatusCode::kInvalidArgument);
+  // The server lets the stream's sessions go once the stream is done there.
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return absl::StrContains(server_->server->metrics().TextExposition(),
+                                 "attention_streams_active 0");
+      },
+      absl::Seconds(20)));
+  EXPECT_EQ(deadline(), before);
+}
+
 // Row 7: an 8000-character id was echoed whole into the error, which the
 // client then could not receive.
 TEST_F(RobustnessTest, ErrorsQuoteOnlyAShortPrefixOfClientStrings) {

@@ -4,6 +4,7 @@
 // at the next start, and a corrupt file moved aside.
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -523,11 +524,18 @@ TEST(SnapshotDirTest, AFrozenClientDoesNotHoldUpTheSnapshot) {
       },
       absl::Seconds(30)));
 
-  std::thread drain([&] { (*server)->server->Shutdown(); });
+  std::atomic<bool> shut_down{false};
+  std::thread drain([&] {
+    (*server)->server->Shutdown();
+    shut_down = true;
+  });
   const std::string file = absl::StrCat(dir, "/", session->id(), ".session");
   // The drain's whole budget, and a margin, while the client stays frozen.
   EXPECT_TRUE(Eventually([&] { return std::filesystem::exists(file); },
                          options.drain_timeout + absl::Seconds(4)));
+  // The frozen client still holds gRPC's shutdown (else this test shows
+  // nothing).
+  EXPECT_FALSE(shut_down.load());
   frozen.Close();
   drain.join();
   EXPECT_TRUE(std::filesystem::exists(file));
