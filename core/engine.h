@@ -255,6 +255,9 @@ class AttentionEngine {
   // Several appends validated together and applied all or nothing (the
   // BatchDecode RPC). A (session, layer) may appear at most once. Results
   // are in request order and bitwise equal to running each request alone.
+  // When the batch fails in the backend, its steps run again one by one:
+  // the error names the first step that fails alone (and if none does, the
+  // batch succeeds with those results, the same bits).
   absl::StatusOr<std::vector<AttentionOutput>> AppendBatch(
       absl::Span<const AppendRequest> requests);
 
