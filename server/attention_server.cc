@@ -458,9 +458,8 @@ absl::Duration AttentionServer::ShutdownGrace(absl::Duration drain_timeout) {
 void AttentionServer::WriteSnapshot(absl::Time deadline) {
   // From here no call changes a session, so the snapshot holds every change
   // a caller may have been told of (the calls still in gRPC's hands fail
-  // with UNAVAILABLE if they try).
-  // Changes still running get a quarter of the time left: one stuck call
-  // must not cost every session its snapshot.
+  // with UNAVAILABLE if they try). Changes still running get a quarter of
+  // the time left: one stuck call must not cost every session its file.
   const absl::Time now = absl::Now();
   const absl::Time stop_deadline =
       now + std::max(absl::ZeroDuration(), (deadline - now) / 4);
