@@ -101,9 +101,9 @@ void Session::Touch(absl::Time now) {
   last_used_ns_.store(absl::ToUnixNanos(now), std::memory_order_relaxed);
 }
 
-void Session::EndUse(absl::Time now) {
+void Session::EndUse(bool used, const std::function<absl::Time()>& clock) {
   // Touch first: a reaper that sees the count drop also sees the new time.
-  Touch(now);
+  if (used) Touch(clock());
   users_.fetch_sub(1, std::memory_order_acq_rel);
 }
 

@@ -101,13 +101,12 @@ class Session {
   // When the idle clock last restarted.
   absl::Time last_used() const;
   // A call (or an open Decode stream) uses the session from BeginUse to
-  // EndUse: it never expires meanwhile, and EndUse restarts its idle clock,
-  // so idle time counts from the end of the last successful call. A failed
-  // call changes nothing, its idle clock included: it ends with
-  // EndUnchangedUse, which leaves the clock where it was. Use SessionRef.
+  // EndUse: it never expires meanwhile. A use that succeeded (`used`)
+  // restarts the idle clock at clock(), so idle time counts from the end of
+  // the last successful call; a failed one changes nothing, its idle clock
+  // included. Use SessionRef or SessionHold.
   void BeginUse() { users_.fetch_add(1, std::memory_order_acq_rel); }
-  void EndUse(absl::Time now);
-  void EndUnchangedUse() { users_.fetch_sub(1, std::memory_order_acq_rel); }
+  void EndUse(bool used, const std::function<absl::Time()>& clock);
   // Calls running on the session now (SessionRefs; a Decode stream's
   // SessionHold is not one): a seal (SessionManager::Seal) waits for none.
   void BeginCall() { calls_.fetch_add(1, std::memory_order_acq_rel); }
@@ -179,11 +178,7 @@ class SessionRef {
   void Release() {
     if (session_ != nullptr) {
       session_->EndCall();
-      if (used_) {
-        session_->EndUse((*clock_)());
-      } else {
-        session_->EndUnchangedUse();
-      }
+      session_->EndUse(used_, *clock_);
     }
     session_.reset();
     used_ = false;
@@ -216,11 +211,7 @@ class SessionHold {
   SessionHold& operator=(SessionHold&&) = delete;
   ~SessionHold() {
     if (std::shared_ptr<Session> session = session_.lock()) {
-      if (used_) {
-        session->EndUse((*clock_)());
-      } else {
-        session->EndUnchangedUse();
-      }
+      session->EndUse(used_, *clock_);
     }
   }
 

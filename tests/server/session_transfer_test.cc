@@ -68,6 +68,24 @@ void Fill(client::SessionHandle& session, const Tokens& tokens,
   }
 }
 
+// `count` sessions of HybridSpec() on `client`, each holding `length`
+// random tokens (seeds `seed`, `seed` + 1, ...); their ids.
+std::vector<std::string> FilledSessions(client::AttentionClient& client,
+                                        int count, int64_t length,
+                                        uint32_t seed) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < count; ++i) {
+    auto session = client.OpenSession(HybridSpec());
+    if (!session.ok()) {
+      ADD_FAILURE() << session.status();
+      break;
+    }
+    Fill(*session, RandomTokens(session->spec(), length, seed + i), length);
+    ids.push_back(session->id());
+  }
+  return ids;
+}
+
 // Decode steps [from, to) on every layer; the outputs' bytes.
 std::vector<std::string> Continue(client::SessionHandle& session,
                                   const Tokens& tokens, int64_t from,
@@ -654,13 +672,9 @@ TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
   server::ServerOptions options = TestServerOptions();
   auto first = StartTestServer(options);
   ATTN_ASSERT_OK(first);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 3; ++i) {
-    auto session = (*first)->client->OpenSession(HybridSpec());
-    ATTN_ASSERT_OK(session);
-    Fill(*session, RandomTokens(session->spec(), 80, 60 + i), 80);
-    ids.push_back(session->id());
-  }
+  const std::vector<std::string> ids =
+      FilledSessions(*(*first)->client, 3, 80, 60);
+  ASSERT_EQ(ids.size(), 3u);
   const server::SaveAllResult saved = server::SaveAllSessions(
       (*first)->server->engine(), dir, absl::Now() + absl::Minutes(1));
   EXPECT_EQ(saved.written, 3);
@@ -705,11 +719,7 @@ TEST(SnapshotDirTest, FilesTheServerCannotTakeAreRejectedAndCounted) {
   const std::string dir = TempDir("snapshot-rejected");
   auto first = StartTestServer();
   ATTN_ASSERT_OK(first);
-  for (int i = 0; i < 3; ++i) {
-    auto session = (*first)->client->OpenSession(HybridSpec());
-    ATTN_ASSERT_OK(session);
-    Fill(*session, RandomTokens(session->spec(), 10, 70 + i), 10);
-  }
+  ASSERT_EQ(FilledSessions(*(*first)->client, 3, 10, 70).size(), 3u);
   EXPECT_EQ(server::SaveAllSessions((*first)->server->engine(), dir,
                                     absl::Now() + absl::Minutes(1))
                 .written,
@@ -742,11 +752,7 @@ TEST(SnapshotDirTest, SessionsPastTheDeadlineAreCountedAndLeaveNoFile) {
   const std::string dir = TempDir("snapshot-late");
   auto server = StartTestServer();
   ATTN_ASSERT_OK(server);
-  for (int i = 0; i < 2; ++i) {
-    auto session = (*server)->client->OpenSession(HybridSpec());
-    ATTN_ASSERT_OK(session);
-    Fill(*session, RandomTokens(session->spec(), 30, 70 + i), 30);
-  }
+  ASSERT_EQ(FilledSessions(*(*server)->client, 2, 30, 70).size(), 2u);
   const server::SaveAllResult saved = server::SaveAllSessions(
       (*server)->server->engine(), dir, absl::Now() - absl::Seconds(1));
   EXPECT_EQ(saved.written, 0);
