@@ -142,9 +142,7 @@ LayerKvCache::PendingAppend::PendingAppend(PendingAppend&& other) noexcept
       table_(std::move(other.table_)),
       allocated_(std::move(other.allocated_)),
       replaced_(std::move(other.replaced_)),
-      k_blocks_(std::move(other.k_blocks_)),
-      k_view_(std::move(other.k_view_)),
-      v_view_(std::move(other.v_view_)),
+      bases_(std::move(other.bases_)),
       committed_(other.committed_) {
   other.committed_ = true;  // the moved-from object owns nothing
 }
@@ -157,12 +155,15 @@ KvWrite LayerKvCache::PendingAppend::write_target() const {
   KvWrite write;
   write.layout = layout_;
   write.start = start_;
-  write.blocks = k_blocks_;
+  write.blocks = absl::MakeConstSpan(bases_.data(), table_.size());
   return write;
 }
 
 KvView LayerKvCache::PendingAppend::view() const {
-  return PagedKvView(layout_, new_length(), k_view_, v_view_);
+  const size_t n = table_.size();
+  return PagedKvView(layout_, new_length(),
+                     absl::Span<const std::byte* const>(bases_.data(), n),
+                     absl::Span<const std::byte* const>(bases_.data() + n, n));
 }
 
 int64_t LayerKvCache::BlocksToStage(int64_t count) const {
@@ -179,13 +180,14 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
   PendingAppend pending(pool_, layout_);
   pending.start_ = length_;
   pending.count_ = count;
-  pending.table_ = table_;
 
   // The block holding the current end is written in place unless another
   // session shares it, in which case the new tokens go to a private copy.
   const int64_t tail = length_ / tpb;
   const int64_t new_blocks =
       CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size());
+  pending.table_.reserve(table_.size() + std::max<int64_t>(new_blocks, 0));
+  pending.table_.assign(table_.begin(), table_.end());
   const bool copy_tail = BlocksToStage(count) > new_blocks;
   if (absl::Status status = pool_->Allocate(new_blocks + (copy_tail ? 1 : 0),
                                             &pending.allocated_);
@@ -207,11 +209,13 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
   }
 
   const int64_t value_offset = layout_.value_offset_bytes();
-  for (BlockId id : pending.table_) {
+  const size_t n = pending.table_.size();
+  pending.bases_.resize(2 * n);
+  for (size_t i = 0; i < n; ++i) {
+    const BlockId id = pending.table_[i];
     std::byte* base = id == kNoBlock ? nullptr : pool_->data(id);
-    pending.k_blocks_.push_back(base);
-    pending.k_view_.push_back(base);
-    pending.v_view_.push_back(base == nullptr ? nullptr : base + value_offset);
+    pending.bases_[i] = base;
+    pending.bases_[n + i] = base == nullptr ? nullptr : base + value_offset;
   }
   return pending;
 }

@@ -106,12 +106,13 @@ class LayerKvCache {
     KvBlockLayout layout_;
     int64_t start_ = 0;
     int64_t count_ = 0;
-    std::vector<BlockId> table_;        // the staged block table
-    std::vector<BlockId> allocated_;    // owned until commit
-    std::vector<BlockId> replaced_;     // originals replaced by COW copies
-    std::vector<std::byte*> k_blocks_;  // base address per logical block
-    std::vector<const std::byte*> k_view_;
-    std::vector<const std::byte*> v_view_;
+    std::vector<BlockId> table_;      // the staged block table
+    std::vector<BlockId> allocated_;  // owned until commit
+    std::vector<BlockId> replaced_;   // originals replaced by COW copies
+    // Per logical block of table_ (n of them): the keys' base address in
+    // [0, n), the values' in [n, 2n); nullptr where the table has no block.
+    // One buffer, so a step allocates it once.
+    std::vector<std::byte*> bases_;
     bool committed_ = false;
   };
 
