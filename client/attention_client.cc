@@ -296,8 +296,10 @@ absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
 
 absl::StatusOr<v1::AttentionResult> DecodeStream::Step(
     const v1::DecodeRequest& request) {
-  // A failed Write means the stream is over; Read then reports why.
-  Write(request);
+  if (final_status_.has_value() || writes_done_) return Read();
+  v1::AttentionResult result;
+  // A failed write means the stream is over; Read then reports why.
+  if (stream_->Step(request, &result)) return result;
   return Read();
 }
 

@@ -108,6 +108,35 @@ class BlockingBidiStream final
     return true;
   }
 
+  // Write(request) then Read(response), for a caller that takes both
+  // roles. When no earlier write is queued, `request` is sent from the
+  // caller's object instead of a copy, and Step returns only once gRPC is
+  // done with it (its write completes before the reply can be read, so
+  // this costs no wait). False as Read.
+  bool Step(const Request& request, Response* response) {
+    bool direct = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ended_ && !write_failed_ && !writes_done_ && !write_in_flight_ &&
+          writes_.empty()) {
+        write_in_flight_ = true;
+        direct_write_ = true;
+        direct = true;
+      }
+    }
+    if (!direct) {
+      // A failed Write means the stream is over; Read then says so.
+      Write(request);
+      return Read(response);
+    }
+    Reactor::StartWrite(&request);
+    const bool read = Read(response);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* direct_write) { return !*direct_write; }, &direct_write_));
+    return read;
+  }
+
   // No more writes: half-closes once the queued ones are sent.
   void WritesDone() {
     bool start = false;
@@ -145,7 +174,11 @@ class BlockingBidiStream final
     bool release = false;
     {
       absl::MutexLock lock(&mu_);
-      writes_.pop_front();
+      if (direct_write_) {
+        direct_write_ = false;  // Step's request: not in writes_
+      } else {
+        writes_.pop_front();
+      }
       write_in_flight_ = false;
       // A failed write ends the writing only: replies that arrived before
       // the server finished the call can still be read.
@@ -228,6 +261,8 @@ class BlockingBidiStream final
   // survive push_back.
   std::deque<Request> writes_ ABSL_GUARDED_BY(mu_);
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  // The write in flight is Step's request (the caller's object).
+  bool direct_write_ ABSL_GUARDED_BY(mu_) = false;
   bool writes_done_ ABSL_GUARDED_BY(mu_) = false;
   // The reply being read (written by gRPC while read_in_flight_).
   Response incoming_;

@@ -173,6 +173,44 @@ TEST_F(AttentionClientTest, DecodeStreamQueuesWritesAndEndsCleanly) {
   EXPECT_TRUE(length == kSteps + 1 || length == kSteps + 2) << length;
 }
 
+// Step sends its request without a copy when nothing is queued, and
+// queues it behind earlier writes otherwise; either way the replies keep
+// the stream's order, and a step after the stream failed gets the failure.
+TEST_F(AttentionClientTest, DecodeStreamStepsKeepOrderWithQueuedWrites) {
+  auto a = client().OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(a);
+  const Tokens tokens = RandomTokens(a->spec(), 8, 6);
+  auto step = [&](int64_t t) {
+    return *a->MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
+                                 tokens.v_rows(t, 1));
+  };
+  auto stream = client().OpenDecodeStream();
+  for (int64_t t = 0; t < 2; ++t) {
+    auto result = stream->Step(step(t));
+    ATTN_ASSERT_OK(result);
+    EXPECT_EQ(result->position(), t);
+  }
+  // A queued write, then a step: the step's reply is the second one.
+  ASSERT_TRUE(stream->Write(step(2)));
+  auto third = stream->Step(step(3));
+  ATTN_ASSERT_OK(third);
+  EXPECT_EQ(third->position(), 2);
+  auto fourth = stream->Read();
+  ATTN_ASSERT_OK(fourth);
+  EXPECT_EQ(fourth->position(), 3);
+
+  v1::DecodeRequest unknown = step(4);
+  unknown.set_session_id("no-such-session");
+  auto failed = stream->Step(unknown);
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kNotFound)
+      << failed.status();
+  EXPECT_EQ(stream->Step(step(4)).status(), failed.status());
+  EXPECT_EQ(stream->Finish(), failed.status());
+  auto info = a->Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 4);
+}
+
 TEST_F(AttentionClientTest, HealthAndInfo) {
   ATTN_ASSERT_OK(client().WaitForConnected(absl::Seconds(30)));
   auto health = client().CheckHealth();
