@@ -441,6 +441,38 @@ absl::StatusOr<v1::SessionInfo> AttentionClient::GetSession(
   return response;
 }
 
+void AttentionClient::GetSessionAsync(
+    absl::string_view session_id,
+    absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done) {
+  // What the call needs until it completes; its callback owns it.
+  struct Call {
+    grpc::ClientContext context;
+    v1::GetSessionRequest request;
+    v1::SessionInfo response;
+    absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done;
+  };
+  auto call = std::make_unique<Call>();
+  call->request.set_session_id(std::string(session_id));
+  call->done = std::move(done);
+  PrepareContext(&call->context);
+  Call* raw = call.release();
+  stub_->async()->GetSession(
+      &raw->context, &raw->request, &raw->response, [raw](grpc::Status status) {
+        std::unique_ptr<Call> call(raw);
+        absl::StatusOr<v1::SessionInfo> result =
+            status.ok()
+                ? absl::StatusOr<v1::SessionInfo>(std::move(call->response))
+                : FromGrpcCall(status, call->context);
+        auto done = std::move(call->done);
+        // The context holds a reference to the channel: it goes while the
+        // client (whose channel it is) still lives. Dropped after `done`,
+        // it could be the channel's last, and destroying a channel on
+        // gRPC's own callback thread shuts down the queue that thread runs.
+        call.reset();
+        std::move(done)(std::move(result));
+      });
+}
+
 absl::StatusOr<std::vector<v1::SessionInfo>> AttentionClient::ListSessions() {
   std::vector<v1::SessionInfo> sessions;
   v1::ListSessionsRequest request;

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -242,6 +243,12 @@ class AttentionClient {
       const v1::SessionSpec& spec,
       absl::Duration idle_timeout = absl::ZeroDuration());
   absl::StatusOr<v1::SessionInfo> GetSession(absl::string_view session_id);
+  // GetSession without blocking: returns at once, and `done` runs exactly
+  // once, on one of gRPC's threads, with what GetSession would have
+  // returned. The client must outlive the call; `done` must not block.
+  void GetSessionAsync(
+      absl::string_view session_id,
+      absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done);
   // Every live session: follows the server's pages (next_page_token).
   absl::StatusOr<std::vector<v1::SessionInfo>> ListSessions();
   absl::Status DeleteSession(absl::string_view session_id);

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "client/placement.h"
 #include "core/client_string.h"
 #include "core/status_macros.h"
@@ -398,21 +399,20 @@ std::shared_ptr<ClusterReplica> ClusterClient::Locate(
   std::erase_if(replicas, [&](const std::shared_ptr<Replica>& replica) {
     return replica.get() == skip;
   });
-  // Every replica at once: one that does not answer costs one probe
-  // deadline, however many do not.
+  // Every replica at once, on gRPC's callback API (no thread per replica):
+  // one that does not answer costs one probe deadline, however many do not.
   std::vector<absl::StatusOr<v1::SessionInfo>> answers(
       replicas.size(), absl::UnknownError("not asked"));
-  auto ask = [&](size_t i) {
-    answers[i] = replicas[i]->probe->GetSession(session_id);
-  };
-  if (replicas.size() == 1) {
-    ask(0);
-  } else {
-    std::vector<std::thread> threads;
-    threads.reserve(replicas.size());
-    for (size_t i = 0; i < replicas.size(); ++i) threads.emplace_back(ask, i);
-    for (std::thread& thread : threads) thread.join();
+  absl::BlockingCounter pending(static_cast<int>(replicas.size()));
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    replicas[i]->probe->GetSessionAsync(
+        session_id,
+        [&answers, &pending, i](absl::StatusOr<v1::SessionInfo> answer) {
+          answers[i] = std::move(answer);
+          pending.DecrementCount();
+        });
   }
+  pending.Wait();
   // By dialed address, whichever answered first: the same answers always
   // give the same owner.
   for (size_t i = 0; i < replicas.size(); ++i) {
