@@ -15,6 +15,13 @@
 namespace attention::testing {
 namespace {
 
+// Layer 0's decode request for token t of `tokens`.
+v1::DecodeRequest DecodeRequestAt(const client::SessionHandle& session,
+                                  const Tokens& tokens, int64_t t) {
+  return *session.MakeDecodeRequest(0, tokens.q_rows(t, 1),
+                                    tokens.k_rows(t, 1), tokens.v_rows(t, 1));
+}
+
 class AttentionClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -120,10 +127,7 @@ TEST_F(AttentionClientTest, DecodeStreamQueuesWritesAndEndsCleanly) {
   auto a = client().OpenSession(MakeSpec(1, 2, 1, 8));
   ATTN_ASSERT_OK(a);
   const Tokens tokens = RandomTokens(a->spec(), 64, 5);
-  auto step = [&](int64_t t) {
-    return *a->MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
-                                 tokens.v_rows(t, 1));
-  };
+  auto step = [&](int64_t t) { return DecodeRequestAt(*a, tokens, t); };
   {
     auto stream = client().OpenDecodeStream();
     v1::DecodeRequest unknown = step(1);
@@ -181,10 +185,7 @@ TEST_F(AttentionClientTest, DecodeStreamStepsKeepOrderWithQueuedWrites) {
   auto a = client().OpenSession(MakeSpec(1, 2, 1, 8));
   ATTN_ASSERT_OK(a);
   const Tokens tokens = RandomTokens(a->spec(), 8, 6);
-  auto step = [&](int64_t t) {
-    return *a->MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
-                                 tokens.v_rows(t, 1));
-  };
+  auto step = [&](int64_t t) { return DecodeRequestAt(*a, tokens, t); };
   auto stream = client().OpenDecodeStream();
   for (int64_t t = 0; t < 2; ++t) {
     auto result = stream->Step(step(t));
