@@ -18,8 +18,8 @@ namespace {
 // Layer 0's decode request for token t of `tokens`.
 v1::DecodeRequest DecodeRequestAt(const client::SessionHandle& session,
                                   const Tokens& tokens, int64_t t) {
-  return *session.MakeDecodeRequest(0, tokens.q_rows(t, 1),
-                                    tokens.k_rows(t, 1), tokens.v_rows(t, 1));
+  return *session.MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
+                                    tokens.v_rows(t, 1));
 }
 
 class AttentionClientTest : public ::testing::Test {
