@@ -6,6 +6,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <utility>
@@ -441,36 +442,58 @@ absl::StatusOr<v1::SessionInfo> AttentionClient::GetSession(
   return response;
 }
 
-void AttentionClient::GetSessionAsync(
-    absl::string_view session_id,
-    absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done) {
+template <typename Request, typename Response, typename Result>
+void AttentionClient::CallAsync(
+    Request request,
+    absl::FunctionRef<void(grpc::ClientContext*, const Request*, Response*,
+                           std::function<void(grpc::Status)>)>
+        start,
+    Result (*convert)(Response&&),
+    absl::AnyInvocable<void(absl::StatusOr<Result>) &&> done) {
   // What the call needs until it completes; its callback owns it.
   struct Call {
     grpc::ClientContext context;
-    v1::GetSessionRequest request;
-    v1::SessionInfo response;
-    absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done;
+    Request request;
+    Response response;
+    absl::AnyInvocable<void(absl::StatusOr<Result>) &&> done;
   };
   auto call = std::make_unique<Call>();
-  call->request.set_session_id(std::string(session_id));
+  call->request = std::move(request);
   call->done = std::move(done);
   PrepareContext(&call->context);
   Call* raw = call.release();
-  stub_->async()->GetSession(
-      &raw->context, &raw->request, &raw->response, [raw](grpc::Status status) {
-        std::unique_ptr<Call> call(raw);
-        absl::StatusOr<v1::SessionInfo> result =
-            status.ok()
-                ? absl::StatusOr<v1::SessionInfo>(std::move(call->response))
-                : FromGrpcCall(status, call->context);
-        auto done = std::move(call->done);
-        // The context holds a reference to the channel: it goes while the
-        // client (whose channel it is) still lives. Dropped after `done`,
-        // it could be the channel's last, and destroying a channel on
-        // gRPC's own callback thread shuts down the queue that thread runs.
-        call.reset();
-        std::move(done)(std::move(result));
-      });
+  start(&raw->context, &raw->request, &raw->response,
+        [raw, convert](grpc::Status status) {
+          std::unique_ptr<Call> call(raw);
+          absl::StatusOr<Result> result =
+              status.ok()
+                  ? absl::StatusOr<Result>(convert(std::move(call->response)))
+                  : FromGrpcCall(status, call->context);
+          auto done = std::move(call->done);
+          // The context holds a reference to the channel: it goes while
+          // the client (whose channel it is) still lives. Dropped after
+          // `done`, it could be the channel's last, and destroying a
+          // channel on gRPC's own callback thread shuts down the queue that
+          // thread runs.
+          call.reset();
+          std::move(done)(std::move(result));
+        });
+}
+
+void AttentionClient::GetSessionAsync(
+    absl::string_view session_id,
+    absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done) {
+  v1::GetSessionRequest request;
+  request.set_session_id(std::string(session_id));
+  CallAsync<v1::GetSessionRequest, v1::SessionInfo, v1::SessionInfo>(
+      std::move(request),
+      [this](grpc::ClientContext* context, const v1::GetSessionRequest* request,
+             v1::SessionInfo* response,
+             std::function<void(grpc::Status)> on_done) {
+        stub_->async()->GetSession(context, request, response,
+                                   std::move(on_done));
+      },
+      [](v1::SessionInfo&& info) { return std::move(info); }, std::move(done));
 }
 
 absl::StatusOr<std::vector<v1::SessionInfo>> AttentionClient::ListSessions() {
@@ -554,6 +577,29 @@ absl::StatusOr<std::vector<v1::AttentionResult>> AttentionClient::BatchDecode(
   if (!status.ok()) return FromGrpcCall(status, context);
   return std::vector<v1::AttentionResult>(response.results().begin(),
                                           response.results().end());
+}
+
+void AttentionClient::BatchDecodeAsync(
+    v1::BatchDecodeRequest request,
+    absl::AnyInvocable<
+        void(absl::StatusOr<std::vector<v1::AttentionResult>>) &&>
+        done) {
+  CallAsync<v1::BatchDecodeRequest, v1::BatchDecodeResponse,
+            std::vector<v1::AttentionResult>>(
+      std::move(request),
+      [this](grpc::ClientContext* context,
+             const v1::BatchDecodeRequest* request,
+             v1::BatchDecodeResponse* response,
+             std::function<void(grpc::Status)> on_done) {
+        stub_->async()->BatchDecode(context, request, response,
+                                    std::move(on_done));
+      },
+      [](v1::BatchDecodeResponse&& response) {
+        return std::vector<v1::AttentionResult>(
+            std::make_move_iterator(response.mutable_results()->begin()),
+            std::make_move_iterator(response.mutable_results()->end()));
+      },
+      std::move(done));
 }
 
 absl::StatusOr<v1::AttentionResult> AttentionClient::Attention(

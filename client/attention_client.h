@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -262,6 +263,14 @@ class AttentionClient {
   // Results in request order; all steps applied or none.
   absl::StatusOr<std::vector<v1::AttentionResult>> BatchDecode(
       const v1::BatchDecodeRequest& request);
+  // BatchDecode without blocking, as GetSessionAsync: `done` runs exactly
+  // once, on one of gRPC's threads, with what BatchDecode would have
+  // returned. The client must outlive the call; `done` must not block.
+  void BatchDecodeAsync(
+      v1::BatchDecodeRequest request,
+      absl::AnyInvocable<
+          void(absl::StatusOr<std::vector<v1::AttentionResult>>) &&>
+          done);
   absl::StatusOr<v1::AttentionResult> Attention(
       const v1::AttentionRequest& request);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
@@ -296,6 +305,18 @@ class AttentionClient {
   void PrepareContext(grpc::ClientContext* context) const;
   // "Bearer <token>", or empty without a token.
   std::string Authorization() const;
+  // The asynchronous unary calls: `start` starts the call on stub_->async()
+  // with the context, request and response it is given (they live until
+  // the call completes); `done` then gets convert(response), or the call's
+  // error. Defined in the .cc file, the only one that uses it.
+  template <typename Request, typename Response, typename Result>
+  void CallAsync(
+      Request request,
+      absl::FunctionRef<void(grpc::ClientContext*, const Request*, Response*,
+                             std::function<void(grpc::Status)>)>
+          start,
+      Result (*convert)(Response&&),
+      absl::AnyInvocable<void(absl::StatusOr<Result>) &&> done);
 
   std::shared_ptr<grpc::Channel> channel_;
   ClientOptions options_;

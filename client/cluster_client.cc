@@ -741,11 +741,15 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
     if (part == parts.end()) part = parts.insert(parts.end(), Part{replica});
     part->steps.push_back(step);
   }
-  auto run = [&](Part& part) {
+  auto sub_request = [&](const Part& part) {
     v1::BatchDecodeRequest sub;
     for (int step : part.steps) *sub.add_steps() = request.steps(step);
-    absl::StatusOr<std::vector<v1::AttentionResult>> got =
-        part.replica->client->BatchDecode(sub);
+    return sub;
+  };
+  // What a part's answer leaves: its results in place, or its status after
+  // the recovery it calls for.
+  auto settle = [&](Part& part,
+                    absl::StatusOr<std::vector<v1::AttentionResult>> got) {
     if (got.ok()) {
       for (size_t i = 0; i < part.steps.size(); ++i) {
         (*results)[part.steps[i]] = std::move((*got)[i]);
@@ -782,11 +786,27 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
     }
   };
   if (parts.size() == 1) {
-    run(parts.front());
+    Part& part = parts.front();
+    settle(part, part.replica->client->BatchDecode(sub_request(part)));
   } else {
-    std::vector<std::thread> threads;
-    for (Part& part : parts) threads.emplace_back(run, std::ref(part));
-    for (std::thread& thread : threads) thread.join();
+    // Every part in flight at once on gRPC's callback API (no thread per
+    // part); then the answers, and any recovery, in part order.
+    std::vector<absl::StatusOr<std::vector<v1::AttentionResult>>> answers(
+        parts.size(), absl::UnknownError("no answer"));
+    absl::BlockingCounter pending(static_cast<int>(parts.size()));
+    for (size_t p = 0; p < parts.size(); ++p) {
+      parts[p].replica->client->BatchDecodeAsync(
+          sub_request(parts[p]),
+          [&answers, &pending,
+           p](absl::StatusOr<std::vector<v1::AttentionResult>> answer) {
+            answers[p] = std::move(answer);
+            pending.DecrementCount();
+          });
+    }
+    pending.Wait();
+    for (size_t p = 0; p < parts.size(); ++p) {
+      settle(parts[p], std::move(answers[p]));
+    }
   }
   std::vector<std::string> applied;
   const Part* failed = nullptr;

@@ -248,6 +248,53 @@ TEST(AttentionClientAsyncTest, GetSessionAsyncAnswersLikeGetSession) {
   }
 }
 
+// BatchDecodeAsync answers as BatchDecode does: the same results for the
+// same steps, and a failed batch (an unknown session) applies nothing.
+TEST_F(AttentionClientTest, BatchDecodeAsyncAnswersLikeBatchDecode) {
+  auto a = client().OpenSession(MakeSpec(1, 2, 1, 8));
+  auto b = client().OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(a);
+  ATTN_ASSERT_OK(b);
+  const Tokens tokens = RandomTokens(a->spec(), 4, 7);
+  auto batch_of = [&](const client::SessionHandle& session, int64_t t) {
+    v1::BatchDecodeRequest batch;
+    *batch.add_steps() = DecodeRequestAt(session, tokens, t);
+    return batch;
+  };
+  auto async_batch = [&](v1::BatchDecodeRequest batch) {
+    absl::StatusOr<std::vector<v1::AttentionResult>> answer;
+    absl::BlockingCounter pending(1);
+    client().BatchDecodeAsync(
+        std::move(batch),
+        [&](absl::StatusOr<std::vector<v1::AttentionResult>> got) {
+          answer = std::move(got);
+          pending.DecrementCount();
+        });
+    pending.Wait();
+    return answer;
+  };
+  for (int64_t t = 0; t < 3; ++t) {
+    auto sync = client().BatchDecode(batch_of(*a, t));
+    auto async = async_batch(batch_of(*b, t));
+    ATTN_ASSERT_OK(sync);
+    ATTN_ASSERT_OK(async);
+    ASSERT_EQ(sync->size(), 1u);
+    ASSERT_EQ(async->size(), 1u);
+    EXPECT_EQ((*async)[0].position(), t);
+    ASSERT_FALSE((*sync)[0].output().data().empty());
+    EXPECT_EQ((*async)[0].output().data(), (*sync)[0].output().data());
+  }
+  v1::BatchDecodeRequest failing = batch_of(*b, 3);
+  *failing.add_steps() = DecodeRequestAt(*b, tokens, 3);
+  failing.mutable_steps(1)->set_session_id("no-such-session");
+  auto failed = async_batch(std::move(failing));
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kNotFound)
+      << failed.status();
+  auto info = b->Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 3);
+}
+
 TEST_F(AttentionClientTest, HealthAndInfo) {
   ATTN_ASSERT_OK(client().WaitForConnected(absl::Seconds(30)));
   auto health = client().CheckHealth();
