@@ -320,11 +320,19 @@ absl::Status DecodeStream::Finish() {
 // ---------------------------------------------------------------------------
 // AttentionClient
 
+struct AttentionClient::HealthStub {
+  std::unique_ptr<grpc::health::v1::Health::Stub> stub;
+};
+
 AttentionClient::AttentionClient(std::shared_ptr<grpc::Channel> channel,
                                  ClientOptions options)
     : channel_(std::move(channel)),
       options_(options),
-      stub_(v1::AttentionService::NewStub(channel_)) {}
+      stub_(v1::AttentionService::NewStub(channel_)),
+      health_(std::make_unique<HealthStub>(
+          HealthStub{grpc::health::v1::Health::NewStub(channel_)})) {}
+
+AttentionClient::~AttentionClient() = default;
 
 absl::Status AttentionClient::ExportSession(
     absl::string_view session_id,
@@ -622,16 +630,23 @@ absl::StatusOr<v1::ServerInfo> AttentionClient::GetServerInfo() {
   return response;
 }
 
-absl::StatusOr<ServingStatus> AttentionClient::CheckHealth(
-    const std::string& service) {
-  auto health = grpc::health::v1::Health::NewStub(channel_);
-  grpc::health::v1::HealthCheckRequest request;
-  request.set_service(service);
-  grpc::ClientContext context;
-  PrepareContext(&context);
-  grpc::health::v1::HealthCheckResponse response;
-  grpc::Status status = health->Check(&context, request, &response);
-  if (!status.ok()) return FromGrpcCall(status, context);
+void AttentionClient::GetServerInfoAsync(
+    absl::AnyInvocable<void(absl::StatusOr<v1::ServerInfo>) &&> done) {
+  CallAsync<v1::GetServerInfoRequest, v1::ServerInfo, v1::ServerInfo>(
+      v1::GetServerInfoRequest(),
+      [this](grpc::ClientContext* context,
+             const v1::GetServerInfoRequest* request, v1::ServerInfo* response,
+             std::function<void(grpc::Status)> on_done) {
+        stub_->async()->GetServerInfo(context, request, response,
+                                      std::move(on_done));
+      },
+      [](v1::ServerInfo&& info) { return std::move(info); }, std::move(done));
+}
+
+namespace {
+
+ServingStatus ServingStatusOf(
+    grpc::health::v1::HealthCheckResponse&& response) {
   switch (response.status()) {
     case grpc::health::v1::HealthCheckResponse::SERVING:
       return ServingStatus::kServing;
@@ -642,6 +657,38 @@ absl::StatusOr<ServingStatus> AttentionClient::CheckHealth(
     default:
       return ServingStatus::kUnknown;
   }
+}
+
+}  // namespace
+
+absl::StatusOr<ServingStatus> AttentionClient::CheckHealth(
+    const std::string& service) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::ClientContext context;
+  PrepareContext(&context);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = health_->stub->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcCall(status, context);
+  return ServingStatusOf(std::move(response));
+}
+
+void AttentionClient::CheckHealthAsync(
+    const std::string& service,
+    absl::AnyInvocable<void(absl::StatusOr<ServingStatus>) &&> done) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  CallAsync<grpc::health::v1::HealthCheckRequest,
+            grpc::health::v1::HealthCheckResponse, ServingStatus>(
+      std::move(request),
+      [this](grpc::ClientContext* context,
+             const grpc::health::v1::HealthCheckRequest* request,
+             grpc::health::v1::HealthCheckResponse* response,
+             std::function<void(grpc::Status)> on_done) {
+        health_->stub->async()->Check(context, request, response,
+                                      std::move(on_done));
+      },
+      &ServingStatusOf, std::move(done));
 }
 
 std::unique_ptr<DecodeStream> AttentionClient::OpenDecodeStream() {

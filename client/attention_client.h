@@ -229,6 +229,7 @@ class AttentionClient {
  public:
   AttentionClient(std::shared_ptr<grpc::Channel> channel,
                   ClientOptions options = {});
+  ~AttentionClient();
   // A client on a new channel to `target` (connects lazily).
   static std::unique_ptr<AttentionClient> Connect(const std::string& target,
                                                   ClientOptions options = {});
@@ -274,6 +275,9 @@ class AttentionClient {
   absl::StatusOr<v1::AttentionResult> Attention(
       const v1::AttentionRequest& request);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
+  // GetServerInfo without blocking, as GetSessionAsync.
+  void GetServerInfoAsync(
+      absl::AnyInvocable<void(absl::StatusOr<v1::ServerInfo>) &&> done);
   // Streams session `session_id`'s snapshot (attention.proto, SessionChunk)
   // to `sink`, record by record; the first error of `sink` cancels the
   // export and is returned.
@@ -289,6 +293,10 @@ class AttentionClient {
       bool keep_session_id = false);
   // grpc.health.v1.Health/Check; `service` empty = the whole server.
   absl::StatusOr<ServingStatus> CheckHealth(const std::string& service = "");
+  // CheckHealth without blocking, as GetSessionAsync.
+  void CheckHealthAsync(
+      const std::string& service,
+      absl::AnyInvocable<void(absl::StatusOr<ServingStatus>) &&> done);
 
   std::unique_ptr<DecodeStream> OpenDecodeStream();
 
@@ -318,9 +326,14 @@ class AttentionClient {
       Result (*convert)(Response&&),
       absl::AnyInvocable<void(absl::StatusOr<Result>) &&> done);
 
+  // grpc.health.v1.Health's stub on channel_ (defined in the .cc file, so
+  // that this header does not need the health service's).
+  struct HealthStub;
+
   std::shared_ptr<grpc::Channel> channel_;
   ClientOptions options_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
+  std::unique_ptr<HealthStub> health_;
 };
 
 }  // namespace attention::client

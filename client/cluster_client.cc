@@ -190,12 +190,12 @@ void ClusterClient::Refresh() {
     }
     for (auto& [dialed, replica] : replicas_) replicas.push_back(replica);
   }
-  std::vector<std::thread> probes;
-  probes.reserve(replicas.size());
+  // Every replica probed at once, on gRPC's callback API.
+  absl::BlockingCounter pending(static_cast<int>(replicas.size()));
   for (const std::shared_ptr<Replica>& replica : replicas) {
-    probes.emplace_back([this, replica] { Probe(*replica); });
+    Probe(*replica, [&pending] { pending.DecrementCount(); });
   }
-  for (std::thread& probe : probes) probe.join();
+  pending.Wait();
   ForgetUnreachable();
 }
 
@@ -215,11 +215,29 @@ void ClusterClient::ForgetUnreachable() {
   });
 }
 
-void ClusterClient::Probe(Replica& replica) {
+void ClusterClient::Probe(Replica& replica,
+                          absl::AnyInvocable<void() &&> done) {
+  replica.probe->CheckHealthAsync(
+      "", [this, &replica, done = std::move(done)](
+              absl::StatusOr<ServingStatus> health) mutable {
+        if (!health.ok()) {
+          RecordProbe(replica, health, health.status());
+          std::move(done)();
+          return;
+        }
+        replica.probe->GetServerInfoAsync(
+            [this, &replica, health, done = std::move(done)](
+                absl::StatusOr<v1::ServerInfo> info) mutable {
+              RecordProbe(replica, health, info);
+              std::move(done)();
+            });
+      });
+}
+
+void ClusterClient::RecordProbe(Replica& replica,
+                                const absl::StatusOr<ServingStatus>& health,
+                                const absl::StatusOr<v1::ServerInfo>& info) {
   using State = ReplicaStatus::State;
-  absl::StatusOr<ServingStatus> health = replica.probe->CheckHealth();
-  absl::StatusOr<v1::ServerInfo> info =
-      health.ok() ? replica.probe->GetServerInfo() : health.status();
   const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   ReplicaStatus& status = replica.status;

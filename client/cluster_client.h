@@ -276,7 +276,13 @@ class ClusterClient {
   bool RefreshDue() const ABSL_SHARED_LOCKS_REQUIRED(refresh_mu_);
   // Wakes the refresher now (after a replica failed).
   void RequestRefresh();
-  void Probe(Replica& replica);
+  // Asks `replica` for its health, then (when it answers) its ServerInfo,
+  // on gRPC's callback API; records the answers in its status, then calls
+  // `done` (on one of gRPC's threads). `replica` must outlive the probe.
+  void Probe(Replica& replica, absl::AnyInvocable<void() &&> done);
+  void RecordProbe(Replica& replica,
+                   const absl::StatusOr<ServingStatus>& health,
+                   const absl::StatusOr<v1::ServerInfo>& info);
   // options_.now(), or absl::Now().
   absl::Time Now() const;
   // Drops the unlisted replicas unreachable for forget_unreachable_after.

@@ -303,6 +303,33 @@ TEST_F(AttentionClientTest, HealthAndInfo) {
   auto info = client().GetServerInfo();
   ATTN_ASSERT_OK(info);
   EXPECT_EQ(info->backend(), "cpu");
+
+  // The same answers without blocking; an unknown service is named so.
+  absl::StatusOr<client::ServingStatus> async_health, unknown_service;
+  absl::StatusOr<v1::ServerInfo> async_info;
+  absl::BlockingCounter pending(3);
+  client().CheckHealthAsync("", [&](absl::StatusOr<client::ServingStatus> got) {
+    async_health = std::move(got);
+    pending.DecrementCount();
+  });
+  client().CheckHealthAsync("no.such.Service",
+                            [&](absl::StatusOr<client::ServingStatus> got) {
+                              unknown_service = std::move(got);
+                              pending.DecrementCount();
+                            });
+  client().GetServerInfoAsync([&](absl::StatusOr<v1::ServerInfo> got) {
+    async_info = std::move(got);
+    pending.DecrementCount();
+  });
+  pending.Wait();
+  ATTN_ASSERT_OK(async_health);
+  EXPECT_EQ(*async_health, client::ServingStatus::kServing);
+  ATTN_ASSERT_OK(async_info);
+  EXPECT_EQ(async_info->backend(), "cpu");
+  EXPECT_EQ(async_info->version(), info->version());
+  auto sync_unknown = client().CheckHealth("no.such.Service");
+  EXPECT_EQ(unknown_service.status(), sync_unknown.status());
+  if (sync_unknown.ok()) EXPECT_EQ(*unknown_service, *sync_unknown);
 }
 
 TEST_F(AttentionClientTest, UnreachableServerIsUnavailableOrDeadline) {
