@@ -2,7 +2,8 @@
 //
 // Stops on SIGTERM or SIGINT: reports NOT_SERVING, refuses new sessions,
 // lets in-flight calls and open Decode streams finish (up to
-// --drain_timeout), exits 0. SIGHUP re-reads --auth_tokens_file.
+// --drain_timeout), keeps serving /metrics for --metrics_linger, exits 0.
+// SIGHUP re-reads --auth_tokens_file.
 #include <pthread.h>
 #include <signal.h>
 
@@ -17,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/attention_server.h"
 #include "server/log.h"
@@ -90,8 +92,14 @@ ABSL_FLAG(absl::Duration, cpu_spin, absl::ZeroDuration(),
           "at once, best on small or shared machines).");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "On SIGTERM/SIGINT, how long in-flight calls and open Decode "
-          "streams may take to finish (keep it below the orchestrator's "
-          "grace period, 30s in Kubernetes).");
+          "streams may take to finish (keep it, plus --metrics_linger, "
+          "below the orchestrator's grace period).");
+ABSL_FLAG(absl::Duration, metrics_linger, absl::ZeroDuration(),
+          "After the drain, keep serving /metrics this long (or until a "
+          "second SIGTERM/SIGINT) so that Prometheus scrapes the drain's "
+          "final counts (handovers, snapshot) before the process exits; "
+          "e.g. the scrape interval. Keep --drain_timeout plus this below "
+          "the orchestrator's grace period.");
 ABSL_FLAG(absl::Duration, transfer_stall_timeout, absl::Seconds(60),
           "An ExportSession or ImportSession that moves no message for this "
           "long is cancelled (CANCELLED), freeing the KV blocks and the "
@@ -194,6 +202,25 @@ bool WritePortFile(const std::string& path, int port) {
   return std::rename(temporary.c_str(), path.c_str()) == 0;
 }
 
+// After the drain: keeps the metrics endpoint up for --metrics_linger, so
+// that the drain's final counts are scraped; a second SIGTERM or SIGINT
+// ends it early (SIGHUP does not).
+void LingerForMetrics(const AttentionServer& server, const sigset_t& signals,
+                      absl::Duration linger) {
+  if (linger <= absl::ZeroDuration() || server.metrics_port() < 0) return;
+  std::cout << "attention-server: drained; serving /metrics for "
+            << absl::FormatDuration(linger) << " more" << std::endl;
+  Log(LogLevel::kInfo, "metrics_linger",
+      {{"linger", absl::FormatDuration(linger)},
+       {"metrics_port", server.metrics_port()}});
+  const absl::Time until = absl::Now() + linger;
+  for (absl::Time now = absl::Now(); now < until; now = absl::Now()) {
+    const timespec timeout = absl::ToTimespec(until - now);
+    const int signal_number = sigtimedwait(&signals, nullptr, &timeout);
+    if (signal_number == SIGTERM || signal_number == SIGINT) return;
+  }
+}
+
 int Run() {
   const int64_t max_open_files = RaiseOpenFilesLimit();
   // Block the signals before any thread exists, so every thread inherits
@@ -212,6 +239,13 @@ int Run() {
     return 1;
   }
   SetLogLevel(*log_level);
+  const absl::Duration metrics_linger = absl::GetFlag(FLAGS_metrics_linger);
+  if (metrics_linger < absl::ZeroDuration()) {
+    std::cerr << "attention-server: --metrics_linger must not be negative, "
+                 "got "
+              << absl::FormatDuration(metrics_linger) << std::endl;
+    return 1;
+  }
   const ServerOptions options = OptionsFromFlags();
   auto server = AttentionServer::Start(options);
   if (!server.ok()) {
@@ -264,6 +298,7 @@ int Run() {
             << absl::FormatDuration(options.drain_timeout) << ")" << std::endl;
   Log(LogLevel::kInfo, "signal", {{"signal", strsignal(signal_number)}});
   (*server)->Shutdown();
+  LingerForMetrics(**server, signals, metrics_linger);
   server->reset();
   std::cout << "attention-server: stopped" << std::endl;
   return 0;

@@ -13,8 +13,11 @@ API that
   - the KV gauges report the configured pool, rose while sessions held
     blocks, and are back to zero once the demos deleted their sessions;
   - the alert rules load and evaluate, and none fires.
-Then `promtool check metrics` must print nothing on a scrape, and SIGTERM
-must stop the server with exit status 0.
+Then `promtool check metrics` must print nothing on a scrape. Last, with one
+session kept, SIGTERM drains the server, which writes the session to its
+--snapshot_dir and keeps /metrics up for --metrics_linger: Prometheus must
+scrape the snapshot's count after the drain; a second SIGTERM then ends the
+linger, with exit status 0.
 
 Usage: prometheus_integration_test.py --server BIN --attnctl BIN
            --prometheus BIN --promtool BIN --rules FILE
@@ -42,6 +45,7 @@ PROMPT_TOKENS = 64
 DECODE_STEPS = 48
 DEMO_WORKERS = 2
 MAX_DEMOS_PER_WORKER = 400  # bounded; the workers stop once a scrape saw KV in use
+METRICS_LINGER_S = 120  # ended early by the second SIGTERM
 
 
 class TestFailure(Exception):
@@ -166,7 +170,9 @@ def run(args, work, processes):
         args.server, "--listen_address=127.0.0.1", "--port=0",
         f"--port_file={port_file}", f"--metrics_port={metrics_port}",
         "--backend=cpu", "--threads=2", f"--kv_cache_bytes={KV_CACHE_BYTES}",
-        f"--kv_block_bytes={KV_BLOCK_BYTES}"], work)
+        f"--kv_block_bytes={KV_BLOCK_BYTES}",
+        f"--snapshot_dir={os.path.join(work, 'snapshots')}",
+        f"--metrics_linger={METRICS_LINGER_S}s"], work)
 
     def port_written():
         if server.poll() is not None:
@@ -357,12 +363,25 @@ scrape_configs:
                           f"{findings}")
     print(f"promtool check metrics: {len(scrape.splitlines())} lines, clean")
 
-    # --- graceful stop -----------------------------------------------------
+    # --- graceful stop: the drain's counts reach Prometheus ----------------
+    attnctl(args, target, "demo", "--keep_session", "--prompt_tokens=8",
+            "--decode_steps=2")
+    expect("snapshot sessions before the drain", prometheus.value(
+        f"attention_snapshot_sessions_written_total{sel}"), 0)
     server.send_signal(signal.SIGTERM)
+    wait_for("Prometheus to scrape the drain's snapshot count", lambda:
+             prometheus.query(f"attention_snapshot_sessions_written_total{sel}")
+             == [1.0], 60)
+    expect("snapshot sessions after the drain", prometheus.value(
+        f"attention_snapshot_sessions_written_total{sel}"), 1)
+    if server.poll() is not None:
+        raise TestFailure("attention-server exited before its metrics linger")
+    server.send_signal(signal.SIGTERM)  # ends the linger
     try:
         code = server.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        raise TestFailure("attention-server did not exit within 60 s of SIGTERM")
+        raise TestFailure("attention-server did not exit within 60 s of a "
+                          "second SIGTERM during its metrics linger")
     if code != 0:
         raise TestFailure(f"attention-server exited with {code} after SIGTERM")
 

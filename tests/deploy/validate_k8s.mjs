@@ -451,16 +451,23 @@ function checkWiring(name, objects) {
       problem(where, `--${flag}: a subPath mount never sees Secret updates`);
     }
   }
+  // The drain, then the metrics linger, must end before the grace period
+  // does and before the liveness probe (failing once gRPC stops) kills it.
   const drain = durationSeconds(flags.drain_timeout ?? "");
+  const linger = flags.metrics_linger === undefined
+    ? 0 : durationSeconds(flags.metrics_linger);
   const grace = pod.terminationGracePeriodSeconds;
   if (!(drain > 0)) {
     problem(where, `--drain_timeout missing or unparsable: ${flags.drain_timeout}`);
-  } else if (!(grace > drain)) {
-    problem(where, `terminationGracePeriodSeconds ${grace} must exceed --drain_timeout ${drain}s`);
+  } else if (!(linger >= 0)) {
+    problem(where, `--metrics_linger unparsable: ${flags.metrics_linger}`);
+  } else if (!(grace > drain + linger)) {
+    problem(where, `terminationGracePeriodSeconds ${grace} must exceed ` +
+                   `--drain_timeout ${drain}s + --metrics_linger ${linger}s`);
   }
   const liveness = container.livenessProbe;
-  if (liveness && liveness.periodSeconds * liveness.failureThreshold <= drain) {
-    problem(where, "the liveness probe could kill a pod before its drain ends");
+  if (liveness && liveness.periodSeconds * liveness.failureThreshold <= drain + linger) {
+    problem(where, "the liveness probe could kill a pod before its drain and metrics linger end");
   }
 
   // Security.
@@ -507,10 +514,24 @@ function checkWiring(name, objects) {
       problem(at, `selects ${selected.length} Services; exactly one avoids duplicate scrapes`);
       continue;
     }
+    const service = selected[0];
     for (const endpoint of monitor.spec.endpoints) {
-      if (!selected[0].spec.ports.some((port) => port.name === endpoint.port)) {
-        problem(at, `endpoint port ${endpoint.port} is not a port of ${selected[0].metadata.name}`);
+      if (!service.spec.ports.some((port) => port.name === endpoint.port)) {
+        problem(at, `endpoint port ${endpoint.port} is not a port of ${service.metadata.name}`);
       }
+    }
+    // The alert rules and dashboards select job="attention-server".
+    const job = monitor.spec.jobLabel
+      ? service.metadata.labels?.[monitor.spec.jobLabel]
+      : service.metadata.name;
+    if (job !== "attention-server") {
+      problem(at, `scrapes as job ${job}; the alert rules expect attention-server`);
+    }
+    // A terminating pod must stay a target through its drain and metrics
+    // linger, or its final counts are never scraped.
+    if (flags.metrics_linger !== undefined && !service.spec.publishNotReadyAddresses) {
+      problem(at, `--metrics_linger is set but ${service.metadata.name} drops ` +
+                  "terminating pods (publishNotReadyAddresses)");
     }
   }
   return { container, flags };

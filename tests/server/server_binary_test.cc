@@ -26,7 +26,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/attention_client.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/http_get.h"
 #include "tests/server/server_process.h"
 
 extern char** environ;
@@ -34,6 +36,7 @@ extern char** environ;
 namespace attention {
 namespace {
 
+using ::attention::testing::HttpGet;
 using ::attention::testing::ServerProcess;
 
 const std::vector<std::string> kSmallServer = {"--port=0",
@@ -100,7 +103,7 @@ TEST(ServerBinaryTest, BadFlagsFailToStart) {
         "--port=70000", "--session_idle_timeout=-1s", "--cpu_spin=-1us",
         "--cpu_spin=1s", "--tls_cert_file=/nonexistent/server.crt",
         "--tls_client_ca_file=/nonexistent/ca.crt",
-        "--auth_tokens_file=/nonexistent/tokens"}) {
+        "--auth_tokens_file=/nonexistent/tokens", "--metrics_linger=-1s"}) {
     std::vector<std::string> flags = kSmallServer;
     flags.push_back(flag);
     ServerProcess server(flags);
@@ -348,6 +351,88 @@ TEST(ServerBinaryTest, SessionsSurviveASigtermRestart) {
   restarted.Signal(SIGKILL);
   restarted.Wait();
   std::filesystem::remove_all(dir);
+}
+
+// The metrics port from the server's start-up log line, or 0.
+int MetricsPort(const ServerProcess& server) {
+  const std::string output = server.output();
+  const std::string key = " metrics_port=";
+  const size_t at = output.find(key);
+  if (at == std::string::npos) return 0;
+  const size_t begin = at + key.size();
+  int port = 0;
+  const size_t end = output.find(' ', begin);
+  return absl::SimpleAtoi(output.substr(begin, end - begin), &port) ? port : 0;
+}
+
+// Whether the server's output says `text` within `timeout`.
+bool WaitForOutput(const ServerProcess& server, const std::string& text,
+                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (server.output().find(text) == std::string::npos) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
+// With --metrics_linger the drained server keeps /metrics up, so that a
+// scrape after the drain sees its final counts (here the snapshot's); the
+// gRPC port is closed by then. A second SIGTERM ends the linger at once;
+// otherwise it ends by itself. Both exit 0.
+TEST(ServerBinaryTest, MetricsStayUpAfterTheDrainForTheLastScrape) {
+  const std::string dir = FreshDir("binary-linger");
+  std::vector<std::string> flags = kSmallServer;
+  flags.push_back("--snapshot_dir=" + dir);
+  flags.push_back("--metrics_linger=300s");
+  {
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started());
+    const int port = server.WaitForPort();
+    ASSERT_GT(port, 0);
+    const int metrics_port = MetricsPort(server);
+    ASSERT_GT(metrics_port, 0) << server.output();
+    auto client =
+        client::AttentionClient::Connect(absl::StrCat("127.0.0.1:", port));
+    MakeKnownSession(*client, 40, 1);
+    EXPECT_THAT(HttpGet(metrics_port, "/metrics"),
+                ::testing::HasSubstr(
+                    "\nattention_snapshot_sessions_written_total 0\n"));
+
+    server.Signal(SIGTERM);
+    ASSERT_TRUE(WaitForOutput(server, "serving /metrics for 5m more",
+                              absl::Seconds(60)))
+        << server.output();
+    const std::string scraped = HttpGet(metrics_port, "/metrics");
+    EXPECT_THAT(scraped, ::testing::HasSubstr("200 OK"));
+    EXPECT_THAT(scraped,
+                ::testing::HasSubstr(
+                    "\nattention_snapshot_sessions_written_total 1\n"));
+    EXPECT_THAT(scraped, ::testing::HasSubstr(
+                             "\nattention_snapshot_sessions_failed_total 0\n"));
+    EXPECT_FALSE(client->GetServerInfo().ok());
+
+    const absl::Time second_signal = absl::Now();
+    server.Signal(SIGTERM);
+    const int status = server.Wait();
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    EXPECT_LT(absl::Now() - second_signal, absl::Seconds(60));
+  }
+  std::filesystem::remove_all(dir);
+
+  flags = kSmallServer;
+  flags.push_back("--metrics_linger=1s");
+  ServerProcess server(flags);
+  ASSERT_TRUE(server.started());
+  ASSERT_GT(server.WaitForPort(), 0);
+  server.Signal(SIGTERM);
+  const int status = server.Wait();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_THAT(server.output(), ::testing::HasSubstr("serving /metrics for 1s"));
+  EXPECT_THAT(server.output(),
+              ::testing::HasSubstr("attention-server: stopped"));
 }
 
 TEST(ServerBinaryTest, KillDuringTheSnapshotLeavesSessionsWholeOrAbsent) {
