@@ -105,7 +105,9 @@ struct TopKSpec {
 // problem: its error messages name these, which the caller knows, instead
 // of its own indices.
 struct ProblemOrigin {
-  int64_t problem = 0;            // the other problem's index in its batch
+  // The other problem's index in its batch, or -1 when that batch held it
+  // alone (its messages then name no problem).
+  int64_t problem = 0;
   int64_t row = 0;                // the row's index in it
   int64_t position = 0;           // and its position
   const int64_t* keys = nullptr;  // [kv.length]: each key's position there

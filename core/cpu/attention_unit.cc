@@ -342,6 +342,12 @@ bool UnitRunner::PrepareTile(int64_t t0, int64_t t1, bool with_values,
   return true;
 }
 
+std::string UnitRunner::ProblemLabel(absl::string_view separator) const {
+  const int64_t index =
+      pr_.origin != nullptr ? pr_.origin->problem : info_.message_index;
+  return index < 0 ? "" : absl::StrCat("problem ", index, separator);
+}
+
 std::string UnitRunner::RowName(int64_t r, int head) const {
   const ProblemOrigin* origin = pr_.origin;
   const int64_t row = unit_.row_begin + r;
@@ -356,7 +362,7 @@ absl::Status UnitRunner::TileFailure(TileError error, const TileJob& job,
   const int64_t r = job.error_row_head / info_.group;
   const int head = first_head_ + job.error_row_head % info_.group;
   const std::string where =
-      absl::StrCat(" at problem ", ProblemName(), ", ", RowName(r, head),
+      absl::StrCat(" at ", ProblemLabel(", "), RowName(r, head),
                    ", key position ", KeyName(t0 + job.error_key));
   if (error == TileError::kBiasOverflow) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -417,7 +423,7 @@ absl::Status UnitRunner::Finish(const float* state) {
       if (l[rh] == 0.0f) {
         if (pr_.empty_row_policy == EmptyRowPolicy::kError) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "problem ", ProblemName(), ": ", RowName(r, head),
+              ProblemLabel(": "), RowName(r, head),
               " sees no key and has no sink logit, so its softmax is "
               "undefined; fix the mask/bias or use empty_row_policy ZERO to "
               "get zeros for padding rows"));

@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/attention_problem.h"
 #include "core/cpu/kernels.h"
@@ -40,6 +42,9 @@ struct ProblemInfo {
   bool direct_keys = false;
   bool direct_values = false;
   int64_t rows_per_unit = 1;
+  // The problem's index in error messages, or -1 to name none (the call
+  // held it alone).
+  int64_t message_index = -1;
 };
 
 // Shape facts of `problem`. REQUIRES: a validated problem.
@@ -113,11 +118,10 @@ class UnitRunner {
   int64_t Position(int64_t r) const {
     return pr_.mask.query_start + unit_.row_begin + r;
   }
-  // The problem's index and "query row R (position X), head H", for
-  // messages: in the numbers of the problem's origin when it has one.
-  int64_t ProblemName() const {
-    return pr_.origin != nullptr ? pr_.origin->problem : unit_.problem;
-  }
+  // "problem P" followed by `separator`, or "" when the call held the
+  // problem alone; and "query row R (position X), head H", for messages:
+  // in the numbers of the problem's origin when it has one.
+  std::string ProblemLabel(absl::string_view separator) const;
   std::string RowName(int64_t r, int head) const;
   // Key `key`'s position for messages (its origin's when it has one).
   int64_t KeyName(int64_t key) const {

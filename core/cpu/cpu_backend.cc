@@ -228,22 +228,29 @@ absl::Status CpuBackend::CopyBlock(const std::byte* src, std::byte* dst,
 }
 
 absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
+  // Messages name a problem by its index in `problems`, unless it is alone.
+  const bool named = problems.size() > 1;
   std::vector<AttentionProblem> dense;
+  std::vector<int64_t> dense_names;
   dense.reserve(problems.size());
+  dense_names.reserve(problems.size());
   for (size_t p = 0; p < problems.size(); ++p) {
     const AttentionProblem& problem = problems[p];
+    const int64_t name = named ? static_cast<int64_t>(p) : -1;
     if (problem.topk == nullptr) {
       dense.push_back(problem);
+      dense_names.push_back(name);
       continue;
     }
-    ATTN_RETURN_IF_ERROR(cpu::AttendTopK(
-        problem, static_cast<int64_t>(p), pool_, cpu::IndexScoresFor(isa_),
-        [this](absl::Span<const AttentionProblem> rows) {
-          return AttendDense(rows);
-        }));
+    ATTN_RETURN_IF_ERROR(
+        cpu::AttendTopK(problem, name, pool_, cpu::IndexScoresFor(isa_),
+                        [this](absl::Span<const AttentionProblem> rows) {
+                          return AttendDense(rows, {});
+                        }));
   }
-  if (dense.size() == problems.size()) return AttendDense(problems);
-  return dense.empty() ? absl::OkStatus() : AttendDense(dense);
+  if (dense.empty()) return absl::OkStatus();
+  return dense.size() == problems.size() ? AttendDense(problems, dense_names)
+                                         : AttendDense(dense, dense_names);
 }
 
 namespace {
@@ -265,12 +272,14 @@ struct DensePlan {
   bool inline_run = false;
 };
 
-// Mask -> key ranges -> chunks, per unit.
-void PlanUnits(absl::Span<const AttentionProblem> problems, DensePlan* plan) {
+// Mask -> key ranges -> chunks, per unit. `names`: as AttendDense.
+void PlanUnits(absl::Span<const AttentionProblem> problems,
+               absl::Span<const int64_t> names, DensePlan* plan) {
   plan->infos.reserve(problems.size());
   for (size_t p = 0; p < problems.size(); ++p) {
     const AttentionProblem& problem = problems[p];
     plan->infos.push_back(cpu::DescribeProblem(problem));
+    if (!names.empty()) plan->infos.back().message_index = names[p];
     const ProblemInfo& info = plan->infos.back();
     const MaskSpec& mask = problem.mask;
     for (int64_t r = 0; r < info.rows; r += info.rows_per_unit) {
@@ -553,9 +562,10 @@ absl::Status DenseRun::FirstError() const {
 }  // namespace
 
 absl::Status CpuBackend::AttendDense(
-    absl::Span<const AttentionProblem> problems) {
+    absl::Span<const AttentionProblem> problems,
+    absl::Span<const int64_t> names) {
   DensePlan plan;
-  PlanUnits(problems, &plan);
+  PlanUnits(problems, names, &plan);
   PlanSharedChunks(problems, &plan);
   PlanGroups(problems, &plan);
   // Too few groups to occupy the threads: spread long groups' chunks over

@@ -102,8 +102,11 @@ class CpuBackend final : public AttentionBackend {
 
  private:
   CpuBackend(int num_threads, CpuIsa isa, absl::Duration spin);
-  // Attend for problems without a top-k selection.
-  absl::Status AttendDense(absl::Span<const AttentionProblem> problems);
+  // Attend for problems without a top-k selection. Messages name problem
+  // i as names[i] of the caller's call (-1 or `names` empty: none; a
+  // problem with an origin names the origin's).
+  absl::Status AttendDense(absl::Span<const AttentionProblem> problems,
+                           absl::Span<const int64_t> names);
 
   ThreadPool pool_;
   CpuIsa isa_;

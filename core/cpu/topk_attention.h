@@ -41,8 +41,8 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
 // its rows' attention through `attend_dense` (the backend's dense Attend)
 // in batches of bounded gathered size. Errors as AttentionBackend::Attend;
 // the first in row order (a group's selection before its attention), naming
-// `problem` as problem `index` of its batch, and its rows' and keys'
-// positions.
+// `problem` as problem `index` of its batch (-1: no problem, the batch held
+// it alone), and its rows' and keys' positions.
 absl::Status AttendTopK(
     const AttentionProblem& problem, int64_t index, ThreadPool& pool,
     IndexScoresFn score_keys,

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -798,16 +799,18 @@ absl::Status AttendPlan::Collect(const std::byte* pinned) const {
                                                       : nullptr;
     const int64_t position =
         problem != nullptr ? problem->mask.query_start + token : token;
+    // A problem alone in its call needs no index.
+    const std::string label =
+        planned_.size() > 1 ? absl::StrCat("problem ", index, ": ") : "";
     if (overflow) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "problem ", index, ": the logit of query row ", token, " (position ",
-          position, "), head ", head, " overflows float32 (q.k * scale",
+          label, "the logit of query row ", token, " (position ", position,
+          "), head ", head, " overflows float32 (q.k * scale",
           problem != nullptr && problem->bias != nullptr ? " + bias" : "",
           " is not finite); rescale q or k"));
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        "problem ", index, ": query row ", token, " (position ", position,
-        "), head ", head,
+        label, "query row ", token, " (position ", position, "), head ", head,
         " sees no key and there is no sink logit; change the mask (causal, "
         "window, query_start, bias) or use the ZERO empty-row policy"));
   }

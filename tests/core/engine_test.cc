@@ -251,6 +251,10 @@ TEST_F(EngineTest, AppendEachIsolatesFailuresAndMatchesAppend) {
   ASSERT_EQ(results.size(), requests.size());
   ASSERT_TRUE(results[0].ok()) << results[0].status();
   EXPECT_EQ(results[1].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results[1].status().message().rfind(
+                "Q @ K^T overflowed at query row 0 (position 10), head ", 0),
+            0u)
+      << results[1].status();
   ASSERT_TRUE(results[2].ok()) << results[2].status();
   EXPECT_EQ(results[3].status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(results[4].status().code(), absl::StatusCode::kNotFound);
@@ -282,6 +286,16 @@ TEST_F(EngineTest, AnAtomicBatchNamesTheStepThatFailedInTheKernels) {
   const absl::Status status = engine_->AppendBatch(batch).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message().rfind("step 1", 0), 0u) << status;
+  // In the step's own numbers: its row and key positions, not the index
+  // the backend gave its problem (the step is re-run alone to find it).
+  EXPECT_EQ(status.message().rfind(
+                "step 1: Q @ K^T overflowed at query row 0 (position 10), "
+                "head ",
+                0),
+            0u)
+      << status;
+  EXPECT_EQ(status.message().find("problem"), absl::string_view::npos)
+      << status;
   EXPECT_EQ(Info(a).layer_lengths[0], 10);
   EXPECT_EQ(Info(b).layer_lengths[0], 10);
 }

@@ -32,6 +32,7 @@ using ::attention::testing::Store;
 using ::attention::testing::Stored;
 using ::attention::testing::WritePaged;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kFloatMax = std::numeric_limits<float>::max();
@@ -766,6 +767,29 @@ TEST_F(CpuBackendTest, BatchCompanionsDoNotChangeBits) {
     ExpectBitwiseEqual(x->lse, alone[i++], "batched lse");
     ExpectBitwiseEqual(x->weights, alone[i++], "batched weights");
   }
+}
+
+// An error names the problem by its index only when the call holds
+// several; a problem alone is named by its rows.
+TEST_F(CpuBackendTest, ErrorsNameTheProblemOnlyInABatch) {
+  Config good;
+  good.num_queries = 8;
+  Config bad;
+  bad.num_queries = 4;
+  bad.mask.causal = false;
+  bad.bias_rank = 2;
+  bad.masked_bias_fraction = 1.0;
+  Case a(good), b(bad);
+  const AttentionProblem alone = b.Problem();
+  const absl::Status lone = backend_.Attend({&alone, 1});
+  EXPECT_EQ(lone.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lone.message().rfind("query row 0 (position ", 0), 0u) << lone;
+  EXPECT_THAT(lone.message(), Not(HasSubstr("problem")));
+  const std::vector<AttentionProblem> batch = {a.Problem(), b.Problem()};
+  const absl::Status batched = backend_.Attend(batch);
+  EXPECT_EQ(batched.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batched.message().rfind("problem 1: query row 0 (position ", 0), 0u)
+      << batched;
 }
 
 TEST_F(CpuBackendTest, FirstErrorIsReportedDeterministically) {

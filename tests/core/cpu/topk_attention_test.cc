@@ -385,6 +385,9 @@ TEST(TopKAttentionTest, AnOverflowNamesThePositionsOfTheSession) {
       << status;
   EXPECT_NE(status.message().find("key position 100"), absl::string_view::npos)
       << status;
+  // The step was its backend call's only problem: no problem index.
+  EXPECT_EQ(status.message().find("problem"), absl::string_view::npos)
+      << status;
 }
 
 // Index keys are stored in the KV dtype and counted: a top-k layer's token
