@@ -769,17 +769,23 @@ TEST_F(CpuBackendTest, BatchCompanionsDoNotChangeBits) {
   }
 }
 
+// `num_queries` query rows of which none sees a key (the bias masks them
+// all): Attend fails on query row 0 with the kError policy.
+Config EmptyRows(int num_queries) {
+  Config config;
+  config.num_queries = num_queries;
+  config.mask.causal = false;
+  config.bias_rank = 2;
+  config.masked_bias_fraction = 1.0;
+  return config;
+}
+
 // An error names the problem by its index only when the call holds
 // several; a problem alone is named by its rows.
 TEST_F(CpuBackendTest, ErrorsNameTheProblemOnlyInABatch) {
   Config good;
   good.num_queries = 8;
-  Config bad;
-  bad.num_queries = 4;
-  bad.mask.causal = false;
-  bad.bias_rank = 2;
-  bad.masked_bias_fraction = 1.0;
-  Case a(good), b(bad);
+  Case a(good), b(EmptyRows(4));
   const AttentionProblem alone = b.Problem();
   const absl::Status lone = backend_.Attend({&alone, 1});
   EXPECT_EQ(lone.code(), absl::StatusCode::kInvalidArgument);
@@ -797,12 +803,7 @@ TEST_F(CpuBackendTest, FirstErrorIsReportedDeterministically) {
   // matter which thread finds which first.
   Config good;
   good.num_queries = 50;
-  Config bad;
-  bad.num_queries = 40;
-  bad.mask.causal = false;
-  bad.bias_rank = 2;
-  bad.masked_bias_fraction = 1.0;
-  Case a(good), b(bad), c(bad);
+  Case a(good), b(EmptyRows(40)), c(EmptyRows(40));
   CpuBackend four_threads(4);
   for (int attempt = 0; attempt < 20; ++attempt) {
     const std::vector<AttentionProblem> batch = {a.Problem(), b.Problem(),
