@@ -7,6 +7,8 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/memory/memory.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -32,6 +34,27 @@ bool NeverSent(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
          absl::StrContains(status.message(),
                            "failed to connect to all addresses");
+}
+
+// Starts start(i, done) for every i < n, each an asynchronous call that
+// runs its `done` once with its answer (on a gRPC thread), and returns the
+// n answers in index order once all have come. No thread per call.
+template <typename T>
+std::vector<absl::StatusOr<T>> AllAnswers(
+    size_t n,
+    absl::FunctionRef<void(size_t,
+                           absl::AnyInvocable<void(absl::StatusOr<T>) &&>)>
+        start) {
+  std::vector<absl::StatusOr<T>> answers(n, absl::UnknownError("no answer"));
+  absl::BlockingCounter pending(static_cast<int>(n));
+  for (size_t i = 0; i < n; ++i) {
+    start(i, [&answers, &pending, i](absl::StatusOr<T> answer) {
+      answers[i] = std::move(answer);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  return answers;
 }
 
 // NOT_FOUND for a session that `replica` answered it does not have (with
@@ -417,20 +440,12 @@ std::shared_ptr<ClusterReplica> ClusterClient::Locate(
   std::erase_if(replicas, [&](const std::shared_ptr<Replica>& replica) {
     return replica.get() == skip;
   });
-  // Every replica at once, on gRPC's callback API (no thread per replica):
-  // one that does not answer costs one probe deadline, however many do not.
-  std::vector<absl::StatusOr<v1::SessionInfo>> answers(
-      replicas.size(), absl::UnknownError("not asked"));
-  absl::BlockingCounter pending(static_cast<int>(replicas.size()));
-  for (size_t i = 0; i < replicas.size(); ++i) {
-    replicas[i]->probe->GetSessionAsync(
-        session_id,
-        [&answers, &pending, i](absl::StatusOr<v1::SessionInfo> answer) {
-          answers[i] = std::move(answer);
-          pending.DecrementCount();
-        });
-  }
-  pending.Wait();
+  // Every replica at once: one that does not answer costs one probe
+  // deadline, however many do not.
+  const std::vector<absl::StatusOr<v1::SessionInfo>> answers =
+      AllAnswers<v1::SessionInfo>(replicas.size(), [&](size_t i, auto done) {
+        replicas[i]->probe->GetSessionAsync(session_id, std::move(done));
+      });
   // By dialed address, whichever answered first: the same answers always
   // give the same owner.
   for (size_t i = 0; i < replicas.size(); ++i) {
@@ -807,21 +822,14 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
     Part& part = parts.front();
     settle(part, part.replica->client->BatchDecode(sub_request(part)));
   } else {
-    // Every part in flight at once on gRPC's callback API (no thread per
-    // part); then the answers, and any recovery, in part order.
-    std::vector<absl::StatusOr<std::vector<v1::AttentionResult>>> answers(
-        parts.size(), absl::UnknownError("no answer"));
-    absl::BlockingCounter pending(static_cast<int>(parts.size()));
-    for (size_t p = 0; p < parts.size(); ++p) {
-      parts[p].replica->client->BatchDecodeAsync(
-          sub_request(parts[p]),
-          [&answers, &pending,
-           p](absl::StatusOr<std::vector<v1::AttentionResult>> answer) {
-            answers[p] = std::move(answer);
-            pending.DecrementCount();
-          });
-    }
-    pending.Wait();
+    // Every part in flight at once; then the answers, and any recovery, in
+    // part order.
+    std::vector<absl::StatusOr<std::vector<v1::AttentionResult>>> answers =
+        AllAnswers<std::vector<v1::AttentionResult>>(
+            parts.size(), [&](size_t p, auto done) {
+              parts[p].replica->client->BatchDecodeAsync(sub_request(parts[p]),
+                                                         std::move(done));
+            });
     for (size_t p = 0; p < parts.size(); ++p) {
       settle(parts[p], std::move(answers[p]));
     }
