@@ -88,9 +88,10 @@ class AttentionBackend {
 
   // Computes every problem in the order documented in attention_problem.h.
   // The problems are independent and may run in parallel; their outputs must
-  // not overlap. Returns INVALID_ARGUMENT when a visible logit overflows or
-  // (policy kError) a row sees no key, naming the row and head, and the
-  // problem's index when the call holds several (the first failing one,
+  // not overlap. Returns INVALID_ARGUMENT when a visible logit overflows,
+  // (policy kError) a row sees no key, or (top-k problems) an index score is
+  // not finite, naming the row (and head, or key), and the problem's index
+  // when the call holds several (the first failing one,
   // attention_problem.h); RESOURCE_EXHAUSTED
   // when the call needs more scratch memory than the backend reserved;
   // INTERNAL on a device failure that concerns this call only; UNAVAILABLE

@@ -342,10 +342,14 @@ bool UnitRunner::PrepareTile(int64_t t0, int64_t t1, bool with_values,
   return true;
 }
 
-std::string UnitRunner::ProblemLabel(absl::string_view separator) const {
-  const int64_t index =
-      pr_.origin != nullptr ? pr_.origin->problem : info_.message_index;
+std::string ProblemLabel(int64_t index, absl::string_view separator) {
   return index < 0 ? "" : absl::StrCat("problem ", index, separator);
+}
+
+std::string UnitRunner::ProblemLabel(absl::string_view separator) const {
+  return cpu::ProblemLabel(
+      pr_.origin != nullptr ? pr_.origin->problem : info_.message_index,
+      separator);
 }
 
 std::string UnitRunner::RowName(int64_t r, int head) const {

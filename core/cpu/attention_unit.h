@@ -50,6 +50,10 @@ struct ProblemInfo {
 // Shape facts of `problem`. REQUIRES: a validated problem.
 ProblemInfo DescribeProblem(const AttentionProblem& problem);
 
+// How error messages name problem `index` of a backend call: "problem N"
+// followed by `separator`, or "" for index -1 (the call held it alone).
+std::string ProblemLabel(int64_t index, absl::string_view separator);
+
 // Query rows [row_begin, row_end) of one problem and every query head that
 // reads KV head `kv_head`. Units write disjoint parts of the outputs.
 struct Unit {
@@ -118,9 +122,8 @@ class UnitRunner {
   int64_t Position(int64_t r) const {
     return pr_.mask.query_start + unit_.row_begin + r;
   }
-  // "problem P" followed by `separator`, or "" when the call held the
-  // problem alone; and "query row R (position X), head H", for messages:
-  // in the numbers of the problem's origin when it has one.
+  // ProblemLabel of this problem; and "query row R (position X), head H",
+  // for messages: in the numbers of the problem's origin when it has one.
   std::string ProblemLabel(absl::string_view separator) const;
   std::string RowName(int64_t r, int head) const;
   // Key `key`'s position for messages (its origin's when it has one).

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/call_control.h"
+#include "core/cpu/attention_unit.h"
 #include "core/dtype.h"
 #include "core/kv_view.h"
 #include "core/status_macros.h"
@@ -270,8 +271,16 @@ absl::Status AttendTopK(
     const int64_t end = std::min(rows, first + group_rows);
     ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
     selected.assign(static_cast<size_t>(end - first), {});
-    ATTN_RETURN_IF_ERROR(
-        SelectRows(problem, pool, score_keys, query_of, first, &selected));
+    if (absl::Status status =
+            SelectRows(problem, pool, score_keys, query_of, first, &selected);
+        !status.ok()) {
+      // Selection errors name their rows and keys by position; in a batch
+      // they also name the problem, as the attention's errors do.
+      return absl::IsInvalidArgument(status)
+                 ? absl::InvalidArgumentError(absl::StrCat(
+                       ProblemLabel(index, ": "), status.message()))
+                 : status;
+    }
     if (spec.selected != nullptr) {
       for (int64_t r = first; r < end; ++r) {
         int64_t* out = spec.selected + r * spec.topk;

@@ -329,7 +329,9 @@ TEST_F(AttentionClientTest, HealthAndInfo) {
   EXPECT_EQ(async_info->version(), info->version());
   auto sync_unknown = client().CheckHealth("no.such.Service");
   EXPECT_EQ(unknown_service.status(), sync_unknown.status());
-  if (sync_unknown.ok()) EXPECT_EQ(*unknown_service, *sync_unknown);
+  if (sync_unknown.ok()) {
+    EXPECT_EQ(*unknown_service, *sync_unknown);
+  }
 }
 
 TEST_F(AttentionClientTest, UnreachableServerIsUnavailableOrDeadline) {

@@ -23,6 +23,7 @@ using ::attention::testing::CheckAgainstReference;
 using ::attention::testing::Config;
 using ::attention::testing::ExpectBitwiseEqual;
 using ::attention::testing::ExpectClose;
+using ::attention::testing::Normal;
 using ::attention::testing::PagedKv;
 using ::attention::testing::ReferenceAttention;
 using ::attention::testing::ReferenceInputs;
@@ -795,6 +796,87 @@ TEST_F(CpuBackendTest, ErrorsNameTheProblemOnlyInABatch) {
   const absl::Status batched = backend_.Attend(batch);
   EXPECT_EQ(batched.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(batched.message().rfind("problem 1: query row 0 (position ", 0), 0u)
+      << batched;
+}
+
+// `c`'s problem as a top-k problem (2 keys per row) with one index head of
+// kIndexDim: index keys appended to a copy of its K bytes (the contiguous
+// view's one block), random index keys and queries, both times
+// `index_scale` (1e20 makes the index scores overflow), weights 1.
+class TopKCase {
+ public:
+  static constexpr int kIndexDim = 4;
+
+  TopKCase(Case& c, float index_scale) {
+    const Config& config = c.config();
+    std::mt19937 rng(11);
+    std::vector<float> raw_keys = Normal(config.num_keys * kIndexDim, rng);
+    for (float& x : raw_keys) x *= index_scale;
+    const Stored index_keys =
+        Store(config.kv_dtype, {config.num_keys, kIndexDim}, raw_keys);
+    keys_ = c.k.bytes;
+    keys_.insert(keys_.end(), index_keys.bytes.begin(), index_keys.bytes.end());
+    std::vector<float> queries = Normal(config.num_queries * kIndexDim, rng);
+    for (float& x : queries) x *= index_scale;
+    index_q_ =
+        Store(DType::kFloat32, {config.num_queries, 1, kIndexDim}, queries);
+    weights_ = Store(DType::kFloat32, {config.num_queries, 1},
+                     std::vector<float>(config.num_queries, 1.0f));
+    k_view_ = c.k.view();
+    k_view_.data = keys_.data();
+    v_view_ = c.v.view();
+    spec_.topk = 2;
+    spec_.index_q = index_q_.view();
+    spec_.index_weights = weights_.view();
+    KvView kv = ContiguousKvView(k_view_, v_view_, storage_);
+    kv.index_dim = kIndexDim;
+    kv.index_offset_bytes = static_cast<int64_t>(c.k.bytes.size());
+    problem_ = c.ProblemWith(kv);
+    problem_.topk = &spec_;
+  }
+
+  const AttentionProblem& problem() const { return problem_; }
+
+ private:
+  std::vector<std::byte> keys_;
+  Stored index_q_, weights_;
+  TensorView k_view_, v_view_;
+  const std::byte* storage_[2] = {};
+  TopKSpec spec_;
+  AttentionProblem problem_;
+};
+
+// In a call mixing top-k and dense problems, an error names the failing
+// problem by its index in the call, whichever kind fails.
+TEST_F(CpuBackendTest, MixedTopKAndDenseErrorsNameTheirIndexInTheCall) {
+  Config good;
+  good.num_queries = 6;
+  Case sparse(good), overflowing(good), dense(good), empty(EmptyRows(4));
+  const TopKCase topk(sparse, 1.0f), bad_topk(overflowing, 1e20f);
+
+  const std::vector<AttentionProblem> ok = {topk.problem(), dense.Problem()};
+  EXPECT_TRUE(backend_.Attend(ok).ok());
+
+  // A dense failure after a top-k problem: its index among all problems.
+  const std::vector<AttentionProblem> dense_fails = {topk.problem(),
+                                                     empty.Problem()};
+  const absl::Status dense_status = backend_.Attend(dense_fails);
+  EXPECT_EQ(dense_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      dense_status.message().rfind("problem 1: query row 0 (position ", 0), 0u)
+      << dense_status;
+
+  // A top-k selection failure: named alone by positions, in a batch also by
+  // its index.
+  const absl::Status alone = backend_.Attend({&bad_topk.problem(), 1});
+  EXPECT_EQ(alone.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alone.message().rfind("the index score of key ", 0), 0u) << alone;
+  const std::vector<AttentionProblem> topk_fails = {dense.Problem(),
+                                                    bad_topk.problem()};
+  const absl::Status batched = backend_.Attend(topk_fails);
+  EXPECT_EQ(batched.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batched.message().rfind("problem 1: the index score of key ", 0),
+            0u)
       << batched;
 }
 
