@@ -76,7 +76,8 @@ struct ClientOptions {
   std::string tls_key_file;
   std::string tls_server_name;
   // Bearer token sent with every call (`authorization: Bearer <token>`) to a
-  // server with --auth_tokens_file; empty = none. Health checks go without.
+  // server with --auth_tokens_file; empty = none. Health checks carry it
+  // too, though the server answers them without one (probes have none).
   std::string auth_token;
 };
 

@@ -771,7 +771,9 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
     auto part = std::find_if(parts.begin(), parts.end(), [&](const Part& p) {
       return p.replica == replica;
     });
-    if (part == parts.end()) part = parts.insert(parts.end(), Part{replica});
+    if (part == parts.end()) {
+      part = parts.insert(parts.end(), Part{replica, {}, absl::OkStatus()});
+    }
     part->steps.push_back(step);
   }
   auto sub_request = [&](const Part& part) {
@@ -783,6 +785,14 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
   // the recovery it calls for.
   auto settle = [&](Part& part,
                     absl::StatusOr<std::vector<v1::AttentionResult>> got) {
+    if (got.ok() && got->size() != part.steps.size()) {
+      // A replica breaking the one-result-per-step contract (another
+      // version?): refuse its answer rather than index past it.
+      part.status = absl::InternalError(absl::StrCat(
+          AddressOf(*part.replica), " answered a BatchDecode of ",
+          part.steps.size(), " steps with ", got->size(), " results"));
+      return;
+    }
     if (got.ok()) {
       for (size_t i = 0; i < part.steps.size(); ++i) {
         (*results)[part.steps[i]] = std::move((*got)[i]);

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -213,9 +214,14 @@ void LingerForMetrics(const AttentionServer& server, const sigset_t& signals,
   Log(LogLevel::kInfo, "metrics_linger",
       {{"linger", absl::FormatDuration(linger)},
        {"metrics_port", server.metrics_port()}});
-  const absl::Time until = absl::Now() + linger;
-  for (absl::Time now = absl::Now(); now < until; now = absl::Now()) {
-    const timespec timeout = absl::ToTimespec(until - now);
+  // Timed on the monotonic clock: a wall-clock step must not stretch the
+  // linger past the pod's grace period.
+  const std::chrono::steady_clock::time_point start =
+      std::chrono::steady_clock::now();
+  for (absl::Duration left = linger; left > absl::ZeroDuration();
+       left = linger -
+              absl::FromChrono(std::chrono::steady_clock::now() - start)) {
+    const timespec timeout = absl::ToTimespec(left);
     const int signal_number = sigtimedwait(&signals, nullptr, &timeout);
     if (signal_number == SIGTERM || signal_number == SIGINT) return;
   }
