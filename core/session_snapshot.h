@@ -42,7 +42,8 @@ uint32_t SnapshotFormatFor(const SessionSpec& spec);
 // Rows per data chunk are chosen to fill about this many bytes (k + v +
 // index_k)...
 inline constexpr int64_t kSnapshotChunkTargetBytes = int64_t{1} << 20;
-// ...and a chunk larger than this is rejected on import.
+// ...and a chunk of several rows larger than this is rejected on import
+// (one row is accepted whatever its size: the spec bounds it).
 inline constexpr int64_t kSnapshotChunkMaxBytes = int64_t{4} << 20;
 
 struct SnapshotHeader {

@@ -105,6 +105,7 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
         {{"session", id}, {"error", seal.status().ToString()}});
     return Outcome::kFailed;
   }
+  InDoubt in_doubt;
   for (const Peer& peer : peers) {
     // An export this replica refuses (an MLA or top-k session) goes nowhere.
     absl::StatusOr<std::unique_ptr<SessionExport>> session_export =
@@ -115,8 +116,8 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
       return Outcome::kRefused;
     }
     bool moved = false;
-    const absl::Status sent =
-        MoveTo(peer, *seal, *std::move(session_export), deadline, &moved);
+    const absl::Status sent = MoveTo(peer, *seal, *std::move(session_export),
+                                     deadline, &in_doubt, &moved);
     if (sent.ok() || moved) {
       // Never live on two replicas: an unknown outcome counts as moved.
       seal->Commit(peer.advertise_address);
@@ -137,7 +138,7 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
 absl::Status SessionHandover::MoveTo(
     const Peer& peer, SessionSeal& seal,
     std::unique_ptr<SessionExport> session_export, absl::Time deadline,
-    bool* moved) {
+    InDoubt* in_doubt, bool* moved) {
   *moved = false;
   Doubt first = Doubt::kNone;
   for (int attempt = 0;; ++attempt) {
@@ -145,10 +146,16 @@ absl::Status SessionHandover::MoveTo(
       ATTN_ASSIGN_OR_RETURN(session_export, engine_->ExportSealed(seal));
     }
     Doubt doubt = Doubt::kNone;
-    const absl::Status sent = SendTo(peer, *session_export, deadline, &doubt);
+    const absl::Status sent =
+        SendTo(peer, *session_export, deadline, in_doubt, &doubt);
     if (attempt == 0) first = doubt;
-    // Settled: the peer holds the session, or refused it.
-    if (sent.ok() || doubt == Doubt::kNone) return sent;
+    if (sent.ok()) return sent;
+    if (doubt == Doubt::kNone) {
+      // Refused. A second attempt's refusal (say, the peer began draining)
+      // says nothing of what the first one left there.
+      *moved = first == Doubt::kUnknown;
+      return sent;
+    }
     if (attempt == 1 || absl::Now() >= deadline) {
       // Still in doubt: moved if either answer may mean the peer created it.
       *moved = first == Doubt::kUnknown || doubt == Doubt::kUnknown;
@@ -163,7 +170,8 @@ absl::Status SessionHandover::MoveTo(
 
 absl::Status SessionHandover::SendTo(const Peer& peer,
                                      SessionExport& session_export,
-                                     absl::Time deadline, Doubt* doubt) {
+                                     absl::Time deadline, InDoubt* in_doubt,
+                                     Doubt* doubt) {
   *doubt = Doubt::kNone;
   auto stub = v1::AttentionService::NewStub(peer.client->channel());
   grpc::ClientContext context;
@@ -197,17 +205,15 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
     if (metrics_ != nullptr) metrics_->RecordExport(*written);
     return absl::OkStatus();
   }
-  const std::pair<std::string, std::string> attempt{
-      session_export.header().session_id, peer.advertise_address};
   if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS &&
-      in_doubt_.contains(attempt)) {
+      in_doubt->contains(peer.advertise_address)) {
     // An earlier attempt whose answer was lost created it there.
     Log(LogLevel::kWarning, "handover_found_on_peer",
         {{"to", peer.advertise_address}, {"error", status.error_message()}});
     return absl::OkStatus();
   }
   *doubt = DoubtOf(status, all_sent);
-  if (*doubt != Doubt::kNone) in_doubt_.insert(attempt);
+  if (*doubt != Doubt::kNone) in_doubt->insert(peer.advertise_address);
   if (!written.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {
     return written.status();
   }

@@ -25,10 +25,13 @@
 // was sent: the peer may have created the session) the same peer is asked
 // again; the peer then answers ALREADY_EXISTS for its id if the earlier
 // attempt created it, which counts as moved. Only then: without such an
-// attempt, ALREADY_EXISTS is a refusal (the peer holds another copy, e.g.
-// one a client imported keeping the id, which may be older than this
-// one). Still in doubt, a session counts as moved unless both answers were
-// broken connections (what a peer that started to drain gives at once).
+// attempt under the same seal, ALREADY_EXISTS is a refusal (the peer holds
+// another copy, e.g. one a client imported keeping the id, or one an
+// earlier seal left there before the session changed again). Still in
+// doubt, a session counts as moved unless both answers were broken
+// connections (what a peer that started to drain gives at once); a first
+// answer that may mean the peer created it counts even when the second
+// attempt is refused outright.
 // Sessions that could not
 // be moved (no SERVING peer, every peer refused, the export refused - MLA
 // and top-k sessions, calls that kept it busy) stay here; the drain then
@@ -87,27 +90,31 @@ class SessionHandover {
   enum class Outcome { kSent, kFailed, kRefused, kNoPeer, kGone };
   // Moves session `id`: seals it, tries the peers in order.
   Outcome HandOver(const std::string& id, absl::Time deadline);
+  // Addresses of the peers whose import of the current seal left a doubt.
+  // Per seal: after a seal is released the session changes again, so an
+  // older copy a peer may hold is no longer it.
+  using InDoubt = absl::flat_hash_set<std::string>;
   // Imports sealed session `seal` into `peer` (first from
   // `session_export`, of `seal`), asking again once when the answer leaves
   // a doubt (a peer that holds the session answers ALREADY_EXISTS). OK
   // when the peer holds it now; otherwise `*moved` says whether to count it
-  // as moved all the same (a kUnknown answer: never live on two replicas).
+  // as moved all the same (a kUnknown answer, even if the second attempt
+  // was refused: never live on two replicas).
   absl::Status MoveTo(const Peer& peer, SessionSeal& seal,
                       std::unique_ptr<SessionExport> session_export,
-                      absl::Time deadline, bool* moved);
+                      absl::Time deadline, InDoubt* in_doubt, bool* moved);
   // One ImportSession call carrying `session_export` (of a sealed session)
   // to `peer`. OK when the peer holds the session now (also when an
-  // attempt of this hand-over left it there: ALREADY_EXISTS for its id
-  // after a doubt); `*doubt` qualifies a failure.
+  // attempt of this seal left it there: ALREADY_EXISTS from a peer in
+  // `*in_doubt`); `*doubt` qualifies a failure, which adds the peer to
+  // `*in_doubt` unless it is kNone.
   absl::Status SendTo(const Peer& peer, SessionExport& session_export,
-                      absl::Time deadline, Doubt* doubt);
+                      absl::Time deadline, InDoubt* in_doubt, Doubt* doubt);
 
   AttentionEngine* const engine_;
   Peers* const peers_;
   ServerMetrics* const metrics_;
   const std::string self_address_;
-  // (session id, peer address) of the attempts whose answer left a doubt.
-  absl::flat_hash_set<std::pair<std::string, std::string>> in_doubt_;
 };
 
 }  // namespace attention::server

@@ -196,6 +196,33 @@ TEST(SessionSnapshotTest, RoundTripContinuesBitwise) {
   }
 }
 
+// A token wider than a snapshot chunk's limit (5 MiB of fp32 K/V: 640 KV
+// heads of 1024 + 1024, with --kv_block_bytes of 8 MiB) moves one token
+// per chunk and imports: a one-row chunk is accepted whatever its size.
+TEST(SessionSnapshotTest, TokensWiderThanAChunkMoveOneAtATime) {
+  const Shape4 shape{640, 640, 1024, 1024};
+  SessionSpec spec = MakeSpec(shape, DType::kFloat32);
+  spec.num_layers = 1;
+  spec.layers.resize(1);
+  std::mt19937 rng(7);
+  auto source = MakeEngine(int64_t{64} << 20, int64_t{8} << 20);
+  auto target = MakeEngine(int64_t{64} << 20, int64_t{8} << 20);
+  auto created = source->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(created.ok()) << created.status();
+  const std::string id = created->session_id;
+  Tokens t(4, shape, rng, DType::kFloat32);
+  Append(*source, id, 0, t, 0, 3);
+  const Snapshot snapshot = Export(*source, id);
+  ASSERT_EQ(snapshot.chunks.size(), 3u);
+  EXPECT_GT(static_cast<int64_t>(snapshot.chunks[0].k.size() +
+                                 snapshot.chunks[0].v.size()),
+            kSnapshotChunkMaxBytes);
+  auto imported = Import(*target, snapshot);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(Append(*target, imported->session_id, 0, t, 3, 4),
+            Append(*source, id, 0, t, 3, 4));
+}
+
 // MLA shared-latent and top-k sessions: one latent vector per token and no
 // v, and each top-k token's index key, move bit for bit (format version 2);
 // the imported session continues bitwise (outputs, LSE, selections) on
