@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,9 +60,22 @@ absl::Status SyncDirectory(const std::string& dir) {
 }
 
 absl::Status EnsureDirectory(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST) {
+  if (::mkdir(dir.c_str(), 0700) == 0) {
+    // A new directory outlives a power loss only once its entry in the
+    // parent directory is on disk.
+    std::filesystem::path path(dir);
+    if (!path.has_filename()) path = path.parent_path();  // "dir/"
+    const std::filesystem::path parent = path.parent_path();
+    const absl::Status synced =
+        SyncDirectory(parent.empty() ? "." : parent.string());
+    // The snapshots can still be written: say so rather than fail them.
+    if (!synced.ok()) {
+      Log(LogLevel::kWarning, "snapshot_dir_not_synced",
+          {{"dir", dir}, {"error", synced.ToString()}});
+    }
     return absl::OkStatus();
   }
+  if (errno == EEXIST) return absl::OkStatus();
   return FileError("cannot create directory", dir);
 }
 
