@@ -4,8 +4,8 @@
 // small KV pool, while the parent SIGKILLs workers at random moments. Then
 // it checks that the server is alive, answered only documented status
 // codes, returns to its baseline sessions and KV bytes once the leftovers
-// are deleted, and that its RSS grew by less than --max_rss_growth after
-// the warm-up. Exits 1 on any violation.
+// are deleted, and that its RSS grew by less than --max_rss_growth (or
+// --rss_growth_slack_bytes) after the warm-up. Exits 1 on any violation.
 //
 //   attn-soak --server_binary=build/server/attention-server --duration=60s
 //   attn-soak --target=127.0.0.1:50051 --server_pid=1234 --duration=10m
@@ -57,6 +57,9 @@ ABSL_FLAG(bool, fill_pool, true,
           "(committed on first write) are resident before the warm-up ends");
 ABSL_FLAG(double, max_rss_growth, 0.05,
           "Largest allowed RSS growth from warm-up to end (0.05 = 5 %)");
+ABSL_FLAG(int64_t, rss_growth_slack_bytes, int64_t{4} << 20,
+          "RSS growth below this many bytes passes whatever its share "
+          "(allocator noise)");
 ABSL_FLAG(int, workers, 3, "Worker processes running at once");
 ABSL_FLAG(int, threads_per_worker, 3, "Client threads in each worker");
 ABSL_FLAG(absl::Duration, kill_interval, absl::Seconds(3),
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
   options.duration = absl::GetFlag(FLAGS_duration);
   options.warmup = absl::GetFlag(FLAGS_warmup);
   options.max_rss_growth = absl::GetFlag(FLAGS_max_rss_growth);
+  options.rss_growth_slack_bytes = absl::GetFlag(FLAGS_rss_growth_slack_bytes);
   options.fill_pool = absl::GetFlag(FLAGS_fill_pool);
   options.workers = absl::GetFlag(FLAGS_workers);
   options.threads_per_worker = absl::GetFlag(FLAGS_threads_per_worker);

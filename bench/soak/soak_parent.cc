@@ -447,16 +447,21 @@ class Soak {
     const double growth = static_cast<double>(summary_.rss_end_bytes) /
                               summary_.rss_warmup_bytes -
                           1;
-    check.outcome =
-        growth < options_.max_rss_growth ? Outcome::kPass : Outcome::kFail;
+    const bool within_slack =
+        summary_.rss_end_bytes - summary_.rss_warmup_bytes <
+        options_.rss_growth_slack_bytes;
+    check.outcome = growth < options_.max_rss_growth || within_slack
+                        ? Outcome::kPass
+                        : Outcome::kFail;
     check.detail = absl::StrFormat(
-        "VmRSS %.1f MiB at %s -> %.1f MiB at %s: %+.2f%% (limit %+.0f%%; "
-        "medians of 1 s samples over %s)",
+        "VmRSS %.1f MiB at %s -> %.1f MiB at %s: %+.2f%% (limit %+.0f%%, or "
+        "%.1f MiB; medians of 1 s samples over %s)",
         summary_.rss_warmup_bytes / 1048576.0,
         absl::FormatDuration(options_.warmup),
         summary_.rss_end_bytes / 1048576.0,
         absl::FormatDuration(summary_.duration), 100 * growth,
         100 * options_.max_rss_growth,
+        options_.rss_growth_slack_bytes / 1048576.0,
         absl::FormatDuration(options_.rss_window));
     return check;
   }
