@@ -143,6 +143,8 @@ absl::Status SessionHandover::MoveTo(
   Doubt first = Doubt::kNone;
   for (int attempt = 0;; ++attempt) {
     if (attempt > 0) {
+      // A re-export that fails leaves the first attempt's doubt standing.
+      *moved = first == Doubt::kUnknown;
       ATTN_ASSIGN_OR_RETURN(session_export, engine_->ExportSealed(seal));
     }
     Doubt doubt = Doubt::kNone;

@@ -31,7 +31,7 @@
 // doubt, a session counts as moved unless both answers were broken
 // connections (what a peer that started to drain gives at once); a first
 // answer that may mean the peer created it counts even when the second
-// attempt is refused outright.
+// attempt is refused outright or cannot be exported again.
 // Sessions that could not
 // be moved (no SERVING peer, every peer refused, the export refused - MLA
 // and top-k sessions, calls that kept it busy) stay here; the drain then
@@ -99,7 +99,7 @@ class SessionHandover {
   // a doubt (a peer that holds the session answers ALREADY_EXISTS). OK
   // when the peer holds it now; otherwise `*moved` says whether to count it
   // as moved all the same (a kUnknown answer, even if the second attempt
-  // was refused: never live on two replicas).
+  // was refused or its re-export failed: never live on two replicas).
   absl::Status MoveTo(const Peer& peer, SessionSeal& seal,
                       std::unique_ptr<SessionExport> session_export,
                       absl::Time deadline, InDoubt* in_doubt, bool* moved);
