@@ -84,9 +84,12 @@ struct MaskSpec {
 // The selection of a top-k problem. For query row t at position p, key s
 // (visible under the mask) scores
 //   score(s) = sum_j w[t][j] * f(dot(q_index[t][j], k_index[s]))
-// in float32: the dot over index_dim in increasing d from +0 (one fused
-// multiply-add per element, lanes as kernels.h's canonical dot), f the
-// layer's IndexScore, the sum over j in increasing j from +0. The row keeps
+// in float32: the dot over index_dim in 16 lanes, lane l adding the rounded
+// products of d = l (mod 16) in increasing d from +0 (a separate multiply
+// and add, never fused), the lanes then summed pairwise as kernels.h's
+// canonical dot; f the layer's IndexScore; the sum over j adding the
+// rounded w[t][j] * f(dot) in increasing j from +0 (cpu/index_kernels.h
+// has the exact order). The row keeps
 // the `topk` visible keys of highest score, ties broken by the lower
 // position (all of them when at most `topk` are visible).
 // REQUIRES: kv.index_dim == index_q.dim(2) > 0, finite inputs.

@@ -26,6 +26,16 @@ constexpr int64_t kKeysPerPiece = 2048;
 // block tables take 16 bytes per key).
 constexpr int64_t kSelectedKeysPerBatch = int64_t{1} << 20;
 
+// Index-query floats converted at a time: rows run in groups that hold at
+// most this many (or one row), so that many rows of narrow index heads,
+// each padded to whole lanes, cannot make a call allocate many times the
+// size of its request.
+constexpr int64_t kIndexQueryFloatsPerGroup = int64_t{1} << 18;
+
+// Keys scored between two checks for cancellation and the deadline, as
+// the dense kernels check once per chunk of keys.
+constexpr int64_t kKeysPerCheck = kKeysPerSplit;
+
 // A view of `positions` (increasing) of `kv` as keys [0, n): each selected
 // token is a block of one token, addressed in place, so the dense kernels
 // read exactly the keys and values a gathered copy would hold, in the same
@@ -83,7 +93,12 @@ absl::Status SelectTopK(const AttentionProblem& problem, int64_t row,
   auto score_piece = [&](int64_t begin, int64_t end) -> absl::Status {
     float run_scores[kScoresPerRun];
     int64_t f = begin;
+    int64_t next_check = begin;
     while (f < end) {
+      if (f >= next_check) {
+        ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
+        next_check = f + kKeysPerCheck;
+      }
       const int64_t pos = visible.at(f);
       const int64_t block_end =
           (pos / kv.tokens_per_block + 1) * kv.tokens_per_block;
@@ -235,41 +250,50 @@ absl::Status AttendTopK(
   const int64_t rows = problem.q.dim(0);
 
   // The index queries as the kernels take them: float32, each padded with
-  // zeros to whole lanes.
+  // zeros to whole lanes; converted one group of rows at a time.
   const int index_heads = static_cast<int>(spec.index_q.dim(1));
   const int index_dim = static_cast<int>(spec.index_q.dim(2));
   const int index_stride = IndexDimPadded(index_dim);
-  std::vector<float> index_q(
-      static_cast<size_t>(rows * index_heads * index_stride), 0.0f);
+  const int64_t row_query_floats = int64_t{index_heads} * index_stride;
   const int64_t index_q_bytes =
       int64_t{index_dim} * DTypeSize(spec.index_q.dtype);
-  for (int64_t qh = 0; qh < rows * index_heads; ++qh) {
-    ConvertToFloat(spec.index_q.dtype, spec.index_q.data + qh * index_q_bytes,
-                   index_dim, index_q.data() + qh * index_stride);
-  }
-  std::vector<float> weights(
-      static_cast<size_t>(spec.index_weights.num_elements()));
-  ConvertToFloat(spec.index_weights.dtype, spec.index_weights.data,
-                 spec.index_weights.num_elements(), weights.data());
+  const int64_t weight_bytes = DTypeSize(spec.index_weights.dtype);
+  std::vector<float> index_q;
+  std::vector<float> weights;
+  int64_t first = 0;
   auto query_of = [&](int64_t row) -> IndexQuery {
-    return IndexQuery{.q = index_q.data() + row * index_heads * index_stride,
-                      .w = weights.data() + row * index_heads,
+    return IndexQuery{.q = index_q.data() + (row - first) * row_query_floats,
+                      .w = weights.data() + (row - first) * index_heads,
                       .heads = index_heads,
                       .dim = index_dim,
                       .f = spec.score};
   };
   // Rows run in groups whose selections together hold at most
-  // kSelectedKeysPerBatch keys (a row selects at most min(topk, length)),
-  // so that a long prefill's memory stays bounded whatever topk is; each
-  // row's selection and output depend on that row alone.
+  // kSelectedKeysPerBatch keys (a row selects at most min(topk, length))
+  // and whose index queries at most kIndexQueryFloatsPerGroup floats, so
+  // that a long prefill's memory stays bounded whatever topk and the index
+  // shape are; each row's selection and output depend on that row alone.
   const int64_t most_per_row =
       std::max<int64_t>(1, std::min<int64_t>(spec.topk, kv.length));
-  const int64_t group_rows =
-      std::max<int64_t>(1, kSelectedKeysPerBatch / most_per_row);
+  const int64_t group_rows = std::max<int64_t>(
+      1, std::min(kSelectedKeysPerBatch / most_per_row,
+                  kIndexQueryFloatsPerGroup / row_query_floats));
   std::vector<std::vector<int64_t>> selected;
-  for (int64_t first = 0; first < rows; first += group_rows) {
+  for (; first < rows; first += group_rows) {
     const int64_t end = std::min(rows, first + group_rows);
     ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
+    const int64_t group_heads = (end - first) * index_heads;
+    index_q.assign(static_cast<size_t>(group_heads * index_stride), 0.0f);
+    for (int64_t qh = 0; qh < group_heads; ++qh) {
+      ConvertToFloat(
+          spec.index_q.dtype,
+          spec.index_q.data + (first * index_heads + qh) * index_q_bytes,
+          index_dim, index_q.data() + qh * index_stride);
+    }
+    weights.resize(static_cast<size_t>(group_heads));
+    ConvertToFloat(spec.index_weights.dtype,
+                   spec.index_weights.data + first * index_heads * weight_bytes,
+                   group_heads, weights.data());
     selected.assign(static_cast<size_t>(end - first), {});
     if (absl::Status status =
             SelectRows(problem, pool, score_keys, query_of, first, &selected);

@@ -70,7 +70,8 @@ SessionSpec TopKSpec(int topk) {
 // exact and ties are frequent (the tie rule decides).
 struct Tokens {
   HostTensor q, k, v, index_k, index_q, index_w;
-  Tokens(int64_t count, uint32_t seed) {
+  Tokens(int64_t count, uint32_t seed, int index_heads = kIndexHeads,
+         int index_dim = kIndexDim) {
     std::mt19937 rng(seed);
     q = RandomTensor({count, kHeads, kDim}, rng);
     k = RandomTensor({count, kKvHeads, kDim}, rng);
@@ -81,9 +82,9 @@ struct Tokens {
       for (float& x : values) x = static_cast<float>(small(rng));
       return FloatTensor(shape, values);
     };
-    index_k = integers({count, kIndexDim});
-    index_q = integers({count, kIndexHeads, kIndexDim});
-    index_w = integers({count, kIndexHeads});
+    index_k = integers({count, index_dim});
+    index_q = integers({count, index_heads, index_dim});
+    index_w = integers({count, index_heads});
   }
 };
 
@@ -325,6 +326,44 @@ TEST(TopKAttentionTest, ALongPrefillWithALargeKIsBitwiseItsChunks) {
   EXPECT_NE(one_shot->topk_indices[(total - 1) * topk + topk - 1], -1);
   EXPECT_EQ(ReferenceSelection(t, total - 1, total - 1, spec.layers[0]).size(),
             static_cast<size_t>(topk));
+}
+
+TEST(TopKAttentionTest, ManyNarrowIndexHeadsRunInGroupsBitwiseTheirChunks) {
+  // 256 index heads of one element are padded to 16 lanes each: 4096
+  // floats of index queries per row, so a prefill converts them for at
+  // most 64 rows at a time (2^18 floats) and 200 rows run in four groups.
+  // Each row's selection and output must not depend on its group.
+  auto engine = MakeEngine();
+  SessionSpec spec = TopKSpec(/*topk=*/12);
+  spec.index_heads = 256;
+  spec.index_dim = 1;
+  auto whole = engine->CreateSession(spec, absl::ZeroDuration());
+  auto pieces = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(whole.ok() && pieces.ok());
+  const int64_t total = 200;
+  const Tokens t(total, 11, spec.index_heads, spec.index_dim);
+  auto one_shot =
+      engine->Append(Request(whole->session_id, 0, t, 0, total, true));
+  ASSERT_TRUE(one_shot.ok()) << one_shot.status();
+  const std::vector<float> expected = ToFloats(one_shot->output);
+  const int64_t row = kHeads * kValueDim;
+  int64_t start = 0;
+  for (int64_t size : {1, 63, 70, 66}) {
+    auto out = engine->Append(
+        Request(pieces->session_id, 0, t, start, start + size, true));
+    ASSERT_TRUE(out.ok()) << out.status();
+    const std::vector<float> got = ToFloats(out->output);
+    EXPECT_TRUE(
+        std::equal(got.begin(), got.end(), expected.begin() + start * row))
+        << "chunk at " << start;
+    EXPECT_TRUE(std::equal(out->topk_indices.begin(), out->topk_indices.end(),
+                           one_shot->topk_indices.begin() + start * 12))
+        << "chunk at " << start;
+    start += size;
+  }
+  EXPECT_EQ(start, total);
+  // The last row selected 12 of the 200 keys it sees.
+  EXPECT_NE(one_shot->topk_indices[(total - 1) * 12 + 11], -1);
 }
 
 TEST(TopKAttentionTest, BadIndexInputsFailAndChangeNothing) {
