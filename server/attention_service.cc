@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/client_string.h"
 #include "core/moved_sessions.h"
+#include "core/session_spec.h"
 #include "core/status_macros.h"
 #include "server/append_reply.h"
 #include "server/decode_stream_reactor.h"
@@ -105,6 +106,13 @@ absl::StatusOr<Tenant> AttentionServiceImpl::Caller(
   return authenticator_->Authenticate(context);
 }
 
+absl::Status AttentionServiceImpl::CheckSessionInfoSizeOf(
+    const std::string& session_id, const Tenant& tenant) const {
+  ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
+                        engine_->GetSession(session_id, tenant));
+  return CheckSessionInfoSize(info.spec, max_message_bytes_);
+}
+
 void AttentionServiceImpl::SessionReply(const SessionInfo& info,
                                         v1::SessionInfo* out) const {
   SessionInfoToProto(info, out);
@@ -143,6 +151,10 @@ grpc::Status AttentionServiceImpl::CreateSession(
     if (draining_.load(std::memory_order_acquire)) return Draining();
     ATTN_ASSIGN_OR_RETURN(SessionSpec spec,
                           SessionSpecFromProto(request->spec()));
+    ATTN_ASSIGN_OR_RETURN(
+        const SessionSpec resolved,
+        ResolveSessionSpec(spec, engine_->options().sessions.limits));
+    ATTN_RETURN_IF_ERROR(CheckSessionInfoSize(resolved, max_message_bytes_));
     ATTN_ASSIGN_OR_RETURN(
         SessionInfo info, UnlessDraining([&] {
           return engine_->CreateSession(
@@ -242,6 +254,7 @@ grpc::Status AttentionServiceImpl::ForkSession(
           engine_->GetSession(request->session_id(), tenant).status());
       return Draining();
     }
+    ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));
     ATTN_ASSIGN_OR_RETURN(SessionInfo info, UnlessDraining([&] {
                             return engine_->ForkSession(request->session_id(),
                                                         tenant);
@@ -258,6 +271,7 @@ grpc::Status AttentionServiceImpl::TruncateSession(
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
+    ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));
     ATTN_ASSIGN_OR_RETURN(
         SessionInfo info,
         engine_->TruncateSession(request->session_id(), request->length(),
@@ -453,7 +467,7 @@ grpc::Status AttentionServiceImpl::ImportSession(
     ATTN_ASSIGN_OR_RETURN(
         ReadImport read,
         ReadSessionImport(
-            *engine_, std::move(options), keep,
+            *engine_, std::move(options), keep, max_message_bytes_,
             [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
               const bool more =
                   !context->IsCancelled() && reader->Read(record);

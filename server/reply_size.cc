@@ -1,7 +1,13 @@
 #include "server/reply_size.h"
 
+#include <cstdint>
+#include <limits>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "attention/v1/attention.pb.h"
+#include "server/proto_convert.h"
 
 namespace attention::server {
 namespace {
@@ -9,6 +15,11 @@ namespace {
 // Upper bound of an AttentionResult's encoding beyond its tensors' bytes:
 // field tags, lengths, shapes, dtypes and the position.
 constexpr double kResultFramingBytes = 256;
+
+// Longest session id (generated or kept by an import) and owner address a
+// SessionInfo reply carries.
+constexpr size_t kSessionIdBytes = 64;
+constexpr double kOwnerBytes = 1024;
 
 double ResultBytes(double tokens, double heads, double value_dim,
                    DType output_dtype, bool lse, double weights) {
@@ -62,6 +73,35 @@ absl::Status CheckReplySize(double bytes, int64_t max_message_bytes) {
       " bytes (--max_message_bytes); nothing was computed or applied. Send "
       "fewer tokens per call (chunks give bitwise the same outputs), ask for "
       "output_dtype FLOAT16 or BFLOAT16, or drop return_weights/return_lse"));
+}
+
+double SessionInfoReplyBytes(const SessionSpec& spec) {
+  SessionInfo info;
+  info.session_id.assign(kSessionIdBytes, 'x');
+  info.spec = spec;
+  info.layer_lengths.assign(static_cast<size_t>(spec.num_layers),
+                            spec.max_tokens);
+  info.kv_cache_bytes = std::numeric_limits<int64_t>::max();
+  info.metadata_bytes = std::numeric_limits<int64_t>::max();
+  v1::SessionInfo proto;
+  SessionInfoToProto(info, &proto);
+  return static_cast<double>(proto.ByteSizeLong()) + kOwnerBytes;
+}
+
+absl::Status CheckSessionInfoSize(const SessionSpec& spec,
+                                  int64_t max_message_bytes) {
+  const double bytes = SessionInfoReplyBytes(spec);
+  if (bytes <= static_cast<double>(max_message_bytes)) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the session's SessionInfo (its spec, every layer spelled out) would "
+      "take up to ",
+      absl::StrFormat("%.0f", bytes),
+      " bytes, over the server's message limit of ", max_message_bytes,
+      " bytes (--max_message_bytes), so no reply could carry it; nothing was "
+      "created or changed. Use fewer layers or sink_logits, or raise the "
+      "limit"));
 }
 
 }  // namespace attention::server

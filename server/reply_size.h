@@ -27,6 +27,19 @@ double StatelessReplyBytes(const StatelessRequest& request);
 // reply of `bytes` would pass `max_message_bytes`.
 absl::Status CheckReplySize(double bytes, int64_t max_message_bytes);
 
+// Bytes of the SessionInfo reply of a session with the resolved `spec` at
+// its largest: a 64-byte id, every layer at spec.max_tokens and an owner
+// address of up to 1 KiB. A resolved spec repeats its layer entries
+// num_layers times, so a short CreateSession can name a spec of megabytes.
+double SessionInfoReplyBytes(const SessionSpec& spec);
+
+// RESOURCE_EXHAUSTED when the SessionInfo of a session with the resolved
+// `spec` could pass `max_message_bytes`: CreateSession, ForkSession,
+// TruncateSession and ImportSession check it before they change anything,
+// since their reply is that SessionInfo.
+absl::Status CheckSessionInfoSize(const SessionSpec& spec,
+                                  int64_t max_message_bytes);
+
 }  // namespace attention::server
 
 #endif  // ATTENTION_SERVER_REPLY_SIZE_H_

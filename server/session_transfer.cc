@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "server/proto_convert.h"
+#include "server/reply_size.h"
 
 namespace attention::server {
 
@@ -116,6 +117,7 @@ absl::Status Truncated(absl::string_view what) {
 
 absl::StatusOr<ReadImport> ReadSessionImport(
     AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
+    int64_t max_message_bytes,
     const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read) {
   v1::SessionChunk record;
   ATTN_ASSIGN_OR_RETURN(bool more, read(&record));
@@ -137,6 +139,7 @@ absl::StatusOr<ReadImport> ReadSessionImport(
   }
   ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
                         SnapshotHeaderFromProto(record.header()));
+  ATTN_RETURN_IF_ERROR(CheckSessionInfoSize(header.spec, max_message_bytes));
   ReadImport result;
   result.kv_bytes = header.kv_bytes;
   ATTN_ASSIGN_OR_RETURN(result.import, engine.BeginImport(header, options));

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -211,6 +212,7 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
       ReadImport read,
       ReadSessionImport(
           engine, options, KeepSessionId::kAllowed,
+          std::numeric_limits<int64_t>::max(),
           [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
             unsigned char prefix[4];
             ATTN_ASSIGN_OR_RETURN(

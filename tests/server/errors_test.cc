@@ -457,6 +457,26 @@ TEST_F(ErrorsTest, MessagesAboveTheLimitAreRejected) {
   EXPECT_TRUE(result.status().code() == StatusCode::kInvalidArgument ||
               result.status().code() == StatusCode::kResourceExhausted)
       << result.status();
+  // A 1 KiB layer entry spelled out for 64 layers: the SessionInfo that
+  // CreateSession (or a fork or truncation of it) answers with would not
+  // fit the limit, so the session is not created.
+  v1::SessionSpec wide = MakeSpec(64, 256, 1, 16);
+  wide.clear_layers();
+  v1::LayerSpec* layer = wide.add_layers();
+  for (int h = 0; h < 256; ++h) layer->add_sink_logits(0.5f);
+  auto refused = client().CreateSession(wide);
+  ATTN_EXPECT_CODE(refused, StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("--max_message_bytes"),
+            std::string::npos)
+      << refused.status();
+  ExpectUnchanged("a spec whose SessionInfo passes the limit");
+  // The same spec with 16 layers fits, and so do its fork and truncation.
+  wide.set_num_layers(16);
+  auto fits = client().CreateSession(wide);
+  ATTN_ASSERT_OK(fits);
+  EXPECT_EQ(fits->spec().layers_size(), 16);
+  ATTN_EXPECT_OK(client().ForkSession(fits->session_id()));
+  ATTN_EXPECT_OK(client().TruncateSession(fits->session_id(), 0));
 }
 
 }  // namespace
