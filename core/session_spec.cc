@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
 
 namespace attention {
 namespace {
@@ -77,13 +78,25 @@ absl::Status ValidateLayer(const LayerSpec& layer, absl::string_view name,
 
 }  // namespace
 
+absl::Status CheckLayerEntries(int64_t entries, int64_t num_layers) {
+  if (entries <= 1 || entries == num_layers) return absl::OkStatus();
+  return SpecError(
+      "layers",
+      absl::StrCat("must have 0 entries (all full causal), 1 entry (applies "
+                   "to every layer) or num_layers = ",
+                   num_layers, " entries, got ", entries));
+}
+
 absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                                                const SpecLimits& limits) {
-  SessionSpec out = spec;
   if (auto s = CheckRange("num_layers", spec.num_layers, 1, limits.max_layers);
       !s.ok()) {
     return s;
   }
+  // Before the spec (and its layer entries) is copied.
+  ATTN_RETURN_IF_ERROR(CheckLayerEntries(
+      static_cast<int64_t>(spec.layers.size()), spec.num_layers));
+  SessionSpec out = spec;
   if (auto s = CheckRange("num_q_heads", spec.num_q_heads, 1, limits.max_heads);
       !s.ok()) {
     return s;
@@ -157,13 +170,6 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
   }
 
   const size_t num_layers = static_cast<size_t>(spec.num_layers);
-  if (spec.layers.size() > 1 && spec.layers.size() != num_layers) {
-    return SpecError(
-        "layers",
-        absl::StrCat("must have 0 entries (all full causal), 1 entry (applies "
-                     "to every layer) or num_layers = ",
-                     spec.num_layers, " entries, got ", spec.layers.size()));
-  }
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     if (auto s = ValidateLayer(spec.layers[i], absl::StrCat("layers[", i, "]"),
                                spec.num_q_heads, limits.max_tokens_limit);

@@ -76,6 +76,12 @@ struct SpecLimits {
   int32_t max_model_bytes = 256;
 };
 
+// OK when a spec of `num_layers` layers may have `entries` layer entries:
+// none (every layer full causal), one (applies to every layer) or exactly
+// num_layers; INVALID_ARGUMENT otherwise. ResolveSessionSpec checks it; a
+// translation from the wire checks it before converting the entries.
+absl::Status CheckLayerEntries(int64_t entries, int64_t num_layers);
+
 // Validates `spec` and fills its defaults: value_dim, scale, max_tokens, and
 // `layers` expanded to exactly num_layers entries. INVALID_ARGUMENT with a
 // message naming the offending field for any violation.

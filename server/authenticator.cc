@@ -84,8 +84,13 @@ absl::StatusOr<Tenant> Authenticator::Authenticate(
       return absl::UnauthenticatedError(
           "the authorization metadata must be 'Bearer <token>'");
     }
-    const TokenDigest digest = DigestToken(
-        absl::StripAsciiWhitespace(value.substr(kBearerPrefix.size())));
+    const absl::string_view token =
+        absl::StripAsciiWhitespace(value.substr(kBearerPrefix.size()));
+    if (token.empty()) {
+      return absl::UnauthenticatedError(
+          "the bearer token is empty; send 'Bearer <token>'");
+    }
+    const TokenDigest digest = DigestToken(token);
     absl::MutexLock lock(&mu_);
     // Every digest is compared, in constant time, so that the time taken
     // says nothing about which (or whether one) matched.
@@ -132,6 +137,9 @@ absl::StatusOr<Tenant> Authenticator::Authenticate(
 
 absl::Status Authenticator::Reload() {
   if (options_.tokens_file.empty()) return absl::OkStatus();
+  // One reload at a time (SIGHUP and the watcher): the file read last is
+  // the one put in force, never an older one read before it.
+  absl::MutexLock reloading(&reload_mu_);
   // stat before reading: a change made meanwhile is seen by the next poll.
   struct stat info = {};
   const bool have_info = stat(options_.tokens_file.c_str(), &info) == 0;

@@ -105,6 +105,8 @@ class Authenticator {
 
   const AuthenticatorOptions options_;
 
+  // Held across a whole Reload (read, then put in force); taken before mu_.
+  absl::Mutex reload_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
   // What the tokens file looked like when last read (stat(2)).

@@ -15,11 +15,19 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
                         const Authenticator* authenticator)
       : info_(info),
         authenticator_(authenticator),
-        method_(info->method() != nullptr ? info->method() : "") {}
+        method_(info->method() != nullptr ? info->method() : ""),
+        single_request_(
+            info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY ||
+            info->type() ==
+                grpc::experimental::ServerRpcInfo::Type::SERVER_STREAMING) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods)
       override {
-    if (methods->QueryInterceptionHookPoint(
+    // No received message where the method takes exactly one means its
+    // bytes did not parse. A streaming request also ends with no message,
+    // at its clean end, so there a missing message says nothing.
+    if (single_request_ &&
+        methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::POST_RECV_MESSAGE) &&
         methods->GetRecvMessage() == nullptr) {
       unparsed_ = true;
@@ -61,6 +69,7 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   grpc::experimental::ServerRpcInfo* const info_;
   const Authenticator* const authenticator_;
   const std::string method_;
+  const bool single_request_;
   bool unparsed_ = false;
 };
 

@@ -5,9 +5,11 @@
 //
 // gRPC deserializes a unary request before our handler runs and, when that
 // fails, answers without calling it. The interceptor notes the failure
-// (POST_RECV_MESSAGE without a message) and rewrites that status when it is
-// sent (PRE_SEND_STATUS). Streaming reads that fail end the stream inside
-// gRPC, which does not let the server choose their status. A caller the
+// (POST_RECV_MESSAGE without a message, on a method that takes one request
+// message) and rewrites that status when it is sent (PRE_SEND_STATUS).
+// Streaming reads that fail end the stream inside gRPC, which does not let
+// the server choose their status; their clean end also arrives as no
+// message, so streaming requests are left alone. A caller the
 // server's authenticator refuses gets UNAUTHENTICATED instead, as it would
 // with a valid message: the handler that would have said so never ran.
 #ifndef ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_

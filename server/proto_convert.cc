@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/session_spec.h"
 #include "core/status_macros.h"
 
 namespace attention::server {
@@ -179,6 +180,8 @@ absl::StatusOr<SessionSpec> SessionSpecFromProto(const v1::SessionSpec& spec) {
   if (!kv_dtype.ok()) return kv_dtype.status();
   out.kv_dtype = *kv_dtype;
   out.scale = spec.scale();
+  ATTN_RETURN_IF_ERROR(
+      CheckLayerEntries(spec.layers_size(), spec.num_layers()));
   out.layers.reserve(spec.layers_size());
   for (const v1::LayerSpec& layer : spec.layers()) {
     LayerSpec& converted = out.layers.emplace_back();

@@ -94,6 +94,12 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(
                        "the digest must be the token's SHA-256 as 64 hex "
                        "digits (e.g. printf %s TOKEN | sha256sum)");
     }
+    if (hex == DigestTokenHex("")) {
+      return LineError(line_number,
+                       "the digest is the SHA-256 of an empty token (an unset "
+                       "variable in printf %s \"$TOKEN\" | sha256sum?); "
+                       "hash the tenant's real token");
+    }
     const std::string bytes = absl::HexStringToBytes(hex);
     std::memcpy(entry.digest.data(), bytes.data(), entry.digest.size());
     ATTN_ASSIGN_OR_RETURN(entry.tenant.quota.max_sessions,
@@ -110,6 +116,12 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(
                        "tenant its own token");
     }
     entries.push_back(std::move(entry));
+  }
+  if (entries.empty()) {
+    return absl::InvalidArgumentError(
+        "it lists no tenant, so no call could authenticate (a file read "
+        "while being rewritten in place?); list at least one, and replace "
+        "the file by renaming a complete one over it");
   }
   return entries;
 }

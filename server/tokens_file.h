@@ -37,7 +37,9 @@ std::string DigestTokenHex(absl::string_view token);
 // wrong (never quoting the line, which could hold a token pasted by
 // mistake): not 4 fields, a tenant name that is not 1-64 of [A-Za-z0-9._-], a
 // digest that is not 64 hex digits, a limit that is neither '-' nor an
-// integer >= 0, a tenant or digest listed twice.
+// integer >= 0, a tenant or digest listed twice, the digest of the empty
+// token, or no tenant at all (what a file read halfway through an in-place
+// rewrite looks like).
 absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(absl::string_view text);
 
 // Reads and parses the file at `path`. INVALID_ARGUMENT naming the path when

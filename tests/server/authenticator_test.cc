@@ -54,7 +54,8 @@ TEST_F(AuthenticatorTest, TokensNameTheirTenant) {
   EXPECT_EQ((*authenticator)->Authenticate(Metadata{}, nullptr).status().code(),
             absl::StatusCode::kUnauthenticated);
   for (const std::string value :
-       {"good-token", "Basic good-token", "Bearer ", "Bearer bad-token"}) {
+       {"good-token", "Basic good-token", "Bearer ", "Bearer   ", "Bearer \t\v",
+        "Bearer bad-token"}) {
     const absl::Status status =
         WithAuthorization(**authenticator, value).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << value;
@@ -74,6 +75,12 @@ TEST_F(AuthenticatorTest, AFailedReloadKeepsThePreviousTenants) {
       {.tokens_file = file_, .reload_interval = absl::ZeroDuration()});
   ASSERT_TRUE(authenticator.ok());
   ASSERT_TRUE(testing::WriteFileAtomically(file_, "team x - -\n"));
+  EXPECT_EQ((*authenticator)->Reload().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(WithAuthorization(**authenticator, "Bearer good-token").ok());
+  // An empty file is what a reload sees halfway through an in-place
+  // rewrite: it is refused too, not taken as "no tenants".
+  ASSERT_TRUE(testing::WriteFileAtomically(file_, ""));
   EXPECT_EQ((*authenticator)->Reload().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(WithAuthorization(**authenticator, "Bearer good-token").ok());

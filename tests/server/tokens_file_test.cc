@@ -33,7 +33,6 @@ TEST(TokensFileTest, ParsesTenantsQuotasAndComments) {
   EXPECT_EQ((*entries)[1].tenant.name, "batch");
   EXPECT_FALSE((*entries)[1].tenant.quota.max_sessions.has_value());
   EXPECT_FALSE((*entries)[1].tenant.quota.max_kv_bytes.has_value());
-  EXPECT_TRUE(ParseTokensFile("")->empty());
 }
 
 TEST(TokensFileTest, ErrorsNameTheLineAndNeverQuoteIt) {
@@ -50,6 +49,10 @@ TEST(TokensFileTest, ErrorsNameTheLineAndNeverQuoteIt) {
       {absl::StrCat(good, good), "line 2: tenant a is listed twice"},
       {absl::StrCat(good, "b ", kTestDigest, " - -\n"),
        "line 2: this digest is already another tenant's"},
+      {absl::StrCat(good, "b ", DigestTokenHex(""), " - -\n"),
+       "line 2: the digest is the SHA-256 of an empty token"},
+      {"", "lists no tenant"},
+      {"# tenant digest max_sessions max_kv_bytes\n\n", "lists no tenant"},
   };
   for (const auto& c : cases) {
     auto entries = ParseTokensFile(c.text);
