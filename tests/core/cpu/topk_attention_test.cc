@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -290,29 +291,31 @@ TEST(TopKAttentionTest, ChunkedBatchedForkedAndTruncatedAreBitwiseOneShot) {
                          one_shot[0].begin() + (total - 1) * row));
 }
 
-TEST(TopKAttentionTest, ALongPrefillWithALargeKIsBitwiseItsChunks) {
-  // 2048 rows selecting up to 1024 keys each exceed what one group of rows
-  // may hold (2^20 selected keys), so the one-shot prefill runs in two
-  // groups; the chunks (1000 rows: one group; 1048: two) must agree with
-  // it bitwise, selections included.
-  auto engine = MakeEngine();
-  const int topk = 1024;
-  const SessionSpec spec = TopKSpec(topk);
-  auto whole = engine->CreateSession(spec, absl::ZeroDuration());
-  auto pieces = engine->CreateSession(spec, absl::ZeroDuration());
-  ASSERT_TRUE(whole.ok() && pieces.ok());
-  const int64_t total = 2048;
-  const Tokens t(total, 7);
+// Appends t's rows to layer 0 of one new session of `spec` in one call and
+// of another in chunks of `sizes` rows (summing to all of them), and
+// expects every chunk's outputs and selections to be bitwise the one-shot
+// call's rows. Returns the one-shot call's result.
+AttentionOutput ExpectChunksBitwiseOneShot(
+    AttentionEngine& engine, const SessionSpec& spec, const Tokens& t,
+    std::initializer_list<int64_t> sizes) {
+  auto whole = engine.CreateSession(spec, absl::ZeroDuration());
+  auto pieces = engine.CreateSession(spec, absl::ZeroDuration());
+  EXPECT_TRUE(whole.ok() && pieces.ok());
+  if (!whole.ok() || !pieces.ok()) return {};
+  const int64_t total = t.q.shape[0];
+  const int topk = spec.layers[0].topk;
   auto one_shot =
-      engine->Append(Request(whole->session_id, 0, t, 0, total, true));
-  ASSERT_TRUE(one_shot.ok()) << one_shot.status();
+      engine.Append(Request(whole->session_id, 0, t, 0, total, true));
+  EXPECT_TRUE(one_shot.ok()) << one_shot.status();
+  if (!one_shot.ok()) return {};
   const std::vector<float> expected = ToFloats(one_shot->output);
   const int64_t row = kHeads * kValueDim;
   int64_t start = 0;
-  for (int64_t size : {1000, 1048}) {
-    auto out = engine->Append(
+  for (int64_t size : sizes) {
+    auto out = engine.Append(
         Request(pieces->session_id, 0, t, start, start + size, true));
-    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE(out.ok()) << out.status();
+    if (!out.ok()) return {};
     const std::vector<float> got = ToFloats(out->output);
     EXPECT_TRUE(
         std::equal(got.begin(), got.end(), expected.begin() + start * row))
@@ -322,8 +325,25 @@ TEST(TopKAttentionTest, ALongPrefillWithALargeKIsBitwiseItsChunks) {
         << "chunk at " << start;
     start += size;
   }
+  EXPECT_EQ(start, total);
+  return *std::move(one_shot);
+}
+
+TEST(TopKAttentionTest, ALongPrefillWithALargeKIsBitwiseItsChunks) {
+  // 2048 rows selecting up to 1024 keys each exceed what one group of rows
+  // may hold (2^20 selected keys), so the one-shot prefill runs in two
+  // groups; the chunks (1000 rows: one group; 1048: two) must agree with
+  // it bitwise, selections included.
+  auto engine = MakeEngine();
+  const int topk = 1024;
+  const SessionSpec spec = TopKSpec(topk);
+  const int64_t total = 2048;
+  const Tokens t(total, 7);
+  const AttentionOutput one_shot =
+      ExpectChunksBitwiseOneShot(*engine, spec, t, {1000, 1048});
+  ASSERT_EQ(one_shot.topk_indices.size(), static_cast<size_t>(total * topk));
   // A late row selected k keys, not all it sees.
-  EXPECT_NE(one_shot->topk_indices[(total - 1) * topk + topk - 1], -1);
+  EXPECT_NE(one_shot.topk_indices[(total - 1) * topk + topk - 1], -1);
   EXPECT_EQ(ReferenceSelection(t, total - 1, total - 1, spec.layers[0]).size(),
             static_cast<size_t>(topk));
 }
@@ -337,33 +357,13 @@ TEST(TopKAttentionTest, ManyNarrowIndexHeadsRunInGroupsBitwiseTheirChunks) {
   SessionSpec spec = TopKSpec(/*topk=*/12);
   spec.index_heads = 256;
   spec.index_dim = 1;
-  auto whole = engine->CreateSession(spec, absl::ZeroDuration());
-  auto pieces = engine->CreateSession(spec, absl::ZeroDuration());
-  ASSERT_TRUE(whole.ok() && pieces.ok());
   const int64_t total = 200;
   const Tokens t(total, 11, spec.index_heads, spec.index_dim);
-  auto one_shot =
-      engine->Append(Request(whole->session_id, 0, t, 0, total, true));
-  ASSERT_TRUE(one_shot.ok()) << one_shot.status();
-  const std::vector<float> expected = ToFloats(one_shot->output);
-  const int64_t row = kHeads * kValueDim;
-  int64_t start = 0;
-  for (int64_t size : {1, 63, 70, 66}) {
-    auto out = engine->Append(
-        Request(pieces->session_id, 0, t, start, start + size, true));
-    ASSERT_TRUE(out.ok()) << out.status();
-    const std::vector<float> got = ToFloats(out->output);
-    EXPECT_TRUE(
-        std::equal(got.begin(), got.end(), expected.begin() + start * row))
-        << "chunk at " << start;
-    EXPECT_TRUE(std::equal(out->topk_indices.begin(), out->topk_indices.end(),
-                           one_shot->topk_indices.begin() + start * 12))
-        << "chunk at " << start;
-    start += size;
-  }
-  EXPECT_EQ(start, total);
+  const AttentionOutput one_shot =
+      ExpectChunksBitwiseOneShot(*engine, spec, t, {1, 63, 70, 66});
+  ASSERT_EQ(one_shot.topk_indices.size(), static_cast<size_t>(total * 12));
   // The last row selected 12 of the 200 keys it sees.
-  EXPECT_NE(one_shot->topk_indices[(total - 1) * 12 + 11], -1);
+  EXPECT_NE(one_shot.topk_indices[(total - 1) * 12 + 11], -1);
 }
 
 TEST(TopKAttentionTest, BadIndexInputsFailAndChangeNothing) {
