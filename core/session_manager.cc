@@ -194,7 +194,7 @@ absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
   const absl::Time now = options_.now();
   std::vector<std::shared_ptr<Session>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
-  AwaitUnsealed(id);
+  AwaitUnsealed(id, tenant);
   auto it = sessions_.find(id);
   // Another tenant's session is answered exactly as a missing one.
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
@@ -251,7 +251,7 @@ absl::Status SessionManager::Delete(const std::string& id,
   ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass, changes_.Enter());
   std::vector<std::shared_ptr<Session>> removed;  // freed outside the lock
   absl::MutexLock lock(&mu_);
-  AwaitUnsealed(id);
+  AwaitUnsealed(id, tenant);
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
     return NotFound(id, tenant);
@@ -293,8 +293,11 @@ absl::Status SessionManager::NotFound(const std::string& id,
   return SessionNotFound(id);
 }
 
-void SessionManager::AwaitUnsealed(const std::string& id) {
-  if (sealed_.empty()) return;
+void SessionManager::AwaitUnsealed(const std::string& id,
+                                   const Tenant& tenant) {
+  if (!sealed_.contains(id)) return;
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second->owner() != tenant.name) return;
   const auto unsealed = [this, &id]() {
     mu_.AssertHeld();
     return !sealed_.contains(id);

@@ -209,8 +209,11 @@ class SessionManager {
   // What a lookup of `id` by `tenant` that found nothing answers: the
   // redirect when `id` moved and was `tenant`'s, else plain NOT_FOUND.
   absl::Status NotFound(const std::string& id, const Tenant& tenant) const;
-  // Blocks while `id` is sealed.
-  void AwaitUnsealed(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks while `id` is sealed, when it is `tenant`'s. Another tenant's
+  // lookup finds nothing either way and does not wait: waiting would tell
+  // it that the id exists and is being moved.
+  void AwaitUnsealed(const std::string& id, const Tenant& tenant)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SessionSeal's end: unseals `session`; with `new_owner` also removes it
   // and records the move.
   void EndSeal(const std::shared_ptr<Session>& session,

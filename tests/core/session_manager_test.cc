@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
@@ -353,7 +354,21 @@ TEST_F(SessionManagerTest, ASealMakesCallsWaitAndCommitRedirectsThem) {
   });
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_FALSE(done.load());  // waits while sealed
+  // Another tenant's lookups answer at once, as for an unknown id: no wait
+  // tells it the id exists and is being moved.
+  absl::Status bob_get, bob_delete;
+  absl::Notification bob_done;
+  std::thread bob_call([&] {
+    bob_get = manager.Get(id, bob).status();
+    bob_delete = manager.Delete(id, bob);
+    bob_done.Notify();
+  });
+  EXPECT_TRUE(bob_done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   seal->Commit("replica-1.example:50051");
+  bob_call.join();
+  EXPECT_EQ(bob_get.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(bob_delete.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(MovedSessionOwner(bob_get), std::nullopt);
   call.join();
   EXPECT_EQ(waited.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(MovedSessionOwner(waited), "replica-1.example:50051");
