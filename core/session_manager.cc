@@ -177,6 +177,7 @@ absl::Status SessionManager::Insert(std::shared_ptr<Session> session,
   ATTN_RETURN_IF_ERROR(session->usage().AddSession(quota));
   metadata_bytes_ += bytes;
   ++created_total_;
+  by_owner_.emplace(session->owner(), session->id());
   sessions_.emplace(session->id(), std::move(session));
   return absl::OkStatus();
 }
@@ -185,6 +186,7 @@ SessionManager::Table::iterator SessionManager::Erase(
     Table::iterator it, std::vector<std::shared_ptr<Session>>* removed) {
   metadata_bytes_ -= it->second->metadata_bytes();
   it->second->usage().RemoveSession();
+  by_owner_.erase({it->second->owner(), it->first});
   removed->push_back(std::move(it->second));
   return sessions_.erase(it);
 }
@@ -226,10 +228,12 @@ std::vector<std::shared_ptr<Session>> SessionManager::List(
     const std::string& after, int64_t limit, const Tenant& tenant) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Session>> sessions;
-  for (auto it = sessions_.upper_bound(after);
-       it != sessions_.end() && static_cast<int64_t>(sessions.size()) < limit;
+  for (auto it = by_owner_.upper_bound({tenant.name, after});
+       it != by_owner_.end() && it->first == tenant.name &&
+       static_cast<int64_t>(sessions.size()) < limit;
        ++it) {
-    if (it->second->owner() == tenant.name) sessions.push_back(it->second);
+    auto session = sessions_.find(it->second);
+    if (session != sessions_.end()) sessions.push_back(session->second);
   }
   return sessions;
 }

@@ -8,10 +8,12 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -123,7 +125,8 @@ class SessionManager {
       const std::string& id, const Tenant& tenant = DefaultTenant()) const;
 
   // Up to `limit` of `tenant`'s live sessions whose ids come after `after`,
-  // in increasing id order ("" starts at the first).
+  // in increasing id order ("" starts at the first). Reads only `tenant`'s
+  // sessions, however many other tenants hold.
   std::vector<std::shared_ptr<Session>> List(
       const std::string& after, int64_t limit,
       const Tenant& tenant = DefaultTenant()) const;
@@ -233,6 +236,11 @@ class SessionManager {
   mutable absl::Mutex mu_;
   // Ordered, so that ListSessions pages through a stable order.
   absl::btree_map<std::string, std::shared_ptr<Session>> sessions_
+      ABSL_GUARDED_BY(mu_);
+  // The same sessions as (owner, id), so that List reads one tenant's page
+  // without scanning the others' sessions under the lock. Kept by Insert
+  // and Erase, the only places that change sessions_.
+  absl::btree_set<std::pair<std::string, std::string>> by_owner_
       ABSL_GUARDED_BY(mu_);
   // The accounting of tenants, by name (see UsageOf).
   absl::flat_hash_map<std::string, std::shared_ptr<TenantUsage>> tenants_

@@ -1,6 +1,7 @@
 #include "core/session_manager.h"
 
 #include <atomic>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <set>
@@ -284,6 +285,44 @@ Tenant NamedTenant(const std::string& name) {
   Tenant tenant;
   tenant.name = name;
   return tenant;
+}
+
+TEST_F(SessionManagerTest, ListPagesThroughOneTenantsSessionsOnly) {
+  SessionManager manager = MakeManager(1000);
+  const Tenant alice = NamedTenant("alice");
+  const Tenant bob = NamedTenant("bob");
+  std::set<std::string> alices, bobs;
+  for (int i = 0; i < 30; ++i) {
+    const Tenant& owner = i % 3 == 0 ? alice : bob;
+    auto session = manager.Create(SmallSpec(), absl::ZeroDuration(), owner);
+    ASSERT_TRUE(session.ok()) << session.status();
+    (i % 3 == 0 ? alices : bobs).insert((*session)->id());
+  }
+  // Deleted sessions leave the listing; the others keep their order.
+  const std::string deleted = *std::next(alices.begin(), 4);
+  ASSERT_TRUE(manager.Delete(deleted, alice).ok());
+  alices.erase(deleted);
+  ASSERT_TRUE(manager.Delete(*bobs.begin(), bob).ok());
+  bobs.erase(bobs.begin());
+  auto list_all = [&](const Tenant& tenant) {
+    std::vector<std::string> listed;
+    std::string after;
+    while (true) {
+      auto page = manager.List(after, 3, tenant);
+      if (page.empty()) break;
+      EXPECT_LE(page.size(), 3u);
+      for (const auto& session : page) {
+        EXPECT_EQ(session->owner(), tenant.name);
+        listed.push_back(session->id());
+      }
+      after = listed.back();
+    }
+    return listed;
+  };
+  EXPECT_EQ(list_all(alice),
+            std::vector<std::string>(alices.begin(), alices.end()));
+  EXPECT_EQ(list_all(bob), std::vector<std::string>(bobs.begin(), bobs.end()));
+  EXPECT_TRUE(manager.List("", 10, NamedTenant("carol")).empty());
 }
 
 TEST_F(SessionManagerTest, AccountingOfTenantsWithoutSessionsIsDropped) {
