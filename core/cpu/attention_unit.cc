@@ -263,6 +263,7 @@ ElementType UnitRunner::LoadRows(int64_t t0, int64_t t1, bool values,
   const int dim = values ? info_.value_dim : info_.head_dim;
   const int stride = values ? info_.value_dim_padded : info_.head_dim_padded;
   if (direct) {
+    if (CoversTile(t0, t1)) return info_.kv_type;
     // Zero bytes are +0 in every element type.
     const std::byte* zeros =
         reinterpret_cast<const std::byte*>(scratch_.zeros.Zeros(stride));

@@ -153,6 +153,14 @@ class UnitRunner {
   // rows[0, t1 - t0); nullptr for positions no row of the unit sees.
   void FindRows(int64_t t0, int64_t t1, bool values,
                 const std::byte** rows) const;
+  // Whether the unit's keys include every position of [t0, t1) (FindRows
+  // then leaves no row missing).
+  bool CoversTile(int64_t t0, int64_t t1) const {
+    for (int i = 0; i < unit_.keys.count; ++i) {
+      if (unit_.keys.begin[i] <= t0 && t1 <= unit_.keys.end[i]) return true;
+    }
+    return false;
+  }
   // Row pointers for the kernels: FindRows with zeros for missing rows,
   // or rows converted to padded floats; returns their element type.
   ElementType LoadRows(int64_t t0, int64_t t1, bool values,
