@@ -367,6 +367,40 @@ TEST_F(SessionSnapshotTest, ImportRespectsThePool) {
   EXPECT_EQ(info->active_sessions(), 0);
 }
 
+// An import whose SessionInfo reply could, at its largest (the spec's 64
+// layers spelled out, the longest id and owner), pass the server's message
+// limit is refused right after its header, before anything is reserved, as
+// create, fork and truncate are. Every record of this stream fits the limit;
+// without the check the import goes through.
+TEST_F(SessionSnapshotTest, ImportRespectsTheMessageLimit) {
+  v1::SessionSpec wide = MakeSpec(64, 256, 1, 16);
+  wide.clear_layers();
+  v1::LayerSpec* layer = wide.add_layers();
+  for (int h = 0; h < 256; ++h) layer->add_sink_logits(0.5f);
+  auto created = a_->client->CreateSession(wide);
+  ATTN_ASSERT_OK(created);
+  auto records = Export(*a_->client, created->session_id());
+  ATTN_ASSERT_OK(records);
+  server::ServerOptions options = TestServerOptions();
+  options.max_message_bytes =
+      static_cast<int64_t>(records->front().ByteSizeLong()) + 256;
+  for (const v1::SessionChunk& record : *records) {
+    ASSERT_LE(static_cast<int64_t>(record.ByteSizeLong()),
+              options.max_message_bytes);
+  }
+  auto small = StartTestServer(options);
+  ATTN_ASSERT_OK(small);
+  auto imported = Import(*(*small)->client, *records);
+  ATTN_EXPECT_CODE(imported, absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(imported.status().message().find("--max_message_bytes"),
+            std::string::npos)
+      << imported.status();
+  auto info = (*small)->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->active_sessions(), 0);
+  EXPECT_EQ(info->kv_cache_used_bytes(), 0);
+}
+
 // A transfer whose peer stops moving messages is cancelled after
 // --transfer_stall_timeout, and what it held goes: an import's reserved
 // blocks, an export's pinned ones.
