@@ -5,6 +5,7 @@
 #include "core/cpu/topk_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <initializer_list>
 #include <memory>
@@ -13,9 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "core/call_control.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/engine.h"
+#include "core/work_plan.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_tensors.h"
 
@@ -448,6 +452,72 @@ TEST(TopKAttentionTest, IndexKeysAreCountedInKvBytes) {
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->kv_cache_bytes, 2 * 4096);
   EXPECT_EQ(tokens / 36, 2);
+}
+
+// A CallControl that counts its checks and, from check `cancel_at` on
+// (counting from 1), answers CANCELLED.
+class CountingControl : public CallControl {
+ public:
+  explicit CountingControl(int cancel_at = 0) : cancel_at_(cancel_at) {}
+  absl::Status Check() const override {
+    const int call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (cancel_at_ > 0 && call >= cancel_at_) {
+      return absl::CancelledError("cancelled by the test");
+    }
+    return absl::OkStatus();
+  }
+  int calls() const { return calls_.load(std::memory_order_relaxed); }
+
+ private:
+  const int cancel_at_;
+  mutable std::atomic<int> calls_{0};
+};
+
+// Scoring a row's visible keys asks the call's control between pieces of
+// kKeysPerSplit keys, as the dense kernels do between chunks: a decode step
+// over 3000 keys checks it at least once per such piece more than one over
+// 100 (the rest of the call, attention over the 8 selected keys included,
+// checks the same number of times). A step cancelled while it scores
+// changes nothing.
+TEST(TopKAttentionTest, ScoringChecksTheCallEveryChunkOfKeys) {
+  auto engine = MakeEngine();
+  SessionSpec spec = TopKSpec(8);
+  spec.num_layers = 1;
+  spec.layers.resize(1);
+  constexpr int64_t kLong = 3000;
+  constexpr int64_t kShort = 100;
+  const Tokens t(kLong + 1, 6);
+  auto checks_of_step = [&](int64_t context) {
+    auto info = engine->CreateSession(spec, absl::ZeroDuration());
+    EXPECT_TRUE(info.ok()) << info.status();
+    EXPECT_TRUE(
+        engine->Append(Request(info->session_id, 0, t, 0, context, true)).ok());
+    CountingControl control;
+    AppendRequest step =
+        Request(info->session_id, 0, t, context, context + 1, true);
+    step.control = &control;
+    EXPECT_TRUE(engine->Append(step).ok());
+    return control.calls();
+  };
+  const int short_checks = checks_of_step(kShort);
+  const int long_checks = checks_of_step(kLong);
+  EXPECT_GE(long_checks - short_checks, (kLong - kShort) / kKeysPerSplit - 1)
+      << short_checks << " checks at " << kShort << " keys, " << long_checks
+      << " at " << kLong;
+
+  auto info = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(info.ok());
+  ASSERT_TRUE(
+      engine->Append(Request(info->session_id, 0, t, 0, kLong, true)).ok());
+  const int64_t kv_bytes = engine->GetSession(info->session_id)->kv_cache_bytes;
+  CountingControl cancel(short_checks + 2);
+  AppendRequest step = Request(info->session_id, 0, t, kLong, kLong + 1, true);
+  step.control = &cancel;
+  EXPECT_EQ(engine->Append(step).status().code(), absl::StatusCode::kCancelled);
+  auto after = engine->GetSession(info->session_id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->layer_lengths, std::vector<int64_t>{kLong});
+  EXPECT_EQ(after->kv_cache_bytes, kv_bytes);
 }
 
 // The seeds' shortlist: length 2048, dim 32, index rank 8 (the first 8
