@@ -475,46 +475,56 @@ class CountingControl : public CallControl {
 
 // Scoring a row's visible keys asks the call's control between pieces of
 // kKeysPerSplit keys, as the dense kernels do between chunks: a decode step
-// over 3000 keys checks it at least once per such piece more than one over
+// over 4000 keys checks it at least once per such piece more than one over
 // 100 (the rest of the call, attention over the 8 selected keys included,
-// checks the same number of times). A step cancelled while it scores
-// changes nothing.
+// checks the same number of times before and after the scoring). A step
+// cancelled while it scores changes nothing.
 TEST(TopKAttentionTest, ScoringChecksTheCallEveryChunkOfKeys) {
   auto engine = MakeEngine();
   SessionSpec spec = TopKSpec(8);
   spec.num_layers = 1;
   spec.layers.resize(1);
-  constexpr int64_t kLong = 3000;
+  constexpr int64_t kLong = 4000;
   constexpr int64_t kShort = 100;
   const Tokens t(kLong + 1, 6);
-  auto checks_of_step = [&](int64_t context) {
+  auto session_of = [&](int64_t context) -> std::string {
     auto info = engine->CreateSession(spec, absl::ZeroDuration());
-    EXPECT_TRUE(info.ok()) << info.status();
+    if (!info.ok()) {
+      ADD_FAILURE() << info.status();
+      return "";
+    }
     EXPECT_TRUE(
         engine->Append(Request(info->session_id, 0, t, 0, context, true)).ok());
+    return info->session_id;
+  };
+  auto checks_of_step = [&](int64_t context) {
     CountingControl control;
     AppendRequest step =
-        Request(info->session_id, 0, t, context, context + 1, true);
+        Request(session_of(context), 0, t, context, context + 1, true);
     step.control = &control;
     EXPECT_TRUE(engine->Append(step).ok());
     return control.calls();
   };
+  // Checks before the scoring (b), of it (s) and after it (a): the short
+  // step makes b + 1 + a, the long one b + s + a.
   const int short_checks = checks_of_step(kShort);
   const int long_checks = checks_of_step(kLong);
-  EXPECT_GE(long_checks - short_checks, (kLong - kShort) / kKeysPerSplit - 1)
+  const int long_scoring_checks = long_checks - short_checks + 1;
+  EXPECT_GE(long_scoring_checks, kLong / kKeysPerSplit)
       << short_checks << " checks at " << kShort << " keys, " << long_checks
       << " at " << kLong;
 
-  auto info = engine->CreateSession(spec, absl::ZeroDuration());
-  ASSERT_TRUE(info.ok());
-  ASSERT_TRUE(
-      engine->Append(Request(info->session_id, 0, t, 0, kLong, true)).ok());
-  const int64_t kv_bytes = engine->GetSession(info->session_id)->kv_cache_bytes;
-  CountingControl cancel(short_checks + 2);
-  AppendRequest step = Request(info->session_id, 0, t, kLong, kLong + 1, true);
+  // Check number short_checks = b + a + 1 of the long step comes after the
+  // b before the scoring, and within the scoring when s >= a + 1, which
+  // s >= b + a + 1 ensures.
+  ASSERT_GE(long_scoring_checks, short_checks);
+  const std::string id = session_of(kLong);
+  const int64_t kv_bytes = engine->GetSession(id)->kv_cache_bytes;
+  CountingControl cancel(short_checks);
+  AppendRequest step = Request(id, 0, t, kLong, kLong + 1, true);
   step.control = &cancel;
   EXPECT_EQ(engine->Append(step).status().code(), absl::StatusCode::kCancelled);
-  auto after = engine->GetSession(info->session_id);
+  auto after = engine->GetSession(id);
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->layer_lengths, std::vector<int64_t>{kLong});
   EXPECT_EQ(after->kv_cache_bytes, kv_bytes);
