@@ -241,8 +241,9 @@ inline void KeyDots(const TileJob& job, const float* const* q,
       // Lines [b, b + 1) * kKeys * kLines / kBlocks of the next rows, in
       // line-major order (every row's first line, then every second line).
       if (next != nullptr) {
+        // No unroll pragma: the bounds are constants once the loop over b
+        // is unrolled, and GCC warns where it is not (-O1 sanitizer builds).
         constexpr int kTotal = kKeys * kLines;
-#pragma GCC unroll 16
         for (int p = b * kTotal / kBlocks; p < (b + 1) * kTotal / kBlocks;
              ++p) {
           if (const std::byte* row = next[p % kKeys]) {
