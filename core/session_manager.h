@@ -115,7 +115,7 @@ class SessionManager {
   // NOT_FOUND for an unknown or expired id, or one of another tenant (the
   // redirect for a moved one). The session is in use (it cannot expire)
   // until the returned ref goes (see SessionRef for its idle clock). Waits
-  // while the session is sealed.
+  // while the session is sealed, when it is `tenant`'s.
   absl::StatusOr<SessionRef> Get(const std::string& id,
                                  const Tenant& tenant = DefaultTenant());
 
@@ -135,8 +135,8 @@ class SessionManager {
   std::vector<std::shared_ptr<Session>> ListAllTenants(const std::string& after,
                                                        int64_t limit) const;
 
-  // Removes the session at once. NOT_FOUND as Get; waits while it is
-  // sealed.
+  // Removes the session at once. NOT_FOUND as Get; waits as Get while it
+  // is sealed.
   absl::Status Delete(const std::string& id,
                       const Tenant& tenant = DefaultTenant());
 
@@ -234,7 +234,7 @@ class SessionManager {
   const SessionManagerOptions options_;
 
   mutable absl::Mutex mu_;
-  // Ordered, so that ListSessions pages through a stable order.
+  // Ordered, so that ListAllTenants pages through a stable order.
   absl::btree_map<std::string, std::shared_ptr<Session>> sessions_
       ABSL_GUARDED_BY(mu_);
   // The same sessions as (owner, id), so that List reads one tenant's page
