@@ -5,10 +5,10 @@
 // for the session paths (they must agree bitwise).
 #include "core/engine.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <atomic>
 #include <memory>
 #include <random>
 #include <string>
@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "core/call_control.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/kv_size.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_tensors.h"
+#include "tests/core/withdraw_at.h"
 
 namespace attention {
 namespace {
@@ -29,6 +29,7 @@ using testing::FloatTensor;
 using testing::HostTensor;
 using testing::RandomTensor;
 using testing::ToFloats;
+using testing::WithdrawAt;
 
 constexpr int kLayers = 3;
 constexpr int kQHeads = 4;
@@ -526,26 +527,6 @@ TEST_F(EngineTest, FailedCallsChangeNothing) {
   EXPECT_EQ(Info(id).layer_lengths, before.layer_lengths);
   EXPECT_EQ(engine_->stats().pool.used_bytes, pool_before);
 }
-
-// Withdraws its call from the `fail_at`-th check on (counting from 0) with
-// `code`, and counts the checks.
-class WithdrawAt : public CallControl {
- public:
-  WithdrawAt(int64_t fail_at, absl::StatusCode code)
-      : fail_at_(fail_at), code_(code) {}
-  absl::Status Check() const override {
-    if (checks_.fetch_add(1) >= fail_at_) {
-      return absl::Status(code_, "withdrawn by the test");
-    }
-    return absl::OkStatus();
-  }
-  int64_t checks() const { return checks_.load(); }
-
- private:
-  const int64_t fail_at_;
-  const absl::StatusCode code_;
-  mutable std::atomic<int64_t> checks_{0};
-};
 
 TEST_F(EngineTest, WithdrawnCallsStopAndChangeNothing) {
   const std::string id = NewSession();

@@ -5,9 +5,9 @@
 #include "core/cpu/topk_attention.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -16,12 +16,12 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "core/call_control.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/engine.h"
 #include "core/work_plan.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_tensors.h"
+#include "tests/core/withdraw_at.h"
 
 namespace attention {
 namespace {
@@ -30,6 +30,7 @@ using testing::FloatTensor;
 using testing::HostTensor;
 using testing::RandomTensor;
 using testing::ToFloats;
+using testing::WithdrawAt;
 
 constexpr int kHeads = 4;
 constexpr int kKvHeads = 2;
@@ -454,25 +455,6 @@ TEST(TopKAttentionTest, IndexKeysAreCountedInKvBytes) {
   EXPECT_EQ(tokens / 36, 2);
 }
 
-// A CallControl that counts its checks and, from check `cancel_at` on
-// (counting from 1), answers CANCELLED.
-class CountingControl : public CallControl {
- public:
-  explicit CountingControl(int cancel_at = 0) : cancel_at_(cancel_at) {}
-  absl::Status Check() const override {
-    const int call = calls_.fetch_add(1, std::memory_order_relaxed) + 1;
-    if (cancel_at_ > 0 && call >= cancel_at_) {
-      return absl::CancelledError("cancelled by the test");
-    }
-    return absl::OkStatus();
-  }
-  int calls() const { return calls_.load(std::memory_order_relaxed); }
-
- private:
-  const int cancel_at_;
-  mutable std::atomic<int> calls_{0};
-};
-
 // Scoring a row's visible keys asks the call's control between pieces of
 // kKeysPerSplit keys, as the dense kernels do between chunks: a decode step
 // over 4000 keys checks it at least once per such piece more than one over
@@ -498,18 +480,19 @@ TEST(TopKAttentionTest, ScoringChecksTheCallEveryChunkOfKeys) {
     return info->session_id;
   };
   auto checks_of_step = [&](int64_t context) {
-    CountingControl control;
+    WithdrawAt control(std::numeric_limits<int64_t>::max(),
+                       absl::StatusCode::kCancelled);
     AppendRequest step =
         Request(session_of(context), 0, t, context, context + 1, true);
     step.control = &control;
     EXPECT_TRUE(engine->Append(step).ok());
-    return control.calls();
+    return control.checks();
   };
   // Checks before the scoring (b), of it (s) and after it (a): the short
   // step makes b + 1 + a, the long one b + s + a.
-  const int short_checks = checks_of_step(kShort);
-  const int long_checks = checks_of_step(kLong);
-  const int long_scoring_checks = long_checks - short_checks + 1;
+  const int64_t short_checks = checks_of_step(kShort);
+  const int64_t long_checks = checks_of_step(kLong);
+  const int64_t long_scoring_checks = long_checks - short_checks + 1;
   EXPECT_GE(long_scoring_checks, kLong / kKeysPerSplit)
       << short_checks << " checks at " << kShort << " keys, " << long_checks
       << " at " << kLong;
@@ -520,7 +503,8 @@ TEST(TopKAttentionTest, ScoringChecksTheCallEveryChunkOfKeys) {
   ASSERT_GE(long_scoring_checks, short_checks);
   const std::string id = session_of(kLong);
   const int64_t kv_bytes = engine->GetSession(id)->kv_cache_bytes;
-  CountingControl cancel(short_checks);
+  // Counting from 0, check number short_checks is the one at short_checks - 1.
+  WithdrawAt cancel(short_checks - 1, absl::StatusCode::kCancelled);
   AppendRequest step = Request(id, 0, t, kLong, kLong + 1, true);
   step.control = &cancel;
   EXPECT_EQ(engine->Append(step).status().code(), absl::StatusCode::kCancelled);
