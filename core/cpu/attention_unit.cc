@@ -35,6 +35,13 @@ static_assert(kKeysPerTile <= 32, "row visibility is a 32-bit mask");
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Units of several query rows and at least this many row-heads widen
+// half-precision rows once per tile (UnitRunner::widen_rows_). Decode units
+// (one row) read them in place whatever their group: their rows come from
+// memory and are used by few row-heads, and the extra pass made an fp16
+// GQA 32/4 decode a quarter slower.
+constexpr int64_t kWidenRowHeads = 32;
+
 // Units are the error units of attention_problem.h: at most 16 query rows,
 // and at most 256 row-heads (rows x query heads of a KV group), which bounds
 // the per-thread scratch while each K/V row load serves many row-heads.
@@ -166,6 +173,8 @@ UnitRunner::UnitRunner(const KernelTable& kernels,
       unit_(unit),
       rows_(unit.row_end - unit.row_begin),
       row_heads_(rows_ * info.group),
+      widen_rows_(info.kv_type != ElementType::kFloat32 && rows_ > 1 &&
+                  row_heads_ >= kWidenRowHeads),
       first_head_(unit.kv_head * info.group),
       state_floats_(StateFloats(row_heads_, info.value_dim_padded)),
       scratch_(ThreadScratch(slot)) {}
@@ -259,7 +268,8 @@ ElementType UnitRunner::LoadRows(int64_t t0, int64_t t1, bool values,
   } else {
     FindRows(t0, t1, values, rows);
   }
-  const bool direct = values ? info_.direct_values : info_.direct_keys;
+  const bool direct =
+      !widen_rows_ && (values ? info_.direct_values : info_.direct_keys);
   const int dim = values ? info_.value_dim : info_.head_dim;
   const int stride = values ? info_.value_dim_padded : info_.head_dim_padded;
   if (direct) {

@@ -175,6 +175,12 @@ class UnitRunner {
   const Unit& unit_;
   const int64_t rows_;
   const int64_t row_heads_;
+  // Whether the unit widens each tile's half-precision rows to floats once
+  // (LoadRows) rather than reading them in place, which converts a row in
+  // registers again for every group of row-heads the kernels handle
+  // together: worth it for the many row-heads of a prefill or a shared
+  // chunk. Widening is exact, so results are the same either way.
+  const bool widen_rows_;
   const int first_head_;
   const int64_t state_floats_;
   Scratch& scratch_;

@@ -583,6 +583,17 @@ std::vector<Config> DeterminismConfigs() {
   sinks.sink_logits = {2.0f, -2.0f, 0.0f, 1.0f};
   sinks.q_dtype = DType::kFloat16;
   configs.push_back(sinks);
+  // Half-precision rows of a whole number of vectors: decode units read
+  // them in place, prefill units of this many row-heads widen them per tile.
+  for (DType kv_dtype : {DType::kFloat16, DType::kBFloat16}) {
+    Config gqa = causal;
+    gqa.num_heads = 8;
+    gqa.num_kv_heads = 2;
+    gqa.head_dim = 32;
+    gqa.value_dim = 32;
+    gqa.kv_dtype = kv_dtype;
+    configs.push_back(gqa);
+  }
   return configs;
 }
 
