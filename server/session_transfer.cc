@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/session_spec.h"
 #include "core/status_macros.h"
 #include "server/proto_convert.h"
 #include "server/reply_size.h"
@@ -139,7 +140,14 @@ absl::StatusOr<ReadImport> ReadSessionImport(
   }
   ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
                         SnapshotHeaderFromProto(record.header()));
-  ATTN_RETURN_IF_ERROR(CheckSessionInfoSize(header.spec, max_message_bytes));
+  // The header's spec is client input until it resolves (its num_layers
+  // sizes the SessionInfo below): one that does not is refused by
+  // BeginImport, with the reason.
+  if (const absl::StatusOr<SessionSpec> resolved =
+          ResolveSessionSpec(header.spec, engine.options().sessions.limits);
+      resolved.ok()) {
+    ATTN_RETURN_IF_ERROR(CheckSessionInfoSize(*resolved, max_message_bytes));
+  }
   ReadImport result;
   result.kv_bytes = header.kv_bytes;
   ATTN_ASSIGN_OR_RETURN(result.import, engine.BeginImport(header, options));

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -345,6 +346,14 @@ TEST_F(SessionSnapshotTest, MalformedStreamsLeaveNothingBehind) {
   records = *good;
   records[0].mutable_header()->set_kv_bytes(1);
   expect_refused(records, absl::StatusCode::kInvalidArgument, "kv_bytes");
+  // A spec's num_layers is checked before anything is sized from it.
+  for (const int32_t layers : {-1, 0, std::numeric_limits<int32_t>::max()}) {
+    records = *good;
+    v1::SessionSpec* spec = records[0].mutable_header()->mutable_spec();
+    spec->set_num_layers(layers);
+    spec->clear_layers();
+    expect_refused(records, absl::StatusCode::kInvalidArgument, "num_layers");
+  }
   // Still importable after all that.
   ATTN_EXPECT_OK(Import(*b_->client, *good));
 }
@@ -743,6 +752,64 @@ TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
   auto info = (*second)->client->GetServerInfo();
   ATTN_ASSERT_OK(info);
   EXPECT_EQ(info->active_sessions(), 1);
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A file whose header spec declares an absurd num_layers (and no layers)
+// is moved aside as corrupt like any other malformed file; the start goes
+// on. (Sizing the session's reply from that num_layers once threw from the
+// restore at every start.)
+TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
+  const std::string dir = TempDir("snapshot-layers");
+  server::ServerOptions options = TestServerOptions();
+  auto first = StartTestServer(options);
+  ATTN_ASSERT_OK(first);
+  const std::vector<std::string> ids =
+      FilledSessions(*(*first)->client, 2, 40, 80);
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_EQ(server::SaveAllSessions((*first)->server->engine(), dir,
+                                    absl::Now() + absl::Minutes(1))
+                .written,
+            2);
+  first->reset();
+  // Rewrite the first file as its header record alone, num_layers -1.
+  const std::string path = dir + "/" + ids[0] + ".session";
+  v1::SessionChunk header;
+  {
+    std::ifstream in(path, std::ios::binary);
+    unsigned char size_bytes[4];
+    ASSERT_TRUE(in.read(reinterpret_cast<char*>(size_bytes), 4));
+    const uint32_t size = size_bytes[0] | size_bytes[1] << 8 |
+                          size_bytes[2] << 16 | uint32_t{size_bytes[3]} << 24;
+    std::string bytes(size, '\0');
+    ASSERT_TRUE(in.read(bytes.data(), size));
+    ASSERT_TRUE(header.ParseFromString(bytes));
+    ASSERT_TRUE(header.has_header());
+  }
+  header.mutable_header()->mutable_spec()->set_num_layers(-1);
+  header.mutable_header()->mutable_spec()->clear_layers();
+  {
+    const std::string bytes = header.SerializeAsString();
+    const uint32_t size = static_cast<uint32_t>(bytes.size());
+    const char size_bytes[4] = {static_cast<char>(size & 0xff),
+                                static_cast<char>(size >> 8 & 0xff),
+                                static_cast<char>(size >> 16 & 0xff),
+                                static_cast<char>(size >> 24 & 0xff)};
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(size_bytes, 4);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    ASSERT_TRUE(out.good());
+  }
+  options.snapshot_dir = dir;
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  ATTN_EXPECT_CODE((*second)->client->GetSession(ids[0]),
+                   absl::StatusCode::kNotFound);
+  ATTN_EXPECT_OK((*second)->client->GetSession(ids[1]));
+  EXPECT_TRUE(std::filesystem::exists(path + ".corrupt"));
+  EXPECT_TRUE(absl::StrContains((*second)->server->metrics().TextExposition(),
+                                "attention_snapshots_corrupt_total 1"));
   second->reset();
   std::filesystem::remove_all(dir);
 }
