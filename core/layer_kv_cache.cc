@@ -288,6 +288,8 @@ void LayerKvCache::Truncate(int64_t length) {
   table_.resize(keep);
   length_ = length;
   first_held_ = std::min(first_held_, length);
+  // Cut back inside the sinks, the layer misses no row any more.
+  if (first_held_ <= mask_.num_sink_tokens) first_held_ = 0;
 }
 
 KvView LayerKvCache::view(std::vector<const std::byte*>* k_storage,

@@ -605,6 +605,36 @@ TEST(SessionSnapshotTest, TruncateAfterImportRespectsWhatWasCarried) {
   }
 }
 
+// A restored window layer with sinks, cut back inside its sinks, holds
+// every row again: its next export says so, imports, and continues
+// bitwise. (It exported the cut length as its first held position, which
+// no import accepts.)
+TEST(SessionSnapshotTest, TruncateIntoTheSinksAfterImportStaysExportable) {
+  const Shape4 shape{4, 2, 16, 8};
+  std::mt19937 rng(6);
+  auto source = MakeEngine(int64_t{16} << 20, 4096);
+  auto target = MakeEngine(int64_t{16} << 20, 1024);
+  SessionSpec spec = MakeSpec(shape, DType::kFloat32);
+  spec.layers = {spec.layers[0], spec.layers[2]};  // full; window + sinks
+  spec.num_layers = 2;
+  const std::string id =
+      source->CreateSession(spec, absl::ZeroDuration())->session_id;
+  Tokens t(300, shape, rng, DType::kFloat32);
+  for (int layer = 0; layer < 2; ++layer) Append(*source, id, layer, t, 0, 250);
+  auto imported = Import(*target, Export(*source, id));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  ASSERT_TRUE(source->TruncateSession(id, 3).ok());
+  ASSERT_TRUE(target->TruncateSession(imported->session_id, 3).ok());
+  const Snapshot again = Export(*target, imported->session_id);
+  EXPECT_EQ(again.header.first_positions, (std::vector<int64_t>{0, 0}));
+  auto reimported = Import(*source, again);
+  ASSERT_TRUE(reimported.ok()) << reimported.status();
+  for (int layer = 0; layer < 2; ++layer) {
+    EXPECT_EQ(Append(*source, reimported->session_id, layer, t, 3, 60),
+              Append(*source, id, layer, t, 3, 60));
+  }
+}
+
 class MalformedSnapshotTest : public ::testing::Test {
  protected:
   void SetUp() override {
