@@ -203,9 +203,17 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
   }
   writer->WritesDone();
   const grpc::Status status = writer->Finish();
-  if (status.ok()) {
+  if (status.ok() && written.ok()) {
     if (metrics_ != nullptr) metrics_->RecordExport(*written);
     return absl::OkStatus();
+  }
+  if (status.ok()) {
+    // An import ends with its trailer: a peer that accepts one cut short
+    // breaks the protocol, and the session stays here.
+    return absl::InternalError(
+        absl::StrCat("peer ", peer.advertise_address,
+                     " accepted an import that was cut short (",
+                     written.status().message(), "); the session stays here"));
   }
   if (status.error_code() == grpc::StatusCode::ALREADY_EXISTS &&
       in_doubt->contains(peer.advertise_address)) {
