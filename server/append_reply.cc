@@ -11,9 +11,19 @@
 namespace attention::server {
 namespace {
 
+// An output is written straight into its reply only when it takes at most
+// this many times the bytes of the request's q, k and v: the buffer is
+// sized (and zeroed) from the request's shapes before the engine has
+// checked them against the session, so a request of a few bytes whose
+// shapes claim a huge output must not get one. Real steps take 1-4 times
+// (fp32 output, q of head_dim >= value_dim / 2).
+constexpr int64_t kMaxPresizedOutputFactor = 8;
+
 // Sizes `result`'s output tensor for `request`'s [T, H, value_dim] output
 // and makes it the request's output destination. Leaves the request without
-// a destination when q or v is not rank 3 (the engine rejects it anyway).
+// a destination (the engine then allocates the output once the step is
+// checked, and FinishAppendReply copies it) when q or v is not rank 3 (the
+// engine rejects it anyway) or the output would pass the factor above.
 void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
   if (request.q.rank() != 3 || request.v.rank() != 3) return;
   const int64_t tokens = request.q.dim(0);
@@ -21,6 +31,9 @@ void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
   const int64_t value_dim = request.v.dim(2);
   const int64_t bytes =
       tokens * heads * value_dim * DTypeSize(request.output_dtype);
+  const int64_t sent =
+      request.q.size_bytes + request.k.size_bytes + request.v.size_bytes;
+  if (bytes > kMaxPresizedOutputFactor * sent) return;
   v1::Tensor* output = result->mutable_output();
   output->set_dtype(DTypeToProto(request.output_dtype));
   output->clear_shape();

@@ -1,7 +1,8 @@
 // The replies of the append RPCs (Prefill, DecodeStep, a Decode stream's
 // step, BatchDecode): bounded before any work, and written once — the
 // engine writes each output (converted to its output_dtype) straight into
-// the response's pre-sized bytes.
+// the response's pre-sized bytes, unless the request's shapes claim an
+// output out of proportion to the bytes it carries (append_reply.cc).
 #ifndef ATTENTION_SERVER_APPEND_REPLY_H_
 #define ATTENTION_SERVER_APPEND_REPLY_H_
 
@@ -17,8 +18,8 @@ namespace attention::server {
 // Before `append` runs: RESOURCE_EXHAUSTED when its reply would pass
 // `max_message_bytes`; otherwise gives its top-k positions what the message
 // has left, sizes `response`'s output tensor and makes it the request's
-// output destination. Reusing `response` (the Decode stream does) reuses
-// its buffer.
+// output destination (or leaves it without one, see above). Reusing
+// `response` (the Decode stream does) reuses its buffer.
 absl::Status PrepareAppendReply(AppendRequest& append,
                                 int64_t max_message_bytes,
                                 v1::AttentionResult* response);
