@@ -216,6 +216,9 @@ class SessionHold {
   }
 
   void MarkUsed() { used_ = true; }
+  // Whether the held session is gone (deleted, moved or expired and
+  // freed): a session made since under the same id is another one.
+  bool lost() const { return session_.expired(); }
 
  private:
   std::weak_ptr<Session> session_;

@@ -62,7 +62,9 @@ void DecodeStreamReactor::StartStep() {
     return;
   }
   absl::Status held_status;
-  if (!held_.contains(request_.session_id())) {
+  if (auto held = held_.find(request_.session_id());
+      held == held_.end() || held->second.lost()) {
+    if (held != held_.end()) held_.erase(held);
     // An unknown session fails the step below with NOT_FOUND.
     absl::StatusOr<SessionHold> hold =
         deps_.engine->HoldSession(request_.session_id(), tenant_);

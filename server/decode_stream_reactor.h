@@ -82,6 +82,8 @@ class DecodeStreamReactor final
   // The caller, as the authenticator said at auth_generation_.
   Tenant tenant_;
   uint64_t auth_generation_ = 0;
+  // The sessions the stream has used, by id; a hold whose session is gone
+  // is taken again for the one that has the id now.
   absl::flat_hash_map<std::string, SessionHold> held_;
   int64_t index_ = 0;
   v1::DecodeRequest request_;

@@ -370,6 +370,51 @@ TEST_F(RobustnessTest, SessionsUsedByAnOpenStreamDoNotExpire) {
   EXPECT_EQ(session.Info().status().code(), StatusCode::kNotFound);
 }
 
+// A session deleted and imported again under its id (keep_session_id)
+// while a stream that used it stays open is held by that stream again: it
+// does not expire under the stream (the stream's hold on the old session
+// was keeping nothing alive).
+TEST_F(RobustnessTest, AStreamHoldsASessionRecreatedUnderAnIdItUsed) {
+  server::ServerOptions options = TestServerOptions();
+  options.session_reap_interval = absl::Milliseconds(50);
+  Start(options);
+  client::SessionHandle session = Open(MakeSpec(1, 4, 2, 16), absl::Seconds(1));
+  const Tokens tokens = RandomTokens(session.spec(), 3, 8);
+  const auto step = [&](int64_t t) {
+    auto request = session.MakeDecodeRequest(
+        0, tokens.q_rows(t, 1), tokens.k_rows(t, 1), tokens.v_rows(t, 1));
+    EXPECT_TRUE(request.ok()) << request.status();
+    return request.ok() ? *request : v1::DecodeRequest();
+  };
+  client::DecodeStream stream(client().stub());
+  ATTN_ASSERT_OK(stream.Step(step(0)));
+  std::vector<v1::SessionChunk> records;
+  ATTN_ASSERT_OK(
+      client().ExportSession(session.id(), [&](const v1::SessionChunk& record) {
+        records.push_back(record);
+        return absl::OkStatus();
+      }));
+  ATTN_ASSERT_OK(client().DeleteSession(session.id()));
+  size_t next = 0;
+  auto imported = client().ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == records.size()) return false;
+        *record = records[next++];
+        return true;
+      },
+      /*keep_session_id=*/true);
+  ATTN_ASSERT_OK(imported);
+  ASSERT_EQ(imported->session_id(), session.id());
+  auto second = stream.Step(step(1));
+  ATTN_ASSERT_OK(second);
+  EXPECT_EQ(second->position(), 1);
+  absl::SleepFor(absl::Milliseconds(2200));  // twice the idle timeout
+  auto third = stream.Step(step(2));
+  ATTN_ASSERT_OK(third);
+  EXPECT_EQ(third->position(), 2);
+  ATTN_ASSERT_OK(stream.Finish());
+}
+
 // A stream whose only step on a session failed changes nothing there, the
 // idle clock included: its end leaves the deadline as it was.
 TEST_F(RobustnessTest, AStreamThatOnlyFailedOnASessionLeavesItsIdleClock) {
