@@ -128,14 +128,25 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 absl::Status FromGrpcCall(const grpc::Status& status,
                           const grpc::ClientContext& context) {
   absl::Status converted = FromGrpcStatus(status);
-  if (converted.code() != absl::StatusCode::kNotFound) return converted;
+  const char* key = nullptr;
+  if (converted.code() == absl::StatusCode::kNotFound) {
+    key = kSessionOwnerMetadata;
+  } else if (converted.code() == absl::StatusCode::kUnavailable) {
+    key = kSessionMovingMetadata;
+  } else {
+    return converted;
+  }
   const auto& trailers = context.GetServerTrailingMetadata();
-  auto it = trailers.find(kSessionOwnerMetadata);
+  auto it = trailers.find(key);
   if (it == trailers.end() || it->second.empty()) return converted;
-  converted.SetPayload(kSessionOwnerMetadata,
-                       absl::Cord(absl::string_view(it->second.data(),
-                                                    it->second.size())));
+  converted.SetPayload(
+      key, absl::Cord(absl::string_view(it->second.data(), it->second.size())));
   return converted;
+}
+
+bool SessionBeingMoved(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         status.GetPayload(kSessionMovingMetadata).has_value();
 }
 
 std::optional<std::string> MovedSessionOwner(const absl::Status& status) {

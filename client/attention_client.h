@@ -108,12 +108,20 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // `attention-session-owner: host:port`. The client's calls keep that owner
 // on the returned status as a payload under this type URL.
 inline constexpr char kSessionOwnerMetadata[] = "attention-session-owner";
-// As FromGrpcStatus, plus the new owner from `context`'s trailing metadata.
+// A call that reaches a session while it is being moved fails at once
+// with UNAVAILABLE and the trailing metadata `attention-session-moving: 1`
+// (nothing was applied; retried, it is redirected once the move ends),
+// kept on the returned status as a payload under this type URL.
+inline constexpr char kSessionMovingMetadata[] = "attention-session-moving";
+// As FromGrpcStatus, plus the new owner or the move in progress from
+// `context`'s trailing metadata.
 absl::Status FromGrpcCall(const grpc::Status& status,
                           const grpc::ClientContext& context);
 // The replica a moved session went to ("host:port"), when `status` is such a
 // redirect; nullopt otherwise.
 std::optional<std::string> MovedSessionOwner(const absl::Status& status);
+// Whether `status` says the session was being moved (nothing applied).
+bool SessionBeingMoved(const absl::Status& status);
 
 // grpc.health.v1 serving status.
 enum class ServingStatus { kUnknown, kServing, kNotServing, kServiceUnknown };

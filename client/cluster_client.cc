@@ -522,6 +522,13 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
     SetOwner(session_id, *owner);
     return ReplicaAt(*owner);
   }
+  if (SessionBeingMoved(status)) {
+    // Being moved right now; the call changed nothing. The replica answers
+    // GetSession once the move is over: the redirect, or (the move failed)
+    // the session, still there.
+    MarkDraining(replica);
+    return Confirm(session_id, ReplicaAt(from));
+  }
   if (status.code() == absl::StatusCode::kNotFound) {
     // Changed nothing either. It may live elsewhere: moved by a replica
     // whose address now belongs to a new pod that never had it.

@@ -38,7 +38,10 @@
 // Moves. A session handed over by a draining replica answers NOT_FOUND
 // with its new owner (`attention-session-owner`). The failed call changed
 // nothing, so the client records the new owner and sends the call there;
-// the caller sees no error. A Decode stream cut by that redirect is
+// the caller sees no error. A decode step that reaches the session while it
+// is being moved answers UNAVAILABLE with `attention-session-moving` (also
+// changing nothing): the client waits for the move's end (GetSession) and
+// then sends it to wherever the session is. A Decode stream cut by either is
 // reopened at the new owner and its unanswered requests are re-sent in
 // order: results continue, bitwise as on one server. While a replica is
 // known to drain, the client confirms a session's owner (GetSession,

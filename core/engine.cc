@@ -192,7 +192,9 @@ std::vector<SessionInfo> AttentionEngine::ListSessions(
 
 absl::StatusOr<SessionHold> AttentionEngine::HoldSession(
     const std::string& id, const Tenant& tenant) {
-  ATTN_ASSIGN_OR_RETURN(SessionRef ref, sessions_.Get(id, tenant));
+  ATTN_ASSIGN_OR_RETURN(
+      SessionRef ref,
+      sessions_.Get(id, tenant, SessionManager::SealWait::kFail));
   return SessionHold(ref.shared(), sessions_.clock());
 }
 
@@ -306,8 +308,9 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Append(
     const AppendRequest& request) {
   std::vector<absl::Status> statuses;
   std::vector<AttentionOutput> outputs;
-  ATTN_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&request, 1),
-                                /*atomic=*/true, &statuses, &outputs));
+  ATTN_RETURN_IF_ERROR(RunBatch(
+      absl::MakeConstSpan(&request, 1),
+      /*atomic=*/true, SessionManager::SealWait::kWait, &statuses, &outputs));
   return std::move(outputs[0]);
 }
 
@@ -315,8 +318,9 @@ absl::StatusOr<std::vector<AttentionOutput>> AttentionEngine::AppendBatch(
     absl::Span<const AppendRequest> requests) {
   std::vector<absl::Status> statuses;
   std::vector<AttentionOutput> outputs;
-  ATTN_RETURN_IF_ERROR(
-      RunBatch(requests, /*atomic=*/true, &statuses, &outputs));
+  ATTN_RETURN_IF_ERROR(RunBatch(requests, /*atomic=*/true,
+                                SessionManager::SealWait::kFail, &statuses,
+                                &outputs));
   return outputs;
 }
 
@@ -324,7 +328,9 @@ std::vector<absl::StatusOr<AttentionOutput>> AttentionEngine::AppendEach(
     absl::Span<const AppendRequest> requests) {
   std::vector<absl::Status> statuses;
   std::vector<AttentionOutput> outputs;
-  RunBatch(requests, /*atomic=*/false, &statuses, &outputs).IgnoreError();
+  RunBatch(requests, /*atomic=*/false, SessionManager::SealWait::kFail,
+           &statuses, &outputs)
+      .IgnoreError();
   std::vector<absl::StatusOr<AttentionOutput>> results;
   results.reserve(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -465,6 +471,7 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
 
 absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
                                        bool atomic,
+                                       SessionManager::SealWait seal_wait,
                                        std::vector<absl::Status>* statuses,
                                        std::vector<AttentionOutput>* outputs) {
   const size_t n = requests.size();
@@ -486,7 +493,8 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
 
   // 1. Resolve sessions; a (session, layer) may be appended once per batch.
   // A session is looked up once per tenant: a second lookup could wait for
-  // a seal (SessionManager::Seal) that waits for this batch's first one.
+  // (or fail on) a seal (SessionManager::Seal) that waits for this batch's
+  // first one.
   absl::flat_hash_map<std::pair<absl::string_view, absl::string_view>, size_t>
       first_lookup;
   first_lookup.reserve(n);
@@ -503,7 +511,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
         i);
     absl::StatusOr<SessionRef> session;
     if (is_first) {
-      session = sessions_.Get(request.session_id, TenantOf(request));
+      session = sessions_.Get(request.session_id, TenantOf(request), seal_wait);
     } else if (const BatchStep& earlier = steps[first->second];
                earlier.session) {
       session = earlier.session.Share();

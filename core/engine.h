@@ -200,7 +200,8 @@ class AttentionEngine {
   // Holds session `id` in use until the hold goes (a Decode stream holds
   // every session it has used while it is open): it cannot expire
   // meanwhile, but DeleteSession still frees it at once. NOT_FOUND for an
-  // unknown id.
+  // unknown id; UNAVAILABLE at once, without waiting, while the session is
+  // being moved (sealed).
   absl::StatusOr<SessionHold> HoldSession(
       const std::string& id, const Tenant& tenant = DefaultTenant());
   absl::Status DeleteSession(const std::string& id,
@@ -249,8 +250,13 @@ class AttentionEngine {
       const SnapshotHeader& header, const ImportOptions& options);
 
   // Prefill / DecodeStep: appends the request's K/V to the layer and returns
-  // causal attention of its queries over the layer's visible history.
+  // causal attention of its queries over the layer's visible history. On a
+  // session being moved (sealed) it waits for the move to end.
   absl::StatusOr<AttentionOutput> Append(const AppendRequest& request);
+
+  // The batched calls below serve many sessions at once, so they never wait
+  // for a move: a step on a sealed session fails with UNAVAILABLE at once
+  // (nothing applied; a retry after the move gets the redirect).
 
   // Several appends validated together and applied all or nothing (the
   // BatchDecode RPC). A (session, layer) may appear at most once. Results
@@ -283,7 +289,9 @@ class AttentionEngine {
   struct BatchStep;
   // Runs `requests` as one batch. Atomic: the first error fails every step
   // and is returned. Otherwise each step gets its own status in `statuses`.
+  // A step on a sealed session waits or fails as `seal_wait` says.
   absl::Status RunBatch(absl::Span<const AppendRequest> requests, bool atomic,
+                        SessionManager::SealWait seal_wait,
                         std::vector<absl::Status>* statuses,
                         std::vector<AttentionOutput>* outputs);
   absl::Status ValidateStep(BatchStep& step);

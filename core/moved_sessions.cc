@@ -23,6 +23,22 @@ std::optional<std::string> MovedSessionOwner(const absl::Status& status) {
   return std::string(*owner);
 }
 
+absl::Status SessionMovingError(absl::string_view id) {
+  absl::Status status = absl::UnavailableError(absl::StrCat(
+      "session ", QuoteClientString(id),
+      " is being moved to another replica (its server is draining); nothing "
+      "was applied: retry, and once the move ends the call is redirected to "
+      "the session's new replica (trailing metadata "
+      "attention-session-moving)"));
+  status.SetPayload(kSessionMovingPayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsSessionMoving(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         status.GetPayload(kSessionMovingPayload).has_value();
+}
+
 absl::Status PrefixStatus(absl::string_view prefix,
                           const absl::Status& status) {
   if (status.ok()) return status;

@@ -38,6 +38,20 @@ absl::Status SessionMovedError(absl::string_view id, absl::string_view owner);
 // The new owner a status carries (SessionMovedError), if any.
 std::optional<std::string> MovedSessionOwner(const absl::Status& status);
 
+// The payload type URL of the UNAVAILABLE a call gets, without waiting, on a
+// session being moved right now (sealed); the server turns it into the
+// trailing metadata `attention-session-moving: 1`.
+inline constexpr char kSessionMovingPayload[] =
+    "type.googleapis.com/attention.v1.SessionMoving";
+
+// UNAVAILABLE for session `id`, sealed for a move: nothing was applied;
+// retried, the call is redirected (SessionMovedError) once the move ends,
+// or runs here if it failed. Carries kSessionMovingPayload.
+absl::Status SessionMovingError(absl::string_view id);
+
+// Whether `status` is a SessionMovingError (prefixed or not).
+bool IsSessionMoving(const absl::Status& status);
+
 // `status` with `prefix` before its message: same code, same payloads (a
 // redirect stays a redirect when a stream or batch names its step).
 absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);

@@ -192,11 +192,16 @@ SessionManager::Table::iterator SessionManager::Erase(
 }
 
 absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
-                                               const Tenant& tenant) {
+                                               const Tenant& tenant,
+                                               SealWait seal_wait) {
   const absl::Time now = options_.now();
   std::vector<std::shared_ptr<Session>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
-  AwaitUnsealed(id, tenant);
+  if (seal_wait == SealWait::kWait) {
+    AwaitUnsealed(id, tenant);
+  } else if (SealedFor(id, tenant)) {
+    return SessionMovingError(id);
+  }
   auto it = sessions_.find(id);
   // Another tenant's session is answered exactly as a missing one.
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
@@ -297,11 +302,16 @@ absl::Status SessionManager::NotFound(const std::string& id,
   return SessionNotFound(id);
 }
 
+bool SessionManager::SealedFor(const std::string& id,
+                               const Tenant& tenant) const {
+  if (!sealed_.contains(id)) return false;
+  auto it = sessions_.find(id);
+  return it != sessions_.end() && it->second->owner() == tenant.name;
+}
+
 void SessionManager::AwaitUnsealed(const std::string& id,
                                    const Tenant& tenant) {
-  if (!sealed_.contains(id)) return;
-  auto it = sessions_.find(id);
-  if (it == sessions_.end() || it->second->owner() != tenant.name) return;
+  if (!SealedFor(id, tenant)) return;
   const auto unsealed = [this, &id]() {
     mu_.AssertHeld();
     return !sealed_.contains(id);

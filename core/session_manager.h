@@ -51,11 +51,11 @@ class SessionManager;
 
 // A session sealed for a move to another replica (SessionManager::Seal):
 // while the seal lives, calls on the session wait (Get, Delete and what uses
-// them). Commit ends the move: the session is removed here and remembered as
-// moved, so the waiting calls and later ones get the redirect
-// (SessionMovedError). Destroying an uncommitted seal unseals the session:
-// it stays here as if nothing had happened (the waiting calls run).
-// Move-only; the manager must outlive it.
+// them; a Get with SealWait::kFail answers SessionMovingError at once). Commit
+// ends the move: the session is removed here and remembered as moved, so the
+// waiting calls and later ones get the redirect (SessionMovedError). Destroying
+// an uncommitted seal unseals the session: it stays here as if nothing had
+// happened (the waiting calls run). Move-only; the manager must outlive it.
 class SessionSeal {
  public:
   SessionSeal(SessionSeal&& other) noexcept
@@ -112,12 +112,19 @@ class SessionManager {
       const SessionSpec& spec, absl::Duration idle_timeout,
       const Tenant& tenant = DefaultTenant());
 
+  // What a lookup of a session sealed for a move does (when the session is
+  // the caller's): wait for the move to end (then the redirect, or the
+  // session if the move failed), or answer UNAVAILABLE at once (for callers
+  // that serve other sessions meanwhile, such as the decode batcher).
+  enum class SealWait { kWait, kFail };
+
   // NOT_FOUND for an unknown or expired id, or one of another tenant (the
   // redirect for a moved one). The session is in use (it cannot expire)
-  // until the returned ref goes (see SessionRef for its idle clock). Waits
-  // while the session is sealed, when it is `tenant`'s.
+  // until the returned ref goes (see SessionRef for its idle clock). While
+  // the session is sealed, and when it is `tenant`'s: as `seal_wait` says.
   absl::StatusOr<SessionRef> Get(const std::string& id,
-                                 const Tenant& tenant = DefaultTenant());
+                                 const Tenant& tenant = DefaultTenant(),
+                                 SealWait seal_wait = SealWait::kWait);
 
   // The session, without using it (its idle clock keeps running): what an
   // export reads. NOT_FOUND as Get.
@@ -212,9 +219,12 @@ class SessionManager {
   // What a lookup of `id` by `tenant` that found nothing answers: the
   // redirect when `id` moved and was `tenant`'s, else plain NOT_FOUND.
   absl::Status NotFound(const std::string& id, const Tenant& tenant) const;
-  // Blocks while `id` is sealed, when it is `tenant`'s. Another tenant's
-  // lookup finds nothing either way and does not wait: waiting would tell
-  // it that the id exists and is being moved.
+  // Whether `id` is sealed and `tenant`'s. Another tenant's lookup finds
+  // nothing either way and never waits nor hears of the move: that would
+  // tell it that the id exists and is being moved.
+  bool SealedFor(const std::string& id, const Tenant& tenant) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Blocks while SealedFor(id, tenant).
   void AwaitUnsealed(const std::string& id, const Tenant& tenant)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SessionSeal's end: unseals `session`; with `new_owner` also removes it

@@ -61,6 +61,8 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
   if (context != nullptr) {
     if (std::optional<std::string> owner = MovedSessionOwner(status)) {
       context->AddTrailingMetadata(kSessionOwnerMetadata, *owner);
+    } else if (IsSessionMoving(status)) {
+      context->AddTrailingMetadata(kSessionMovingMetadata, "1");
     }
   }
   return ToGrpcStatus(status);

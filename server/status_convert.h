@@ -17,10 +17,14 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // The trailing metadata key of a moved session's redirect; its value is the
 // new owner's "host:port" (core/moved_sessions.h).
 inline constexpr char kSessionOwnerMetadata[] = "attention-session-owner";
+// The trailing metadata key ("1") of the UNAVAILABLE a call gets on a
+// session being moved (core/moved_sessions.h, SessionMovingError).
+inline constexpr char kSessionMovingMetadata[] = "attention-session-moving";
 
 // The one conversion of a call's final status: ToGrpcStatus(status), and
 // for a moved session's redirect (MovedSessionOwner) the trailing metadata
-// kSessionOwnerMetadata on `context` (a sync or callback server context;
+// kSessionOwnerMetadata, for a session being moved (IsSessionMoving)
+// kSessionMovingMetadata, on `context` (a sync or callback server context;
 // null adds nothing).
 grpc::Status ToGrpcStatus(const absl::Status& status,
                           grpc::ServerContextBase* context);

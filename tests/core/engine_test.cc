@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/kv_size.h"
@@ -653,6 +655,52 @@ TEST(EngineSealTest, ASealBeginningDuringAMultiLayerBatchWaitsForIt) {
   sealer.join();
   EXPECT_TRUE(batch.ok()) << batch.status();
   EXPECT_TRUE(sealed.ok()) << sealed;
+}
+
+// The batched appends (the decode batcher's) and HoldSession (a Decode
+// stream's) never wait for a hand-over: a step on a sealed session fails at
+// once with UNAVAILABLE and changes nothing, and the other steps of its
+// batch run. (They used to wait for the move, holding up every session the
+// batcher serves.) Once the seal goes, the session is as it was.
+TEST_F(EngineTest, BatchedAppendsDoNotWaitForASeal) {
+  const std::string moving = NewSession();
+  const std::string staying = NewSession();
+  const Tokens t(2, rng_);
+  Append(moving, 0, t, 0, 1);
+  std::vector<absl::StatusOr<AttentionOutput>> each;
+  absl::Status atomic, hold;
+  {
+    auto seal = engine_->SealSession(moving, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(seal.ok()) << seal.status();
+    absl::Notification done;
+    std::thread batcher([&] {
+      each = engine_->AppendEach(
+          {Request(moving, 0, t, 1, 2), Request(staying, 0, t, 0, 1)});
+      atomic = engine_
+                   ->AppendBatch({Request(staying, 1, t, 0, 1),
+                                  Request(moving, 1, t, 0, 1)})
+                   .status();
+      hold = engine_->HoldSession(moving).status();
+      done.Notify();
+    });
+    // While the seal is held (a wait would last until it goes).
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    seal = absl::UnavailableError("the move failed: unsealed");
+    batcher.join();
+  }
+  ASSERT_EQ(each.size(), 2u);
+  EXPECT_EQ(each[0].status().code(), absl::StatusCode::kUnavailable)
+      << each[0].status();
+  EXPECT_NE(each[0].status().message().find("being moved"),
+            absl::string_view::npos);
+  ASSERT_TRUE(each[1].ok()) << each[1].status();
+  EXPECT_EQ(ToFloats(each[1]->output), Stateless(t, 0, 0, 1));
+  EXPECT_EQ(atomic.code(), absl::StatusCode::kUnavailable) << atomic;
+  EXPECT_EQ(hold.code(), absl::StatusCode::kUnavailable) << hold;
+  EXPECT_EQ(Info(moving).layer_lengths, (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(Info(staying).layer_lengths, (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(ToFloats(engine_->Append(Request(moving, 0, t, 1, 2))->output),
+            Stateless(t, 0, 1, 2));
 }
 
 // A failed call changes nothing, the session's idle clock included: only

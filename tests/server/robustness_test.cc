@@ -415,6 +415,50 @@ TEST_F(RobustnessTest, AStreamHoldsASessionRecreatedUnderAnIdItUsed) {
   ATTN_ASSERT_OK(stream.Finish());
 }
 
+// Decode steps on a session being handed over (sealed) answer at once,
+// UNAVAILABLE with `attention-session-moving`, and change nothing; steps
+// on other sessions keep being served meanwhile (the batcher that runs
+// them all waited for the move before). Unsealed, the session is as it was.
+TEST_F(RobustnessTest, StepsOnASessionBeingMovedAnswerAtOnce) {
+  Start();
+  client::SessionHandle moving = Open(MakeSpec(1, 4, 2, 16));
+  client::SessionHandle staying = Open(MakeSpec(1, 4, 2, 16));
+  const Tokens tokens = RandomTokens(moving.spec(), 2, 11);
+  const auto step = [&](client::SessionHandle& session, int64_t t) {
+    auto request = session.MakeDecodeRequest(
+        0, tokens.q_rows(t, 1), tokens.k_rows(t, 1), tokens.v_rows(t, 1));
+    EXPECT_TRUE(request.ok()) << request.status();
+    return request.ok() ? *request : v1::DecodeRequest();
+  };
+  ATTN_ASSERT_OK(client().DecodeStep(step(moving, 0)));
+  {
+    auto seal = server_->server->engine().SealSession(
+        moving.id(), absl::Now() + absl::Seconds(5));
+    ATTN_ASSERT_OK(seal);
+    const auto expect_moving = [](const absl::Status& status) {
+      EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status;
+      EXPECT_TRUE(client::SessionBeingMoved(status)) << status;
+    };
+    expect_moving(client().DecodeStep(step(moving, 1)).status());
+    v1::BatchDecodeRequest batch;
+    *batch.add_steps() = step(staying, 0);
+    *batch.add_steps() = step(moving, 1);
+    expect_moving(client().BatchDecode(batch).status());
+    client::DecodeStream stream(client().stub());
+    expect_moving(stream.Step(step(moving, 1)).status());
+    expect_moving(stream.Finish());
+    auto other = client().DecodeStep(step(staying, 0));
+    ATTN_ASSERT_OK(other);
+    EXPECT_EQ(other->position(), 0);
+  }  // unsealed: the move failed
+  auto info = moving.Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 1);
+  auto next = client().DecodeStep(step(moving, 1));
+  ATTN_ASSERT_OK(next);
+  EXPECT_EQ(next->position(), 1);
+}
+
 // A stream whose only step on a session failed changes nothing there, the
 // idle clock included: its end leaves the deadline as it was.
 TEST_F(RobustnessTest, AStreamThatOnlyFailedOnASessionLeavesItsIdleClock) {
