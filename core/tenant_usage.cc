@@ -57,7 +57,9 @@ void TenantUsage::UnrefAll(absl::Span<const BlockId> ids) {
 
 absl::Status TenantUsage::Reserve(int64_t blocks, const TenantQuota& quota) {
   TryFirstMutexLock lock(&mu_);
-  if (quota.max_kv_bytes.has_value()) {
+  // A call that needs no new block passes even when the tenant is over a
+  // quota lowered since it took its blocks: it adds nothing.
+  if (quota.max_kv_bytes.has_value() && blocks > 0) {
     const int64_t used =
         (static_cast<int64_t>(refs_.size()) + reserved_blocks_) * block_bytes_;
     const int64_t needed = blocks * block_bytes_;

@@ -190,6 +190,21 @@ TEST_F(TenantTest, KvQuotaCountsSharedBlocksOnceAndChangesNothingWhenFull) {
   EXPECT_EQ(engine_->tenant_stats("alice").sessions, 1);
 }
 
+// A quota lowered below what the tenant holds (a tokens-file reload)
+// refuses appends that need a new block, not those that fit in the blocks
+// the tenant has: they add nothing.
+TEST_F(TenantTest, ALoweredKvQuotaStillTakesAppendsThatNeedNoBlock) {
+  const std::string id = Create(alice_);
+  ASSERT_TRUE(engine_->Append(Tokens(id, 3, alice_)).ok());  // 1 block
+  alice_.quota.max_kv_bytes = 0;
+  ASSERT_TRUE(engine_->Append(Tokens(id, 1, alice_)).ok());  // fills it
+  EXPECT_EQ(Length(id, alice_), kTokensPerBlock);
+  EXPECT_EQ(engine_->Append(Tokens(id, 1, alice_)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Length(id, alice_), kTokensPerBlock);
+  EXPECT_EQ(engine_->tenant_stats("alice").kv_bytes, kBlockBytes);
+}
+
 TEST_F(TenantTest, TruncateReleasesTheTenantsBlocks) {
   const std::string id = Create(alice_);
   ASSERT_TRUE(engine_->Append(Tokens(id, 3 * kTokensPerBlock, alice_)).ok());
