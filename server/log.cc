@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -27,21 +29,33 @@ absl::string_view LevelName(LogLevel level) {
   return "info";
 }
 
+// Control characters (a client's string may hold any byte): a carriage
+// return or a terminal escape must not reach the log as it is.
+bool IsControl(char c) {
+  const unsigned char u = static_cast<unsigned char>(c);
+  return u < 0x20 || u == 0x7f;
+}
+
 void AppendValue(std::string* line, absl::string_view value) {
-  const bool plain = !value.empty() && value.find_first_of(" \t\n\"=\\") ==
-                                           absl::string_view::npos;
+  const bool plain = !value.empty() &&
+                     value.find_first_of(" \"=\\") == absl::string_view::npos &&
+                     std::none_of(value.begin(), value.end(), IsControl);
   if (plain) {
     absl::StrAppend(line, value);
     return;
   }
   line->push_back('"');
   for (char c : value) {
-    if (c == '"' || c == '\\') line->push_back('\\');
-    if (c == '\n') {
+    if (c == '"' || c == '\\') {
+      line->push_back('\\');
+      line->push_back(c);
+    } else if (c == '\n') {
       line->append("\\n");
-      continue;
+    } else if (IsControl(c)) {
+      absl::StrAppendFormat(line, "\\x%02x", static_cast<unsigned char>(c));
+    } else {
+      line->push_back(c);
     }
-    line->push_back(c);
   }
   line->push_back('"');
 }

@@ -41,5 +41,21 @@ TEST(LogTest, OneLineOfKeyValueFields) {
   EXPECT_EQ(line.find('\n'), line.size() - 1) << "exactly one line";
 }
 
+// A client's string may hold any byte: control characters are written as
+// escapes, so a carriage return or a terminal escape sequence cannot
+// rewrite what a log viewer shows.
+TEST(LogTest, ControlCharactersAreEscaped) {
+  const std::string line = FormatLogLine(
+      LogLevel::kWarning, "rpc",
+      {{"session", std::string("a\rb\x1b[2J\tc\x7f", 10)}, {"plain", "x"}});
+  EXPECT_NE(line.find(" session=\"a\\x0db\\x1b[2J\\x09c\\x7f\" plain=x"),
+            std::string::npos)
+      << line;
+  for (char c : line.substr(0, line.size() - 1)) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    EXPECT_TRUE(u >= 0x20 && u != 0x7f) << "raw control byte " << int{u};
+  }
+}
+
 }  // namespace
 }  // namespace attention::server
