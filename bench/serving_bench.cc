@@ -64,6 +64,13 @@
 //                       ratio if a served step cost the echo's CPU plus
 //                       that: the ceiling set by the transport and the
 //                       arithmetic alone.
+//   shared_prompt_engine_speedup, shared_prompt_batchdecode_speedup
+//                       tokens/s of decode steps of 64 forks of ONE
+//                       2048-token context / of 64 forks of 64 distinct
+//                       ones: the engine alone (AppendEach of 64) and
+//                       BatchDecode calls of the 64 steps, alternately (a
+//                       batch reads each shared chunk once per group of
+//                       forks; shared_prompt_batchdecode_tokens_per_s).
 //   latency_ctx{16,2048}_{total,transport,decode,queue,engine,encode}_p{50,99}_us
 //                       one DecodeStep at a time, split with the server's
 //                       own timestamps (server/decode_step_timing.h).
@@ -1009,6 +1016,90 @@ absl::Status MeasureApis(const Harness& h, const std::string& session) {
   return absl::OkStatus();
 }
 
+// (f) Shared prompts: decode steps of 64 forks of ONE 2048-token context
+// (parallel sampling, beam search, a common system prompt: one batch reads
+// each shared 512-key chunk once per group of forks, see
+// core/cpu/shared_chunks.h) against 64 forks of the 64 distinct contexts,
+// through the engine alone (AppendEach of 64) and served (BatchDecode calls
+// of the 64 steps), the four sides alternately. Outputs are bitwise those
+// of decoding each fork alone (tested in tests/core/cpu); this measures
+// only the speed.
+absl::Status MeasureSharedPrompt(const Harness& h,
+                                 const std::vector<std::string>& bases) {
+  AttentionEngine& engine = h.server->engine();
+  enum Kind { kShared, kDistinct, kNumKinds };
+  std::vector<std::string> sessions;
+  std::vector<v1::DecodeRequest> requests[kNumKinds];
+  std::vector<AppendRequest> engine_steps[kNumKinds];
+  for (int kind = 0; kind < kNumKinds; ++kind) {
+    for (int i = 0; i < kStreams; ++i) {
+      ATTN_ASSIGN_OR_RETURN(
+          SessionInfo fork,
+          engine.ForkSession(bases[kind == kShared ? 0 : i % bases.size()]));
+      sessions.push_back(fork.session_id);
+      requests[kind].push_back(
+          MakeDecodeRequest(fork.session_id, 5000 + 100 * kind + 3 * i));
+    }
+    for (const v1::DecodeRequest& request : requests[kind]) {
+      engine_steps[kind].push_back(EngineRequest(request));
+    }
+  }
+  const int steps = h.options->quick ? 4 : 8;
+  const int rounds = h.options->quick ? 3 : 5;
+  enum Side {
+    kEngineShared,
+    kEngineDistinct,
+    kServedShared,
+    kServedDistinct,
+    kNumSides
+  };
+  for (int kind = 0; kind < kNumKinds; ++kind) {  // warm-up
+    ATTN_RETURN_IF_ERROR(
+        BatchDecodeRound(*h.client, requests[kind], 1).status());
+  }
+  SideCost cost[kNumSides];
+  for (int round = 0; round < rounds; ++round) {
+    for (int side = 0; side < kNumSides; ++side) {
+      const Side what = static_cast<Side>((side + round) % kNumSides);
+      const Kind kind =
+          what == kEngineShared || what == kServedShared ? kShared : kDistinct;
+      const ProcessUsage before = ProcessUsage::Now();
+      absl::StatusOr<RoundResult> result =
+          what == kEngineShared || what == kEngineDistinct
+              ? EngineRound(engine, engine_steps[kind], steps, /*batched=*/true)
+              : BatchDecodeRound(*h.client, requests[kind], steps);
+      ATTN_RETURN_IF_ERROR(result.status());
+      cost[what].Add(result->wall_us, ProcessUsage::Now() - before,
+                     double{kStreams} * steps);
+    }
+  }
+  for (const std::string& id : sessions) {
+    ATTN_RETURN_IF_ERROR(engine.DeleteSession(id));
+  }
+  const double engine_speedup =
+      cost[kEngineShared].Rate() / cost[kEngineDistinct].Rate();
+  const double served_speedup =
+      cost[kServedShared].Rate() / cost[kServedDistinct].Rate();
+  BenchReport& r = *h.report;
+  r.AddRow(kSection,
+           absl::StrCat("engine alone, AppendEach of 64 forks of one ",
+                        kBatchContext, "-token prompt: tokens/s"),
+           cost[kEngineShared].Rate(), "tok/s");
+  r.AddRow(kSection, "same, 64 forks of 64 distinct contexts: tokens/s",
+           cost[kEngineDistinct].Rate(), "tok/s");
+  r.AddRow(kSection, "shared_prompt_engine_speedup", engine_speedup, "x");
+  r.AddRow(kSection, "BatchDecode of 64 forks of one prompt: tokens/s",
+           cost[kServedShared].Rate(), "tok/s");
+  r.AddRow(kSection, "same, 64 forks of 64 distinct contexts: tokens/s",
+           cost[kServedDistinct].Rate(), "tok/s");
+  r.AddRow(kSection, "shared_prompt_batchdecode_speedup", served_speedup, "x");
+  r.AddFigure("shared_prompt_engine_speedup", engine_speedup);
+  r.AddFigure("shared_prompt_batchdecode_speedup", served_speedup);
+  r.AddFigure("shared_prompt_batchdecode_tokens_per_s",
+              cost[kServedShared].Rate());
+  return absl::OkStatus();
+}
+
 // The most stream64_vs_callback_echo_ctx16 could be if a served step cost
 // the CPU of an echo message plus nothing but its attention's multiply-adds
 // at one thread's peak rate (the multiply-add probe): a step at message m
@@ -1492,6 +1583,7 @@ absl::Status RunServing(const BenchOptions& options, BenchReport* report) {
   ATTN_RETURN_IF_ERROR(MeasureBatching(harness, bases, counter));
   ATTN_RETURN_IF_ERROR(MeasureApis(harness, bases[0]));
   ATTN_RETURN_IF_ERROR(MeasureSmallSteps(harness));
+  ATTN_RETURN_IF_ERROR(MeasureSharedPrompt(harness, bases));
   for (int64_t context : {kShortContext, kBatchContext}) {
     ATTN_RETURN_IF_ERROR(MeasureLatencyBudget(harness, bases[0], context));
   }
