@@ -807,11 +807,13 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
       return;
     }
     const absl::Status& status = got.status();
-    if ((status.code() == absl::StatusCode::kNotFound || NeverSent(status)) &&
+    if (SessionBeingMoved(status)) MarkDraining(*part.replica);
+    if ((status.code() == absl::StatusCode::kNotFound || NeverSent(status) ||
+         SessionBeingMoved(status)) &&
         moves < kMaxMoves) {
-      // A session of the part moved or is gone, or the replica never saw
-      // the part: it changed nothing. Find each session's owner again and
-      // send the part again.
+      // A session of the part moved, is being moved or is gone, or the
+      // replica never saw the part: it changed nothing. Find each session's
+      // owner again (after the move) and send the part again.
       std::set<std::string> sessions;
       for (int step : part.steps) {
         sessions.insert(request.steps(step).session_id());
@@ -982,6 +984,19 @@ void ClusterDecodeStream::Dispatch(Entry* entry) {
   lane->stream->Write(entry->request);
 }
 
+void ClusterDecodeStream::DispatchAll(const std::deque<Entry*>& entries) {
+  for (Entry* entry : entries) {
+    if (!failed_) {
+      Dispatch(entry);
+      continue;
+    }
+    // An earlier one could not be sent: nothing after it goes (the stream
+    // ends at that one, as on one server).
+    Fail(entry, absl::AbortedError(
+                    "not sent: an earlier request of the stream failed"));
+  }
+}
+
 void ClusterDecodeStream::Pump(Lane* lane) {
   Entry* front = lane->unanswered.front();
   absl::StatusOr<v1::AttentionResult> result = lane->stream->Read();
@@ -1003,7 +1018,7 @@ void ClusterDecodeStream::Pump(Lane* lane) {
                           status, ClusterClient::Resend::kNever);
     if (next.ok()) {
       ++front->moves;
-      for (Entry* entry : pending) Dispatch(entry);
+      DispatchAll(pending);
       return;
     }
     status = next.status();
@@ -1015,7 +1030,7 @@ void ClusterDecodeStream::Pump(Lane* lane) {
                           status, ClusterClient::Resend::kNever);
     if (next.ok() && front->moves < kMaxMoves) {
       ++front->moves;
-      for (Entry* entry : pending) Dispatch(entry);
+      DispatchAll(pending);
       return;
     }
     if (!next.ok()) status = next.status();

@@ -192,6 +192,9 @@ class ClusterDecodeStream {
   // overtakes it; on a routing error the entry gets that error as its
   // result.
   void Dispatch(Entry* entry);
+  // Dispatches `entries` in order, until one fails to route: the ones
+  // after it are failed unsent.
+  void DispatchAll(const std::deque<Entry*>& entries);
   // `entry` ends with `status`: the stream takes no more requests.
   void Fail(Entry* entry, absl::Status status);
   // Reads the next result of `lane` into its oldest unanswered entry, or

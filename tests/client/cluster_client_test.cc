@@ -26,12 +26,14 @@
 #include <set>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/tensor_codec.h"
@@ -801,6 +803,61 @@ TEST(ClusterClientTest, StepsOfAMovingSessionKeepTheirOrder) {
   ATTN_EXPECT_OK(stream->Finish());
   idle->WritesDone();
   idle->Finish().IgnoreError();
+}
+
+// A decode step that meets its session sealed for a move answers
+// UNAVAILABLE with attention-session-moving and changes nothing; the client
+// waits for the move's end and sends it again, through DecodeStep and
+// BatchDecode alike, so the caller sees no error. (Here the move fails: the
+// seal goes and the session stays on its replica, in-process.)
+TEST(ClusterClientTest, StepsThatMeetAMoveInProgressAreSentAgain) {
+  auto server = StartTestServer();
+  ATTN_ASSERT_OK(server);
+  auto cluster =
+      ClusterClient::Open(absl::StrCat("127.0.0.1:", (*server)->server->port()),
+                          TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  Workload w = NewWorkload(**cluster, 1, 4);  // one layer
+  const auto moving_answers = [&](const std::string& method) {
+    const std::string text = (*server)->server->metrics().TextExposition();
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (absl::StartsWith(line, "attention_requests_total{") &&
+          absl::StrContains(line, "method=\"" + method + "\"") &&
+          absl::StrContains(line, "code=\"UNAVAILABLE\"")) {
+        return !absl::EndsWith(line, " 0");
+      }
+    }
+    return false;
+  };
+  for (const std::string method : {"DecodeStep", "BatchDecode"}) {
+    auto seal = (*server)->server->engine().SealSession(
+        w.id, absl::Now() + absl::Seconds(30));
+    ATTN_ASSERT_OK(seal);
+    absl::StatusOr<int64_t> position = absl::UnknownError("not run");
+    std::thread caller([&] {
+      if (method == "DecodeStep") {
+        auto result = (*cluster)->DecodeStep(NextStep(w, 0));
+        position = result.ok() ? absl::StatusOr<int64_t>(result->position())
+                               : result.status();
+      } else {
+        v1::BatchDecodeRequest batch;
+        *batch.add_steps() = NextStep(w, 0);
+        auto results = (*cluster)->BatchDecode(batch);
+        position = results.ok()
+                       ? absl::StatusOr<int64_t>(results->at(0).position())
+                       : results.status();
+      }
+    });
+    // Once the step has met the seal, the move fails.
+    EXPECT_TRUE(
+        Eventually([&] { return moving_answers(method); }, absl::Seconds(20)))
+        << method;
+    seal = absl::UnavailableError("the move failed");
+    caller.join();
+    ASSERT_TRUE(position.ok()) << method << ": " << position.status();
+    EXPECT_EQ(*position, w.length) << method;
+    ++w.length;
+  }
 }
 
 TEST(ClusterClientTest, NoReplicaServingIsUnavailableNamingThem) {
