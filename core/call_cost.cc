@@ -5,11 +5,15 @@
 namespace attention {
 namespace {
 
-// Sum of min(x, cap) for x = a, a + 1, ..., b (a <= b), in doubles.
-double SumCapped(double a, double b, double cap) {
-  if (b <= cap) return (a + b) * (b - a + 1) / 2;
-  if (a >= cap) return cap * (b - a + 1);
-  return (a + cap) * (cap - a + 1) / 2 + cap * (b - cap);
+// Sum of min(first + i, cap) for i = 0, 1, ..., rows - 1 (rows >= 1), in
+// doubles. The row count stays an integer: near 2^63 a double steps by
+// 1024, so first + rows - 1 would round back to first.
+double SumCapped(double first, int64_t rows, double cap) {
+  const double n = static_cast<double>(rows);
+  if (first >= cap) return cap * n;
+  // Rows below the cap (first < cap: both are key counts, exact here).
+  const double below = std::min(n, cap - first);
+  return below * first + below * (below - 1) / 2 + (n - below) * cap;
 }
 
 // Visible (query, key) pairs, each query's count capped at `cap_keys`.
@@ -24,13 +28,12 @@ double VisiblePairs(int64_t num_queries, const MaskSpec& mask,
   // and at most window + num_sink_tokens of them under a window. An upper
   // bound is all a limit needs, and it is exact without a window.
   const double first = static_cast<double>(mask.query_start) + 1;
-  const double last = first + static_cast<double>(num_queries) - 1;
   double cap = std::min(static_cast<double>(num_keys), cap_keys);
   if (mask.window > 0) {
     cap = std::min(cap, static_cast<double>(mask.window) +
                             static_cast<double>(mask.num_sink_tokens));
   }
-  return SumCapped(first, last, cap);
+  return SumCapped(first, num_queries, cap);
 }
 
 }  // namespace

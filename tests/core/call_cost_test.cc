@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "gtest/gtest.h"
 
@@ -48,6 +49,25 @@ TEST(CallCostTest, ExactWithoutAWindowAndAnUpperBoundWithOne) {
   MaskSpec full{.causal = false};
   EXPECT_DOUBLE_EQ(AttentionFlops(5, 2, 3, 4, full, 11), 2.0 * 7 * 2 * 5 * 11);
   EXPECT_EQ(AttentionFlops(0, 2, 3, 4, full, 11), 0);
+}
+
+// Every row of a causal call whose positions lie past all its keys sees all
+// of them, at any query_start: near 2^63 a double steps by 1024, and the
+// row count taken as a difference of positions came out as 1 there.
+TEST(CallCostTest, RowsFarFromTheStartAreEachCounted) {
+  for (const int64_t start : {int64_t{40}, int64_t{1} << 40, int64_t{1} << 62,
+                              std::numeric_limits<int64_t>::max() - 600}) {
+    for (const int64_t queries : {1, 2, 100, 512}) {
+      const MaskSpec causal{.causal = true, .query_start = start};
+      EXPECT_DOUBLE_EQ(AttentionFlops(queries, 1, 1, 1, causal, 30),
+                       4.0 * queries * 30)
+          << start << " " << queries;
+    }
+  }
+  // Rows reaching the key count partway: min(p + 1, keys) row by row.
+  const MaskSpec causal{.causal = true, .query_start = 5};
+  EXPECT_DOUBLE_EQ(AttentionFlops(10, 1, 1, 1, causal, 9),
+                   4.0 * CountVisible(10, 9, causal));
 }
 
 TEST(CallCostTest, HugeDimensionsDoNotOverflow) {
