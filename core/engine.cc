@@ -487,6 +487,9 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     if (atomic) return AtStep(status, i, n);
     steps[i].status = status;
     steps[i].pending.reset();
+    // Its quota reservation too: the batch's other steps of the tenant
+    // must see what they would alone.
+    steps[i].reservation = BlockReservation();
     return absl::OkStatus();
   };
   auto live = [&](size_t i) { return steps[i].status.ok(); };

@@ -205,6 +205,25 @@ TEST_F(TenantTest, ALoweredKvQuotaStillTakesAppendsThatNeedNoBlock) {
   EXPECT_EQ(engine_->tenant_stats("alice").kv_bytes, kBlockBytes);
 }
 
+// In an AppendEach batch a step that fails after reserving its blocks
+// (the pool is full) gives the reservation back at once: the tenant's other
+// step is judged by its quota as it would be alone.
+TEST_F(TenantTest, AFailedStepOfABatchHoldsNoReservation) {
+  const std::string bobs = Create(bob_);
+  ASSERT_TRUE(engine_->Append(Tokens(bobs, 62 * kTokensPerBlock, bob_)).ok());
+  alice_.quota.max_kv_bytes = 4 * kBlockBytes;
+  const std::string big = Create(alice_);
+  const std::string small = Create(alice_);
+  auto each = engine_->AppendEach(
+      {Tokens(big, 4 * kTokensPerBlock, alice_), Tokens(small, 1, alice_)});
+  EXPECT_EQ(each[0].status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(each[0].status().message().find("max_kv_bytes"), std::string::npos)
+      << "the pool, not the quota: " << each[0].status();
+  ASSERT_TRUE(each[1].ok()) << each[1].status();
+  EXPECT_EQ(Length(small, alice_), 1);
+  EXPECT_EQ(engine_->tenant_stats("alice").kv_bytes, kBlockBytes);
+}
+
 TEST_F(TenantTest, TruncateReleasesTheTenantsBlocks) {
   const std::string id = Create(alice_);
   ASSERT_TRUE(engine_->Append(Tokens(id, 3 * kTokensPerBlock, alice_)).ok());
