@@ -83,6 +83,10 @@ class LayerKvCache {
   const LayerSpec& mask() const { return mask_; }
   // Blocks this layer references (shared blocks included).
   int64_t referenced_blocks() const;
+  // Host memory of its block table (one entry per block of its length).
+  int64_t table_bytes() const {
+    return static_cast<int64_t>(table_.size() * sizeof(BlockId));
+  }
 
   // A staged append of `count` tokens at positions [start, start + count).
   class PendingAppend {

@@ -52,14 +52,14 @@ Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
 Session::Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
                  BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
                  std::shared_ptr<TenantUsage> usage,
-                 std::vector<LayerKvCache> layers)
+                 std::vector<LayerKvCache> layers, int64_t copied_table_bytes)
     : id_(std::move(id)),
       usage_(std::move(usage)),
       spec_(std::move(spec)),
       layout_(layout),
       pool_(pool),
       idle_timeout_(idle_timeout),
-      metadata_bytes_(SessionMetadataBytes(spec_)),
+      metadata_bytes_(SessionMetadataBytes(spec_) + copied_table_bytes),
       last_used_ns_(absl::ToUnixNanos(now)),
       layers_(std::move(layers)) {}
 
@@ -75,10 +75,14 @@ std::unique_ptr<Session> Session::FromLayers(
 std::unique_ptr<Session> Session::Fork(std::string id, absl::Time now) const {
   std::vector<LayerKvCache> layers;
   layers.reserve(layers_.size());
-  for (const LayerKvCache& layer : layers_) layers.push_back(layer.Fork());
+  int64_t table_bytes = 0;
+  for (const LayerKvCache& layer : layers_) {
+    layers.push_back(layer.Fork());
+    table_bytes += layer.table_bytes();
+  }
   return std::unique_ptr<Session>(new Session(std::move(id), spec_, layout_,
                                               pool_, idle_timeout_, now, usage_,
-                                              std::move(layers)));
+                                              std::move(layers), table_bytes));
 }
 
 SessionInfo Session::Info() const {

@@ -90,8 +90,10 @@ class Session {
 
   // Host memory of the session's metadata: the object, its resolved spec
   // (model label, per-layer specs and sink logits) and its layer caches'
-  // fixed part. Block tables (8 bytes per KV block) come on top, in
-  // proportion to the KV blocks the pool bounds.
+  // fixed part; for a fork also the block tables it copied (a fork shares
+  // its parent's blocks, so the pool does not bound those). Block tables
+  // of the session's own blocks come on top, in proportion to the KV
+  // blocks the pool bounds.
   int64_t metadata_bytes() const { return metadata_bytes_; }
 
   // Idle clock: a session is expired when no call uses it and
@@ -114,10 +116,11 @@ class Session {
   int32_t calls() const { return calls_.load(std::memory_order_acquire); }
 
  private:
+  // `copied_table_bytes`: the block tables a fork copied (metadata_bytes).
   Session(std::string id, SessionSpec spec, const KvBlockLayout& layout,
           BlockPool* pool, absl::Duration idle_timeout, absl::Time now,
-          std::shared_ptr<TenantUsage> usage,
-          std::vector<LayerKvCache> layers);
+          std::shared_ptr<TenantUsage> usage, std::vector<LayerKvCache> layers,
+          int64_t copied_table_bytes = 0);
 
   const std::string id_;
   // Before the layers, which report to it until they go.

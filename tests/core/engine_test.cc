@@ -657,6 +657,27 @@ TEST(EngineSealTest, ASealBeginningDuringAMultiLayerBatchWaitsForIt) {
   EXPECT_TRUE(sealed.ok()) << sealed;
 }
 
+// A fork copies its parent's block tables but shares its blocks, so the
+// pool does not bound those copies: they count as the fork's metadata
+// (bounded by --max_session_metadata_bytes, as sessions are), and deleting
+// the fork gives them back.
+TEST_F(EngineTest, ForksCountTheBlockTablesTheyCopy) {
+  const std::string parent = NewSession();
+  const Tokens t(600, rng_);
+  Append(parent, 0, t, 0, 600);
+  const int64_t base = Info(parent).metadata_bytes;
+  EXPECT_EQ(engine_->stats().session_metadata_bytes, base);
+  auto fork = engine_->ForkSession(parent);
+  ASSERT_TRUE(fork.ok()) << fork.status();
+  // float32 K and V: 2 heads x (16 + 8) x 4 bytes a token, 4096-byte blocks.
+  const int64_t tokens_per_block = 4096 / (kKvHeads * (kDim + kValueDim) * 4);
+  const int64_t blocks = (600 + tokens_per_block - 1) / tokens_per_block;
+  EXPECT_EQ(fork->metadata_bytes, base + blocks * 4);
+  EXPECT_EQ(engine_->stats().session_metadata_bytes, 2 * base + blocks * 4);
+  ASSERT_TRUE(engine_->DeleteSession(fork->session_id).ok());
+  EXPECT_EQ(engine_->stats().session_metadata_bytes, base);
+}
+
 // The batched appends (the decode batcher's) and HoldSession (a Decode
 // stream's) never wait for a hand-over: a step on a sealed session fails at
 // once with UNAVAILABLE and changes nothing, and the other steps of its
