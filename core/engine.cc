@@ -41,6 +41,15 @@ absl::StatusOr<Tensor> ConvertOutput(const float* result, Shape shape,
   return converted;
 }
 
+// `view` as float32: itself, or widened into `storage` (exact).
+TensorView AsFloat32(const TensorView& view, Tensor* storage) {
+  if (view.dtype == DType::kFloat32) return view;
+  *storage = Tensor(DType::kFloat32, view.shape);
+  ConvertToFloat(view.dtype, view.data, view.num_elements(),
+                 storage->float_data());
+  return storage->view();
+}
+
 // Converts the float32 result to the requested dtype (no copy for float32).
 absl::StatusOr<Tensor> ToOutputDType(Tensor result, DType dtype) {
   if (dtype == DType::kFloat32) return result;
@@ -774,18 +783,19 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
         "got ",
         request.scale));
   }
-  // The kernels read the bias as float32.
-  Tensor bias_f32;
+  // The kernels read the bias as float32, and K and V in one dtype: sent in
+  // two, both are widened to float32 (exact, so the same result).
+  Tensor bias_f32, k_f32, v_f32;
   TensorView bias_view;
   if (request.bias.has_value()) {
     ATTN_RETURN_IF_ERROR(ValidateBias(*request.bias, shape));
-    bias_view = *request.bias;
-    if (bias_view.dtype != DType::kFloat32) {
-      bias_f32 = Tensor(DType::kFloat32, bias_view.shape);
-      ConvertToFloat(bias_view.dtype, bias_view.data, bias_view.num_elements(),
-                     bias_f32.float_data());
-      bias_view = bias_f32.view();
-    }
+    bias_view = AsFloat32(*request.bias, &bias_f32);
+  }
+  TensorView k_view = request.k;
+  TensorView v_view = request.v;
+  if (k_view.dtype != v_view.dtype) {
+    k_view = AsFloat32(k_view, &k_f32);
+    v_view = AsFloat32(v_view, &v_f32);
   }
   AttentionOutput result;
   result.position = mask.query_start;
@@ -812,7 +822,7 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
   const std::byte* blocks[2];
   AttentionProblem problem;
   problem.q = request.q;
-  problem.kv = ContiguousKvView(request.k, request.v, blocks);
+  problem.kv = ContiguousKvView(k_view, v_view, blocks);
   problem.mask = mask;
   problem.sink_logits = request.sink_logits;
   problem.scale = scale;

@@ -966,6 +966,34 @@ TEST_F(EngineTest, StatelessValidation) {
   EXPECT_EQ(code(bad), absl::StatusCode::kOk);
 }
 
+// A stateless call may send K and V in two dtypes: each is read as what it
+// holds, bitwise as if both came as float32. (The kernels read both in K's
+// dtype: bfloat16 values read as float32 ran past the end of V.)
+TEST_F(EngineTest, StatelessKAndVInTwoDtypes) {
+  const HostTensor q = RandomTensor({3, kQHeads, kDim}, rng_);
+  for (const DType k_dtype : {DType::kFloat32, DType::kFloat16}) {
+    const DType v_dtype =
+        k_dtype == DType::kFloat32 ? DType::kBFloat16 : DType::kFloat32;
+    const HostTensor k = RandomTensor({40, kKvHeads, kDim}, rng_, k_dtype);
+    const HostTensor v = RandomTensor({40, kKvHeads, kValueDim}, rng_, v_dtype);
+    const HostTensor k32 = FloatTensor(k.shape, k.values);
+    const HostTensor v32 = FloatTensor(v.shape, v.values);
+    StatelessRequest mixed;
+    mixed.q = q.view();
+    mixed.k = k.view();
+    mixed.v = v.view();
+    StatelessRequest wide = mixed;
+    wide.k = k32.view();
+    wide.v = v32.view();
+    auto got = engine_->Attend(mixed);
+    auto want = engine_->Attend(wide);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(ToFloats(got->output), ToFloats(want->output))
+        << DTypeName(k_dtype) << " K, " << DTypeName(v_dtype) << " V";
+  }
+}
+
 TEST_F(EngineTest, StatelessWeightsRespectTheSizeLimit) {
   EngineOptions options;
   options.kv_cache_bytes = 1 << 20;
