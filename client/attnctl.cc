@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -448,6 +449,21 @@ int RunPlan() {
   limits.max_layers = std::max(limits.max_layers, spec->num_layers);
   auto resolved = ResolveSessionSpec(*spec, limits);
   if (!resolved.ok()) return Fail(resolved.status(), "plan");
+  // The byte counts are int64: bound the flags they multiply.
+  const int64_t per_token = PlanKvSize(*resolved, 0).bytes_per_token_all_full;
+  if (per_token > 0 &&
+      context > std::numeric_limits<int64_t>::max() / per_token) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--context ", context, " at ", per_token,
+                    " bytes per token would pass 2^63 bytes; use a "
+                    "smaller --context")),
+                "plan");
+  }
+  if (absl::GetFlag(FLAGS_mha_head_dim) > limits.max_head_dim) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--mha_head_dim must be at most ", limits.max_head_dim)),
+                "plan");
+  }
   const KvSizePlan plan = PlanKvSize(*resolved, context);
 
   auto line = [](absl::string_view label, absl::string_view value) {

@@ -130,6 +130,14 @@ TEST(AttnctlPlanTest, BadPlansFail) {
                        "--kv_layout=diagonal")
                 .exit_code,
             1);
+  // Byte counts that would pass 2^63.
+  EXPECT_EQ(RunAttnctl("plan --num_layers=1 --num_kv_heads=1 --head_dim=64 "
+                       "--context=9223372036854775807")
+                .exit_code,
+            1);
+  EXPECT_EQ(RunAttnctl("plan --preset=deepseek-v3 --mha_head_dim=2000000000")
+                .exit_code,
+            1);
   EXPECT_EQ(RunAttnctl("frobnicate").exit_code, 1);
 }
 
