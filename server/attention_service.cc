@@ -29,6 +29,8 @@ constexpr int32_t kMaxListPageSize = 1000;
 constexpr int32_t kDefaultListPageSize = 100;
 // Longest page token: the last session id of a page.
 constexpr size_t kMaxPageTokenBytes = 64;
+// Most steps in one BatchDecode (attention.proto).
+constexpr int kMaxBatchDecodeSteps = 65536;
 
 // Prefills run at once up to this many, each parallelized over the backend
 // threads; more wait in the executor's queue.
@@ -372,6 +374,13 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::BatchDecode(
                               RpcMethod::kBatchDecode, "");
   const absl::Status status = [&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(call->tenant, Caller(*context));
+    // Bounded before anything is sized from it: empty steps take 2 bytes
+    // on the wire each, and a step's AppendRequest some 400.
+    if (request->steps_size() > kMaxBatchDecodeSteps) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BatchDecode carries ", request->steps_size(), " steps; at most ",
+          kMaxBatchDecodeSteps, " per call: split them over several calls"));
+    }
     call->appends.reserve(request->steps_size());
     for (int i = 0; i < request->steps_size(); ++i) {
       ATTN_ASSIGN_OR_RETURN(
@@ -451,41 +460,49 @@ grpc::Status AttentionServiceImpl::ImportSession(
     grpc::ServerContext* context, grpc::ServerReader<v1::SessionChunk>* reader,
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
-  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
-    StallWatchdog::Watch watch = WatchTransfer(context);
-    ImportOptions options;
-    ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
-    if (draining_.load(std::memory_order_acquire)) return Draining();
-    ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
-    const bool handover = options.keep_owner;
-    // A replica handing a session over keeps its id; so may anyone where
-    // there are no tenants to tell apart.
-    const KeepSessionId keep =
-        handover || authenticator_ == nullptr || !authenticator_->enabled()
-            ? KeepSessionId::kAllowed
-            : KeepSessionId::kRefused;
-    ATTN_ASSIGN_OR_RETURN(
-        ReadImport read,
-        ReadSessionImport(
-            *engine_, std::move(options), keep, max_message_bytes_,
-            [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
-              const bool more =
-                  !context->IsCancelled() && reader->Read(record);
-              if (context->IsCancelled()) return TransferEnded(watch, "import");
-              watch.Progress();
-              return more;
-            }));
-    // Not once the drain began: its hand-over may have listed the
-    // sessions already, and this one would be lost.
-    ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
-                          UnlessDraining([&] { return read.Commit(); }));
-    if (metrics_ != nullptr) {
-      metrics_->RecordImport(read.kv_bytes);
-      if (handover) metrics_->RecordHandoverReceived();
-    }
-    SessionReply(info, response);
-    return absl::OkStatus();
-  }(), context));
+  return scope.Finish(ToGrpcStatus(
+      [&]() -> absl::Status {
+        ImportOptions options;
+        ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
+        if (draining_.load(std::memory_order_acquire)) return Draining();
+        ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
+        const bool handover = options.keep_owner;
+        // A replica handing a session over keeps its id; so may anyone where
+        // there are no tenants to tell apart.
+        const KeepSessionId keep =
+            handover || authenticator_ == nullptr || !authenticator_->enabled()
+                ? KeepSessionId::kAllowed
+                : KeepSessionId::kRefused;
+        // The stall watch ends with the stream: the commit below waits for no
+        // message, and a watchdog's cancel after it would report a failure for
+        // a session that was created.
+        ATTN_ASSIGN_OR_RETURN(
+            ReadImport read, [&]() -> absl::StatusOr<ReadImport> {
+              StallWatchdog::Watch watch = WatchTransfer(context);
+              return ReadSessionImport(
+                  *engine_, std::move(options), keep, max_message_bytes_,
+                  [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+                    const bool more =
+                        !context->IsCancelled() && reader->Read(record);
+                    if (context->IsCancelled()) {
+                      return TransferEnded(watch, "import");
+                    }
+                    watch.Progress();
+                    return more;
+                  });
+            }());
+        // Not once the drain began: its hand-over may have listed the
+        // sessions already, and this one would be lost.
+        ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
+                              UnlessDraining([&] { return read.Commit(); }));
+        if (metrics_ != nullptr) {
+          metrics_->RecordImport(read.kv_bytes);
+          if (handover) metrics_->RecordHandoverReceived();
+        }
+        SessionReply(info, response);
+        return absl::OkStatus();
+      }(),
+      context));
 }
 
 grpc::Status AttentionServiceImpl::GetServerInfo(

@@ -459,6 +459,24 @@ TEST_F(RobustnessTest, StepsOnASessionBeingMovedAnswerAtOnce) {
   EXPECT_EQ(next->position(), 1);
 }
 
+// A BatchDecode's step count is bounded before anything is sized from it:
+// 65537 empty steps (2 bytes each on the wire) are refused for their
+// number, 65536 get as far as the first step's own error.
+TEST_F(RobustnessTest, BatchDecodeStepsAreBoundedUpFront) {
+  Start();
+  v1::BatchDecodeRequest batch;
+  for (int i = 0; i < 65537; ++i) batch.add_steps();
+  auto refused = client().BatchDecode(batch);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("at most 65536"), std::string::npos)
+      << refused.status();
+  batch.mutable_steps()->RemoveLast();
+  auto first_step = client().BatchDecode(batch);
+  EXPECT_EQ(first_step.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(first_step.status().message().find("steps[0]"), std::string::npos)
+      << first_step.status();
+}
+
 // A stream whose only step on a session failed changes nothing there, the
 // idle clock included: its end leaves the deadline as it was.
 TEST_F(RobustnessTest, AStreamThatOnlyFailedOnASessionLeavesItsIdleClock) {
