@@ -144,7 +144,7 @@ absl::Status FromGrpcCall(const grpc::Status& status,
   return converted;
 }
 
-bool SessionBeingMoved(const absl::Status& status) {
+bool IsSessionMoving(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
          status.GetPayload(kSessionMovingMetadata).has_value();
 }

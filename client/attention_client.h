@@ -121,7 +121,7 @@ absl::Status FromGrpcCall(const grpc::Status& status,
 // redirect; nullopt otherwise.
 std::optional<std::string> MovedSessionOwner(const absl::Status& status);
 // Whether `status` says the session was being moved (nothing applied).
-bool SessionBeingMoved(const absl::Status& status);
+bool IsSessionMoving(const absl::Status& status);
 
 // grpc.health.v1 serving status.
 enum class ServingStatus { kUnknown, kServing, kNotServing, kServiceUnknown };

@@ -522,7 +522,7 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
     SetOwner(session_id, *owner);
     return ReplicaAt(*owner);
   }
-  if (SessionBeingMoved(status)) {
+  if (IsSessionMoving(status)) {
     // Being moved right now; the call changed nothing. The replica answers
     // GetSession once the move is over: the redirect, or (the move failed)
     // the session, still there.
@@ -807,9 +807,9 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
       return;
     }
     const absl::Status& status = got.status();
-    if (SessionBeingMoved(status)) MarkDraining(*part.replica);
+    if (IsSessionMoving(status)) MarkDraining(*part.replica);
     if ((status.code() == absl::StatusCode::kNotFound || NeverSent(status) ||
-         SessionBeingMoved(status)) &&
+         IsSessionMoving(status)) &&
         moves < kMaxMoves) {
       // A session of the part moved, is being moved or is gone, or the
       // replica never saw the part: it changed nothing. Find each session's

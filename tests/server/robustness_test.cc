@@ -437,7 +437,7 @@ TEST_F(RobustnessTest, StepsOnASessionBeingMovedAnswerAtOnce) {
     ATTN_ASSERT_OK(seal);
     const auto expect_moving = [](const absl::Status& status) {
       EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status;
-      EXPECT_TRUE(client::SessionBeingMoved(status)) << status;
+      EXPECT_TRUE(client::IsSessionMoving(status)) << status;
     };
     expect_moving(client().DecodeStep(step(moving, 1)).status());
     v1::BatchDecodeRequest batch;
