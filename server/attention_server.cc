@@ -84,7 +84,8 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   }
   for (const auto& [name, duration] :
        {std::pair{"session_idle_timeout", options.session_idle_timeout},
-        std::pair{"transfer_stall_timeout", options.transfer_stall_timeout}}) {
+        std::pair{"transfer_stall_timeout", options.transfer_stall_timeout},
+        std::pair{"drain_timeout", options.drain_timeout}}) {
     if (duration <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, " ", absl::FormatDuration(duration), " must be positive"));
@@ -139,6 +140,11 @@ absl::StatusOr<client::ClientOptions> PeerClientOptions(
     ATTN_ASSIGN_OR_RETURN(std::string token,
                           ReadFile(options.peer_token_file, "peer token file"));
     client.auth_token = std::string(absl::StripAsciiWhitespace(token));
+    if (absl::Status status = client::CheckAuthToken(client.auth_token);
+        !status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--peer_token_file: ", status.message()));
+    }
   }
   return client;
 }
@@ -291,11 +297,14 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     return CurrentMetricsState(*engine_ptr, *authenticator_ptr);
   });
 
+  std::vector<std::string> restored_files;
   if (!options.snapshot_dir.empty()) {
     // Before anything serves: health reports SERVING only afterwards.
+    ATTN_RETURN_IF_ERROR(PrepareSnapshotDirectory(options.snapshot_dir));
     const absl::Time start = absl::Now();
-    const RestoreAllResult restored =
+    RestoreAllResult restored =
         RestoreAllSessions(*engine_ptr, options.snapshot_dir);
+    restored_files = std::move(restored.files);
     server->metrics_->RecordRestore(restored.restored, restored.corrupt,
                                     restored.rejected);
     Log(LogLevel::kInfo, "sessions_restored",
@@ -354,6 +363,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
                      " (port in use or address not available); choose another "
                      "--port/--listen_address, or --port=0 for a free port"));
   }
+  // Serving from here: a failure below drains, which snapshots the
+  // restored sessions again.
+  RemoveRestoredFiles(options.snapshot_dir, restored_files);
   server->service_->SetAdvertiseAddress(
       AdvertiseAddress(options, server->port_));
   if (!options.peers.empty()) {

@@ -229,6 +229,10 @@ void LingerForMetrics(const AttentionServer& server, const sigset_t& signals,
 
 int Run() {
   const int64_t max_open_files = RaiseOpenFilesLimit();
+  // A closed stdout or stderr (the reader of a pipe gone) must not kill the
+  // drain: writes then fail with EPIPE instead. civetweb does the same, but
+  // only when the metrics endpoint is on.
+  signal(SIGPIPE, SIG_IGN);
   // Block the signals before any thread exists, so every thread inherits
   // the mask and only sigwait below ever sees them.
   sigset_t signals;

@@ -106,6 +106,21 @@ bool HasSuffix(const std::string& name, absl::string_view suffix) {
 
 }  // namespace
 
+absl::Status PrepareSnapshotDirectory(const std::string& dir) {
+  ATTN_RETURN_IF_ERROR(EnsureDirectory(dir));
+  const std::string probe = absl::StrCat(dir, "/.probe", kTemporarySuffix);
+  const int fd =
+      ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return FileError("cannot create", probe);
+  absl::Cleanup remove = [&] { ::unlink(probe.c_str()); };
+  const absl::Status written = WriteAll(fd, "probe", probe);
+  const absl::Status synced =
+      ::fsync(fd) == 0 ? absl::OkStatus() : FileError("cannot fsync", probe);
+  ::close(fd);
+  ATTN_RETURN_IF_ERROR(written);
+  return synced;
+}
+
 absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
                                     const std::string& id,
                                     const std::string& path,
@@ -126,7 +141,8 @@ absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
   ATTN_ASSIGN_OR_RETURN(
       const int64_t bytes,
       WriteSessionExport(
-          *session_export, [&](v1::SessionChunk& record) -> absl::Status {
+          *session_export,
+          [&](v1::SessionChunk& record) -> absl::Status {
             if (absl::Now() > deadline) {
               return absl::DeadlineExceededError(
                   "the snapshot ran out of --drain_timeout");
@@ -143,7 +159,8 @@ absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
               buffer.clear();
             }
             return absl::OkStatus();
-          }));
+          },
+          kMaxFileRecordBytes));
   ATTN_RETURN_IF_ERROR(WriteAll(fd, buffer, temporary));
   if (::fsync(fd) != 0) return FileError("cannot fsync", temporary);
   if (::rename(temporary.c_str(), path.c_str()) != 0) {
@@ -248,11 +265,6 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
 RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
                                     const std::string& dir) {
   RestoreAllResult result;
-  if (absl::Status status = EnsureDirectory(dir); !status.ok()) {
-    Log(LogLevel::kError, "restore_failed",
-        {{"dir", dir}, {"message", status.message()}});
-    return result;
-  }
   std::vector<std::string> names;
   if (DIR* handle = ::opendir(dir.c_str()); handle != nullptr) {
     while (const dirent* entry = ::readdir(handle))
@@ -263,9 +275,6 @@ RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
         {{"dir", dir}, {"message", std::strerror(errno)}});
     return result;
   }
-  // Restored files go only once every file is read: a start killed
-  // half-way (a startup probe out of patience) restores them all again.
-  std::vector<std::string> restored;
   for (const std::string& name : names) {
     const std::string path = absl::StrCat(dir, "/", name);
     if (HasSuffix(name, absl::StrCat(kSessionSuffix, kTemporarySuffix))) {
@@ -279,7 +288,7 @@ RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
     if (bytes.ok()) {
       ++result.restored;
       result.bytes += *bytes;
-      restored.push_back(path);
+      result.files.push_back(path);
       continue;
     }
     const absl::StatusCode code = bytes.status().code();
@@ -295,12 +304,22 @@ RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
          {"code", absl::StatusCodeToString(code)},
          {"message", bytes.status().message()}});
   }
-  for (const std::string& path : restored) ::unlink(path.c_str());
+  return result;
+}
+
+void RemoveRestoredFiles(const std::string& dir,
+                         const std::vector<std::string>& files) {
+  if (files.empty()) return;
+  for (const std::string& path : files) {
+    if (::unlink(path.c_str()) != 0) {
+      Log(LogLevel::kError, "restored_file_not_removed",
+          {{"file", path}, {"message", std::strerror(errno)}});
+    }
+  }
   if (absl::Status status = SyncDirectory(dir); !status.ok()) {
     Log(LogLevel::kWarning, "restore_sync_failed",
         {{"dir", dir}, {"message", status.message()}});
   }
-  return result;
 }
 
 }  // namespace attention::server

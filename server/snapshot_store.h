@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -48,22 +49,37 @@ absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
                                     absl::Time deadline,
                                     const Tenant& owner = DefaultTenant());
 
+// Makes sure `dir` can hold snapshots: creates it if missing (one level)
+// and writes, fsyncs and removes a probe file in it. INTERNAL, naming the
+// path and the system's error, for a directory that cannot be created or
+// written (a missing parent, a regular file, a read-only mount): a server
+// that could not save its sessions at the drain must not start.
+absl::Status PrepareSnapshotDirectory(const std::string& dir);
+
 struct RestoreAllResult {
   int64_t restored = 0;
   int64_t corrupt = 0;   // failed validation: moved aside as *.corrupt
   int64_t rejected = 0;  // valid but not restorable here (pool, id taken):
                          // moved aside as *.rejected
   int64_t bytes = 0;
+  // The files restored, still in the directory: the caller removes them
+  // (RemoveRestoredFiles) once the server serves, so that a start that
+  // fails after the restore loses no session.
+  std::vector<std::string> files;
 };
 
 // Restores every `*.session` file of `dir` with its id, idle deadline and
-// owner tenant, removing the restored files once all are read (a restore
-// cut short leaves every file for the next one), deleting leftover `*.tmp`
-// files and logging every file it moves aside. A missing directory is created; a
+// owner tenant, deleting leftover `*.tmp` files and logging every file it
+// moves aside. The restored files stay (see RestoreAllResult::files). A
 // directory that cannot be read is logged and restores nothing. Never
 // fails.
 RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
                                     const std::string& dir);
+
+// Removes the files of a restore and fsyncs `dir`, logging each failure: a
+// file left would restore stale state at the next start.
+void RemoveRestoredFiles(const std::string& dir,
+                         const std::vector<std::string>& files);
 
 // Imports one snapshot file (with its id, idle deadline and owner tenant;
 // the sessions were admitted under their tenants' quotas before, so none is

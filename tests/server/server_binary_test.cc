@@ -103,7 +103,8 @@ TEST(ServerBinaryTest, BadFlagsFailToStart) {
         "--port=70000", "--session_idle_timeout=-1s", "--cpu_spin=-1us",
         "--cpu_spin=1s", "--tls_cert_file=/nonexistent/server.crt",
         "--tls_client_ca_file=/nonexistent/ca.crt",
-        "--auth_tokens_file=/nonexistent/tokens", "--metrics_linger=-1s"}) {
+        "--auth_tokens_file=/nonexistent/tokens", "--metrics_linger=-1s",
+        "--drain_timeout=0s", "--snapshot_dir=/dev/null/snapshots"}) {
     std::vector<std::string> flags = kSmallServer;
     flags.push_back(flag);
     ServerProcess server(flags);
@@ -351,6 +352,89 @@ TEST(ServerBinaryTest, SessionsSurviveASigtermRestart) {
   restarted.Signal(SIGKILL);
   restarted.Wait();
   std::filesystem::remove_all(dir);
+}
+
+// A start that fails after restoring (its port taken) keeps the snapshot
+// files: the next start restores the sessions whole.
+TEST(ServerBinaryTest, AStartThatFailsKeepsTheSnapshot) {
+  const std::string dir = FreshDir("binary-failed-start");
+  std::vector<std::string> flags = kSmallServer;
+  flags.push_back("--snapshot_dir=" + dir);
+  KnownSession known;
+  {
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started());
+    const int port = server.WaitForPort();
+    ASSERT_GT(port, 0);
+    auto client =
+        client::AttentionClient::Connect(absl::StrCat("127.0.0.1:", port));
+    known = MakeKnownSession(*client, 60, 7);
+    server.Signal(SIGTERM);
+    ASSERT_EQ(WEXITSTATUS(server.Wait()), 0);
+  }
+  const std::string file = absl::StrCat(dir, "/", known.id, ".session");
+  ASSERT_TRUE(std::filesystem::exists(file));
+  {
+    ServerProcess holder(kSmallServer);
+    ASSERT_TRUE(holder.started());
+    const int busy = holder.WaitForPort();
+    ASSERT_GT(busy, 0);
+    std::vector<std::string> on_busy_port = flags;
+    on_busy_port[0] = absl::StrCat("--port=", busy);
+    ServerProcess failed(on_busy_port);
+    ASSERT_TRUE(failed.started());
+    EXPECT_EQ(failed.WaitForPort(), 0);
+    EXPECT_EQ(WEXITSTATUS(failed.Wait()), 1);
+    EXPECT_THAT(failed.output(), ::testing::HasSubstr("restored=1"));
+    EXPECT_TRUE(std::filesystem::exists(file));
+    holder.Signal(SIGTERM);
+    holder.Wait();
+  }
+  ServerProcess restarted(flags);
+  ASSERT_TRUE(restarted.started());
+  const int port = restarted.WaitForPort();
+  ASSERT_GT(port, 0);
+  auto client =
+      client::AttentionClient::Connect(absl::StrCat("127.0.0.1:", port));
+  ExpectRestoredWhole(*client, known);
+  EXPECT_FALSE(std::filesystem::exists(file));
+  restarted.Signal(SIGKILL);
+  restarted.Wait();
+  std::filesystem::remove_all(dir);
+}
+
+// A server whose stdout is a pipe nobody reads any more (`... | tee log`
+// after tee died) still drains and snapshots: the write of its "draining"
+// line fails with EPIPE instead of killing it. Without the metrics
+// endpoint, nothing else ignores SIGPIPE.
+TEST(ServerBinaryTest, AClosedStdoutDoesNotStopTheDrain) {
+  const std::string script = absl::StrCat(
+      ::testing::TempDir(), "/attention-server-closed-stdout-", getpid());
+  {
+    std::ofstream out(script, std::ios::trunc);
+    out << "#!/bin/bash\nexec > >(exit 0)\nexec "
+        << ServerProcess::DefaultBinary() << " \"$@\"\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  const std::string dir = FreshDir("binary-closed-stdout");
+  std::vector<std::string> flags = kSmallServer;
+  flags.back() = "--metrics_port=-1";
+  flags.push_back("--snapshot_dir=" + dir);
+  ServerProcess server(flags, script);
+  ASSERT_TRUE(server.started());
+  const int port = server.WaitForPort();
+  ASSERT_GT(port, 0) << server.output();
+  auto client =
+      client::AttentionClient::Connect(absl::StrCat("127.0.0.1:", port));
+  const KnownSession known = MakeKnownSession(*client, 20, 3);
+  server.Signal(SIGTERM);
+  const int status = server.Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(
+      std::filesystem::exists(absl::StrCat(dir, "/", known.id, ".session")));
+  std::filesystem::remove_all(dir);
+  std::remove(script.c_str());
 }
 
 // The metrics port from the server's start-up log line, or 0.
