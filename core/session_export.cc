@@ -55,15 +55,15 @@ SessionExport::SessionExport(AttentionBackend* backend,
   checksum_.AddHeader(header_);
 }
 
-absl::StatusOr<bool> SessionExport::NextChunk(SnapshotChunk* chunk) {
+absl::StatusOr<bool> SessionExport::NextChunk(SnapshotChunk* chunk,
+                                              int64_t target_bytes) {
   int64_t range_end = 0;
   if (!SeekCarriedRow(header_, &layer_, &position_, &range_end)) return false;
   const LayerKvCache& layer = layers_[layer_];
   const KvBlockLayout& layout = layer.layout();
   const int64_t token_bytes = layout.bytes_per_token();
-  const int64_t count =
-      std::min(range_end - position_,
-               std::max<int64_t>(1, kSnapshotChunkTargetBytes / token_bytes));
+  const int64_t count = std::min(
+      range_end - position_, std::max<int64_t>(1, target_bytes / token_bytes));
 
   const int64_t element = DTypeSize(layout.dtype);
   const int64_t heads = layout.num_kv_heads;

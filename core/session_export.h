@@ -57,10 +57,12 @@ class SessionExport {
 
   const SnapshotHeader& header() const { return header_; }
 
-  // Fills `chunk` (reusing its buffers) with the next data chunk and
-  // returns true, or returns false once every chunk has been read.
+  // Fills `chunk` (reusing its buffers) with the next data chunk, of at
+  // most `target_bytes` of K/V rows (but at least one row), and returns
+  // true, or returns false once every chunk has been read.
   // INTERNAL when the device cannot be read.
-  absl::StatusOr<bool> NextChunk(SnapshotChunk* chunk);
+  absl::StatusOr<bool> NextChunk(
+      SnapshotChunk* chunk, int64_t target_bytes = kSnapshotChunkTargetBytes);
 
   // REQUIRES: NextChunk returned false.
   SnapshotTrailer trailer() const;

@@ -444,13 +444,15 @@ grpc::Status AttentionServiceImpl::ExportSession(
     ATTN_ASSIGN_OR_RETURN(
         const int64_t bytes,
         WriteSessionExport(
-            *session_export, [&](v1::SessionChunk& record) -> absl::Status {
+            *session_export,
+            [&](v1::SessionChunk& record) -> absl::Status {
               if (context->IsCancelled() || !writer->Write(record)) {
                 return TransferEnded(watch, "export");
               }
               watch.Progress();
               return absl::OkStatus();
-            }));
+            },
+            max_message_bytes_));
     if (metrics_ != nullptr) metrics_->RecordExport(bytes);
     return absl::OkStatus();
   }(), context));

@@ -188,14 +188,16 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
       stub->ImportSession(&context, &reply);
   bool all_sent = true;
   const absl::StatusOr<int64_t> written = WriteSessionExport(
-      session_export, [&](v1::SessionChunk& record) -> absl::Status {
+      session_export,
+      [&](v1::SessionChunk& record) -> absl::Status {
         if (record.has_header()) record.set_keep_session_id(true);
         if (!writer->Write(record)) {
           all_sent = false;
           return absl::UnavailableError("the peer closed the import stream");
         }
         return absl::OkStatus();
-      });
+      },
+      peers_->options().client.max_send_message_bytes);
   if (!written.ok() && all_sent) {
     // The export failed mid-way: end the import so the peer drops it.
     context.TryCancel();

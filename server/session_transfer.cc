@@ -1,5 +1,6 @@
 #include "server/session_transfer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -85,13 +86,17 @@ SnapshotTrailer SnapshotTrailerFromProto(
 
 absl::StatusOr<int64_t> WriteSessionExport(
     SessionExport& session_export,
-    const std::function<absl::Status(v1::SessionChunk&)>& write) {
+    const std::function<absl::Status(v1::SessionChunk&)>& write,
+    int64_t max_message_bytes) {
+  const int64_t chunk_bytes =
+      std::min(kSnapshotChunkTargetBytes, max_message_bytes / 2);
   v1::SessionChunk record;
   SnapshotHeaderToProto(session_export.header(), record.mutable_header());
   ATTN_RETURN_IF_ERROR(write(record));
   SnapshotChunk chunk;
   while (true) {
-    ATTN_ASSIGN_OR_RETURN(const bool more, session_export.NextChunk(&chunk));
+    ATTN_ASSIGN_OR_RETURN(const bool more,
+                          session_export.NextChunk(&chunk, chunk_bytes));
     if (!more) break;
     v1::SessionSnapshotData* data = record.mutable_data();
     SwapSnapshotChunkToProto(&chunk, data);

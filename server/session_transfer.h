@@ -37,11 +37,14 @@ SnapshotTrailer SnapshotTrailerFromProto(
     const v1::SessionSnapshotTrailer& trailer);
 
 // Writes `session_export` whole through `write`, one record per call (the
-// message is reused between calls; `write` may modify it). Returns the
-// K/V bytes sent; the first error of `write` or of the export.
+// message is reused between calls; `write` may modify it), the K/V rows of
+// each data record within half of `max_message_bytes` unless one row alone
+// is larger.
+// Returns the K/V bytes sent; the first error of `write` or of the export.
 absl::StatusOr<int64_t> WriteSessionExport(
     SessionExport& session_export,
-    const std::function<absl::Status(v1::SessionChunk&)>& write);
+    const std::function<absl::Status(v1::SessionChunk&)>& write,
+    int64_t max_message_bytes);
 
 // Metadata of an ImportSession call by a draining replica handing the
 // session over (server/session_handover.h); its value is the sender's

@@ -410,6 +410,36 @@ TEST_F(SessionSnapshotTest, ImportRespectsTheMessageLimit) {
   EXPECT_EQ(info->kv_cache_used_bytes(), 0);
 }
 
+// A server whose message limit is below the usual 1 MiB chunks exports in
+// chunks within half of it, and the copy continues bitwise.
+TEST_F(SessionSnapshotTest, ExportChunksFitASmallMessageLimit) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_message_bytes = 32 << 10;
+  auto small = StartTestServer(options);
+  ATTN_ASSERT_OK(small);
+  auto original = (*small)->client->OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(original);
+  const Tokens tokens = RandomTokens(original->spec(), 160, 9);
+  for (int layer = 0; layer < 3; ++layer) {
+    for (int64_t begin = 0; begin < 150; begin += 15) {  // 7.5 KiB requests
+      ATTN_ASSERT_OK(original->Prefill(layer, tokens.q_rows(begin, 15),
+                                       tokens.k_rows(begin, 15),
+                                       tokens.v_rows(begin, 15)));
+    }
+  }
+  auto records = Export(*(*small)->client, original->id());
+  ATTN_ASSERT_OK(records);
+  for (const v1::SessionChunk& record : *records) {
+    // Rows of at most half the limit, plus the record's fields.
+    EXPECT_LE(static_cast<int64_t>(record.ByteSizeLong()), (16 << 10) + 128);
+  }
+  auto imported = Import(*a_->client, *records);
+  ATTN_ASSERT_OK(imported);
+  client::SessionHandle copy(a_->client.get(), *imported);
+  EXPECT_EQ(Continue(copy, tokens, 150, 160),
+            Continue(*original, tokens, 150, 160));
+}
+
 // A transfer whose peer stops moving messages is cancelled after
 // --transfer_stall_timeout, and what it held goes: an import's reserved
 // blocks, an export's pinned ones.
