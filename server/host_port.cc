@@ -14,11 +14,21 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address,
   int port = 0;
   if (colon != absl::string_view::npos) {
     result.host = std::string(address.substr(0, colon));
-    if (!absl::SimpleAtoi(address.substr(colon + 1), &port)) port = 0;
+    const absl::string_view digits = address.substr(colon + 1);
+    // SimpleAtoi alone would take "+80" and " 80".
+    const bool all_digits =
+        !digits.empty() && digits.size() <= 5 &&
+        digits.find_first_not_of("0123456789") == absl::string_view::npos;
+    if (!all_digits || !absl::SimpleAtoi(digits, &port)) port = 0;
   }
-  const bool bare_ipv6 =
-      result.host.find(':') != std::string::npos && result.host.front() != '[';
-  if (result.host.empty() || bare_ipv6 || port < 1 || port > 65535) {
+  const bool bracketed = !result.host.empty() && result.host.front() == '[';
+  // A bracketed host is one IPv6 address; a bare one has no colon.
+  const bool well_formed =
+      bracketed
+          ? result.host.size() > 2 && result.host.back() == ']' &&
+                result.host.find_first_of("[]", 1) == result.host.size() - 1
+          : result.host.find_first_of(":[]") == std::string::npos;
+  if (result.host.empty() || !well_formed || port < 1 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " ", QuoteClientString(address),
         " is not host:port (e.g. replica-0.example:50051, or [::1]:50051 for "

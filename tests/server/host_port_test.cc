@@ -21,8 +21,10 @@ TEST(HostPortTest, ParsesNamesAndAddresses) {
 }
 
 TEST(HostPortTest, RefusesWhatIsNotHostPort) {
-  for (const char* bad : {"", "host", ":1", "host:", "host:0", "host:65536",
-                          "host:-1", "host:8x", "::1:50051"}) {
+  for (const char* bad :
+       {"", "host", ":1", "host:", "host:0", "host:65536", "host:-1", "host:8x",
+        "::1:50051", "[::1:50051", "[]:1", "[::1]]:1", "h]:1", "h:+80", "h: 80",
+        "h:080000"}) {
     auto parsed = ParseHostPort(bad, "--peers");
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
         << bad;
