@@ -21,6 +21,14 @@
 namespace attention::client {
 namespace {
 
+// A BatchDecode reply holds one result per step, in order.
+absl::Status CheckBatchResultCount(int64_t results, int64_t steps) {
+  if (results == steps) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("the server answered ", results,
+                                          " results to a BatchDecode of ",
+                                          steps, " steps"));
+}
+
 int ClampToInt(int64_t value) {
   if (value < 0) return -1;  // gRPC: unlimited
   return value > std::numeric_limits<int>::max()
@@ -98,8 +106,23 @@ bool UsesTls(const ClientOptions& options) {
          !options.tls_server_name.empty();
 }
 
+absl::Status CheckAuthToken(absl::string_view token) {
+  for (size_t i = 0; i < token.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(token[i]);
+    if (c < 0x20 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the auth token has a byte (0x", absl::Hex(c, absl::kZeroPad2),
+          " at offset ", i,
+          ") that an HTTP/2 header cannot carry; a token is printable ASCII "
+          "(0x20-0x7E) on one line"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     const std::string& target, const ClientOptions& options) {
+  ATTN_RETURN_IF_ERROR(CheckAuthToken(options.auth_token));
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                         Credentials(options));
   return grpc::CreateCustomChannel(target, credentials,
@@ -291,8 +314,10 @@ DecodeStream::DecodeStream(v1::AttentionService::Stub* stub,
 // The stream cancels the call when it was not finished.
 DecodeStream::~DecodeStream() = default;
 
+// Write and WritesDone read only the writer's own state: a reader thread
+// may set final_status_ meanwhile, and the stream refuses writes once over.
 bool DecodeStream::Write(const v1::DecodeRequest& request) {
-  if (final_status_.has_value() || writes_done_) return false;
+  if (writes_done_) return false;
   return stream_->Write(request);
 }
 
@@ -316,7 +341,7 @@ absl::StatusOr<v1::AttentionResult> DecodeStream::Step(
 }
 
 void DecodeStream::WritesDone() {
-  if (writes_done_ || final_status_.has_value()) return;
+  if (writes_done_) return;
   writes_done_ = true;
   stream_->WritesDone();
 }
@@ -338,10 +363,13 @@ struct AttentionClient::HealthStub {
 AttentionClient::AttentionClient(std::shared_ptr<grpc::Channel> channel,
                                  ClientOptions options)
     : channel_(std::move(channel)),
-      options_(options),
+      options_(std::move(options)),
       stub_(v1::AttentionService::NewStub(channel_)),
       health_(std::make_unique<HealthStub>(
-          HealthStub{grpc::health::v1::Health::NewStub(channel_)})) {}
+          HealthStub{grpc::health::v1::Health::NewStub(channel_)})) {
+  // gRPC aborts the process on a call whose metadata it cannot send.
+  if (!CheckAuthToken(options_.auth_token).ok()) options_.auth_token.clear();
+}
 
 AttentionClient::~AttentionClient() = default;
 
@@ -417,7 +445,8 @@ std::string AttentionClient::Authorization() const {
 }
 
 absl::Status AttentionClient::WaitForConnected(absl::Duration timeout) {
-  if (channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+  if (channel_->WaitForConnected(absl::ToChronoTime(
+          absl::Now() + std::max(timeout, absl::ZeroDuration())))) {
     return absl::OkStatus();
   }
   return absl::DeadlineExceededError(absl::StrCat(
@@ -430,8 +459,9 @@ void AttentionClient::PrepareContext(grpc::ClientContext* context) const {
     context->AddMetadata("authorization", Authorization());
   }
   if (options_.call_timeout != absl::InfiniteDuration()) {
-    context->set_deadline(
-        absl::ToChronoTime(absl::Now() + options_.call_timeout));
+    // gRPC reads a deadline before 1970 (a far negative timeout) as none.
+    context->set_deadline(absl::ToChronoTime(
+        absl::Now() + std::max(options_.call_timeout, absl::ZeroDuration())));
   }
 }
 
@@ -524,6 +554,15 @@ absl::StatusOr<std::vector<v1::SessionInfo>> AttentionClient::ListSessions() {
     v1::ListSessionsResponse response;
     grpc::Status status = stub_->ListSessions(&context, request, &response);
     if (!status.ok()) return FromGrpcCall(status, context);
+    // A page token that comes back unchanged, or with an empty page,
+    // would loop for ever.
+    if (!response.next_page_token().empty() &&
+        (response.sessions().empty() ||
+         response.next_page_token() == request.page_token())) {
+      return absl::InternalError(
+          "the server's ListSessions pages do not advance (the same page "
+          "token, or an empty page with a next one)");
+    }
     for (v1::SessionInfo& info : *response.mutable_sessions()) {
       sessions.push_back(std::move(info));
     }
@@ -594,6 +633,8 @@ absl::StatusOr<std::vector<v1::AttentionResult>> AttentionClient::BatchDecode(
   v1::BatchDecodeResponse response;
   grpc::Status status = stub_->BatchDecode(&context, request, &response);
   if (!status.ok()) return FromGrpcCall(status, context);
+  ATTN_RETURN_IF_ERROR(
+      CheckBatchResultCount(response.results_size(), request.steps_size()));
   return std::vector<v1::AttentionResult>(response.results().begin(),
                                           response.results().end());
 }
@@ -603,6 +644,7 @@ void AttentionClient::BatchDecodeAsync(
     absl::AnyInvocable<
         void(absl::StatusOr<std::vector<v1::AttentionResult>>) &&>
         done) {
+  const int steps = request.steps_size();
   CallAsync<v1::BatchDecodeRequest, v1::BatchDecodeResponse,
             std::vector<v1::AttentionResult>>(
       std::move(request),
@@ -618,7 +660,17 @@ void AttentionClient::BatchDecodeAsync(
             std::make_move_iterator(response.mutable_results()->begin()),
             std::make_move_iterator(response.mutable_results()->end()));
       },
-      std::move(done));
+      [steps, done = std::move(done)](
+          absl::StatusOr<std::vector<v1::AttentionResult>> results) mutable {
+        if (results.ok()) {
+          if (absl::Status count =
+                  CheckBatchResultCount(results->size(), steps);
+              !count.ok()) {
+            results = std::move(count);
+          }
+        }
+        std::move(done)(std::move(results));
+      });
 }
 
 absl::StatusOr<v1::AttentionResult> AttentionClient::Attention(

@@ -12,8 +12,9 @@
 // DEADLINE_EXCEEDED. Status codes are documented in attention.proto.
 //
 // Thread-safety: AttentionClient and SessionHandle are thread-safe (calls
-// may run concurrently from many threads). A DecodeStream is not: use each
-// stream from one thread at a time.
+// may run concurrently from many threads). A DecodeStream allows one
+// writer thread (Write, WritesDone) next to one reader thread (Read);
+// Step and Finish need the stream to themselves.
 #ifndef ATTENTION_CLIENT_ATTENTION_CLIENT_H_
 #define ATTENTION_CLIENT_ATTENTION_CLIENT_H_
 
@@ -78,6 +79,8 @@ struct ClientOptions {
   // Bearer token sent with every call (`authorization: Bearer <token>`) to a
   // server with --auth_tokens_file; empty = none. Health checks carry it
   // too, though the server answers them without one (probes have none).
+  // A token that fails CheckAuthToken is never sent: Open refuses it, and
+  // Connect's calls fail (UNAVAILABLE).
   std::string auth_token;
 };
 
@@ -88,15 +91,19 @@ std::string RetryServiceConfig(int max_attempts);
 // True when `options` ask for TLS.
 bool UsesTls(const ClientOptions& options);
 
+// OK when `token` can travel in an HTTP/2 header value: printable ASCII
+// (0x20-0x7E) only. INVALID_ARGUMENT (quoting no part of it) otherwise.
+absl::Status CheckAuthToken(absl::string_view token);
+
 // A channel to `target` ("host:port") with the options' message size
 // limits, retry policy and transport security. INVALID_ARGUMENT when a TLS
-// file cannot be read, or only one of tls_cert_file and tls_key_file is
-// set.
+// file cannot be read, only one of tls_cert_file and tls_key_file is set,
+// or auth_token fails CheckAuthToken.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> OpenChannel(
     const std::string& target, const ClientOptions& options);
 
-// As OpenChannel; a TLS file error then fails every call of the channel
-// (UNAVAILABLE) instead.
+// As OpenChannel; a TLS file or token error then fails every call of the
+// channel (UNAVAILABLE) instead.
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& target,
                                              const ClientOptions& options);
 
@@ -108,10 +115,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // `attention-session-owner: host:port`. The client's calls keep that owner
 // on the returned status as a payload under this type URL.
 inline constexpr char kSessionOwnerMetadata[] = "attention-session-owner";
-// A call that reaches a session while it is being moved fails at once
-// with UNAVAILABLE and the trailing metadata `attention-session-moving: 1`
-// (nothing was applied; retried, it is redirected once the move ends),
-// kept on the returned status as a payload under this type URL.
+// A decode step (DecodeStep, the Decode stream, BatchDecode) that reaches
+// a session while it is being moved fails at once with UNAVAILABLE and the
+// trailing metadata `attention-session-moving: 1` (nothing was applied;
+// retried, it is redirected once the move ends), kept on the returned
+// status as a payload under this type URL. Other calls wait for the move.
 inline constexpr char kSessionMovingMetadata[] = "attention-session-moving";
 // As FromGrpcStatus, plus the new owner or the move in progress from
 // `context`'s trailing metadata.

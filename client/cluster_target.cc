@@ -72,6 +72,10 @@ absl::StatusOr<ClusterTarget> ParseClusterTarget(absl::string_view target) {
       if (!parts.ok()) return parts.status();
       parsed.addresses.push_back(JoinHostPort(parts->host, parts->port));
     }
+    if (parsed.addresses.empty()) {
+      return absl::InvalidArgumentError(
+          "the cluster target lists no replica: give host:port,host:port");
+    }
     std::sort(parsed.addresses.begin(), parsed.addresses.end());
     parsed.addresses.erase(
         std::unique(parsed.addresses.begin(), parsed.addresses.end()),

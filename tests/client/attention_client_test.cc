@@ -348,6 +348,29 @@ TEST_F(AttentionClientTest, UnreachableServerIsUnavailableOrDeadline) {
       << info.status();
 }
 
+// gRPC aborts a call whose metadata cannot go in an HTTP/2 header: Open
+// refuses such a token, and a client made with Connect fails its calls
+// instead of sending it.
+TEST_F(AttentionClientTest, ATokenAHeaderCannotCarryNeverReachesGrpc) {
+  for (const char* token : {"first\nsecond", "tab\there", "caf\xc3\xa9"}) {
+    SCOPED_TRACE(token);
+    client::ClientOptions options;
+    options.auth_token = token;
+    options.call_timeout = absl::Seconds(1);
+    const std::string target = server_->server->local_target();
+    ATTN_EXPECT_CODE(client::AttentionClient::Open(target, options),
+                     absl::StatusCode::kInvalidArgument);
+    auto connected = client::AttentionClient::Connect(target, options);
+    EXPECT_FALSE(connected->GetServerInfo().ok());
+    EXPECT_FALSE(connected->CheckHealth().ok());
+    auto stream = connected->OpenDecodeStream();
+    v1::DecodeRequest request;
+    request.set_session_id("none");
+    EXPECT_FALSE(stream->Step(request).ok());
+  }
+  EXPECT_TRUE(client::CheckAuthToken("printable ~ token").ok());
+}
+
 TEST_F(AttentionClientTest, ClientMessageLimitApplies) {
   client::ClientOptions options;
   options.max_send_message_bytes = 1024;

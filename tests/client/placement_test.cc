@@ -151,7 +151,7 @@ TEST(ClusterTargetTest, ListsAndNames) {
   EXPECT_EQ(*addresses, std::vector<std::string>{"127.0.0.1:9"});
 
   for (const char* bad : {"", "host", "host:", ":80", "host:0", "host:99999",
-                          "a:1,b", "[::1]7"}) {
+                          "a:1,b", "[::1]7", ",", " , ,"}) {
     auto parsed = ParseClusterTarget(bad);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
         << bad;
