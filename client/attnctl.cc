@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -130,6 +131,11 @@ using client::ClientOptions;
 absl::StatusOr<ClientOptions> ClientOptionsFromFlags() {
   ClientOptions options;
   options.call_timeout = absl::GetFlag(FLAGS_timeout);
+  if (options.call_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--timeout ", absl::FormatDuration(options.call_timeout),
+                     " must be positive (e.g. 10s)"));
+  }
   options.tls = absl::GetFlag(FLAGS_tls);
   options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
@@ -331,6 +337,11 @@ const std::map<std::string, Preset>& Presets() {
   return *presets;
 }
 
+// What plan accepts before sizing anything: more layers than any model has,
+// and a latent row of at most 2^20 elements.
+constexpr int32_t kMaxPlanLayers = 1 << 16;
+constexpr int64_t kMaxPlanDim = 1 << 20;
+
 absl::StatusOr<SessionSpec> PlanSpecFromFlags() {
   SessionSpec spec;
   int32_t topk = 0;
@@ -375,6 +386,11 @@ absl::StatusOr<SessionSpec> PlanSpecFromFlags() {
     const int32_t latent = absl::GetFlag(FLAGS_latent_dim);
     const int32_t rope = absl::GetFlag(FLAGS_rope_dim);
     if (latent > 0) {
+      if (rope < 0 || int64_t{latent} + rope > kMaxPlanDim) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--latent_dim + --rope_dim must be at most ",
+                         kMaxPlanDim, " (and --rope_dim >= 0)"));
+      }
       spec.head_dim = latent + rope;
       spec.value_dim = latent;
     } else if (rope > 0) {
@@ -406,6 +422,11 @@ absl::StatusOr<SessionSpec> PlanSpecFromFlags() {
   if (spec.num_layers <= 0 || spec.num_kv_heads <= 0 || spec.head_dim <= 0) {
     return absl::InvalidArgumentError(
         "plan needs --preset or --num_layers, --num_kv_heads and --head_dim");
+  }
+  // Bounded before a LayerSpec is made per layer.
+  if (spec.num_layers > kMaxPlanLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--num_layers ", spec.num_layers, " is over ", kMaxPlanLayers));
   }
   auto dtype = ParseDType(kv_dtype);
   if (!dtype.ok()) return dtype.status();
@@ -542,9 +563,13 @@ int RunDemo() {
   std::unique_ptr<AttentionClient> client = *std::move(made);
   const int32_t prompt = absl::GetFlag(FLAGS_prompt_tokens);
   const int32_t steps = absl::GetFlag(FLAGS_decode_steps);
-  if (prompt < 1 || steps < 0) {
-    return Fail(absl::InvalidArgumentError(
-                    "--prompt_tokens must be >= 1, --decode_steps >= 0"),
+  // A check of the service, not a load test: its tensors stay small.
+  constexpr int64_t kMaxDemoTokens = 1 << 14;
+  if (prompt < 1 || steps < 0 || int64_t{prompt} + steps > kMaxDemoTokens) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+                    "--prompt_tokens must be >= 1, --decode_steps >= 0, and "
+                    "the two together at most ",
+                    kMaxDemoTokens)),
                 "demo");
   }
   v1::DType kv_dtype = v1::DTYPE_FLOAT32;
@@ -572,6 +597,11 @@ int RunDemo() {
   std::cout << "session " << session->id() << ": 2 layers (full; window 6 + 2 "
             << "sinks), 4 query heads, 2 KV heads, head_dim 16, kv_dtype "
             << DTypeName(static_cast<DType>(kv_dtype)) << std::endl;
+  // Failures below leave no session behind (unless --keep_session).
+  bool keep = absl::GetFlag(FLAGS_keep_session);
+  absl::Cleanup delete_on_failure = [&] {
+    if (!keep) (void)session->Delete();
+  };
 
   const int64_t heads = 4, kv_heads = 2, dim = 16;
   const int64_t total = prompt + steps;
@@ -587,6 +617,18 @@ int RunDemo() {
                   int64_t width) {
     return absl::MakeConstSpan(values).subspan(row * width, rows * width);
   };
+  // An output of `rows` tokens as floats, of the shape the demo asked for.
+  auto rows_of = [&](const v1::Tensor& tensor,
+                     int64_t rows) -> absl::StatusOr<std::vector<float>> {
+    auto values = client::TensorToFloats(tensor);
+    if (values.ok() &&
+        static_cast<int64_t>(values->size()) != rows * heads * dim) {
+      return absl::InternalError(
+          absl::StrCat("the server answered ", values->size(), " values for ",
+                       rows, " tokens of ", heads, " heads x ", dim));
+    }
+    return values;
+  };
 
   // 1. Prefill the prompt on both layers.
   for (int layer = 0; layer < 2; ++layer) {
@@ -595,7 +637,7 @@ int RunDemo() {
                          slice(k[layer], 0, prompt, kv_heads * dim),
                          slice(v[layer], 0, prompt, kv_heads * dim));
     if (!result.ok()) return Fail(result.status(), "Prefill");
-    auto output = client::TensorToFloats(result->output());
+    auto output = rows_of(result->output(), prompt);
     if (!output.ok()) return Fail(output.status(), "Prefill output");
     session_out[layer] = *std::move(output);
   }
@@ -612,7 +654,7 @@ int RunDemo() {
       if (!request.ok()) return Fail(request.status(), "Decode request");
       auto result = stream->Step(*request);
       if (!result.ok()) return Fail(result.status(), "Decode");
-      auto output = client::TensorToFloats(result->output());
+      auto output = rows_of(result->output(), 1);
       if (!output.ok()) return Fail(output.status(), "Decode output");
       session_out[layer].insert(session_out[layer].end(), output->begin(),
                                 output->end());
@@ -644,7 +686,7 @@ int RunDemo() {
     request.set_num_sink_tokens(spec.layers(layer).num_sink_tokens());
     auto result = client->Attention(request);
     if (!result.ok()) return Fail(result.status(), "Attention");
-    auto stateless = client::TensorToFloats(result->output());
+    auto stateless = rows_of(result->output(), total);
     if (!stateless.ok()) return Fail(stateless.status(), "Attention output");
     double max_diff = 0.0;
     for (size_t i = 0; i < stateless->size(); ++i) {
@@ -663,6 +705,7 @@ int RunDemo() {
     exit_code = 1;
   }
 
+  keep = true;  // deleted here, reporting the outcome
   if (absl::GetFlag(FLAGS_keep_session)) {
     std::cout << "kept session " << session->id() << std::endl;
     return exit_code;

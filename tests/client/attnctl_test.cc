@@ -138,6 +138,15 @@ TEST(AttnctlPlanTest, BadPlansFail) {
   EXPECT_EQ(RunAttnctl("plan --preset=deepseek-v3 --mha_head_dim=2000000000")
                 .exit_code,
             1);
+  // Sizes refused before anything is allocated or added up.
+  EXPECT_EQ(RunAttnctl("plan --num_layers=2147483647 --num_kv_heads=1 "
+                       "--head_dim=1")
+                .exit_code,
+            1);
+  EXPECT_EQ(RunAttnctl("plan --num_layers=1 --kv_layout=latent "
+                       "--latent_dim=2147483647 --rope_dim=1")
+                .exit_code,
+            1);
   EXPECT_EQ(RunAttnctl("frobnicate").exit_code, 1);
 }
 
@@ -171,6 +180,36 @@ TEST_F(AttnctlServerTest, DemoIsBitwiseExactAndCleansUp) {
   ATTN_ASSERT_OK(info);
   EXPECT_EQ(info->active_sessions(), 0);
   EXPECT_EQ(info->kv_cache_used_bytes(), 0);
+}
+
+// Bad flags end with an exit code and a message, never an abort, and leave
+// no session behind.
+TEST_F(AttnctlServerTest, BadFlagsFailCleanly) {
+  const CommandResult huge =
+      RunAttnctl("demo --prompt_tokens=2147483647 " + target_);
+  EXPECT_EQ(huge.exit_code, 1) << huge.output;
+  // A token gRPC cannot put in a header (it would abort the call).
+  const std::string token_file =
+      absl::StrCat(::testing::TempDir(), "/attnctl-bad-token-", getpid());
+  {
+    std::FILE* out = std::fopen(token_file.c_str(), "w");
+    ASSERT_NE(out, nullptr);
+    std::fputs("first\nsecond\n", out);
+    std::fclose(out);
+  }
+  const CommandResult token = RunAttnctl(
+      absl::StrCat("info --auth_token_file=", token_file, " ", target_));
+  EXPECT_EQ(token.exit_code, 1) << token.output;
+  EXPECT_NE(token.output.find("HTTP/2 header"), std::string::npos)
+      << token.output;
+  std::remove(token_file.c_str());
+  // A far negative timeout would otherwise mean no deadline at all.
+  const CommandResult timeout =
+      RunAttnctl("health --target=127.0.0.1:1 --timeout=-inf");
+  EXPECT_EQ(timeout.exit_code, 2) << timeout.output;
+  auto info = server_->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->active_sessions(), 0);
 }
 
 TEST_F(AttnctlServerTest, ExportThenImportCopiesTheSession) {
