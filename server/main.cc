@@ -116,7 +116,8 @@ ABSL_FLAG(std::string, snapshot_dir, "",
           "When set: on SIGTERM/SIGINT, once calls have finished (first half "
           "of --drain_timeout), every session is written to this directory "
           "(one file each, crash-safe); at start, the sessions found there "
-          "are restored with their ids before the server reports SERVING.");
+          "are restored with their ids before the server reports SERVING. "
+          "The server does not start when it cannot write here.");
 ABSL_FLAG(std::string, peers, "",
           "The other replicas: comma-separated host:port, hosts may be DNS "
           "names resolving to several addresses (a headless Service). When "
