@@ -445,8 +445,14 @@ absl::Status UnitRunner::Finish(const float* state) {
         }
         std::fill(out, out + vd, 0.0f);
       } else {
-        kernels_.divide_row(acc + rh * info_.value_dim_padded, l[rh], vd,
-                            out);
+        if (!kernels_.divide_row(acc + rh * info_.value_dim_padded, l[rh], vd,
+                                 out)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the weighted sum of the values overflowed float32 at ",
+              ProblemLabel(", "), RowName(r, head),
+              "; rescale v (its rows are summed before the softmax "
+              "normalization divides them)"));
+        }
         // Only when asked for: a logarithm per row-head is a measurable
         // share of a short decode step.
         if (pr_.lse != nullptr) lse = m[rh] + std::log(l[rh]);

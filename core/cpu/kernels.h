@@ -121,8 +121,9 @@ struct KernelTable {
                       float b_l, const float* b_acc, int value_dim_padded);
 
   // out[d] = acc[d] / divisor for d < n, each quotient correctly rounded
-  // (the same as one by one); out may be acc.
-  void (*divide_row)(const float* acc, float divisor, int n, float* out);
+  // (the same as one by one); out may be acc. False when a quotient is not
+  // finite (the unnormalized sum of p * v overflowed float32).
+  bool (*divide_row)(const float* acc, float divisor, int n, float* out);
 
   // The canonical exp of one value (x <= 0 or -inf), for tests.
   float (*exp)(float x);

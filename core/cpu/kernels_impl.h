@@ -699,11 +699,20 @@ void MergeState(float* a_m, float* a_l, float* a_acc, float b_m, float b_l,
   *a_m = m;
 }
 
-void DivideRow(const float* acc, float divisor, int n, float* out) {
+bool DivideRow(const float* acc, float divisor, int n, float* out) {
   const V d = Splat(V{}, divisor);
+  uint32_t non_finite = 0;
   int i = 0;
-  for (; i + kLanes <= n; i += kLanes) Store(out + i, Div(Load(acc + i), d));
-  for (; i < n; ++i) out[i] = acc[i] / divisor;
+  for (; i + kLanes <= n; i += kLanes) {
+    const V quotient = Div(Load(acc + i), d);
+    non_finite |= Bits(NonFinite(quotient));
+    Store(out + i, quotient);
+  }
+  for (; i < n; ++i) {
+    out[i] = acc[i] / divisor;
+    if (!__builtin_isfinite(out[i])) non_finite = 1;
+  }
+  return non_finite == 0;
 }
 
 // Chains of a multiply-add latency each; kFmaProbeChains covers the

@@ -240,6 +240,44 @@ TEST_P(CpuBackendIsaTest, SplitUnitsReportTheFirstError) {
   }
 }
 
+// Finite values whose weighted sum overflows float32 before the softmax
+// divides it: INVALID_ARGUMENT on every ISA and thread count (split or
+// not), never an inf or NaN output. Two keys of equal logit and v = 3e38
+// sum to inf; 32 such keys and a 33rd far ahead (alpha flushes to 0) make
+// 0 * inf = NaN.
+TEST_P(CpuBackendIsaTest, OverflowingValueSumsAreRejected) {
+  for (int keys : {2, 33, 3000}) {
+    SCOPED_TRACE(keys);
+    Config config;
+    config.num_queries = 1;
+    config.num_keys = keys;
+    config.num_heads = 1;
+    config.num_kv_heads = 1;
+    config.head_dim = 16;
+    config.value_dim = 16;
+    config.scale = 1.0f;
+    config.mask.causal = false;
+    Case c(config);
+    std::vector<float> q(16, 0.0f), k(keys * 16, 0.0f), v(keys * 16, 1.0f);
+    for (int j = 0; j < keys; ++j) v[j * 16] = 3e38f;
+    if (keys == 33) {
+      q[0] = 10.0f;
+      k[32 * 16] = 10.0f;  // logit 100
+      v[32 * 16] = 1.0f;
+    }
+    c.q = testing::Store(DType::kFloat32, c.q.shape, q);
+    c.k = testing::Store(DType::kFloat32, c.k.shape, k);
+    c.v = testing::Store(DType::kFloat32, c.v.shape, v);
+    for (int threads : {1, 2, 5}) {
+      const AttentionProblem problem = c.Problem();
+      const absl::Status status = Make(threads)->Attend({&problem, 1});
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << threads;
+      EXPECT_THAT(status.message(),
+                  HasSubstr("weighted sum of the values overflowed"));
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, CpuBackendIsaTest,
                          ::testing::Values(CpuIsa::kScalar, CpuIsa::kAvx2,
                                            CpuIsa::kAvx512),

@@ -279,7 +279,7 @@ TEST_P(KernelTableTest, DivideRowIsCorrectlyRoundedDivision) {
   for (int n : {0, 1, 15, 16, 17, 40, 64, 70}) {
     const float divisor = std::abs(uniform(rng)) + 1e-3f;
     std::vector<float> out(70, -7.0f);
-    table_->divide_row(acc.data(), divisor, n, out.data());
+    EXPECT_TRUE(table_->divide_row(acc.data(), divisor, n, out.data()));
     for (int d = 0; d < 70; ++d) {
       const float want = d < n ? acc[d] / divisor : -7.0f;
       ASSERT_EQ(Bits(out[d]), Bits(want)) << n << " " << d;
@@ -287,8 +287,17 @@ TEST_P(KernelTableTest, DivideRowIsCorrectlyRoundedDivision) {
   }
   // In place.
   std::vector<float> row = acc;
-  table_->divide_row(row.data(), 3.0f, 70, row.data());
+  EXPECT_TRUE(table_->divide_row(row.data(), 3.0f, 70, row.data()));
   for (int d = 0; d < 70; ++d) ASSERT_EQ(Bits(row[d]), Bits(acc[d] / 3.0f));
+  // A non-finite sum anywhere, in the vector part or the tail, is reported.
+  for (int at : {0, 15, 16, 63, 64, 69}) {
+    for (float bad : {kInf, -kInf, std::numeric_limits<float>::quiet_NaN()}) {
+      std::vector<float> with = acc;
+      with[at] = bad;
+      EXPECT_FALSE(table_->divide_row(with.data(), 2.0f, 70, with.data()))
+          << at << " " << bad;
+    }
+  }
 }
 
 TEST_P(KernelTableTest, ReadProbeReturnsTheMaximum) {
