@@ -245,12 +245,15 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
     ATTN_RETURN_IF_ERROR(
         cpu::AttendTopK(problem, name, pool_, cpu::IndexScoresFor(isa_),
                         [this](absl::Span<const AttentionProblem> rows) {
-                          return AttendDense(rows, {});
+                          return AttendDense(rows, {},
+                                             /*share_chunks=*/false);
                         }));
   }
   if (dense.empty()) return absl::OkStatus();
-  return dense.size() == problems.size() ? AttendDense(problems, dense_names)
-                                         : AttendDense(dense, dense_names);
+  return AttendDense(dense.size() == problems.size()
+                         ? problems
+                         : absl::Span<const AttentionProblem>(dense),
+                     dense_names, /*share_chunks=*/true);
 }
 
 namespace {
@@ -307,9 +310,9 @@ void PlanUnits(absl::Span<const AttentionProblem> problems,
 // Decode steps of a batch that read the same KV blocks (forks of one
 // prompt) compute each shared chunk once for all of them.
 void PlanSharedChunks(absl::Span<const AttentionProblem> problems,
-                      DensePlan* plan) {
+                      bool share_chunks, DensePlan* plan) {
   plan->slot_shared.assign(plan->chunk_list.size(), 0);
-  if (problems.size() <= 1) return;
+  if (!share_chunks || problems.size() <= 1) return;
   plan->shared = cpu::FindSharedChunks(problems, plan->infos, plan->units,
                                        plan->chunk_list);
   for (const cpu::SharedChunk& chunk : plan->shared) {
@@ -563,10 +566,10 @@ absl::Status DenseRun::FirstError() const {
 
 absl::Status CpuBackend::AttendDense(
     absl::Span<const AttentionProblem> problems,
-    absl::Span<const int64_t> names) {
+    absl::Span<const int64_t> names, bool share_chunks) {
   DensePlan plan;
   PlanUnits(problems, names, &plan);
-  PlanSharedChunks(problems, &plan);
+  PlanSharedChunks(problems, share_chunks, &plan);
   PlanGroups(problems, &plan);
   // Too few groups to occupy the threads: spread long groups' chunks over
   // several items. Whether and how units are grouped or split never

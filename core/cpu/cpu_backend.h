@@ -104,9 +104,12 @@ class CpuBackend final : public AttentionBackend {
   CpuBackend(int num_threads, CpuIsa isa, absl::Duration spin);
   // Attend for problems without a top-k selection. Messages name problem
   // i as names[i] of the caller's call (-1 or `names` empty: none; a
-  // problem with an origin names the origin's).
+  // problem with an origin names the origin's). `share_chunks`: look for
+  // chunks that several decode rows read alike (forks of one prompt); off
+  // for the rows of top-k selections, which read one-token blocks of their
+  // own, so that the search would build a key per row and chunk in vain.
   absl::Status AttendDense(absl::Span<const AttentionProblem> problems,
-                           absl::Span<const int64_t> names);
+                           absl::Span<const int64_t> names, bool share_chunks);
 
   ThreadPool pool_;
   CpuIsa isa_;

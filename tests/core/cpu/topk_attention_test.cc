@@ -353,6 +353,45 @@ TEST(TopKAttentionTest, ALongPrefillWithALargeKIsBitwiseItsChunks) {
             static_cast<size_t>(topk));
 }
 
+// Rows of one top-k prefill that select the same keys do not look for
+// chunks to share (decode rows of forks do): each selected row reads
+// one-token blocks of its own, and the search would build a key of every
+// row's every chunk, far more memory than the request. Here every row
+// selects positions 0..599 (the only ones whose index key scores), so a
+// whole chunk of 512 selected keys is the same for all of them.
+TEST(TopKAttentionTest, RowsOfASelectionDoNotSearchForSharedChunks) {
+  auto owned = std::make_unique<CpuBackend>(2);
+  CpuBackend* backend = owned.get();
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{64} << 20;
+  options.kv_block_bytes = 4096;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto engine = AttentionEngine::Create(std::move(owned), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const SessionSpec spec = TopKSpec(/*topk=*/600);
+  const int64_t total = 1108;
+  Tokens t(total, 4);
+  std::vector<float> index_k(total * kIndexDim, 0.0f);
+  for (int64_t s = 0; s < 600; ++s) index_k[s * kIndexDim] = 1.0f;
+  t.index_k = FloatTensor({total, kIndexDim}, index_k);
+  t.index_q =
+      FloatTensor({total, kIndexHeads, kIndexDim},
+                  std::vector<float>(total * kIndexHeads * kIndexDim, 1.0f));
+  t.index_w = FloatTensor({total, kIndexHeads},
+                          std::vector<float>(total * kIndexHeads, 1.0f));
+  auto info = (*engine)->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(
+      (*engine)->Append(Request(info->session_id, 0, t, 0, 1100, true)).ok());
+  const int64_t shared_before = backend->shared_chunk_computations();
+  auto rows =
+      (*engine)->Append(Request(info->session_id, 0, t, 1100, total, true));
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(rows->topk_indices[0], 0);
+  EXPECT_EQ(rows->topk_indices[599], 599);
+  EXPECT_EQ(backend->shared_chunk_computations(), shared_before);
+}
+
 TEST(TopKAttentionTest, ManyNarrowIndexHeadsRunInGroupsBitwiseTheirChunks) {
   // 256 index heads of one element are padded to 16 lanes each: 4096
   // floats of index queries per row, so a prefill converts them for at
