@@ -344,8 +344,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
-  interceptors.push_back(
-      std::make_unique<ParseErrorInterceptorFactory>(authenticator_ptr));
+  interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>(
+      authenticator_ptr, metrics_ptr));
   if (authenticator_ptr->enabled()) {
     interceptors.push_back(
         std::make_unique<AuthInterceptorFactory>(authenticator_ptr));

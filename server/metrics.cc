@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/types/span.h"
 
 namespace attention::server {
@@ -156,6 +157,16 @@ std::vector<double> ToDoubles(absl::Span<const int64_t> values, double unit) {
 absl::string_view RpcMethodName(RpcMethod method) {
   const int index = static_cast<int>(method);
   return index >= 0 && index < kNumRpcMethods ? kMethodNames[index] : "unknown";
+}
+
+std::optional<RpcMethod> RpcMethodOfPath(absl::string_view path) {
+  if (!absl::ConsumePrefix(&path, "/attention.v1.AttentionService/")) {
+    return std::nullopt;
+  }
+  for (int i = 0; i < kNumRpcMethods; ++i) {
+    if (path == kMethodNames[i]) return static_cast<RpcMethod>(i);
+  }
+  return std::nullopt;
 }
 
 absl::string_view GrpcCodeName(grpc::StatusCode code) {

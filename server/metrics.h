@@ -61,6 +61,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,9 @@ enum class RpcMethod : int {
 };
 inline constexpr int kNumRpcMethods = 14;
 absl::string_view RpcMethodName(RpcMethod method);
+// The method of a gRPC path ("/attention.v1.AttentionService/Prefill");
+// nullopt for any other service's.
+std::optional<RpcMethod> RpcMethodOfPath(absl::string_view path);
 
 // gRPC's canonical code name ("OK", "INVALID_ARGUMENT", ...), the `code`
 // label value. Codes outside 0..16 are reported as "UNKNOWN".

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace attention::server {
 namespace {
@@ -12,9 +13,12 @@ using grpc::experimental::InterceptionHookPoints;
 class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
  public:
   ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info,
-                        const Authenticator* authenticator)
+                        const Authenticator* authenticator,
+                        ServerMetrics* metrics)
       : info_(info),
         authenticator_(authenticator),
+        metrics_(metrics),
+        start_(absl::Now()),
         method_(info->method() != nullptr ? info->method() : ""),
         single_request_(
             info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY ||
@@ -40,13 +44,22 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
       if (status.error_code() == grpc::StatusCode::INTERNAL ||
           (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
            status.error_message().empty())) {
-        methods->ModifySendStatus(UnparsedStatus());
+        const grpc::Status unparsed = UnparsedStatus();
+        methods->ModifySendStatus(unparsed);
+        Record(unparsed.error_code());
       }
     }
     methods->Proceed();
   }
 
  private:
+  void Record(grpc::StatusCode code) const {
+    const std::optional<RpcMethod> method = RpcMethodOfPath(method_);
+    if (metrics_ != nullptr && method.has_value()) {
+      metrics_->RecordRequest(*method, code, absl::Now() - start_);
+    }
+  }
+
   // What an unparsable request gets: UNAUTHENTICATED for a caller the
   // authenticator refuses, else INVALID_ARGUMENT.
   grpc::Status UnparsedStatus() const {
@@ -68,6 +81,8 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
 
   grpc::experimental::ServerRpcInfo* const info_;
   const Authenticator* const authenticator_;
+  ServerMetrics* const metrics_;
+  const absl::Time start_;
   const std::string method_;
   const bool single_request_;
   bool unparsed_ = false;
@@ -78,7 +93,7 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
 grpc::experimental::Interceptor*
 ParseErrorInterceptorFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
-  return new ParseErrorInterceptor(info, authenticator_);
+  return new ParseErrorInterceptor(info, authenticator_, metrics_);
 }
 
 }  // namespace attention::server

@@ -12,28 +12,33 @@
 // message, so streaming requests are left alone. A caller the
 // server's authenticator refuses gets UNAUTHENTICATED instead, as it would
 // with a valid message: the handler that would have said so never ran.
+// The interceptor also counts such a call in attention_requests_total,
+// which the handler would have done.
 #ifndef ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_
 #define ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_
 
 #include <grpcpp/support/server_interceptor.h>
 
 #include "server/authenticator.h"
+#include "server/metrics.h"
 
 namespace attention::server {
 
 class ParseErrorInterceptorFactory final
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  // `authenticator` (may be null: no authentication) must outlive the
-  // server.
-  explicit ParseErrorInterceptorFactory(const Authenticator* authenticator)
-      : authenticator_(authenticator) {}
+  // `authenticator` (may be null: no authentication) and `metrics` (may be
+  // null) must outlive the server.
+  ParseErrorInterceptorFactory(const Authenticator* authenticator,
+                               ServerMetrics* metrics)
+      : authenticator_(authenticator), metrics_(metrics) {}
 
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
 
  private:
   const Authenticator* const authenticator_;
+  ServerMetrics* const metrics_;
 };
 
 }  // namespace attention::server

@@ -545,6 +545,9 @@ TEST_F(RobustnessTest, UnparseableRequestsAreInvalidArgument) {
               std::string::npos)
         << status.error_message();
   }
+  // Counted as the handlers would have counted them.
+  EXPECT_EQ(RequestCount("Prefill", "INVALID_ARGUMENT"), 1);
+  EXPECT_EQ(RequestCount("GetSession", "INVALID_ARGUMENT"), 1);
   ATTN_EXPECT_OK(client().GetServerInfo());
 }
 
