@@ -21,6 +21,8 @@ namespace {
 // How long one attempt to seal a session waits for its running calls
 // before the session is put back at the end of the queue.
 constexpr absl::Duration kSealWait = absl::Milliseconds(500);
+// How long a probe of the peers serves the sessions handed over next.
+constexpr absl::Duration kPeerProbeInterval = absl::Seconds(1);
 
 // Whether a failed import may nevertheless have created the session on the
 // peer: the whole snapshot was sent and the answer is not one of the
@@ -90,9 +92,17 @@ HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
   return result;
 }
 
+const std::vector<Peer>& SessionHandover::ServingPeers(bool refresh) {
+  if (refresh || absl::Now() - probed_ >= kPeerProbeInterval) {
+    serving_ = peers_->Serving();
+    probed_ = absl::Now();
+  }
+  return serving_;
+}
+
 SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
                                                    absl::Time deadline) {
-  std::vector<Peer> peers = peers_->Serving();
+  const std::vector<Peer> peers = ServingPeers(std::exchange(refresh_, false));
   if (peers.empty()) return Outcome::kNoPeer;
   absl::StatusOr<SessionSeal> seal =
       engine_->SealSession(id, std::min(deadline, absl::Now() + kSealWait));
@@ -132,6 +142,7 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
          {"to", peer.advertise_address},
          {"error", sent.ToString()}});
   }
+  refresh_ = true;
   return Outcome::kFailed;
 }
 

@@ -3,8 +3,10 @@
 // the most free KV memory instead of dropping it.
 //
 // Design: one session at a time, for every tenant's sessions:
-//   1. the SERVING peers are probed again (Peers::Serving), so each session
-//      goes to the peer with the most free KV memory now;
+//   1. the SERVING peers as probed (Peers::Serving) at most a second ago,
+//      or again after every peer refused a session: each session goes to
+//      the peer with the most free KV memory then, and a drain of many
+//      sessions does not resolve and probe every peer once per session;
 //   2. the session is sealed here (SessionManager::Seal): calls on it wait,
 //      and the seal waits until none runs, so its state is at rest;
 //   3. it is exported into an ImportSession call on the peer, keeping its
@@ -16,9 +18,10 @@
 //      redirect; on a refusal the next peer is tried, and when every peer
 //      refused it is unsealed (the waiting calls run here) and tried once
 //      more at the end.
-// While a session is sealed, a decode step of it that the DecodeBatcher
-// already queued holds up its engine batch until the move ends (the
-// engine's lookup waits); calls on other sessions run on.
+// While a session is sealed, decode steps on it fail at once with the
+// moving marker (SessionMovingError: nothing applied, the client re-sends
+// once the move ends), so the engine batches of other sessions never wait
+// for it; its other calls wait.
 // A session is thus never live on two replicas: it is sealed here before
 // the peer accepts calls on it. When an import's answer leaves a doubt
 // (the stream broke, timed out or failed oddly after the whole snapshot
@@ -48,6 +51,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -111,10 +115,17 @@ class SessionHandover {
   absl::Status SendTo(const Peer& peer, SessionExport& session_export,
                       absl::Time deadline, InDoubt* in_doubt, Doubt* doubt);
 
+  // The SERVING peers, probed again when the last probe is a second old or
+  // `refresh` is set.
+  const std::vector<Peer>& ServingPeers(bool refresh);
+
   AttentionEngine* const engine_;
   Peers* const peers_;
   ServerMetrics* const metrics_;
   const std::string self_address_;
+  std::vector<Peer> serving_;
+  absl::Time probed_ = absl::InfinitePast();
+  bool refresh_ = false;  // every peer refused the last session
 };
 
 }  // namespace attention::server

@@ -29,6 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/tokens_file.h"
+#include "tests/server/http_get.h"
 #include "tests/server/server_process.h"
 #include "tests/server/test_certificates.h"
 #include "tests/server/test_server.h"
@@ -453,6 +454,47 @@ TEST(HandoverTest, WithoutAServingPeerSessionsGoToTheSnapshot) {
   ExpectExitedZero(*a);
   EXPECT_THAT(RestoredIds(dir), ::testing::ElementsAre(session->session_id()));
   std::filesystem::remove_all(dir);
+}
+
+// A drain of many sessions probes its peers about once a second, not once
+// per session (each probe resolves the peers and calls GetServerInfo and
+// the health check on every address).
+TEST(HandoverTest, ManySessionsMoveOnAFewProbes) {
+  std::unique_ptr<Replica> b =
+      StartReplica({"--metrics_port=0", "--log_level=info"});
+  ASSERT_NE(b, nullptr);
+  std::string output = b->process->output();
+  for (int i = 0; i < 100 && output.find(" metrics_port=") == std::string::npos;
+       ++i) {
+    absl::SleepFor(absl::Milliseconds(50));
+    output = b->process->output();
+  }
+  const size_t at = output.find(" metrics_port=");
+  ASSERT_NE(at, std::string::npos) << output;
+  const int metrics_port = std::atoi(output.c_str() + at + 14);
+  ASSERT_GT(metrics_port, 0) << output;
+  std::unique_ptr<Replica> a =
+      StartReplica({absl::StrCat("--peers=", b->address)});
+  ASSERT_NE(a, nullptr);
+  constexpr int kSessions = 150;
+  for (int i = 0; i < kSessions; ++i) {
+    ATTN_ASSERT_OK(a->client->CreateSession(MakeSpec(1, 2, 1, 8)));
+  }
+  const absl::Time drain_start = absl::Now();
+  a->process->Signal(SIGTERM);
+  ExpectExitedZero(*a);
+  const absl::Duration drain = absl::Now() - drain_start;
+  auto info = b->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->active_sessions(), kSessions);
+  // One probe per started second of the drain, and a few to spare.
+  const std::string metrics = HttpGet(metrics_port, "/metrics");
+  const std::string key =
+      "attention_requests_total{method=\"GetServerInfo\",code=\"OK\"} ";
+  const size_t line = metrics.find(key);
+  ASSERT_NE(line, std::string::npos) << metrics;
+  const int probes = std::atoi(metrics.c_str() + line + key.size());
+  EXPECT_LE(probes, absl::ToInt64Seconds(drain) + 4) << "drain took " << drain;
 }
 
 TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
