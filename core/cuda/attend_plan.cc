@@ -176,8 +176,11 @@ void ChooseVariant(const AttentionProblem& problem, bool aligned,
   const KernelVariant mma_variant = MmaVariantFor(
       kv.dtype == DType::kBFloat16, q_differs, static_cast<int>(head_dim),
       static_cast<int>(kv.value_dim));
-  *mma = half && head_dim % 8 == 0 && kv.value_dim % 8 == 0 &&
-         head_dim <= kMmaWideMaxDim && kv.value_dim <= kMmaWideMaxDim &&
+  // Weights come from float32 logits (WeightsKernel): the output of such a
+  // problem is made from those same logits, not the tensor cores' ones.
+  *mma = half && problem.weights == nullptr && head_dim % 8 == 0 &&
+         kv.value_dim % 8 == 0 && head_dim <= kMmaWideMaxDim &&
+         kv.value_dim <= kMmaWideMaxDim &&
          MmaWarpsFor(mma_variant, 1, max_shared_bytes) > 0 &&
          kv.length < std::numeric_limits<int32_t>::max() &&
          problem.mask.query_start + problem.q.dim(0) <
@@ -763,8 +766,11 @@ absl::Status AttendPlan::Collect(const std::byte* pinned) const {
   ErrorRecord record;
   std::memcpy(&record, host(errors_offset_), sizeof(record));
   // The first error in the order of attention_problem.h: the first failing
-  // error unit, an overflow before an empty row inside it.
-  if (record.overflow != kNoError || record.empty_row != kNoError) {
+  // error unit, a logit overflow before a row's error inside it (the first
+  // row, in (token, head) order, that is empty or whose values overflowed).
+  const unsigned long long row_error =
+      std::min(record.empty_row, record.value_overflow);
+  if (record.overflow != kNoError || row_error != kNoError) {
     struct Decoded {
       int64_t index = 0, unit = 0, token = 0, head = 0;
     };
@@ -785,9 +791,9 @@ absl::Status AttendPlan::Collect(const std::byte* pinned) const {
       return d;
     };
     const Decoded o = decode(record.overflow);
-    const Decoded e = decode(record.empty_row);
+    const Decoded e = decode(row_error);
     const bool overflow =
-        record.empty_row == kNoError ||
+        row_error == kNoError ||
         (record.overflow != kNoError &&
          std::make_pair(o.index, o.unit) <= std::make_pair(e.index, e.unit));
     const Decoded& d = overflow ? o : e;
@@ -808,6 +814,15 @@ absl::Status AttendPlan::Collect(const std::byte* pinned) const {
           "), head ", head, " overflows float32 (q.k * scale",
           problem != nullptr && problem->bias != nullptr ? " + bias" : "",
           " is not finite); rescale q or k"));
+    }
+    if (row_error == record.value_overflow) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label,
+          "the weighted sum of the values overflowed float32 at query "
+          "row ",
+          token, " (position ", position, "), head ", head,
+          "; rescale v (its rows are summed before the softmax "
+          "normalization divides them)"));
     }
     return absl::InvalidArgumentError(absl::StrCat(
         label, "query row ", token, " (position ", position, "), head ", head,

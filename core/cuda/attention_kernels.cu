@@ -153,11 +153,16 @@ __device__ __forceinline__ float MergeAcc(const MergeCoef& c, float row_acc,
 }
 
 // Output element of a finished row; +0.0f turns a -0 into +0 so that zero
-// signs cannot depend on which tiles a block skipped.
+// signs cannot depend on which tiles a block skipped. A value that is not
+// finite (the sum of p * v overflowed) is recorded as the row's error.
 __device__ __forceinline__ void WriteOutput(const ProblemParams& p,
                                             int64_t token, int head, int col,
-                                            float l, float acc) {
+                                            float l, float acc,
+                                            ErrorRecord* errors) {
   const float value = l == 0.0f ? 0.0f : __fadd_rn(__fdiv_rn(acc, l), 0.0f);
+  if (!isfinite(value)) {
+    atomicMin(&errors->value_overflow, ErrorKey(p, token, head));
+  }
   p.output[(token * p.num_q_heads + head) * p.value_dim + col] = value;
 }
 
@@ -870,7 +875,7 @@ __global__ void __launch_bounds__(128)
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
           const int col = vt * 8 + quad * 2 + (e & 1);
           WriteOutput(p, token[r], head[r], col, row_l[r],
-                      my_row_acc[(vt * 4 + e) * 32]);
+                      my_row_acc[(vt * 4 + e) * 32], errors);
         }
       }
     }
@@ -1145,7 +1150,7 @@ __global__ void __launch_bounds__(kSimtThreads)
   for (int i = tid; i < rows * value_dim; i += kSimtThreads) {
     const int local = i / value_dim;
     WriteOutput(p, row_token(local), row_head(local), i % value_dim,
-                sh.row_l[local], row_acc[i]);
+                sh.row_l[local], row_acc[i], errors);
   }
   if (tid < rows) {
     WriteRowStats(p, row_token(tid), row_head(tid), sh.row_m[tid],
@@ -1193,7 +1198,7 @@ __global__ void MergeChunksKernel(const MergeItem* __restrict__ items,
       m = c.m;
       l = c.l;
     }
-    WriteOutput(p, token, head, col, l, acc);
+    WriteOutput(p, token, head, col, l, acc, errors);
     if (col == 0) WriteRowStats(p, token, head, m, l, errors);
   }
 }

@@ -427,6 +427,10 @@ absl::Status CudaBackend::AttendImpl(
   ATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_ordinal_),
                             "selecting the GPU");
   cuda::StreamPool::Lease ctx = streams_->Acquire();
+  // The wait for a stream may have outlasted the call.
+  for (const AttentionProblem& problem : problems) {
+    ATTN_RETURN_IF_ERROR(CheckCall(problem.control));
+  }
   plan.FillUpload(ctx->pinned.data(), ctx->scratch.data());
   const absl::Status enqueued =
       plan.Enqueue(ctx->pinned.data(), ctx->scratch.data(), ctx->stream,

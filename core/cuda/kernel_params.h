@@ -130,6 +130,9 @@ inline constexpr unsigned long long kNoError = ~0ull;
 struct ErrorRecord {
   unsigned long long overflow = kNoError;   // a visible logit not finite
   unsigned long long empty_row = kNoError;  // no visible key, no sink
+  // An output not finite: the weighted sum of values overflowed float32
+  // before the division by the probabilities' sum.
+  unsigned long long value_overflow = kNoError;
 };
 
 // Position of (token, head) in the error order inside its problem: units

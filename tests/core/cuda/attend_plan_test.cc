@@ -495,6 +495,24 @@ TEST_F(AttendPlanTest, WideHeadsRunOnTensorCores) {
   }
 }
 
+// A problem that returns its weights runs on SIMT: the weights come from
+// float32 logits, and the output must be made from the same ones.
+TEST_F(AttendPlanTest, ProblemsReturningWeightsRunOnSimt) {
+  for (DType kv : {DType::kFloat16, DType::kBFloat16}) {
+    problems_.clear();
+    AddPaged(kv, 8, 8, 128, 4, 1500);
+    std::vector<float> weights(8 * 4 * 1500);
+    problems_.back().weights = weights.data();
+    absl::StatusOr<AttendPlan> plan = Plan(/*num_sms=*/132);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (const auto& [launch, items] : plan->launches()) {
+      EXPECT_EQ(launch.variant, kv == DType::kFloat16
+                                    ? KernelVariant::kSimtF16
+                                    : KernelVariant::kSimtBF16);
+    }
+  }
+}
+
 // On a device with less shared memory per block than an H100 (A100: 163
 // KiB, sm_86/89: 99 KiB), wide blocks get fewer warps, and where not even
 // one warp fits the problem runs on SIMT; no launch exceeds the limit.

@@ -685,6 +685,51 @@ TEST_F(CudaBackendTest, OverflowIsInvalidArgumentAndBackendRecovers) {
   }
 }
 
+// Finite values whose weighted sum overflows float32 before the division:
+// INVALID_ARGUMENT on both backends (2 keys of v = 3e38 sum to inf; 32 of
+// them and a 33rd far ahead make 0 * inf = NaN), never an inf or NaN
+// output.
+TEST_F(CudaBackendTest, OverflowingValueSumsAreInvalidArgumentAsOnTheCpu) {
+  std::mt19937 rng(1);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (int keys : {2, 33}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), ", ", keys, " keys"));
+      std::vector<float> k(keys * 32, 0.0f), v(keys * 32, 1.0f);
+      for (int j = 0; j < keys; ++j) v[j * 32] = 3e38f;
+      std::vector<float> q(32, 0.0f);
+      if (keys == 33) {
+        q[0] = 10.0f;
+        k[32 * 32] = 10.0f;  // logit 100
+        v[32 * 32] = 1.0f;
+      }
+      HostTensor k_t = RandomTensor({keys, 1, 32}, rng, dtype);
+      HostTensor v_t = k_t;
+      ConvertFromFloat(k.data(), keys * 32, dtype, k_t.bytes.data());
+      ConvertFromFloat(v.data(), keys * 32, dtype, v_t.bytes.data());
+      ConvertToFloat(dtype, k_t.bytes.data(), keys * 32, k_t.values.data());
+      ConvertToFloat(dtype, v_t.bytes.data(), keys * 32, v_t.values.data());
+      const HostTensor q_t = testing::FloatTensor({1, 1, 32}, q);
+      Query query;
+      query.q = q_t.view();
+      query.mask.query_start = keys - 1;
+      query.scale = 1.0f;
+      for (AttentionBackend* backend :
+           std::vector<AttentionBackend*>{gpu_.get(), cpu_.get()}) {
+        auto kv = MakePagedKv(*backend, dtype, k_t, v_t, 32);
+        ASSERT_NE(kv, nullptr);
+        Outputs out;
+        const absl::Status status =
+            AttendOne(*backend, query, kv->View(keys), &out);
+        EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
+            << backend->name() << ": " << status;
+        EXPECT_NE(status.message().find("weighted sum of the values"),
+                  std::string::npos)
+            << status;
+      }
+    }
+  }
+}
+
 // CUDA failures are statuses, never aborts, and the backend stays usable.
 TEST_F(CudaBackendTest, DeviceErrorsAreStatuses) {
   const absl::StatusOr<std::unique_ptr<DeviceArena>> huge =
