@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -56,11 +58,17 @@ struct ThreadPool::Loop {
   }
 };
 
-ThreadPool::ThreadPool(int num_threads, absl::Duration spin) : spin_(spin) {
-  if (num_threads <= 0) {
-    num_threads = static_cast<int>(std::thread::hardware_concurrency());
-    if (num_threads <= 0) num_threads = 1;
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    return std::max(1, CPU_COUNT(&set));
   }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+ThreadPool::ThreadPool(int num_threads, absl::Duration spin) : spin_(spin) {
+  if (num_threads <= 0) num_threads = UsableCpus();
   workers_.reserve(num_threads - 1);
   for (int i = 0; i + 1 < num_threads; ++i) {
     workers_.emplace_back([this] { WorkerMain(); });

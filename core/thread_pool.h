@@ -15,13 +15,18 @@
 
 namespace attention {
 
+// The CPUs this process may run on (its affinity mask: a container's
+// cpuset, taskset), at least 1; std::thread::hardware_concurrency() counts
+// the machine's instead.
+int UsableCpus();
+
 // Thread-safety: ParallelFor may be called from many threads at once; the
 // calls share the workers. The calling thread takes part in its own loop, so
 // nested or concurrent loops always make progress.
 class ThreadPool {
  public:
   // Starts `num_threads - 1` workers (the caller is the last thread).
-  // num_threads <= 0 means std::thread::hardware_concurrency(). An idle
+  // num_threads <= 0 means UsableCpus(). An idle
   // worker, and a caller waiting for workers to finish, poll for up to
   // `spin` before sleeping: calls that follow each other closely (one per
   // decode step and layer) then start without a wake-up, at the price of

@@ -86,7 +86,9 @@ ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Minutes(10),
           "Idle time after which a session is deleted (e.g. 10m, 90s).");
 ABSL_FLAG(int64_t, max_session_tokens, 131072,
           "Default and largest SessionSpec.max_tokens (tokens per layer).");
-ABSL_FLAG(int, threads, 0, "Backend worker threads; 0 = one per core.");
+ABSL_FLAG(int, threads, 0,
+          "Backend worker threads; 0 = one per CPU of the process's affinity "
+          "(set it to a container's CPU limit).");
 ABSL_FLAG(absl::Duration, cpu_spin, absl::ZeroDuration(),
           "CPU backend: how long idle worker threads poll for work before "
           "sleeping (e.g. 100us on a dedicated many-core host; 0 = sleep "

@@ -1,5 +1,7 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstdint>
 #include <set>
@@ -124,6 +126,23 @@ TEST_P(ThreadPoolTest, LoopsSpacedOutStillUseTheWorkers) {
     });
     EXPECT_EQ(ids.size(), 2u) << "round " << round;
   }
+}
+
+// The default thread count follows the affinity (a container's cpuset),
+// not the machine's CPU count.
+TEST(UsableCpusTest, FollowsTheAffinity) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(UsableCpus(), CPU_COUNT(&all));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  EXPECT_EQ(UsableCpus(), 1);
+  EXPECT_EQ(ThreadPool(0).num_threads(), 1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
 }
 
 }  // namespace
