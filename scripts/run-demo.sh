@@ -18,7 +18,7 @@ port_file="$(mktemp)"
 rm -f "${port_file}"
 
 "${server}" --port="${PORT:-0}" --port_file="${port_file}" --backend=auto \
-  --kv_cache_bytes=$((256 << 20)) &
+  --kv_cache_bytes=$((256 << 20)) --metrics_port=-1 &
 server_pid=$!
 stop_server() {
   if kill -0 "${server_pid}" 2>/dev/null; then
