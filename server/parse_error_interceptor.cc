@@ -1,5 +1,6 @@
 #include "server/parse_error_interceptor.h"
 
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -41,23 +42,45 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
       // The synchronous handlers answer INTERNAL, the callback ones
       // UNIMPLEMENTED with no message.
       const grpc::Status status = methods->GetSendStatus();
-      if (status.error_code() == grpc::StatusCode::INTERNAL ||
-          (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
-           status.error_message().empty())) {
+      const bool sync = status.error_code() == grpc::StatusCode::INTERNAL;
+      if (sync || (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
+                   status.error_message().empty())) {
         const grpc::Status unparsed = UnparsedStatus();
         methods->ModifySendStatus(unparsed);
-        Record(unparsed.error_code());
+        to_record_ = unparsed.error_code();
+        callback_ = !sync;
+        if (sync) Record();
       }
+    }
+    // To a callback handler, a request that did not arrive whole (the
+    // client cancelled, or its deadline passed, while it was sent) is no
+    // message too; the call's close tells it apart. (A synchronous call
+    // must not ask IsCancelled here: that runs this hook again.)
+    if (callback_ && to_record_.has_value() &&
+        methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::POST_RECV_CLOSE)) {
+      grpc::ServerContextBase* const context = info_->server_context();
+      if (context->IsCancelled()) {
+        to_record_ = absl::Now() >= absl::FromChrono(context->deadline())
+                         ? grpc::StatusCode::DEADLINE_EXCEEDED
+                         : grpc::StatusCode::CANCELLED;
+      }
+      Record();
     }
     methods->Proceed();
   }
 
+  // A call that ends without a close is counted as it is.
+  ~ParseErrorInterceptor() override { Record(); }
+
  private:
-  void Record(grpc::StatusCode code) const {
+  // Counts the call once, with to_record_ (if set).
+  void Record() {
     const std::optional<RpcMethod> method = RpcMethodOfPath(method_);
-    if (metrics_ != nullptr && method.has_value()) {
-      metrics_->RecordRequest(*method, code, absl::Now() - start_);
+    if (metrics_ != nullptr && method.has_value() && to_record_.has_value()) {
+      metrics_->RecordRequest(*method, *to_record_, absl::Now() - start_);
     }
+    to_record_.reset();
   }
 
   // What an unparsable request gets: UNAUTHENTICATED for a caller the
@@ -86,6 +109,9 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   const std::string method_;
   const bool single_request_;
   bool unparsed_ = false;
+  // The status to count for a request that did not parse, until counted.
+  std::optional<grpc::StatusCode> to_record_;
+  bool callback_ = false;  // its handler is a callback one
 };
 
 }  // namespace
