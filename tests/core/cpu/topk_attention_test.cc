@@ -39,13 +39,15 @@ constexpr int kValueDim = 8;
 constexpr int kIndexHeads = 3;
 constexpr int kIndexDim = 8;
 
-std::unique_ptr<AttentionEngine> MakeEngine() {
+// `backend`, when given, is set to the engine's backend.
+std::unique_ptr<AttentionEngine> MakeEngine(CpuBackend** backend = nullptr) {
   EngineOptions options;
   options.kv_cache_bytes = int64_t{64} << 20;
   options.kv_block_bytes = 4096;
   options.sessions.reap_interval = absl::ZeroDuration();
-  auto engine = AttentionEngine::Create(std::make_unique<CpuBackend>(2),
-                                        options);
+  auto cpu = std::make_unique<CpuBackend>(2);
+  if (backend != nullptr) *backend = cpu.get();
+  auto engine = AttentionEngine::Create(std::move(cpu), options);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return *std::move(engine);
 }
@@ -360,14 +362,8 @@ TEST(TopKAttentionTest, ALongPrefillWithALargeKIsBitwiseItsChunks) {
 // selects positions 0..599 (the only ones whose index key scores), so a
 // whole chunk of 512 selected keys is the same for all of them.
 TEST(TopKAttentionTest, RowsOfASelectionDoNotSearchForSharedChunks) {
-  auto owned = std::make_unique<CpuBackend>(2);
-  CpuBackend* backend = owned.get();
-  EngineOptions options;
-  options.kv_cache_bytes = int64_t{64} << 20;
-  options.kv_block_bytes = 4096;
-  options.sessions.reap_interval = absl::ZeroDuration();
-  auto engine = AttentionEngine::Create(std::move(owned), options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  CpuBackend* backend = nullptr;
+  auto engine = MakeEngine(&backend);
   const SessionSpec spec = TopKSpec(/*topk=*/600);
   const int64_t total = 1108;
   Tokens t(total, 4);
@@ -379,13 +375,13 @@ TEST(TopKAttentionTest, RowsOfASelectionDoNotSearchForSharedChunks) {
                   std::vector<float>(total * kIndexHeads * kIndexDim, 1.0f));
   t.index_w = FloatTensor({total, kIndexHeads},
                           std::vector<float>(total * kIndexHeads, 1.0f));
-  auto info = (*engine)->CreateSession(spec, absl::ZeroDuration());
+  auto info = engine->CreateSession(spec, absl::ZeroDuration());
   ASSERT_TRUE(info.ok()) << info.status();
   ASSERT_TRUE(
-      (*engine)->Append(Request(info->session_id, 0, t, 0, 1100, true)).ok());
+      engine->Append(Request(info->session_id, 0, t, 0, 1100, true)).ok());
   const int64_t shared_before = backend->shared_chunk_computations();
   auto rows =
-      (*engine)->Append(Request(info->session_id, 0, t, 1100, total, true));
+      engine->Append(Request(info->session_id, 0, t, 1100, total, true));
   ASSERT_TRUE(rows.ok()) << rows.status();
   EXPECT_EQ(rows->topk_indices[0], 0);
   EXPECT_EQ(rows->topk_indices[599], 599);
