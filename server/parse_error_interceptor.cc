@@ -19,7 +19,6 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
       : info_(info),
         authenticator_(authenticator),
         metrics_(metrics),
-        start_(absl::Now()),
         method_(info->method() != nullptr ? info->method() : ""),
         single_request_(
             info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY ||
@@ -36,6 +35,9 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
             InterceptionHookPoints::POST_RECV_MESSAGE) &&
         methods->GetRecvMessage() == nullptr) {
       unparsed_ = true;
+      // Only a failed read reads the clock: the interceptor runs on every
+      // call, the decode steps included.
+      failed_at_ = absl::Now();
     }
     if (unparsed_ && methods->QueryInterceptionHookPoint(
                          InterceptionHookPoints::PRE_SEND_STATUS)) {
@@ -78,7 +80,7 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   void Record() {
     const std::optional<RpcMethod> method = RpcMethodOfPath(method_);
     if (metrics_ != nullptr && method.has_value() && to_record_.has_value()) {
-      metrics_->RecordRequest(*method, *to_record_, absl::Now() - start_);
+      metrics_->RecordRequest(*method, *to_record_, absl::Now() - failed_at_);
     }
     to_record_.reset();
   }
@@ -105,10 +107,10 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   grpc::experimental::ServerRpcInfo* const info_;
   const Authenticator* const authenticator_;
   ServerMetrics* const metrics_;
-  const absl::Time start_;
   const std::string method_;
   const bool single_request_;
   bool unparsed_ = false;
+  absl::Time failed_at_;  // when the request turned out missing
   // The status to count for a request that did not parse, until counted.
   std::optional<grpc::StatusCode> to_record_;
   bool callback_ = false;  // its handler is a callback one
