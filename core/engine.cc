@@ -189,6 +189,13 @@ absl::StatusOr<SessionInfo> AttentionEngine::GetSession(const std::string& id,
   return session->Info();
 }
 
+absl::StatusOr<SessionInfo> AttentionEngine::PeekSession(const std::string& id,
+                                                         const Tenant& tenant) {
+  // A ref that is not marked used leaves the idle clock as it was.
+  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
+  return session->Info();
+}
+
 std::vector<SessionInfo> AttentionEngine::ListSessions(
     const std::string& after, int64_t page_size, const Tenant& tenant) const {
   std::vector<SessionInfo> infos;

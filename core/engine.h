@@ -189,7 +189,14 @@ class AttentionEngine {
   absl::StatusOr<SessionInfo> CreateSession(
       const SessionSpec& spec, absl::Duration idle_timeout,
       const Tenant& tenant = DefaultTenant());
+  // A use of the session: a successful lookup restarts its idle clock.
   absl::StatusOr<SessionInfo> GetSession(
+      const std::string& id, const Tenant& tenant = DefaultTenant());
+  // The same answer (waiting out a seal as GetSession does) without using
+  // the session: its idle clock keeps running. For checks before a call
+  // that may still fail, since a failed call changes nothing, the idle
+  // clock included.
+  absl::StatusOr<SessionInfo> PeekSession(
       const std::string& id, const Tenant& tenant = DefaultTenant());
   // Up to `page_size` (>= 1) of `tenant`'s sessions whose ids follow
   // `after` ("" = from the first), in increasing id order: page through all

@@ -110,8 +110,9 @@ absl::StatusOr<Tenant> AttentionServiceImpl::Caller(
 
 absl::Status AttentionServiceImpl::CheckSessionInfoSizeOf(
     const std::string& session_id, const Tenant& tenant) const {
+  // Not a use: the call this check guards may still fail.
   ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
-                        engine_->GetSession(session_id, tenant));
+                        engine_->PeekSession(session_id, tenant));
   return CheckSessionInfoSize(info.spec, max_message_bytes_);
 }
 
@@ -253,7 +254,7 @@ grpc::Status AttentionServiceImpl::ForkSession(
     if (draining_.load(std::memory_order_acquire)) {
       // A session handed over is forked at its new owner: say where.
       ATTN_RETURN_IF_ERROR(
-          engine_->GetSession(request->session_id(), tenant).status());
+          engine_->PeekSession(request->session_id(), tenant).status());
       return Draining();
     }
     ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));

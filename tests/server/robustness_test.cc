@@ -519,6 +519,31 @@ TEST_F(RobustnessTest, AStreamThatOnlyFailedOnASessionLeavesItsIdleClock) {
   EXPECT_EQ(deadline(), before);
 }
 
+// Failed Truncate and Fork calls leave the idle clock as it was: their
+// size check used to look the session up as a use of it.
+TEST_F(RobustnessTest, FailedTruncateAndForkLeaveTheIdleClock) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_sessions = 1;  // every fork is refused
+  Start(options);
+  client::SessionHandle session =
+      Open(MakeSpec(1, 4, 2, 16), absl::Seconds(60));
+  const auto deadline = [&]() -> int64_t {
+    auto exported = server_->server->engine().ExportSession(session.id());
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms : -1;
+  };
+  const int64_t before = deadline();
+  absl::SleepFor(absl::Milliseconds(20));  // a later clock would show
+  ATTN_EXPECT_CODE(client().TruncateSession(session.id(), -1),
+                   StatusCode::kInvalidArgument);
+  ATTN_EXPECT_CODE(client().ForkSession(session.id()),
+                   StatusCode::kResourceExhausted);
+  EXPECT_EQ(deadline(), before);
+  // A call that succeeds does restart it.
+  ATTN_ASSERT_OK(client().TruncateSession(session.id(), 0));
+  EXPECT_GT(deadline(), before);
+}
+
 // Row 7: an 8000-character id was echoed whole into the error, which the
 // client then could not receive.
 TEST_F(RobustnessTest, ErrorsQuoteOnlyAShortPrefixOfClientStrings) {
