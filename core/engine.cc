@@ -241,7 +241,8 @@ absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
   // Not a use of the session: the snapshot keeps its idle deadline.
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                         sessions_.Find(id, tenant));
-  return SessionExport::Start(backend_.get(), *session, options_.version);
+  return SessionExport::Start(backend_.get(), *session, options_.version,
+                              (*sessions_.clock())());
 }
 
 absl::Status AttentionEngine::StopChanges(absl::Time deadline) {
@@ -255,7 +256,8 @@ absl::StatusOr<SessionSeal> AttentionEngine::SealSession(const std::string& id,
 
 absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSealed(
     const SessionSeal& seal) {
-  return SessionExport::Start(backend_.get(), seal.session(), options_.version);
+  return SessionExport::Start(backend_.get(), seal.session(), options_.version,
+                              (*sessions_.clock())());
 }
 
 absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(

@@ -109,6 +109,8 @@ class Session {
   // included. Use SessionRef or SessionHold.
   void BeginUse() { users_.fetch_add(1, std::memory_order_acq_rel); }
   void EndUse(bool used, const std::function<absl::Time()>& clock);
+  // Whether a call or a Decode stream uses the session now.
+  bool in_use() const { return users_.load(std::memory_order_acquire) > 0; }
   // Calls running on the session now (SessionRefs; a Decode stream's
   // SessionHold is not one): a seal (SessionManager::Seal) waits for none.
   void BeginCall() { calls_.fetch_add(1, std::memory_order_acq_rel); }

@@ -11,7 +11,7 @@ namespace attention {
 
 std::unique_ptr<SessionExport> SessionExport::Start(
     AttentionBackend* backend, Session& session,
-    absl::string_view server_version) {
+    absl::string_view server_version, absl::Time now) {
   const SessionSpec& spec = session.spec();
   std::vector<LayerKvCache> layers;
   layers.reserve(spec.num_layers);
@@ -29,8 +29,11 @@ std::unique_ptr<SessionExport> SessionExport::Start(
   header.kv_dtype = spec.kv_dtype;
   header.server_version = std::string(server_version);
   header.idle_timeout_ms = absl::ToInt64Milliseconds(session.idle_timeout());
+  const absl::Time idle_since = session.in_use()
+                                    ? std::max(session.last_used(), now)
+                                    : session.last_used();
   header.idle_deadline_unix_ms =
-      absl::ToUnixMillis(session.last_used() + session.idle_timeout());
+      absl::ToUnixMillis(idle_since + session.idle_timeout());
   for (int i = 0; i < spec.num_layers; ++i) {
     const int64_t length = layers[i].length();
     const int64_t first = layers[i].FirstHeldPosition();

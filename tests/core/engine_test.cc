@@ -786,6 +786,44 @@ TEST_F(EngineTest, OnlySuccessfulCallsRestartTheIdleClock) {
   EXPECT_EQ(deadline(id), 1018);
 }
 
+// A session in use (an open Decode stream's hold) cannot expire, however
+// long ago its clock restarted: its export carries a deadline counted from
+// the export, so a peer or a restart that imports it does not find it
+// expired at once.
+TEST_F(EngineTest, AnExportOfASessionInUseCarriesAFreshIdleDeadline) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  EngineOptions options;
+  options.kv_cache_bytes = 1 << 20;
+  options.kv_block_bytes = 4096;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  options.sessions.now = [&now] { return now; };
+  auto engine =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  AttentionEngine& e = **engine;
+  const std::string id =
+      e.CreateSession(TestSpec(), absl::Seconds(10))->session_id;
+  const auto deadline = [&]() -> int64_t {
+    auto exported = e.ExportSession(id);
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms / 1000
+                         : -1;
+  };
+  now += absl::Seconds(5);
+  EXPECT_EQ(deadline(), 1010);  // not in use: where its last use put it
+  {
+    auto hold = e.HoldSession(id);
+    ASSERT_TRUE(hold.ok()) << hold.status();
+    now += absl::Seconds(30);  // past the idle timeout, but held
+    EXPECT_EQ(deadline(), 1045);
+    auto seal = e.SealSession(id, absl::InfiniteFuture());
+    ASSERT_TRUE(seal.ok()) << seal.status();
+    auto sealed = e.ExportSealed(*seal);
+    ASSERT_TRUE(sealed.ok()) << sealed.status();
+    EXPECT_EQ((*sealed)->header().idle_deadline_unix_ms / 1000, 1045);
+  }
+}
+
 // After StopChanges (a server about to write its snapshot) every change
 // is refused with UNAVAILABLE and nothing changes; reads still work.
 TEST_F(EngineTest, StoppedChangesAreUnavailableAndReadsStillWork) {
