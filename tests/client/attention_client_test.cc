@@ -402,7 +402,11 @@ TEST(AttentionClientRetryTest, IdempotentCallsRetryWhileTheServerRestarts) {
   server::ServerOptions options = TestServerOptions();
   options.port = (*first)->server->port();
   const std::string target = (*first)->server->local_target();
-  auto client = client::AttentionClient::Connect(target);
+  // Reconnects soon enough for the retries' last attempt (about 3 s in)
+  // to find the new server; gRPC's default waits 1 s, then about 2.6 s.
+  client::ClientOptions retrying;
+  retrying.max_reconnect_backoff = absl::Milliseconds(100);
+  auto client = client::AttentionClient::Connect(target, retrying);
   client::ClientOptions no_retries;
   no_retries.retry_max_attempts = 1;
   auto impatient = client::AttentionClient::Connect(target, no_retries);
@@ -411,8 +415,9 @@ TEST(AttentionClientRetryTest, IdempotentCallsRetryWhileTheServerRestarts) {
   first->reset();  // drains and stops
   ATTN_EXPECT_CODE(impatient->GetServerInfo(), absl::StatusCode::kUnavailable);
   std::unique_ptr<TestServer> second;
+  // Starting a server takes longer than issuing the call: the call meets
+  // the server down.
   std::thread restart([&] {
-    absl::SleepFor(absl::Milliseconds(300));
     auto started = StartTestServer(options);
     ATTN_ASSERT_OK(started);
     second = *std::move(started);

@@ -328,9 +328,8 @@ TEST(AttnctlClusterTest, ListsTheReplicasAndExportsFromTheOwner) {
   ATTN_ASSERT_OK(session);
   const std::string address_a = (*a)->server->local_target();
   const std::string address_b = (*b)->server->local_target();
-  const std::string cluster = absl::StrCat(" --timeout=2s --cluster=",
-                                           address_a, ",", address_b,
-                                           ",127.0.0.1:1");
+  const std::string cluster = absl::StrCat(
+      " --timeout=30s --cluster=", address_a, ",", address_b, ",127.0.0.1:1");
   const CommandResult listed = RunAttnctl("cluster" + cluster);
   ASSERT_EQ(listed.exit_code, 0) << listed.output;
   const std::string line_a = LineWith(listed.output, address_a);

@@ -142,18 +142,31 @@ TEST_F(CallbackServingTest, StreamsInterleavingSessionsKeepTheirOrderBitwise) {
   std::vector<std::vector<v1::AttentionResult>> results(kStreams);
   std::vector<absl::Status> statuses(kStreams);
   std::vector<std::thread> threads;
+  // Each stream keeps up to kWindow steps written ahead of their results,
+  // so that several of its steps (some on one session) are in flight at
+  // once and their order is the stream's to keep.
+  constexpr int kWindow = 4;
   for (int s = 0; s < kStreams; ++s) {
     threads.emplace_back([&, s] {
       auto stream = client().OpenDecodeStream();
-      for (const ScriptStep& step : scripts[s]) {
-        auto request = twins[s][step.session].served->MakeDecodeRequest(
-            step.layer, step.token.q_rows(0, 1), step.token.k_rows(0, 1),
-            step.token.v_rows(0, 1));
-        if (!request.ok()) {
-          statuses[s] = request.status();
-          return;
+      const int total = static_cast<int>(scripts[s].size());
+      int written = 0;
+      while (static_cast<int>(results[s].size()) < total) {
+        while (written < total &&
+               written - static_cast<int>(results[s].size()) < kWindow) {
+          const ScriptStep& step = scripts[s][written];
+          auto request = twins[s][step.session].served->MakeDecodeRequest(
+              step.layer, step.token.q_rows(0, 1), step.token.k_rows(0, 1),
+              step.token.v_rows(0, 1));
+          if (!request.ok()) {
+            statuses[s] = request.status();
+            return;
+          }
+          // False once the stream has ended: the Read below says why.
+          if (!stream->Write(*request)) break;
+          ++written;
         }
-        auto result = stream->Step(*request);
+        auto result = stream->Read();
         if (!result.ok()) {
           statuses[s] = result.status();
           return;
@@ -197,7 +210,9 @@ TEST_F(CallbackServingTest, AStepPastItsDeadlineWhileQueuedChangesNothing) {
   };
 
   grpc::ClientContext context;
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  // Room for the first step and for queueing the second before it, even
+  // in a sanitizer build on a slow machine (the test waits it out).
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
   context.set_deadline(absl::ToChronoTime(deadline));
   auto stream = client().stub()->Decode(&context);
   v1::AttentionResult result;
@@ -220,7 +235,8 @@ TEST_F(CallbackServingTest, AStepPastItsDeadlineWhileQueuedChangesNothing) {
   gate_.WaitUntilHolding();
   auto second = step(1);
   ATTN_ASSERT_OK(second);
-  stream->Write(*second);
+  // EXPECT, not ASSERT: `blocked` must be joined below.
+  EXPECT_TRUE(stream->Write(*second));
   // The server's deadline comes from the relative timeout the client sent
   // (rounded up, counted from arrival), so it may end a little after the
   // client's; once the client's deadline fires, the client also cancels the

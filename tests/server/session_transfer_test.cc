@@ -636,6 +636,9 @@ TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
   const std::string dir = TempDir("snapshot-dir");
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
+  // The snapshot gets the second half of the drain: generous for slow
+  // (sanitizer) builds; the drain still ends once the snapshot is written.
+  options.drain_timeout = absl::Seconds(60);
   auto first = StartTestServer(options);
   ATTN_ASSERT_OK(first);
   std::vector<std::string> ids;
@@ -697,6 +700,9 @@ TEST(SnapshotDirTest, LatentAndTopKSessionsSurviveARestartBitwise) {
   const std::string dir = TempDir("snapshot-sparse");
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
+  // The snapshot gets the second half of the drain: generous for slow
+  // (sanitizer) builds; the drain still ends once the snapshot is written.
+  options.drain_timeout = absl::Seconds(60);
   auto first = StartTestServer(options);
   ATTN_ASSERT_OK(first);
   std::vector<std::string> ids;
