@@ -463,49 +463,49 @@ grpc::Status AttentionServiceImpl::ImportSession(
     grpc::ServerContext* context, grpc::ServerReader<v1::SessionChunk>* reader,
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
-  return scope.Finish(ToGrpcStatus(
-      [&]() -> absl::Status {
-        ImportOptions options;
-        ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
-        if (draining_.load(std::memory_order_acquire)) return Draining();
-        ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
-        const bool handover = options.keep_owner;
-        // A replica handing a session over keeps its id; so may anyone where
-        // there are no tenants to tell apart.
-        const KeepSessionId keep =
-            handover || authenticator_ == nullptr || !authenticator_->enabled()
-                ? KeepSessionId::kAllowed
-                : KeepSessionId::kRefused;
-        // The stall watch ends with the stream: the commit below waits for no
-        // message, and a watchdog's cancel after it would report a failure for
-        // a session that was created.
-        ATTN_ASSIGN_OR_RETURN(
-            ReadImport read, [&]() -> absl::StatusOr<ReadImport> {
-              StallWatchdog::Watch watch = WatchTransfer(context);
-              return ReadSessionImport(
-                  *engine_, std::move(options), keep, max_message_bytes_,
-                  [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
-                    const bool more =
-                        !context->IsCancelled() && reader->Read(record);
-                    if (context->IsCancelled()) {
-                      return TransferEnded(watch, "import");
-                    }
-                    watch.Progress();
-                    return more;
-                  });
-            }());
-        // Not once the drain began: its hand-over may have listed the
-        // sessions already, and this one would be lost.
-        ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
-                              UnlessDraining([&] { return read.Commit(); }));
-        if (metrics_ != nullptr) {
-          metrics_->RecordImport(read.kv_bytes);
-          if (handover) metrics_->RecordHandoverReceived();
-        }
-        SessionReply(info, response);
-        return absl::OkStatus();
-      }(),
-      context));
+  absl::Status status = [&]() -> absl::Status {
+    ImportOptions options;
+    ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
+    if (draining_.load(std::memory_order_acquire)) return Draining();
+    ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
+    const bool handover = options.keep_owner;
+    // A replica handing a session over keeps its id; so may anyone where
+    // there are no tenants to tell apart.
+    const KeepSessionId keep =
+        handover || authenticator_ == nullptr || !authenticator_->enabled()
+            ? KeepSessionId::kAllowed
+            : KeepSessionId::kRefused;
+    // The stall watch ends with the stream: the commit below waits for no
+    // message, and a watchdog's cancel after it would report a failure for
+    // a session that was created.
+    ATTN_ASSIGN_OR_RETURN(ReadImport read, [&]() -> absl::StatusOr<ReadImport> {
+      StallWatchdog::Watch watch = WatchTransfer(context);
+      return ReadSessionImport(
+          *engine_, std::move(options), keep, max_message_bytes_,
+          [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+            const bool more = !context->IsCancelled() && reader->Read(record);
+            if (context->IsCancelled()) {
+              return TransferEnded(watch, "import");
+            }
+            watch.Progress();
+            return more;
+          });
+    }());
+    // Not once the drain began: its hand-over may have listed the
+    // sessions already, and this one would be lost.
+    ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
+                          UnlessDraining([&] { return read.Commit(); }));
+    if (metrics_ != nullptr) {
+      metrics_->RecordImport(read.kv_bytes);
+      if (handover) metrics_->RecordHandoverReceived();
+    }
+    SessionReply(info, response);
+    return absl::OkStatus();
+  }();
+  // Nothing fails after the commit: every error here created nothing,
+  // which a sender handing the session over must know (kUnknown doubts).
+  if (!status.ok()) context->AddTrailingMetadata(kImportRefusedMetadata, "1");
+  return scope.Finish(ToGrpcStatus(std::move(status), context));
 }
 
 grpc::Status AttentionServiceImpl::GetServerInfo(

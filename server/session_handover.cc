@@ -24,12 +24,21 @@ constexpr absl::Duration kSealWait = absl::Milliseconds(500);
 // How long a probe of the peers serves the sessions handed over next.
 constexpr absl::Duration kPeerProbeInterval = absl::Seconds(1);
 
+// Whether the peer's import handler itself refused the call (it then
+// created nothing, whatever the code).
+bool RefusedByTheImport(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(kImportRefusedMetadata);
+  return it != trailers.end() && it->second == "1";
+}
+
 // Whether a failed import may nevertheless have created the session on the
 // peer: the whole snapshot was sent and the answer is not one of the
 // import's refusals (which leave nothing behind). UNAVAILABLE is also what
 // a draining peer answers at once, so a broken connection is only a doubt.
-SessionHandover::Doubt DoubtOf(const grpc::Status& status, bool all_sent) {
-  if (!all_sent) return SessionHandover::Doubt::kNone;
+SessionHandover::Doubt DoubtOf(const grpc::Status& status, bool all_sent,
+                               bool refused) {
+  if (!all_sent || refused) return SessionHandover::Doubt::kNone;
   switch (status.error_code()) {
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::CANCELLED:
@@ -235,7 +244,7 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
         {{"to", peer.advertise_address}, {"error", status.error_message()}});
     return absl::OkStatus();
   }
-  *doubt = DoubtOf(status, all_sent);
+  *doubt = DoubtOf(status, all_sent, RefusedByTheImport(context));
   if (*doubt != Doubt::kNone) in_doubt->insert(peer.advertise_address);
   if (!written.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {
     return written.status();

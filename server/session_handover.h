@@ -23,10 +23,12 @@
 // once the move ends), so the engine batches of other sessions never wait
 // for it; its other calls wait.
 // A session is thus never live on two replicas: it is sealed here before
-// the peer accepts calls on it. When an import's answer leaves a doubt
-// (the stream broke, timed out or failed oddly after the whole snapshot
-// was sent: the peer may have created the session) the same peer is asked
-// again; the peer then answers ALREADY_EXISTS for its id if the earlier
+// the peer accepts calls on it. An error the peer's import handler itself
+// answered (its trailers carry kImportRefusedMetadata) created nothing,
+// whatever its code. When an import's answer leaves a doubt (no such
+// trailer: the stream broke, timed out or failed oddly after the whole
+// snapshot was sent: the peer may have created the session) the same peer is
+// asked again; the peer then answers ALREADY_EXISTS for its id if the earlier
 // attempt created it, which counts as moved. Only then: without such an
 // attempt under the same seal, ALREADY_EXISTS is a refusal (the peer holds
 // another copy, e.g. one a client imported keeping the id, or one an
@@ -36,9 +38,9 @@
 // answer that may mean the peer created it counts even when the second
 // attempt is refused outright or cannot be exported again.
 // Sessions that could not
-// be moved (no SERVING peer, every peer refused, the export refused - MLA
-// and top-k sessions, calls that kept it busy) stay here; the drain then
-// snapshots them when --snapshot_dir is set.
+// be moved (no SERVING peer, every peer refused, the export refused, calls
+// that kept it busy) stay here; the drain then snapshots them when
+// --snapshot_dir is set.
 //
 // Forks share KV blocks here; each is exported whole, so the peer holds
 // one copy per fork.

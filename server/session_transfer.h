@@ -52,6 +52,12 @@ absl::StatusOr<int64_t> WriteSessionExport(
 // (AttentionServiceImpl::AcceptHandoversFrom says who may send it).
 inline constexpr char kHandoverMetadata[] = "attention-handover-from";
 
+// Trailing metadata of an ImportSession call the server itself refused
+// (value "1"): nothing was created, whatever the status code (an INTERNAL
+// from the backend included). A failure without it (the transport's
+// DEADLINE_EXCEEDED, a broken connection) may have come after the commit.
+inline constexpr char kImportRefusedMetadata[] = "attention-import-refused";
+
 // A snapshot read to its trailer and checked as far as it can be before
 // the session exists.
 struct ReadImport {

@@ -2,6 +2,8 @@
 // in-process server: round trips that continue bitwise, every malformed
 // stream refused with nothing left behind, the snapshot on drain restored
 // at the next start, and a corrupt file moved aside.
+#include "server/session_transfer.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -300,6 +302,42 @@ TEST_F(SessionSnapshotTest, KeepIdAndUnknownSession) {
                    absl::StatusCode::kAlreadyExists);
   ATTN_EXPECT_CODE(Export(*a_->client, "no-such-session"),
                    absl::StatusCode::kNotFound);
+}
+
+// An import the server refused says so in its trailers, whatever the
+// code (a replica handing a session over then knows nothing was created);
+// one that created the session does not.
+TEST_F(SessionSnapshotTest, ARefusedImportSaysSoInItsTrailers) {
+  auto original = a_->client->OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(original);
+  Fill(*original, RandomTokens(original->spec(), 20, 3), 20);
+  auto records = Export(*a_->client, original->id());
+  ATTN_ASSERT_OK(records);
+  (*records)[0].set_keep_session_id(true);
+  const auto import = [&](const Records& sent,
+                          bool* refused) -> grpc::StatusCode {
+    grpc::ClientContext context;
+    v1::SessionInfo info;
+    auto writer = b_->client->stub()->ImportSession(&context, &info);
+    for (const v1::SessionChunk& record : sent) {
+      if (!writer->Write(record)) break;
+    }
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    const auto& trailers = context.GetServerTrailingMetadata();
+    auto it = trailers.find(server::kImportRefusedMetadata);
+    *refused = it != trailers.end() && it->second == "1";
+    return status.error_code();
+  };
+  bool refused = true;
+  EXPECT_EQ(import(*records, &refused), grpc::StatusCode::OK);
+  EXPECT_FALSE(refused);
+  EXPECT_EQ(import(*records, &refused), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_TRUE(refused);
+  Records cut(records->begin(), records->end() - 1);  // no trailer
+  cut[0].mutable_header()->set_session_id("another-id");
+  EXPECT_EQ(import(cut, &refused), grpc::StatusCode::DATA_LOSS);
+  EXPECT_TRUE(refused);
 }
 
 TEST_F(SessionSnapshotTest, MalformedStreamsLeaveNothingBehind) {
