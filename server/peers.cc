@@ -91,8 +91,10 @@ absl::StatusOr<v1::ServerInfo> Peers::Probe(const std::string& target,
     absl::MutexLock lock(&mu_);
     auto failed = failed_.find(target);
     if (failed != failed_.end() &&
-        absl::Now() - failed->second < options_.failure_backoff) {
-      return absl::UnavailableError("did not answer recently");
+        absl::Now() - failed->second.when < options_.failure_backoff) {
+      return absl::Status(failed->second.error.code(),
+                          absl::StrCat("did not answer recently: ",
+                                       failed->second.error.message()));
     }
   }
   std::shared_ptr<client::AttentionClient> client =
@@ -105,7 +107,7 @@ absl::StatusOr<v1::ServerInfo> Peers::Probe(const std::string& target,
     const absl::Status error = info.ok() ? health.status() : info.status();
     Log(LogLevel::kWarning, "peer_unreachable",
         {{"peer", target}, {"error", error.ToString()}});
-    failed_[target] = absl::Now();
+    failed_[target] = Failure{.when = absl::Now(), .error = error};
     return error;
   }
   failed_.erase(target);
@@ -115,11 +117,16 @@ absl::StatusOr<v1::ServerInfo> Peers::Probe(const std::string& target,
   return info;
 }
 
-std::vector<Peer> Peers::Serving() {
+std::vector<Peer> Peers::Serving(bool* unanswered) {
   std::vector<Peer> serving;
+  if (unanswered != nullptr) *unanswered = false;
   for (const HostPort& entry : entries_) {
     for (const std::string& target : Resolve(entry)) {
       absl::StatusOr<v1::ServerInfo> info = Probe(target, entry.host);
+      if (unanswered != nullptr &&
+          info.status().code() == absl::StatusCode::kDeadlineExceeded) {
+        *unanswered = true;
+      }
       if (!info.ok() || info->draining() || info->advertise_address().empty() ||
           info->advertise_address() == options_.self_address) {
         continue;

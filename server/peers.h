@@ -65,8 +65,12 @@ class Peers {
   // Resolves the entries again and probes every address found (but those
   // that failed within failure_backoff); returns the SERVING ones other
   // than this replica, most kv_cache_free_bytes first. Empty when none is
-  // (or names do not resolve); failures are logged.
-  std::vector<Peer> Serving();
+  // (or names do not resolve); failures are logged. `*unanswered` (when
+  // given) says whether some address did not answer within probe_timeout
+  // (now, or when last probed within failure_backoff): a peer too busy or
+  // paused to answer, or a dead pod's address, as opposed to a refused
+  // connection or a peer that answered draining.
+  std::vector<Peer> Serving(bool* unanswered = nullptr);
 
   const PeerOptions& options() const { return options_; }
 
@@ -85,8 +89,12 @@ class Peers {
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<client::AttentionClient>>
       clients_ ABSL_GUARDED_BY(mu_);
-  // Addresses whose last probe failed, and when.
-  absl::flat_hash_map<std::string, absl::Time> failed_ ABSL_GUARDED_BY(mu_);
+  // An address whose last probe failed: when, and the probe's error.
+  struct Failure {
+    absl::Time when;
+    absl::Status error;
+  };
+  absl::flat_hash_map<std::string, Failure> failed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attention::server

@@ -80,7 +80,13 @@ HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
       result.left += static_cast<int64_t>(queue.size() - i);
       break;
     }
-    const Outcome outcome = HandOver(queue[i], deadline);
+    Outcome outcome = HandOver(queue[i], deadline);
+    while (outcome == Outcome::kNoPeer && unanswered_ &&
+           absl::Now() + kPeerProbeInterval < deadline) {
+      // A peer that did not answer in time may be busy: ask again.
+      absl::SleepFor(kPeerProbeInterval);
+      outcome = HandOver(queue[i], deadline);
+    }
     if (outcome == Outcome::kNoPeer) {
       result.left += static_cast<int64_t>(queue.size() - i);
       break;
@@ -103,7 +109,7 @@ HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
 
 const std::vector<Peer>& SessionHandover::ServingPeers(bool refresh) {
   if (refresh || absl::Now() - probed_ >= kPeerProbeInterval) {
-    serving_ = peers_->Serving();
+    serving_ = peers_->Serving(&unanswered_);
     probed_ = absl::Now();
   }
   return serving_;

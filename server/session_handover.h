@@ -37,6 +37,9 @@
 // connections (what a peer that started to drain gives at once); a first
 // answer that may mean the peer created it counts even when the second
 // attempt is refused outright or cannot be exported again.
+// When no peer serves but one did not answer its probe in time (busy, or
+// paused), the hand-over probes again every second until one serves or its
+// time is up, instead of giving up on every session at once.
 // Sessions that could not
 // be moved (no SERVING peer, every peer refused, the export refused, calls
 // that kept it busy) stay here; the drain then snapshots them when
@@ -126,6 +129,7 @@ class SessionHandover {
   ServerMetrics* const metrics_;
   const std::string self_address_;
   std::vector<Peer> serving_;
+  bool unanswered_ = false;  // a peer did not answer the last probe in time
   absl::Time probed_ = absl::InfinitePast();
   bool refresh_ = false;  // every peer refused the last session
 };

@@ -540,6 +540,31 @@ TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
   }
 }
 
+// A peer too busy (here: paused) to answer the drain's first probes is
+// asked again until it serves: the sessions move instead of being given up
+// at once.
+TEST(HandoverTest, APeerThatAnswersLateStillTakesTheSessions) {
+  std::unique_ptr<Replica> b = StartReplica({});
+  ASSERT_NE(b, nullptr);
+  std::unique_ptr<Replica> a =
+      StartReplica({absl::StrCat("--peers=", b->address)});
+  ASSERT_NE(a, nullptr);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+    ATTN_ASSERT_OK(session);
+    ids.push_back(session->session_id());
+  }
+  b->process->Signal(SIGSTOP);
+  a->process->Signal(SIGTERM);
+  absl::SleepFor(absl::Milliseconds(2500));  // A's first probes time out
+  b->process->Signal(SIGCONT);
+  ExpectExitedZero(*a);
+  for (const std::string& id : ids) {
+    EXPECT_TRUE(b->client->GetSession(id).ok()) << a->process->output();
+  }
+}
+
 TEST(HandoverTest, ASessionNoPeerAcceptsStaysBehind) {
   // B holds sessions of at most 64 tokens per layer: it refuses the import
   // of a session that may grow to 128.
