@@ -300,7 +300,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   std::vector<std::string> restored_files;
   if (!options.snapshot_dir.empty()) {
     // Before anything serves: health reports SERVING only afterwards.
-    ATTN_RETURN_IF_ERROR(PrepareSnapshotDirectory(options.snapshot_dir));
+    ATTN_ASSIGN_OR_RETURN(server->snapshot_lock_,
+                          PrepareSnapshotDirectory(options.snapshot_dir));
     const absl::Time start = absl::Now();
     RestoreAllResult restored =
         RestoreAllSessions(*engine_ptr, options.snapshot_dir);

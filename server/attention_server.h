@@ -22,6 +22,7 @@
 #include "server/metrics.h"
 #include "server/peers.h"
 #include "server/server_options.h"
+#include "server/snapshot_store.h"
 
 namespace attention::server {
 
@@ -126,6 +127,7 @@ class AttentionServer {
   int port_ = 0;
   // With options().peers: the replicas the drain hands sessions to.
   std::unique_ptr<Peers> peers_;
+  SnapshotDirectoryLock snapshot_lock_;  // with snapshot_dir
   // Last: stopped first. Turns health NOT_SERVING when the backend fails.
   std::unique_ptr<BackendWatch> backend_watch_;
 

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -106,8 +107,36 @@ bool HasSuffix(const std::string& name, absl::string_view suffix) {
 
 }  // namespace
 
-absl::Status PrepareSnapshotDirectory(const std::string& dir) {
+SnapshotDirectoryLock& SnapshotDirectoryLock::operator=(
+    SnapshotDirectoryLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+SnapshotDirectoryLock::~SnapshotDirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the lock
+}
+
+absl::StatusOr<SnapshotDirectoryLock> PrepareSnapshotDirectory(
+    const std::string& dir) {
   ATTN_RETURN_IF_ERROR(EnsureDirectory(dir));
+  const std::string lock_path = absl::StrCat(dir, "/.lock");
+  const int lock_fd =
+      ::open(lock_path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) return FileError("cannot open", lock_path);
+  SnapshotDirectoryLock lock(lock_fd);
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "another process holds ", lock_path,
+          ": each server needs a --snapshot_dir of its own (two would "
+          "both restore every session)"));
+    }
+    return FileError("cannot lock", lock_path);
+  }
   const std::string probe = absl::StrCat(dir, "/.probe", kTemporarySuffix);
   const int fd =
       ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -118,7 +147,8 @@ absl::Status PrepareSnapshotDirectory(const std::string& dir) {
       ::fsync(fd) == 0 ? absl::OkStatus() : FileError("cannot fsync", probe);
   ::close(fd);
   ATTN_RETURN_IF_ERROR(written);
-  return synced;
+  ATTN_RETURN_IF_ERROR(synced);
+  return lock;
 }
 
 absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
@@ -218,9 +248,18 @@ SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
 
 absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
                                        const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Not following links, not waiting on a FIFO: only a regular file of the
+  // directory's own is a snapshot.
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return FileError("cannot open", path);
   absl::Cleanup close_file = [fd] { ::close(fd); };
+  struct stat file;
+  if (::fstat(fd, &file) != 0) return FileError("cannot stat", path);
+  if (!S_ISREG(file.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is not a regular file"));
+  }
   ImportOptions options;
   options.keep_session_id = true;
   options.keep_idle_deadline = true;

@@ -16,9 +16,11 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/engine.h"
 #include "core/tenant.h"
@@ -49,12 +51,31 @@ absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
                                     absl::Time deadline,
                                     const Tenant& owner = DefaultTenant());
 
-// Makes sure `dir` can hold snapshots: creates it if missing (one level)
-// and writes, fsyncs and removes a probe file in it. INTERNAL, naming the
-// path and the system's error, for a directory that cannot be created or
-// written (a missing parent, a regular file, a read-only mount): a server
-// that could not save its sessions at the drain must not start.
-absl::Status PrepareSnapshotDirectory(const std::string& dir);
+// An exclusive lock on a snapshot directory (flock(2) on its `.lock`
+// file), held until destroyed: one server per directory, so that two
+// servers given the same --snapshot_dir do not both restore (duplicate)
+// every session and then overwrite each other's files. Move-only.
+class SnapshotDirectoryLock {
+ public:
+  explicit SnapshotDirectoryLock(int fd = -1) : fd_(fd) {}
+  SnapshotDirectoryLock(SnapshotDirectoryLock&& other) noexcept
+      : fd_(std::exchange(other.fd_, -1)) {}
+  SnapshotDirectoryLock& operator=(SnapshotDirectoryLock&& other) noexcept;
+  ~SnapshotDirectoryLock();
+
+ private:
+  int fd_;
+};
+
+// Makes sure `dir` can hold snapshots and is this server's alone: creates
+// it if missing (one level), takes its lock, and writes, fsyncs and removes
+// a probe file in it. INTERNAL, naming the path and the system's error, for
+// a directory that cannot be created or written (a missing parent, a
+// regular file, a read-only mount): a server that could not save its
+// sessions at the drain must not start. FAILED_PRECONDITION when another
+// process holds the directory's lock.
+absl::StatusOr<SnapshotDirectoryLock> PrepareSnapshotDirectory(
+    const std::string& dir);
 
 struct RestoreAllResult {
   int64_t restored = 0;

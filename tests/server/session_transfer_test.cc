@@ -4,8 +4,10 @@
 // at the next start, and a corrupt file moved aside.
 #include "server/session_transfer.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -722,12 +724,14 @@ TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
   EXPECT_TRUE(
       absl::StrContains(metrics, "attention_snapshots_corrupt_total 1"));
   // Restored files are removed, the corrupt one moved aside, the partial
-  // one deleted.
+  // one deleted; the server's lock file stays.
   std::vector<std::string> left;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     left.push_back(entry.path().filename().string());
   }
-  EXPECT_EQ(left, std::vector<std::string>{"0123456789abcdef.session.corrupt"});
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{
+                      ".lock", "0123456789abcdef.session.corrupt"}));
   second->reset();
   std::filesystem::remove_all(dir);
 }
@@ -919,6 +923,55 @@ TEST(SnapshotDirTest, FilesTheServerCannotTakeAreRejectedAndCounted) {
   EXPECT_EQ(rejected_files, 2);
   second->reset();
   std::filesystem::remove_all(dir);
+}
+
+// Only regular files are snapshots: a FIFO does not hold up the start and
+// a link is not followed (both are moved aside as rejected); and a
+// directory serves one server at a time.
+TEST(SnapshotDirTest, OnlyRegularFilesAreRestoredAndOneServerUsesTheDir) {
+  const std::string dir = TempDir("snapshot-odd");
+  const std::string elsewhere = TempDir("snapshot-elsewhere");
+  auto first = StartTestServer();
+  ATTN_ASSERT_OK(first);
+  const std::vector<std::string> ids =
+      FilledSessions(*(*first)->client, 1, 10, 70);
+  ASSERT_EQ(ids.size(), 1u);
+  ASSERT_EQ(server::SaveAllSessions((*first)->server->engine(), elsewhere,
+                                    absl::Now() + absl::Minutes(1))
+                .written,
+            1);
+  first->reset();
+  ASSERT_EQ(::mkfifo((dir + "/fifo.session").c_str(), 0600), 0);
+  std::filesystem::create_symlink(
+      absl::StrCat(elsewhere, "/", ids[0], ".session"),
+      absl::StrCat(dir, "/", ids[0], ".session"));
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  const std::string metrics = (*second)->server->metrics().TextExposition();
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_sessions_restored_total 0"));
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_snapshots_rejected_total 2"));
+  ATTN_EXPECT_CODE((*second)->client->GetSession(ids[0]),
+                   absl::StatusCode::kNotFound);
+  // A second server on the same directory would restore every session
+  // again: it does not start.
+  server::ServerOptions again = TestServerOptions();
+  again.snapshot_dir = dir;
+  auto third = StartTestServer(again);
+  ATTN_EXPECT_CODE(third, absl::StatusCode::kFailedPrecondition);
+  if (!third.ok()) {
+    EXPECT_TRUE(absl::StrContains(third.status().message(), "/.lock"))
+        << third.status();
+  }
+  second->reset();
+  // Once the first one is gone, the directory is free again.
+  auto fourth = StartTestServer(again);
+  ATTN_EXPECT_OK(fourth);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(elsewhere);
 }
 
 // A snapshot that runs out of time counts what it could not write and
