@@ -1,5 +1,7 @@
 #include "server/host_port.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +23,12 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address,
         digits.find_first_not_of("0123456789") == absl::string_view::npos;
     if (!all_digits || !absl::SimpleAtoi(digits, &port)) port = 0;
   }
+  // What a DNS name, an address and a metadata value can hold: visible
+  // ASCII, at most kMaxAddressBytes in all.
+  const bool visible = address.size() <= kMaxAddressBytes &&
+                       std::all_of(address.begin(), address.end(),
+                                   [](char c) { return c > ' ' && c < 0x7f; });
+  if (!visible) port = 0;
   const bool bracketed = !result.host.empty() && result.host.front() == '[';
   // A bracketed host is one IPv6 address; a bare one has no colon.
   const bool well_formed =
@@ -32,7 +40,8 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address,
     return absl::InvalidArgumentError(absl::StrCat(
         what, " ", QuoteClientString(address),
         " is not host:port (e.g. replica-0.example:50051, or [::1]:50051 for "
-        "an IPv6 address) with a port in [1, 65535]"));
+        "an IPv6 address) with a port in [1, 65535], of at most ",
+        kMaxAddressBytes, " visible ASCII characters"));
   }
   result.port = port;
   return result;

@@ -2,6 +2,7 @@
 #ifndef ATTENTION_SERVER_HOST_PORT_H_
 #define ATTENTION_SERVER_HOST_PORT_H_
 
+#include <cstddef>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -14,9 +15,13 @@ struct HostPort {
   int port = 0;
 };
 
+// Longest address ParseHostPort accepts (a DNS name is at most 253 bytes).
+inline constexpr size_t kMaxAddressBytes = 261;
+
 // Parses "host:port" ("[v6]:port" for an IPv6 address) with a non-empty
-// host and a port in [1, 65535]. INVALID_ARGUMENT naming `what` (the flag)
-// otherwise.
+// host and a port in [1, 65535], of at most kMaxAddressBytes visible ASCII
+// characters (an address may travel as gRPC metadata). INVALID_ARGUMENT
+// naming `what` (the flag) otherwise.
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view address,
                                        absl::string_view what);
 

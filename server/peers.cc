@@ -131,6 +131,16 @@ std::vector<Peer> Peers::Serving(bool* unanswered) {
           info->advertise_address() == options_.self_address) {
         continue;
       }
+      // Where clients are sent (redirects, trailing metadata): a peer's
+      // address that is not host:port is not followed.
+      if (absl::Status usable = ParseHostPort(info->advertise_address(),
+                                              "the peer's advertise_address")
+                                    .status();
+          !usable.ok()) {
+        Log(LogLevel::kWarning, "peer_unusable",
+            {{"peer", target}, {"error", usable.ToString()}});
+        continue;
+      }
       // One replica reachable under several addresses counts once.
       if (std::any_of(serving.begin(), serving.end(), [&](const Peer& peer) {
             return peer.advertise_address == info->advertise_address();

@@ -1,5 +1,7 @@
 #include "server/host_port.h"
 
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace attention::server {
@@ -30,6 +32,21 @@ TEST(HostPortTest, RefusesWhatIsNotHostPort) {
         << bad;
     EXPECT_NE(parsed.status().message().find("--peers"),
               absl::string_view::npos);
+  }
+}
+
+// An address may travel as gRPC metadata (a moved session's new owner):
+// visible ASCII only, and not longer than a DNS name allows.
+TEST(HostPortTest, RefusesInvisibleCharactersAndOverlongAddresses) {
+  const std::string longest = std::string(kMaxAddressBytes - 6, 'a') + ":50051";
+  EXPECT_TRUE(ParseHostPort(longest, "--peers").ok());
+  for (const std::string& bad :
+       {std::string("a b:80"), std::string("host\n:80"),
+        std::string("h\x01st:80"), std::string("h\xc3\xa9:80"),
+        std::string(kMaxAddressBytes - 5, 'a') + ":50051"}) {
+    EXPECT_EQ(ParseHostPort(bad, "--peers").status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
   }
 }
 
