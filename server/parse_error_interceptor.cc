@@ -39,6 +39,16 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
       // call, the decode steps included.
       failed_at_ = absl::Now();
     }
+    if (methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::PRE_SEND_STATUS) &&
+        IsThreadpoolExhausted(methods->GetSendStatus())) {
+      // gRPC's own refusal when every synchronous RPC thread is busy: an
+      // overloaded server answers UNAVAILABLE, which callers retry.
+      methods->ModifySendStatus(Overloaded());
+      failed_at_ = absl::Now();
+      to_record_ = grpc::StatusCode::UNAVAILABLE;
+      Record();
+    }
     if (unparsed_ && methods->QueryInterceptionHookPoint(
                          InterceptionHookPoints::PRE_SEND_STATUS)) {
       // The synchronous handlers answer INTERNAL, the callback ones
@@ -83,6 +93,21 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
       metrics_->RecordRequest(*method, *to_record_, absl::Now() - failed_at_);
     }
     to_record_.reset();
+  }
+
+  // gRPC's answer for a synchronous call that found no thread
+  // (ResourceQuota::SetMaxThreads).
+  static bool IsThreadpoolExhausted(const grpc::Status& status) {
+    return status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+           status.error_message() == "Server Threadpool Exhausted";
+  }
+
+  static grpc::Status Overloaded() {
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        "the server is overloaded: every thread for its synchronous RPCs "
+        "(--max_rpc_threads) is busy; nothing was applied, retry with "
+        "backoff");
   }
 
   // What an unparsable request gets: UNAUTHENTICATED for a caller the

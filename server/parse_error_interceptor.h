@@ -13,7 +13,10 @@
 // server's authenticator refuses gets UNAUTHENTICATED instead, as it would
 // with a valid message: the handler that would have said so never ran.
 // The interceptor also counts such a call in attention_requests_total,
-// which the handler would have done.
+// which the handler would have done. It also answers a synchronous call
+// that found every RPC thread busy (gRPC's "Server Threadpool Exhausted",
+// RESOURCE_EXHAUSTED) with UNAVAILABLE, what the proto promises from an
+// overloaded server, and counts it.
 #ifndef ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_
 #define ATTENTION_SERVER_PARSE_ERROR_INTERCEPTOR_H_
 

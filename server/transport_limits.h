@@ -11,8 +11,9 @@
 //   (HTTP/2 MAX_CONCURRENT_STREAMS; the client queues the rest).
 // - Threads: the synchronous RPCs (everything but Prefill, DecodeStep,
 //   Decode and BatchDecode, which take no thread per call) take at most
-//   ServerOptions::max_rpc_threads threads; past it they get
-//   RESOURCE_EXHAUSTED, and the callback RPCs run on.
+//   ServerOptions::max_rpc_threads threads; past it they get UNAVAILABLE
+//   (gRPC's RESOURCE_EXHAUSTED, rewritten by the ParseErrorInterceptor:
+//   an overloaded server), and the callback RPCs run on.
 // - Dead peers: every connection is pinged every kKeepaliveTime (also when
 //   idle) and closed when an answer takes longer than kKeepaliveTimeout, so
 //   a vanished client's streams end and release their sessions.
