@@ -158,6 +158,15 @@ absl::StatusOr<TensorView> TensorViewFromProto(const v1::Tensor& tensor,
   // A view, not a copy: the request's bytes stay where gRPC parsed them.
   view.data = reinterpret_cast<const std::byte*>(tensor.data().data());
   view.size_bytes = static_cast<int64_t>(tensor.data().size());
+  // Checked here already (TensorView::Validate checks it again): what is
+  // sized from the shape before validation (the reply-size bound) then
+  // sees only shapes its data backs.
+  if (view.size_bytes != bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has ", view.size_bytes, " bytes of data but shape ",
+        ShapeString(view.shape), " of ", DTypeName(view.dtype), " needs ",
+        bytes, " bytes"));
+  }
   return view;
 }
 

@@ -94,6 +94,22 @@ TEST(ProtoConvertTest, NonPositiveOrOverflowingShapesAreInvalid) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A shape its bytes do not back is refused at once, naming both: what is
+// sized from the shape before the engine validates it (the reply bound)
+// never sees it.
+TEST(ProtoConvertTest, AShapeItsBytesDoNotBackIsInvalid) {
+  const v1::Tensor huge = FloatTensor({1}, {1000000, 1000, 128});
+  const auto view = TensorViewFromProto(huge, "q");
+  EXPECT_EQ(view.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(view.status().message().find("q has 4 bytes of data but shape"),
+            std::string::npos)
+      << view.status();
+  EXPECT_EQ(
+      TensorViewFromProto(FloatTensor({1, 2, 3}, {2}), "k").status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(TensorViewFromProto(FloatTensor({1, 2}, {2}), "k").ok());
+}
+
 TEST(ProtoConvertTest, OptionalDTypeDefaultsToFloat32) {
   auto dtype = OptionalDTypeFromProto(v1::DTYPE_UNSPECIFIED, "output_dtype");
   ASSERT_TRUE(dtype.ok());
