@@ -128,66 +128,80 @@ TEST_P(CpuBackendIsaTest, IsBitwiseTheScalarKernels) {
 }
 
 TEST_P(CpuBackendIsaTest, SplitDecodeIsBitwiseSingleThreadAndPrefill) {
-  // A lone decode problem with 2 KV heads on 8 threads has fewer units
-  // than threads, so its 5 chunks run as separate pieces merged afterwards;
-  // one thread runs each unit whole. Both must equal the row of a 16-row
-  // prefill over the same keys, for every kind of layer.
+  // A lone decode problem with 2 KV heads has fewer units than threads, so
+  // its chunks run as separate pieces merged afterwards; one thread runs
+  // each unit whole. Both must equal the row of a 16-row prefill over the
+  // same keys, for every kind of layer. On 8 threads 5 chunks make a piece
+  // each; on 2 threads 44 chunks make pieces of 3 (the last one of 2).
+  struct Split {
+    int threads;
+    int64_t keys;
+  };
   std::unique_ptr<CpuBackend> one_thread = Make(1);
-  std::unique_ptr<CpuBackend> eight_threads = Make(8);
-  for (int variant = 0; variant < 3; ++variant) {
-    Config config;
-    config.num_heads = 8;
-    config.num_kv_heads = 2;
-    config.head_dim = 64;
-    config.value_dim = 64;
-    config.kv_dtype = variant == 1 ? DType::kFloat32 : DType::kFloat16;
-    config.num_queries = 16;
-    config.mask.query_start = 2100 - 16;  // keys [0, 2100): 5 chunks
-    if (variant == 1) {
-      config.mask.window = 1000;
-      config.mask.num_sink_tokens = 3;
-    }
-    if (variant == 2) config.sink_logits = {1, 0, -1, 2, 0.5, 0, 0, 3};
-    config.seed = 7 + variant;
-    SCOPED_TRACE(ConfigName(config));
-    Case c(config);
-    const AttentionProblem prefill = c.Problem();
-    ASSERT_TRUE(one_thread->Attend({&prefill, 1}).ok());
-    const std::vector<float> prefill_output = c.output;
-    const std::vector<float> prefill_lse = c.lse;
+  for (const Split split : {Split{8, 2100}, Split{2, 22100}}) {
+    std::unique_ptr<CpuBackend> split_backend = Make(split.threads);
+    for (int variant = 0; variant < 4; ++variant) {
+      Config config;
+      config.num_heads = 8;
+      config.num_kv_heads = 2;
+      config.head_dim = 64;
+      config.value_dim = 64;
+      config.kv_dtype = variant == 1   ? DType::kFloat32
+                        : variant == 3 ? DType::kBFloat16
+                                       : DType::kFloat16;
+      config.num_queries = 16;
+      config.mask.query_start = split.keys - 16;
+      if (variant == 1) {
+        config.mask.window = 1000;
+        config.mask.num_sink_tokens = 3;
+      }
+      if (variant == 2) config.sink_logits = {1, 0, -1, 2, 0.5, 0, 0, 3};
+      if (variant == 3) {  // two key ranges: the sinks and the window
+        config.mask.window = 1500;
+        config.mask.num_sink_tokens = 4;
+      }
+      config.seed = 7 + variant;
+      SCOPED_TRACE(absl::StrCat(ConfigName(config), ", ", split.threads,
+                                " threads, ", split.keys, " keys"));
+      Case c(config);
+      const AttentionProblem prefill = c.Problem();
+      ASSERT_TRUE(one_thread->Attend({&prefill, 1}).ok());
+      const std::vector<float> prefill_output = c.output;
+      const std::vector<float> prefill_lse = c.lse;
 
-    // The last row as a decode step over paged blocks of 7 tokens.
-    const PagedKv paged = WritePaged(*backend_, c, 7, 300);
-    const int64_t row = 15;
-    const int64_t row_floats = config.num_heads * config.value_dim;
-    TensorView q = c.q.view();
-    const int64_t q_row_bytes =
-        config.num_heads * config.head_dim * DTypeSize(config.q_dtype);
-    q.shape[0] = 1;
-    q.data += row * q_row_bytes;
-    q.size_bytes = q_row_bytes;
-    for (CpuBackend* backend : {one_thread.get(), eight_threads.get()}) {
-      std::vector<float> output(row_floats, 12345.0f);
-      std::vector<float> lse(config.num_heads, 12345.0f);
-      AttentionProblem decode = prefill;
-      decode.q = q;
-      decode.kv = paged.view(2100);
-      decode.mask.query_start = 2100 - 1;
-      decode.output = output.data();
-      decode.lse = lse.data();
-      ASSERT_TRUE(backend->Attend({&decode, 1}).ok());
-      ExpectBitwiseEqual(
-          output,
-          std::vector<float>(prefill_output.begin() + row * row_floats,
-                             prefill_output.begin() + (row + 1) * row_floats),
-          absl::StrCat(backend->num_threads(), "-thread decode output")
-              .c_str());
-      ExpectBitwiseEqual(
-          lse,
-          std::vector<float>(
-              prefill_lse.begin() + row * config.num_heads,
-              prefill_lse.begin() + (row + 1) * config.num_heads),
-          "decode lse");
+      // The last row as a decode step over paged blocks of 7 tokens.
+      const PagedKv paged = WritePaged(*backend_, c, 7, 300);
+      const int64_t row = 15;
+      const int64_t row_floats = config.num_heads * config.value_dim;
+      TensorView q = c.q.view();
+      const int64_t q_row_bytes =
+          config.num_heads * config.head_dim * DTypeSize(config.q_dtype);
+      q.shape[0] = 1;
+      q.data += row * q_row_bytes;
+      q.size_bytes = q_row_bytes;
+      for (CpuBackend* backend : {one_thread.get(), split_backend.get()}) {
+        std::vector<float> output(row_floats, 12345.0f);
+        std::vector<float> lse(config.num_heads, 12345.0f);
+        AttentionProblem decode = prefill;
+        decode.q = q;
+        decode.kv = paged.view(split.keys);
+        decode.mask.query_start = split.keys - 1;
+        decode.output = output.data();
+        decode.lse = lse.data();
+        ASSERT_TRUE(backend->Attend({&decode, 1}).ok());
+        ExpectBitwiseEqual(
+            output,
+            std::vector<float>(prefill_output.begin() + row * row_floats,
+                               prefill_output.begin() + (row + 1) * row_floats),
+            absl::StrCat(backend->num_threads(), "-thread decode output")
+                .c_str());
+        ExpectBitwiseEqual(
+            lse,
+            std::vector<float>(
+                prefill_lse.begin() + row * config.num_heads,
+                prefill_lse.begin() + (row + 1) * config.num_heads),
+            "decode lse");
+      }
     }
   }
 }

@@ -669,7 +669,28 @@ TEST_F(CpuBackendTest, DecodeRowsAreBitwisePrefillRows) {
 TEST_F(CpuBackendTest, ThreadCountDoesNotChangeBits) {
   CpuBackend one_thread(1);
   CpuBackend four_threads(4);
-  for (const Config& config : DeterminismConfigs()) {
+  // The determinism configurations have units enough for every thread, so
+  // they run whole; a few rows over a long history are split into pieces
+  // of chunks on 4 threads.
+  std::vector<Config> configs = DeterminismConfigs();
+  for (int variant = 0; variant < 2; ++variant) {
+    Config config;
+    config.num_queries = variant == 0 ? 1 : 3;
+    config.num_heads = 8;
+    config.num_kv_heads = 2;
+    config.head_dim = 64;
+    config.value_dim = 64;
+    config.kv_dtype = variant == 0 ? DType::kFloat16 : DType::kBFloat16;
+    config.mask.query_start = 5000;
+    if (variant == 1) {
+      config.mask.window = 2000;
+      config.mask.num_sink_tokens = 2;
+      config.sink_logits = {1, 0, -1, 2, 0.5, 0, 0, 3};
+    }
+    config.seed = 40 + variant;
+    configs.push_back(config);
+  }
+  for (const Config& config : configs) {
     Case c(config);
     const AttentionProblem problem = c.Problem();
     ASSERT_TRUE(one_thread.Attend({&problem, 1}).ok());

@@ -263,6 +263,7 @@ TEST(TopKAttentionTest, ChunkedBatchedForkedAndTruncatedAreBitwiseOneShot) {
                                         true));
       ASSERT_TRUE(out.ok()) << out.status();
       const std::vector<float> got = ToFloats(out->output);
+      ASSERT_EQ(got.size(), static_cast<size_t>(size * row));
       EXPECT_TRUE(std::equal(got.begin(), got.end(),
                              one_shot[layer].begin() + start * row))
           << "layer " << layer << " chunk at " << start;
@@ -283,6 +284,7 @@ TEST(TopKAttentionTest, ChunkedBatchedForkedAndTruncatedAreBitwiseOneShot) {
     ASSERT_TRUE(outs.ok()) << outs.status();
     for (size_t i = 0; i < outs->size(); ++i) {
       const std::vector<float> got = ToFloats((*outs)[i].output);
+      ASSERT_EQ(got.size(), static_cast<size_t>(row));
       EXPECT_TRUE(std::equal(got.begin(), got.end(),
                              one_shot[i / 2].begin() + t * row))
           << "step " << t << " entry " << i;
@@ -294,6 +296,7 @@ TEST(TopKAttentionTest, ChunkedBatchedForkedAndTruncatedAreBitwiseOneShot) {
                                        total - 1, total, true));
   ASSERT_TRUE(replay.ok()) << replay.status();
   const std::vector<float> got = ToFloats(replay->output);
+  ASSERT_EQ(got.size(), static_cast<size_t>(row));
   EXPECT_TRUE(std::equal(got.begin(), got.end(),
                          one_shot[0].begin() + (total - 1) * row));
 }
@@ -324,6 +327,12 @@ AttentionOutput ExpectChunksBitwiseOneShot(
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) return {};
     const std::vector<float> got = ToFloats(out->output);
+    EXPECT_EQ(got.size(), static_cast<size_t>(size * row));
+    EXPECT_EQ(out->topk_indices.size(), static_cast<size_t>(size * topk));
+    if (got.size() != static_cast<size_t>(size * row) ||
+        out->topk_indices.size() != static_cast<size_t>(size * topk)) {
+      return {};
+    }
     EXPECT_TRUE(
         std::equal(got.begin(), got.end(), expected.begin() + start * row))
         << "chunk at " << start;
