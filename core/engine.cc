@@ -756,6 +756,21 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
     const StatelessRequest& request) {
   ATTN_ASSIGN_OR_RETURN(QkvShape shape, ValidateQkv(request.q, request.k,
                                                     request.v, std::nullopt));
+  // A session's limits bound a stateless call's heads and widths too: the
+  // kernels' buffers grow with the query heads per KV head and the widths,
+  // and a few megabytes of request with millions of heads took gigabytes.
+  const SpecLimits& limits = options_.sessions.limits;
+  if (shape.num_q_heads > limits.max_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("q has ", shape.num_q_heads, " heads; at most ",
+                     limits.max_heads, ", as in a session"));
+  }
+  if (shape.head_dim > limits.max_head_dim ||
+      shape.value_dim > limits.max_head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "head_dim ", shape.head_dim, " and value_dim ", shape.value_dim,
+        " must be at most ", limits.max_head_dim, ", as in a session"));
+  }
   const MaskSpec& mask = request.mask;
   if (mask.window < 0 || mask.num_sink_tokens < 0 || mask.query_start < 0) {
     return absl::InvalidArgumentError(

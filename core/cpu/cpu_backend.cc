@@ -68,6 +68,9 @@ constexpr int64_t kInlineWorkLimit = 2048;
 // An AttendDense call offers the pool at most this many tasks per thread
 // (each runs consecutive items): enough to balance unequal items.
 constexpr int kTasksPerThread = 16;
+// Most floats of chunk states a call's split units may take (256 MiB); the
+// decode of GQA 32/8, d 128 over 131072 keys takes 4 MiB.
+constexpr int64_t kMaxPartialFloats = int64_t{64} << 20;
 
 // One parallel task: (shared >= 0) one shared chunk for all its member
 // units, or chunk_list[chunks_begin, chunks_end) of unit `unit` and the
@@ -382,18 +385,30 @@ void PlanItems(absl::Span<const AttentionProblem> problems,
   for (const int64_t end : plan->group_ends) {
     const Unit& first = plan->units[u];
     const int64_t count = first.chunks_end - first.chunks_begin;
-    const bool split = HasSharedChunks(*plan, first) ||
-                       (count > chunks_per_piece &&
-                        problems[first.problem].weights == nullptr);
+    // Floats of one chunk state of a unit.
+    const auto state_floats = [plan](const Unit& unit) {
+      const ProblemInfo& info = plan->infos[unit.problem];
+      return cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
+                              info.value_dim_padded);
+    };
+    int64_t group_floats = 0;  // its chunk states, if split
+    for (int64_t k = u; k < end; ++k) {
+      group_floats += count * state_floats(plan->units[k]);
+    }
+    // Splitting only spreads the work (it changes no result): not past
+    // kMaxPartialFloats (a group of many heads per KV head and wide values
+    // over a long history took gigabytes of chunk states).
+    const bool split =
+        HasSharedChunks(*plan, first) ||
+        (count > chunks_per_piece &&
+         problems[first.problem].weights == nullptr &&
+         plan->partial_floats + group_floats <= kMaxPartialFloats);
     for (int64_t k = u; k < end; ++k) {
       Unit& unit = plan->units[k];
-      const ProblemInfo& info = plan->infos[unit.problem];
       unit.split = split;
       if (!split) continue;
       unit.partial = plan->partial_floats;
-      plan->partial_floats +=
-          count * cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
-                                   info.value_dim_padded);
+      plan->partial_floats += count * state_floats(unit);
     }
     if (!split) {
       plan->items.push_back(

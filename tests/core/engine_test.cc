@@ -1004,6 +1004,32 @@ TEST_F(EngineTest, StatelessValidation) {
   EXPECT_EQ(code(bad), absl::StatusCode::kOk);
 }
 
+// A stateless call's heads and widths are bounded as a session's: 2^22
+// query heads over one KV head (a few megabytes of request) took tens of
+// gigabytes of chunk states.
+TEST_F(EngineTest, StatelessHeadsAndWidthsHaveASessionsLimits) {
+  const auto attend = [&](int64_t heads, int64_t head_dim, int64_t value_dim) {
+    HostTensor q = FloatTensor({1, heads, head_dim},
+                               std::vector<float>(heads * head_dim, 0.5f));
+    HostTensor k =
+        FloatTensor({4, 1, head_dim}, std::vector<float>(4 * head_dim, 0.25f));
+    HostTensor v =
+        FloatTensor({4, 1, value_dim}, std::vector<float>(4 * value_dim, 1.0f));
+    StatelessRequest r;
+    r.q = q.view();
+    r.k = k.view();
+    r.v = v.view();
+    return engine_->Attend(r).status();
+  };
+  EXPECT_TRUE(attend(1024, 4, 4).ok());
+  const absl::Status heads = attend(1025, 4, 4);
+  EXPECT_EQ(heads.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(heads.message().find("1025 heads"), std::string::npos) << heads;
+  EXPECT_TRUE(attend(2, 1024, 1024).ok());
+  EXPECT_EQ(attend(2, 1025, 4).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(attend(2, 4, 1025).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A stateless call may send K and V in two dtypes: each is read as what it
 // holds, bitwise as if both came as float32. (The kernels read both in K's
 // dtype: bfloat16 values read as float32 ran past the end of V.)
