@@ -36,15 +36,26 @@ double VisiblePairs(int64_t num_queries, const MaskSpec& mask,
   return SumCapped(first, num_queries, cap);
 }
 
+// What a visible (query head, key) pair costs: 2 * (head_dim + value_dim)
+// flops, each width counted as at least kMinCostedWidth: the kernels work
+// on whole blocks of 16 values (and the softmax is per pair), so a call of
+// width-1 heads costs about what width 16 does.
+constexpr int64_t kMinCostedWidth = 16;
+double PairFlops(int64_t num_q_heads, int64_t head_dim, int64_t value_dim) {
+  return 2.0 *
+         static_cast<double>(std::max(head_dim, kMinCostedWidth) +
+                             std::max(value_dim, kMinCostedWidth)) *
+         static_cast<double>(num_q_heads);
+}
+
 }  // namespace
 
 double AttentionFlops(int64_t num_queries, int64_t num_q_heads,
                       int64_t head_dim, int64_t value_dim,
                       const MaskSpec& mask, int64_t num_keys) {
-  const double per_pair =
-      2.0 * static_cast<double>(head_dim + value_dim) * num_q_heads;
-  return per_pair * VisiblePairs(num_queries, mask, num_keys,
-                                 static_cast<double>(num_keys));
+  return PairFlops(num_q_heads, head_dim, value_dim) *
+         VisiblePairs(num_queries, mask, num_keys,
+                      static_cast<double>(num_keys));
 }
 
 double TopKAttentionFlops(int64_t num_queries, int64_t num_q_heads,
@@ -53,8 +64,7 @@ double TopKAttentionFlops(int64_t num_queries, int64_t num_q_heads,
                           const MaskSpec& mask, int64_t num_keys) {
   const double per_scored_pair =
       2.0 * static_cast<double>(index_heads) * (index_dim + 1);
-  const double per_pair =
-      2.0 * static_cast<double>(head_dim + value_dim) * num_q_heads;
+  const double per_pair = PairFlops(num_q_heads, head_dim, value_dim);
   return per_scored_pair * VisiblePairs(num_queries, mask, num_keys,
                                         static_cast<double>(num_keys)) +
          per_pair * VisiblePairs(num_queries, mask, num_keys,

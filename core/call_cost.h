@@ -13,7 +13,8 @@ namespace attention {
 // Floating-point operations of `num_queries` query rows of `num_q_heads`
 // heads over keys [0, num_keys) under `mask`: 2 * (head_dim + value_dim)
 // per visible (query head, key) pair, the q.k dot product and the p.v
-// accumulation (softmax and merges are lower order). A double: the product
+// accumulation (softmax and merges are lower order), each width counted as
+// at least 16 (the kernels' block of values). A double: the product
 // of untrusted dimensions can pass 2^63. O(1).
 double AttentionFlops(int64_t num_queries, int64_t num_q_heads,
                       int64_t head_dim, int64_t value_dim,

@@ -30,8 +30,11 @@ TEST(CallCostTest, ExactWithoutAWindowAndAnUpperBoundWithOne) {
     for (int64_t queries : {1, 2, 9, 33}) {
       const int64_t keys = start + queries;
       MaskSpec causal{.causal = true, .query_start = start};
+      // Widths below 16 count as 16 (the kernels' block of values).
       EXPECT_DOUBLE_EQ(AttentionFlops(queries, 3, 8, 4, causal, keys),
-                       2.0 * 12 * 3 * CountVisible(queries, keys, causal));
+                       2.0 * 32 * 3 * CountVisible(queries, keys, causal));
+      EXPECT_DOUBLE_EQ(AttentionFlops(queries, 3, 128, 48, causal, keys),
+                       2.0 * 176 * 3 * CountVisible(queries, keys, causal));
       for (int32_t window : {1, 5, 16}) {
         for (int32_t sinks : {0, 2}) {
           MaskSpec mask{.causal = true,
@@ -40,14 +43,14 @@ TEST(CallCostTest, ExactWithoutAWindowAndAnUpperBoundWithOne) {
                         .query_start = start};
           const double flops = AttentionFlops(queries, 1, 1, 1, mask, keys);
           const int64_t visible = CountVisible(queries, keys, mask);
-          EXPECT_GE(flops, 4.0 * visible);
-          EXPECT_LE(flops, 4.0 * queries * (window + sinks));
+          EXPECT_GE(flops, 64.0 * visible);
+          EXPECT_LE(flops, 64.0 * queries * (window + sinks));
         }
       }
     }
   }
   MaskSpec full{.causal = false};
-  EXPECT_DOUBLE_EQ(AttentionFlops(5, 2, 3, 4, full, 11), 2.0 * 7 * 2 * 5 * 11);
+  EXPECT_DOUBLE_EQ(AttentionFlops(5, 2, 3, 4, full, 11), 2.0 * 32 * 2 * 5 * 11);
   EXPECT_EQ(AttentionFlops(0, 2, 3, 4, full, 11), 0);
 }
 
@@ -60,14 +63,14 @@ TEST(CallCostTest, RowsFarFromTheStartAreEachCounted) {
     for (const int64_t queries : {1, 2, 100, 512}) {
       const MaskSpec causal{.causal = true, .query_start = start};
       EXPECT_DOUBLE_EQ(AttentionFlops(queries, 1, 1, 1, causal, 30),
-                       4.0 * queries * 30)
+                       64.0 * queries * 30)
           << start << " " << queries;
     }
   }
   // Rows reaching the key count partway: min(p + 1, keys) row by row.
   const MaskSpec causal{.causal = true, .query_start = 5};
   EXPECT_DOUBLE_EQ(AttentionFlops(10, 1, 1, 1, causal, 9),
-                   4.0 * CountVisible(10, 9, causal));
+                   64.0 * CountVisible(10, 9, causal));
 }
 
 TEST(CallCostTest, HugeDimensionsDoNotOverflow) {
@@ -92,7 +95,7 @@ TEST(CallCostTest, TopKCountsIndexScoringAndAtMostTopKKeys) {
       const int64_t visible = CountVisible(queries, keys, causal);
       EXPECT_DOUBLE_EQ(
           TopKAttentionFlops(queries, 4, 8, 6, 2, 5, 16, causal, keys),
-          2.0 * 2 * (5 + 1) * visible + 2.0 * (8 + 6) * 4 * attended);
+          2.0 * 2 * (5 + 1) * visible + 2.0 * (16 + 16) * 4 * attended);
     }
   }
   // k >= visible: the attention part is the dense cost.

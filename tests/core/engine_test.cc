@@ -859,8 +859,9 @@ TEST_F(EngineTest, CallsOverTheFlopLimitAreRefusedBeforeAnyWork) {
   options.kv_cache_bytes = int64_t{16} << 20;
   options.kv_block_bytes = 4096;
   options.sessions.reap_interval = absl::ZeroDuration();
-  // Each token of TestSpec() costs 2 * (16 + 8) * 4 = 192 flops per key.
-  options.max_call_flops = 192 * 100;
+  // Each token of TestSpec() costs 2 * (16 + 16) * 4 = 256 flops per key
+  // (value_dim 8 counts as 16).
+  options.max_call_flops = 256 * 100;
   auto engine =
       AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
