@@ -24,6 +24,8 @@ namespace attention {
 
 using BlockId = int32_t;
 inline constexpr BlockId kNoBlock = -1;
+// Host memory of one block table entry.
+inline constexpr int64_t kBlockTableEntryBytes = sizeof(BlockId);
 
 struct BlockPoolStats {
   int64_t capacity_bytes = 0;  // num_blocks * block_bytes

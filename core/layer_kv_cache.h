@@ -85,7 +85,7 @@ class LayerKvCache {
   int64_t referenced_blocks() const;
   // Host memory of its block table (one entry per block of its length).
   int64_t table_bytes() const {
-    return static_cast<int64_t>(table_.size() * sizeof(BlockId));
+    return static_cast<int64_t>(table_.size()) * kBlockTableEntryBytes;
   }
 
   // A staged append of `count` tokens at positions [start, start + count).

@@ -67,9 +67,13 @@ std::unique_ptr<Session> Session::FromLayers(
     std::string id, SessionSpec spec, const KvBlockLayout& layout,
     BlockPool* pool, absl::Duration idle_timeout, absl::Time last_used,
     std::shared_ptr<TenantUsage> usage, std::vector<LayerKvCache> layers) {
+  // Its tables may cover positions no block backs (a restored window
+  // layer's dropped rows): metadata, as a fork's copied tables are.
+  int64_t table_bytes = 0;
+  for (const LayerKvCache& layer : layers) table_bytes += layer.table_bytes();
   return std::unique_ptr<Session>(
       new Session(std::move(id), std::move(spec), layout, pool, idle_timeout,
-                  last_used, std::move(usage), std::move(layers)));
+                  last_used, std::move(usage), std::move(layers), table_bytes));
 }
 
 std::unique_ptr<Session> Session::Fork(std::string id, absl::Time now) const {

@@ -75,7 +75,8 @@ class Session {
   // A restored session of the tenant `usage` accounts for (not null), e.g.
   // from a snapshot: `layers` (one per layer of the resolved `spec`, from
   // LayerKvCache::Restore with the same `usage`) become its caches; its
-  // idle clock starts at `last_used`.
+  // idle clock starts at `last_used`. Their block tables count in its
+  // metadata_bytes().
   static std::unique_ptr<Session> FromLayers(
       std::string id, SessionSpec spec, const KvBlockLayout& layout,
       BlockPool* pool, absl::Duration idle_timeout, absl::Time last_used,

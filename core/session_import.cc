@@ -203,9 +203,12 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
   int64_t tokens = 0;
   int64_t blocks = 0;
   int64_t kv_bytes = 0;
+  int64_t table_entries = 0;  // one per block of each layer's length
   for (int i = 0; i < spec.num_layers; ++i) {
     layer_layouts.push_back(
         LayerLayout(spec, spec.layers[i], layout, pool->block_bytes()));
+    const int64_t per_block = layer_layouts[i].tokens_per_block;
+    table_entries += (header.layer_lengths[i] + per_block - 1) / per_block;
     const int64_t carried = CarriedPositions(header.layer_lengths[i],
                                              spec.layers[i].num_sink_tokens,
                                              header.first_positions[i])
@@ -220,6 +223,20 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
     return Inconsistent(absl::StrCat("kv_bytes is ", header.kv_bytes,
                                      " but its layers carry ", tokens,
                                      " rows of ", kv_bytes, " bytes in all"));
+  }
+  // The block tables cover every position, carried or not (a window
+  // layer's dropped rows too): session metadata, which the commit charges;
+  // refused here before they are built if they could never fit.
+  const int64_t table_bytes = table_entries * kBlockTableEntryBytes;
+  if (SessionMetadataBytes(spec) + table_bytes > config.max_metadata_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "importing this session needs ", table_bytes,
+        " bytes of block tables for its layers' lengths besides ",
+        SessionMetadataBytes(spec),
+        " bytes for its spec, more than the "
+        "server's ",
+        config.max_metadata_bytes,
+        " bytes of session metadata in all (--max_session_metadata_bytes)"));
   }
 
   std::string id;

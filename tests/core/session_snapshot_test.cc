@@ -821,6 +821,64 @@ TEST_F(MalformedSnapshotTest, PoolExhaustionIsUpFront) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// A window layer's table covers positions whose rows were dropped: a header
+// of long layers that carry nothing still builds tables, which count as the
+// session's metadata and are refused up front past the server's bound.
+TEST(SessionImportTest, BlockTablesOfDroppedRowsAreMetadata) {
+  SessionSpec spec;
+  spec.num_layers = 4;
+  spec.num_q_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_dim = 16;
+  spec.value_dim = 8;
+  spec.max_tokens = 4096;
+  LayerSpec window;
+  window.window = 1;
+  spec.layers = {window};
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{1} << 20;
+  options.kv_block_bytes = 4096;  // 21 rows of 192 bytes
+  options.version = "test";
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto resolved = ResolveSessionSpec(spec, options.sessions.limits);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  options.sessions.max_metadata_bytes = SessionMetadataBytes(*resolved) + 2048;
+  auto engine =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(2), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+
+  const std::string id =
+      (*engine)->CreateSession(spec, absl::ZeroDuration())->session_id;
+  Snapshot s = Export(**engine, id);
+  ASSERT_TRUE((*engine)->DeleteSession(id).ok());
+  const auto long_and_empty = [&s](int64_t length) {
+    s.header.layer_lengths.assign(4, length);
+    s.header.first_positions.assign(4, length);  // a window of 1 keeps none
+    s.header.kv_bytes = 0;
+    s.chunks.clear();
+    Reseal(s);
+  };
+
+  long_and_empty(4096);  // 4 tables of 196 entries: 3136 bytes
+  auto refused = (*engine)->BeginImport(s.header, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("3136 bytes of block tables"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ((*engine)->stats().active_sessions, 0);
+  EXPECT_EQ((*engine)->stats().session_metadata_bytes, 0);
+
+  long_and_empty(2000);  // 4 tables of 96 entries: 1536 bytes
+  auto imported = Import(**engine, s);
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->layer_lengths, (std::vector<int64_t>(4, 2000)));
+  EXPECT_LE(imported->kv_cache_bytes, 4 * 4096);  // at most a block a layer
+  EXPECT_EQ(imported->metadata_bytes, SessionMetadataBytes(*resolved) + 1536);
+  EXPECT_EQ((*engine)->stats().session_metadata_bytes,
+            imported->metadata_bytes);
+}
+
 TEST_F(MalformedSnapshotTest, TenantQuotasAreUpFrontAndRestoresKeepTheOwner) {
   EXPECT_EQ(good_.header.owner, kDefaultTenantName);
   ImportOptions options;
