@@ -48,6 +48,7 @@ DecodeBatcherOptions BatcherOptions(const ServerOptions& options) {
   batcher.batch_wait = options.batch_wait;
   batcher.max_batch_size = options.max_batch_size;
   batcher.max_queued_steps = options.max_queued_decode_steps;
+  batcher.max_queued_bytes = options.max_queued_decode_bytes;
   batcher.on_batch = options.on_decode_batch;
   return batcher;
 }

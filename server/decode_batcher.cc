@@ -24,6 +24,15 @@ StepKey KeyOf(const AppendRequest& request) {
   return {request.session_id, request.layer};
 }
 
+// Memory a queued step keeps: the request tensors it views and the reply
+// buffer its output goes to.
+int64_t HeldBytes(const AppendRequest& request) {
+  return request.q.size_bytes + request.k.size_bytes + request.v.size_bytes +
+         request.index_k.size_bytes + request.index_q.size_bytes +
+         request.index_weights.size_bytes +
+         static_cast<int64_t>(request.output_destination.size());
+}
+
 }  // namespace
 
 absl::Status DecodeBatcher::ValidateOptions(
@@ -40,6 +49,10 @@ absl::Status DecodeBatcher::ValidateOptions(
   if (options.max_queued_steps < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_queued_decode_steps ", options.max_queued_steps, " must be >= 1"));
+  }
+  if (options.max_queued_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_queued_decode_bytes ", options.max_queued_bytes, " must be >= 0"));
   }
   if (options.overlap_replies_step_time < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -127,22 +140,40 @@ int64_t DecodeBatcher::queued_steps() const {
 
 void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
   const int64_t steps = static_cast<int64_t>(entry->requests.size());
+  for (const AppendRequest& request : entry->requests) {
+    entry->bytes += HeldBytes(request);
+  }
   int64_t queued = 0;
+  int64_t queued_bytes = 0;
   {
     absl::MutexLock lock(&mu_);
     queued = queued_steps_;
-    if (queued == 0 || queued + steps <= options_.max_queued_steps) {
-      queue_.push_back(std::move(entry));
+    queued_bytes = queued_bytes_;
+    if (queued == 0 ||
+        (queued + steps <= options_.max_queued_steps &&
+         queued_bytes + entry->bytes <= options_.max_queued_bytes)) {
       queued_steps_ += steps;
+      queued_bytes_ += entry->bytes;
+      queue_.push_back(std::move(entry));
       last_arrival_ = absl::Now();
       return;
     }
   }
-  absl::Status full = absl::UnavailableError(absl::StrCat(
-      "the server is overloaded: ", queued,
-      " decode steps are already queued (limit ", options_.max_queued_steps,
-      "); nothing was applied, retry with backoff (or raise "
-      "--max_queued_decode_steps)"));
+  absl::Status full =
+      queued + steps > options_.max_queued_steps
+          ? absl::UnavailableError(absl::StrCat(
+                "the server is overloaded: ", queued,
+                " decode steps are already queued (limit ",
+                options_.max_queued_steps,
+                "); nothing was applied, retry with backoff (or raise "
+                "--max_queued_decode_steps)"))
+          : absl::UnavailableError(absl::StrCat(
+                "the server is overloaded: the decode steps already queued "
+                "hold ",
+                queued_bytes, " bytes of tensors and these ", entry->bytes,
+                " more would pass the limit of ", options_.max_queued_bytes,
+                "; nothing was applied, retry with backoff (or raise "
+                "--max_queued_decode_bytes)"));
   if (entry->atomic) {
     entry->group_done(std::move(full));
   } else {
@@ -207,9 +238,18 @@ void DecodeBatcher::WaitForBatch() {
 }
 
 std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch() {
+  std::vector<std::unique_ptr<Entry>> batch = SelectBatch();
+  for (const std::unique_ptr<Entry>& entry : batch) {
+    queued_steps_ -= static_cast<int64_t>(entry->requests.size());
+    queued_bytes_ -= entry->bytes;
+  }
+  return batch;
+}
+
+std::vector<std::unique_ptr<DecodeBatcher::Entry>>
+DecodeBatcher::SelectBatch() {
   std::vector<std::unique_ptr<Entry>> batch;
   if (queue_.front()->atomic) {
-    queued_steps_ -= static_cast<int64_t>(queue_.front()->requests.size());
     batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
     return batch;
@@ -217,7 +257,6 @@ std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch() {
   if (queue_.size() == 1) {  // a lone step: nothing to sort out
     batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
-    queued_steps_ -= 1;
     expected_batch_ = 1;
     return batch;
   }
@@ -248,7 +287,6 @@ std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch() {
     }
   }
   queue_.erase(keep, queue_.end());
-  queued_steps_ -= static_cast<int64_t>(batch.size());
   expected_batch_ = static_cast<int64_t>(batch.size());
   return batch;
 }

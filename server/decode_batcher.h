@@ -54,8 +54,10 @@
 //     call of their own (however many steps: one engine batch), so they keep
 //     their all-or-nothing semantics and the per-(session, layer) order
 //     relative to the other steps.
-//   - Back-pressure: when more than `max_queued_steps` steps are waiting, a
-//     new submission fails at once with UNAVAILABLE instead of queueing.
+//   - Back-pressure: when `max_queued_steps` steps are waiting, or the
+//     tensors of those waiting (request and reply buffers) would pass
+//     `max_queued_bytes`, a new submission fails at once with UNAVAILABLE
+//     instead of queueing.
 //
 // Results are bitwise those of AttentionEngine::Append (the engine
 // guarantees batch invariance); each step succeeds or fails on its own.
@@ -100,6 +102,10 @@ struct DecodeBatcherOptions {
   // Most steps waiting in the queue; beyond it submissions fail with
   // UNAVAILABLE. A submission into an empty queue is always accepted.
   int64_t max_queued_steps = 4096;
+  // Most bytes the waiting steps' tensors may hold (the request tensors
+  // they view and their reply buffers); a submission that would pass it
+  // fails with UNAVAILABLE, unless the queue is empty.
+  int64_t max_queued_bytes = int64_t{1} << 30;
   // Shortest engine time per step (the batch's engine call over its steps)
   // for which a batch's callbacks may move to the reply thread so that the
   // next batch starts at once (see the design note): zero whenever steps
@@ -188,6 +194,7 @@ class DecodeBatcher {
     StepDone step_done;    // !atomic
     GroupDone group_done;  // atomic
     BatchTimes* times = nullptr;
+    int64_t bytes = 0;  // what its requests hold (max_queued_bytes)
   };
 
   // Queues `entry`, or answers it with UNAVAILABLE when the queue is full.
@@ -208,6 +215,9 @@ class DecodeBatcher {
   // that no earlier queued step of the same (session, layer) precedes.
   std::vector<std::unique_ptr<Entry>> TakeBatch()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TakeBatch's choice, before the queue's counts are updated.
+  std::vector<std::unique_ptr<Entry>> SelectBatch()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs a batch taken by TakeBatch (without holding mu_) and has every
   // entry's callback called with its result (Deliver; `on_batch_thread`:
   // whether this is the batch thread, which may hand them off).
@@ -226,6 +236,7 @@ class DecodeBatcher {
   mutable absl::Mutex mu_;
   std::deque<std::unique_ptr<Entry>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_steps_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // of the queued entries
   // Steps in the last independent batch: how many to wait for next time.
   int64_t expected_batch_ ABSL_GUARDED_BY(mu_) = 1;
   // A batch is running (on the batch thread or inline): no other may start.

@@ -147,6 +147,10 @@ ABSL_FLAG(int, max_batch_size, 256,
 ABSL_FLAG(int64_t, max_queued_decode_steps, 4096,
           "Most decode steps waiting for a batch; beyond it new steps fail "
           "with UNAVAILABLE (overloaded, retry).");
+ABSL_FLAG(int64_t, max_queued_decode_bytes, int64_t{1} << 30,
+          "Most bytes the tensors of decode steps waiting for a batch may "
+          "hold (requests and reply buffers); beyond it new steps fail with "
+          "UNAVAILABLE (overloaded, retry).");
 
 namespace attention::server {
 namespace {
@@ -191,6 +195,8 @@ ServerOptions OptionsFromFlags() {
   options.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.max_queued_decode_steps =
       absl::GetFlag(FLAGS_max_queued_decode_steps);
+  options.max_queued_decode_bytes =
+      absl::GetFlag(FLAGS_max_queued_decode_bytes);
   return options;
 }
 

@@ -123,10 +123,12 @@ struct ServerOptions {
   // Continuous batching of decode steps (server/decode_batcher.h): how long
   // a forming batch waits for one more concurrent step (0 = no waiting,
   // whatever is queued is still batched), the most steps per engine batch,
-  // and the most steps queued before new ones fail with UNAVAILABLE.
+  // and the most steps (and bytes of their tensors) queued before new ones
+  // fail with UNAVAILABLE.
   absl::Duration batch_wait = absl::Microseconds(200);
   int max_batch_size = 256;
   int64_t max_queued_decode_steps = 4096;
+  int64_t max_queued_decode_bytes = int64_t{1} << 30;
   // Prefills waiting for one of the prefill threads before new ones get
   // UNAVAILABLE (each holds its request, up to max_message_bytes).
   int64_t max_queued_prefills = 64;

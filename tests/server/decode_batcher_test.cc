@@ -249,6 +249,10 @@ TEST(DecodeBatcherOptionsTest, RejectsBadOptions) {
   EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
             absl::StatusCode::kInvalidArgument);
   options = DecodeBatcherOptions();
+  options.max_queued_bytes = -1;
+  EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
+            absl::StatusCode::kInvalidArgument);
+  options = DecodeBatcherOptions();
   options.overlap_replies_step_time = absl::InfiniteDuration();
   EXPECT_TRUE(DecodeBatcher::ValidateOptions(options).ok());
   options.overlap_replies_step_time = -absl::Microseconds(1);
@@ -526,6 +530,36 @@ TEST_F(DecodeBatcherTest, FullQueueIsUnavailableAndAppliesNothing) {
   auto accepted = batcher_->AppendAtomic(big);
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_EQ(accepted->size(), 3u);
+}
+
+TEST_F(DecodeBatcherTest, QueuedBytesAreBoundedToo) {
+  Tokens t1(1, 41), t2(1, 42);
+  const AppendRequest probe = DecodeRequest("any", 0, t1);
+  const int64_t step_bytes =
+      probe.q.size_bytes + probe.k.size_bytes + probe.v.size_bytes;
+  DecodeBatcherOptions options;
+  options.max_queued_bytes = step_bytes + step_bytes / 2;  // one step fits
+  MakeBatcher(options);
+  for (int s = 0; s < 3; ++s) AddSession(4);
+  StartHeldFirstBatch(0);
+  absl::StatusOr<AttentionOutput> r1;
+  std::thread a([&] { r1 = batcher_->Append(DecodeRequest(ids_[1], 0, t1)); });
+  WaitForQueued(*batcher_, 1);
+  auto refused = batcher_->Append(DecodeRequest(ids_[2], 0, t2));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("--max_queued_decode_bytes"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths,
+            (std::vector<int64_t>{4, 4}));
+  recorder_->Release();
+  a.join();
+  FinishFirstBatch(0);
+  EXPECT_TRUE(r1.ok()) << r1.status();
+  // The batch that ran gave its bytes back: the refused step now fits.
+  EXPECT_EQ(batcher_->queued_steps(), 0);
+  auto accepted = batcher_->Append(DecodeRequest(ids_[2], 0, t2));
+  EXPECT_TRUE(accepted.ok()) << accepted.status();
 }
 
 TEST_F(DecodeBatcherTest, ManyThreadsManyStepsMatchAppendBitwise) {
