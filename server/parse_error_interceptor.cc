@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "proto/parse_budget.h"
 
 namespace attention::server {
 namespace {
@@ -123,10 +124,14 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
     }
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("the request bytes are not a valid protobuf message for ",
-                     method_,
-                     "; encode the request with the attention.v1 proto "
-                     "(proto/attention/v1/attention.proto)"));
+        absl::StrCat(
+            "the request bytes are not a valid protobuf message for ", method_,
+            ", or parsing them would take more than ", proto::kParseBudgetRatio,
+            " times their size in memory (at least ",
+            proto::kParseBudgetFloor >> 20,
+            " MiB: too many sub-messages, repeated values or unknown "
+            "fields for their size); encode the request with the "
+            "attention.v1 proto (proto/attention/v1/attention.proto)"));
   }
 
   grpc::experimental::ServerRpcInfo* const info_;

@@ -1,7 +1,8 @@
 // ParseErrorInterceptor: answers a request whose bytes are not a valid
-// protobuf message with INVALID_ARGUMENT and a message, instead of the
-// INTERNAL (synchronous handlers) or UNIMPLEMENTED (callback handlers) with
-// no message that gRPC sends.
+// protobuf message, or would take more than their parse budget
+// (proto/parse_budget.h), with INVALID_ARGUMENT and a message, instead of
+// the INTERNAL (synchronous handlers) or UNIMPLEMENTED (callback handlers)
+// with no message that gRPC sends.
 //
 // gRPC deserializes a unary request before our handler runs and, when that
 // fails, answers without calling it. The interceptor notes the failure

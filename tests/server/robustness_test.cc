@@ -588,6 +588,38 @@ TEST_F(RobustnessTest, UnparseableRequestsAreInvalidArgument) {
   ATTN_EXPECT_OK(client().GetServerInfo());
 }
 
+// 8 MiB of empty BatchDecode steps (or session layers) would have parsed
+// into gigabytes of objects; they are refused before they are parsed.
+TEST_F(RobustnessTest, RequestsThatWouldParseIntoGigabytesAreRefused) {
+  Start();
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->server->port()),
+                          grpc::InsecureChannelCredentials());
+  std::string empty_entries;
+  for (int i = 0; i < (4 << 20); ++i) empty_entries += "\x0a\x00";
+  // CreateSession's spec (field 1) holding 4 Mi empty layers (field 8).
+  std::string layers;
+  for (int i = 0; i < (4 << 20); ++i) layers += "\x42\x00";
+  std::string spec = "\x0a";
+  for (uint64_t n = layers.size(); n != 0; n >>= 7) {
+    spec += static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0));
+  }
+  spec += layers;
+  for (const auto& [method, bytes] :
+       {std::pair{"/attention.v1.AttentionService/BatchDecode", empty_entries},
+        std::pair{"/attention.v1.AttentionService/CreateSession", spec}}) {
+    const grpc::Status status = RawUnaryCall(channel, method, bytes);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find("times their size in memory"),
+              std::string::npos)
+        << status.error_message();
+  }
+  AwaitRecorded("BatchDecode", "INVALID_ARGUMENT");
+  AwaitRecorded("CreateSession", "INVALID_ARGUMENT");
+  ATTN_EXPECT_OK(client().GetServerInfo());
+}
+
 // gRPC inflates a compressed message whole before it checks the size
 // limit: a few MB of gzip once took gigabytes of memory. The
 // server takes no compressed request at all.
