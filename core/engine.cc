@@ -197,10 +197,14 @@ absl::StatusOr<SessionInfo> AttentionEngine::PeekSession(const std::string& id,
 }
 
 std::vector<SessionInfo> AttentionEngine::ListSessions(
-    const std::string& after, int64_t page_size, const Tenant& tenant) const {
+    const std::string& after, int64_t page_size, const Tenant& tenant,
+    int64_t max_metadata_bytes) const {
   std::vector<SessionInfo> infos;
+  int64_t metadata_bytes = 0;
   for (const std::shared_ptr<Session>& session :
        sessions_.List(after, page_size, tenant)) {
+    if (metadata_bytes > max_metadata_bytes) break;
+    metadata_bytes += session->metadata_bytes();
     infos.push_back(session->Info());
   }
   return infos;

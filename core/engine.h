@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,8 +42,8 @@
 #include "absl/types/span.h"
 #include "core/attention_problem.h"
 #include "core/backend.h"
-#include "core/call_control.h"
 #include "core/block_pool.h"
+#include "core/call_control.h"
 #include "core/session.h"
 #include "core/session_export.h"
 #include "core/session_import.h"
@@ -200,10 +201,14 @@ class AttentionEngine {
       const std::string& id, const Tenant& tenant = DefaultTenant());
   // Up to `page_size` (>= 1) of `tenant`'s sessions whose ids follow
   // `after` ("" = from the first), in increasing id order: page through all
-  // of them by passing the last id of one page as `after` of the next.
+  // of them by passing the last id of one page as `after` of the next. The
+  // page also ends with the first session that brings the sum of its
+  // sessions' metadata_bytes past `max_metadata_bytes` (so the copies a
+  // page makes stay near a reply's size).
   std::vector<SessionInfo> ListSessions(
       const std::string& after, int64_t page_size,
-      const Tenant& tenant = DefaultTenant()) const;
+      const Tenant& tenant = DefaultTenant(),
+      int64_t max_metadata_bytes = std::numeric_limits<int64_t>::max()) const;
   // Holds session `id` in use until the hold goes (a Decode stream holds
   // every session it has used while it is open): it cannot expire
   // meanwhile, but DeleteSession still frees it at once. NOT_FOUND for an

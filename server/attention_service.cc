@@ -203,12 +203,15 @@ grpc::Status AttentionServiceImpl::ListSessions(
         request->page_size() == 0
             ? kDefaultListPageSize
             : std::min(request->page_size(), kMaxListPageSize);
-    // One more than the page, to know whether another page follows.
-    std::vector<SessionInfo> infos =
-        engine_->ListSessions(request->page_token(), page_size + 1, tenant);
+    // One more than the page, to know whether another page follows; no
+    // more sessions copied than about a reply's worth of metadata.
+    const int64_t budget = max_message_bytes_ - 1024;
+    std::vector<SessionInfo> infos = engine_->ListSessions(
+        request->page_token(), page_size + 1, tenant, budget);
+    int64_t metadata_bytes = 0;
+    for (const SessionInfo& info : infos) metadata_bytes += info.metadata_bytes;
     // The page also ends before the reply would pass the message limit
     // (framing of each entry and the token included).
-    const int64_t budget = max_message_bytes_ - 1024;
     int64_t bytes = 0;
     for (const SessionInfo& info : infos) {
       if (response->sessions_size() == page_size) break;
@@ -225,7 +228,8 @@ grpc::Status AttentionServiceImpl::ListSessions(
       }
       *response->add_sessions() = std::move(entry);
     }
-    if (response->sessions_size() < static_cast<int>(infos.size())) {
+    if (response->sessions_size() < static_cast<int>(infos.size()) ||
+        metadata_bytes > budget) {
       response->set_next_page_token(
           response->sessions(response->sessions_size() - 1).session_id());
     }

@@ -1133,6 +1133,17 @@ TEST_F(EngineTest, ListAndStats) {
   EXPECT_EQ(engine_->stats().prefill_tokens_total, 5);
   EXPECT_EQ(engine_->stats().decode_tokens_total, 1);
   EXPECT_EQ(all[0].layer_lengths.size(), static_cast<size_t>(kLayers));
+  // A page ends with the session that brings its metadata past the bound.
+  const std::string c = NewSession();
+  const Tenant& tenant = DefaultTenant();
+  all = engine_->ListSessions("", 10);
+  ASSERT_EQ(all.size(), 3u);
+  const int64_t two = all[0].metadata_bytes + all[1].metadata_bytes;
+  EXPECT_EQ(engine_->ListSessions("", 10, tenant, 0).size(), 1u);
+  EXPECT_EQ(engine_->ListSessions("", 10, tenant, all[0].metadata_bytes).size(),
+            2u);
+  EXPECT_EQ(engine_->ListSessions("", 10, tenant, two - 1).size(), 2u);
+  EXPECT_EQ(engine_->ListSessions("", 10, tenant, two).size(), 3u);
 }
 
 TEST_F(EngineTest, OutputDestinationReceivesTheOutputBitwise) {
