@@ -33,8 +33,13 @@ constexpr int kMaxDepth = 100;
 constexpr int64_t kGrowth = 2;
 constexpr int64_t kArrayFloor = 8 + 4 * 8;
 static_assert(kArrayFloor >= kGrowth * sizeof(void*));
-// A string or bytes value: its object on the heap and its bytes.
+// A string or bytes value: its object on the heap and its bytes, at least
+// twice the inline capacity (a string grown past it doubles it).
 constexpr int64_t kStringObject = sizeof(std::string);
+constexpr int64_t kShortestHeapString = 32;
+int64_t StringBytes(uint32_t length) {
+  return kStringObject + std::max<int64_t>(length, kShortestHeapString);
+}
 constexpr int64_t kUnknownField = kGrowth * sizeof(UnknownField);
 
 // Heap bytes of an empty message of each type of a .proto file (its
@@ -49,9 +54,9 @@ class MessageSizes {
     // except the values of a packed field (1 byte each).
     const int64_t element =
         std::max({largest_ + kArrayFloor,
-                  kUnknownField +
-                      std::max<int64_t>(kStringObject, sizeof(UnknownFieldSet)),
-                  kStringObject + kArrayFloor});
+                  kUnknownField + std::max<int64_t>(StringBytes(0),
+                                                    sizeof(UnknownFieldSet)),
+                  StringBytes(0) + kArrayFloor});
     per_byte_ = std::max<int64_t>((element + 1) / 2, 8 * kGrowth);
   }
 
@@ -174,7 +179,7 @@ class Estimator {
         if (!ReadLength(&length)) return false;
         if (field.is_packable()) return Packed(field, length);
         if (field.cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE) {
-          Add(kStringObject + length + slot);
+          Add(StringBytes(length) + slot);
           return in_->Skip(static_cast<int>(length));
         }
         Add(sizes_.Of(*field.message_type()) + slot);
@@ -232,7 +237,7 @@ class Estimator {
       case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
         uint32_t length = 0;
         if (!ReadLength(&length)) return false;
-        Add(kStringObject + length);
+        Add(StringBytes(length));
         return in_->Skip(static_cast<int>(length));
       }
       case WireFormatLite::WIRETYPE_START_GROUP:

@@ -16,7 +16,7 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 JOBS="$(nproc)"
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  targets=(proto_convert_fuzzer engine_ops_fuzzer)
+  targets=(proto_convert_fuzzer engine_ops_fuzzer parse_budget_fuzzer)
 fi
 
 bash scripts/install-deps.sh
