@@ -724,28 +724,39 @@ TEST_F(EngineTest, BatchedAppendsDoNotWaitForASeal) {
             Stateless(t, 0, 1, 2));
 }
 
-// A failed call changes nothing, the session's idle clock included: only
-// calls that succeed restart it (the deadline an export reports moves).
-TEST_F(EngineTest, OnlySuccessfulCallsRestartTheIdleClock) {
-  absl::Time now = absl::FromUnixSeconds(1000);
+// An engine whose sessions' clock reads `*now` (no reaper).
+std::unique_ptr<AttentionEngine> EngineOnClock(const absl::Time* now) {
   EngineOptions options;
   options.kv_cache_bytes = 1 << 20;
   options.kv_block_bytes = 4096;
   options.sessions.reap_interval = absl::ZeroDuration();
-  options.sessions.now = [&now] { return now; };
+  options.sessions.now = [now] { return *now; };
   auto engine =
       AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  AttentionEngine& e = **engine;
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+// The idle deadline (unix seconds) an export of session `id` carries.
+int64_t ExportedDeadline(AttentionEngine& engine, const std::string& id) {
+  auto exported = engine.ExportSession(id);
+  EXPECT_TRUE(exported.ok()) << exported.status();
+  return exported.ok() ? (*exported)->header().idle_deadline_unix_ms / 1000
+                       : -1;
+}
+
+// A failed call changes nothing, the session's idle clock included: only
+// calls that succeed restart it (the deadline an export reports moves).
+TEST_F(EngineTest, OnlySuccessfulCallsRestartTheIdleClock) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  std::unique_ptr<AttentionEngine> engine = EngineOnClock(&now);
+  AttentionEngine& e = *engine;
   const std::string id =
       e.CreateSession(TestSpec(), absl::Seconds(10))->session_id;
   const std::string other =
       e.CreateSession(TestSpec(), absl::Seconds(10))->session_id;
-  const auto deadline = [&](const std::string& session) -> int64_t {
-    auto exported = e.ExportSession(session);
-    EXPECT_TRUE(exported.ok()) << exported.status();
-    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms / 1000
-                         : -1;
+  const auto deadline = [&](const std::string& session) {
+    return ExportedDeadline(e, session);
   };
   std::mt19937 rng(3);
   const Tokens t(400, rng);
@@ -792,23 +803,11 @@ TEST_F(EngineTest, OnlySuccessfulCallsRestartTheIdleClock) {
 // expired at once.
 TEST_F(EngineTest, AnExportOfASessionInUseCarriesAFreshIdleDeadline) {
   absl::Time now = absl::FromUnixSeconds(1000);
-  EngineOptions options;
-  options.kv_cache_bytes = 1 << 20;
-  options.kv_block_bytes = 4096;
-  options.sessions.reap_interval = absl::ZeroDuration();
-  options.sessions.now = [&now] { return now; };
-  auto engine =
-      AttentionEngine::Create(std::make_unique<CpuBackend>(1), options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  AttentionEngine& e = **engine;
+  std::unique_ptr<AttentionEngine> engine = EngineOnClock(&now);
+  AttentionEngine& e = *engine;
   const std::string id =
       e.CreateSession(TestSpec(), absl::Seconds(10))->session_id;
-  const auto deadline = [&]() -> int64_t {
-    auto exported = e.ExportSession(id);
-    EXPECT_TRUE(exported.ok()) << exported.status();
-    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms / 1000
-                         : -1;
-  };
+  const auto deadline = [&] { return ExportedDeadline(e, id); };
   now += absl::Seconds(5);
   EXPECT_EQ(deadline(), 1010);  // not in use: where its last use put it
   {

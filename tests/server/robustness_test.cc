@@ -106,6 +106,25 @@ class RobustnessTest : public ::testing::Test {
     EXPECT_EQ(RequestCount(method, code), 1) << method << " " << code;
   }
 
+  // Sends `bytes` as the request of unary `method` of the service: it must
+  // be INVALID_ARGUMENT with `message_part` in its message, and counted as
+  // the handler would have counted it (when the call ends, which may be
+  // just after the client has its status).
+  void ExpectRefusedUnparsed(const std::string& method,
+                             const std::string& bytes,
+                             const std::string& message_part) {
+    auto channel =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->server->port()),
+                            grpc::InsecureChannelCredentials());
+    const grpc::Status status = RawUnaryCall(
+        channel, "/attention.v1.AttentionService/" + method, bytes);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find(message_part), std::string::npos)
+        << status.error_message();
+    AwaitRecorded(method, "INVALID_ARGUMENT");
+  }
+
   std::unique_ptr<TestServer> server_;
 };
 
@@ -568,23 +587,10 @@ TEST_F(RobustnessTest, ErrorsQuoteOnlyAShortPrefixOfClientStrings) {
 // Row 8: bytes that are not a message were INTERNAL with no message.
 TEST_F(RobustnessTest, UnparseableRequestsAreInvalidArgument) {
   Start();
-  auto channel =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->server->port()),
-                          grpc::InsecureChannelCredentials());
   const std::string garbage = "\xff\xff\xff\xff\x0f";
-  for (const char* method : {"/attention.v1.AttentionService/Prefill",
-                             "/attention.v1.AttentionService/GetSession"}) {
-    const grpc::Status status = RawUnaryCall(channel, method, garbage);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
-        << method << ": " << status.error_message();
-    EXPECT_NE(status.error_message().find("not a valid protobuf"),
-              std::string::npos)
-        << status.error_message();
+  for (const char* method : {"Prefill", "GetSession"}) {
+    ExpectRefusedUnparsed(method, garbage, "not a valid protobuf");
   }
-  // Counted as the handlers would have counted them (when the call ends,
-  // which may be just after the client has its status).
-  AwaitRecorded("Prefill", "INVALID_ARGUMENT");
-  AwaitRecorded("GetSession", "INVALID_ARGUMENT");
   ATTN_EXPECT_OK(client().GetServerInfo());
 }
 
@@ -592,9 +598,6 @@ TEST_F(RobustnessTest, UnparseableRequestsAreInvalidArgument) {
 // into gigabytes of objects; they are refused before they are parsed.
 TEST_F(RobustnessTest, RequestsThatWouldParseIntoGigabytesAreRefused) {
   Start();
-  auto channel =
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->server->port()),
-                          grpc::InsecureChannelCredentials());
   std::string empty_entries;
   for (int i = 0; i < (4 << 20); ++i) empty_entries += "\x0a\x00";
   // CreateSession's spec (field 1) holding 4 Mi empty layers (field 8).
@@ -605,18 +608,9 @@ TEST_F(RobustnessTest, RequestsThatWouldParseIntoGigabytesAreRefused) {
     spec += static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0));
   }
   spec += layers;
-  for (const auto& [method, bytes] :
-       {std::pair{"/attention.v1.AttentionService/BatchDecode", empty_entries},
-        std::pair{"/attention.v1.AttentionService/CreateSession", spec}}) {
-    const grpc::Status status = RawUnaryCall(channel, method, bytes);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
-        << method << ": " << status.error_message();
-    EXPECT_NE(status.error_message().find("times their size in memory"),
-              std::string::npos)
-        << status.error_message();
-  }
-  AwaitRecorded("BatchDecode", "INVALID_ARGUMENT");
-  AwaitRecorded("CreateSession", "INVALID_ARGUMENT");
+  ExpectRefusedUnparsed("BatchDecode", empty_entries,
+                        "times their size in memory");
+  ExpectRefusedUnparsed("CreateSession", spec, "times their size in memory");
   ATTN_EXPECT_OK(client().GetServerInfo());
 }
 
