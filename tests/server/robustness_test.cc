@@ -106,6 +106,13 @@ class RobustnessTest : public ::testing::Test {
     EXPECT_EQ(RequestCount(method, code), 1) << method << " " << code;
   }
 
+  // The idle deadline (unix ms) an export of session `id` carries.
+  int64_t IdleDeadlineMs(const std::string& id) {
+    auto exported = server_->server->engine().ExportSession(id);
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms : -1;
+  }
+
   // Sends `bytes` as the request of unary `method` of the service: it must
   // be INVALID_ARGUMENT with `message_part` in its message, and counted as
   // the handler would have counted it (when the call ends, which may be
@@ -513,12 +520,7 @@ TEST_F(RobustnessTest, AStreamThatOnlyFailedOnASessionLeavesItsIdleClock) {
   Start();
   client::SessionHandle session =
       Open(MakeSpec(1, 4, 2, 16), absl::Seconds(60));
-  const auto deadline = [&]() -> int64_t {
-    auto exported = server_->server->engine().ExportSession(session.id());
-    EXPECT_TRUE(exported.ok()) << exported.status();
-    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms : -1;
-  };
-  const int64_t before = deadline();
+  const int64_t before = IdleDeadlineMs(session.id());
   absl::SleepFor(absl::Milliseconds(20));  // a later clock would show
   const Tokens tokens = RandomTokens(session.spec(), 1, 9);
   auto step = session.MakeDecodeRequest(
@@ -535,7 +537,7 @@ TEST_F(RobustnessTest, AStreamThatOnlyFailedOnASessionLeavesItsIdleClock) {
                                  "attention_streams_active 0");
       },
       absl::Seconds(20)));
-  EXPECT_EQ(deadline(), before);
+  EXPECT_EQ(IdleDeadlineMs(session.id()), before);
 }
 
 // Failed Truncate and Fork calls leave the idle clock as it was: their
@@ -546,21 +548,16 @@ TEST_F(RobustnessTest, FailedTruncateAndForkLeaveTheIdleClock) {
   Start(options);
   client::SessionHandle session =
       Open(MakeSpec(1, 4, 2, 16), absl::Seconds(60));
-  const auto deadline = [&]() -> int64_t {
-    auto exported = server_->server->engine().ExportSession(session.id());
-    EXPECT_TRUE(exported.ok()) << exported.status();
-    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms : -1;
-  };
-  const int64_t before = deadline();
+  const int64_t before = IdleDeadlineMs(session.id());
   absl::SleepFor(absl::Milliseconds(20));  // a later clock would show
   ATTN_EXPECT_CODE(client().TruncateSession(session.id(), -1),
                    StatusCode::kInvalidArgument);
   ATTN_EXPECT_CODE(client().ForkSession(session.id()),
                    StatusCode::kResourceExhausted);
-  EXPECT_EQ(deadline(), before);
+  EXPECT_EQ(IdleDeadlineMs(session.id()), before);
   // A call that succeeds does restart it.
   ATTN_ASSERT_OK(client().TruncateSession(session.id(), 0));
-  EXPECT_GT(deadline(), before);
+  EXPECT_GT(IdleDeadlineMs(session.id()), before);
 }
 
 // Row 7: an 8000-character id was echoed whole into the error, which the
