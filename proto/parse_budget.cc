@@ -27,10 +27,11 @@ using WireType = WireFormatLite::WireType;
 
 // Protobuf's default limit on nesting: deeper bytes do not parse.
 constexpr int kMaxDepth = 100;
-// A repeated field's array doubles as it grows (up to twice its elements)
-// from a header and 4 slots; charged per element of a repeated message or
+// A repeated field's array doubles as it grows from a header and 4 slots:
+// up to twice its elements, and on an arena (which keeps the arrays it
+// outgrew) up to four times. Charged per element of a repeated message or
 // string field (a pointer slot each) and per packed run.
-constexpr int64_t kGrowth = 2;
+constexpr int64_t kGrowth = 4;
 constexpr int64_t kArrayFloor = 8 + 4 * 8;
 static_assert(kArrayFloor >= kGrowth * sizeof(void*));
 // A string or bytes value: its object on the heap and its bytes, at least

@@ -35,11 +35,13 @@ namespace attention::proto {
 // A message may take at most kParseBudgetRatio times its wire size in
 // memory once parsed, and always at least kParseBudgetFloor.
 inline constexpr int64_t kParseBudgetRatio = 4;
-inline constexpr int64_t kParseBudgetFloor = int64_t{16} << 20;
+inline constexpr int64_t kParseBudgetFloor = int64_t{64} << 20;
 
 // Estimated heap bytes parsing `size` bytes from `input` as a `type`
 // message takes (objects, repeated slots with their growth, strings,
-// unknown fields), scanning stops once the estimate passes `stop_above`
+// unknown fields; on an arena, also the arrays outgrown, but not the
+// unused tails of its blocks), scanning stops once the estimate passes
+// `stop_above`
 // (whatever it returns then is above it). nullopt when the bytes are not
 // well-formed protobuf (protobuf's own parse would fail too).
 std::optional<int64_t> EstimateParseBytes(
