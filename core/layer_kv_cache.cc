@@ -93,6 +93,7 @@ absl::StatusOr<LayerKvCache> LayerKvCache::Restore(
   layer.first_held_ =
       ranges.window_start > ranges.sink_end ? ranges.window_start : 0;
   size_t next = 0;
+  layer.table_.reserve(CeilDiv(length, tpb));
   for (int64_t b = 0; b < CeilDiv(length, tpb); ++b) {
     layer.table_.push_back(BlockCarried(b, tpb, ranges) ? blocks[next++]
                                                         : kNoBlock);

@@ -225,19 +225,13 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
                                      " rows of ", kv_bytes, " bytes in all"));
   }
   // The block tables cover every position, carried or not (a window
-  // layer's dropped rows too): session metadata, which the commit charges;
-  // refused here before they are built if they could never fit.
-  const int64_t table_bytes = table_entries * kBlockTableEntryBytes;
-  if (SessionMetadataBytes(spec) + table_bytes > config.max_metadata_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "importing this session needs ", table_bytes,
-        " bytes of block tables for its layers' lengths besides ",
-        SessionMetadataBytes(spec),
-        " bytes for its spec, more than the "
-        "server's ",
-        config.max_metadata_bytes,
-        " bytes of session metadata in all (--max_session_metadata_bytes)"));
-  }
+  // layer's dropped rows too): session metadata, set aside before they are
+  // built, with the pointers to the blocks the import fills.
+  ATTN_ASSIGN_OR_RETURN(
+      MetadataReservation metadata,
+      manager->ReserveMetadata(
+          SessionMetadataBytes(spec) +
+          table_entries * (kBlockTableEntryBytes + sizeof(std::byte*))));
 
   std::string id;
   if (options.keep_session_id) {
@@ -313,7 +307,8 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
           : now;
   auto import = std::unique_ptr<SessionImport>(new SessionImport(
       manager, pool, backend, header, layout, std::move(id), idle_timeout,
-      last_used, std::move(tenant), std::move(usage), std::move(layers)));
+      last_used, std::move(tenant), std::move(usage), std::move(metadata),
+      std::move(layers)));
   import->remaining_tokens_ = tokens;
   import->Advance();
   return import;
@@ -324,6 +319,7 @@ SessionImport::SessionImport(SessionManager* manager, BlockPool* pool,
                              KvBlockLayout layout, std::string id,
                              absl::Duration idle_timeout, absl::Time last_used,
                              Tenant tenant, std::shared_ptr<TenantUsage> usage,
+                             MetadataReservation metadata,
                              std::vector<LayerKvCache> layers)
     : manager_(manager),
       pool_(pool),
@@ -335,6 +331,7 @@ SessionImport::SessionImport(SessionManager* manager, BlockPool* pool,
       last_used_(last_used),
       tenant_(std::move(tenant)),
       usage_(std::move(usage)),
+      metadata_(std::move(metadata)),
       layers_(std::move(layers)) {
   checksum_.AddHeader(header_);
   for (const LayerKvCache& layer : layers_) {
@@ -415,7 +412,8 @@ absl::StatusOr<SessionInfo> SessionImport::Finish(
   std::shared_ptr<Session> session =
       Session::FromLayers(id_, header_.spec, layout_, pool_, idle_timeout_,
                           last_used_, usage_, std::move(layers_));
-  ATTN_RETURN_IF_ERROR(manager_->Adopt(session, tenant_.quota));
+  ATTN_RETURN_IF_ERROR(
+      manager_->Adopt(session, tenant_.quota, std::move(metadata_)));
   return session->Info();
 }
 

@@ -89,7 +89,7 @@ class SessionImport {
                 KvBlockLayout layout, std::string id,
                 absl::Duration idle_timeout, absl::Time last_used,
                 Tenant tenant, std::shared_ptr<TenantUsage> usage,
-                std::vector<LayerKvCache> layers);
+                MetadataReservation metadata, std::vector<LayerKvCache> layers);
   // Moves the cursor to the next carried row (SeekCarriedRow).
   void Advance();
 
@@ -104,6 +104,8 @@ class SessionImport {
   const Tenant tenant_;
   // The owner's accounting; before the layers, which report to it.
   const std::shared_ptr<TenantUsage> usage_;
+  // What the staged tables take, until the session takes it over.
+  MetadataReservation metadata_;
   std::vector<LayerKvCache> layers_;  // staged; freed unless finished
   std::vector<std::vector<std::byte*>> blocks_;
   SnapshotChecksum checksum_;

@@ -33,6 +33,10 @@ void SessionSeal::Commit(const std::string& new_owner) {
   manager_ = nullptr;
 }
 
+MetadataReservation::~MetadataReservation() {
+  if (manager_ != nullptr) manager_->ReleaseMetadata(bytes_);
+}
+
 SessionManager::SessionManager(BlockPool* pool, SessionManagerOptions options)
     : pool_(pool), options_(std::move(options)), moved_(options_.max_sessions) {
   if (options_.reap_interval > absl::ZeroDuration()) {
@@ -121,6 +125,34 @@ absl::Status SessionManager::Adopt(std::shared_ptr<Session> session,
   return Insert(std::move(session), quota);
 }
 
+absl::Status SessionManager::Adopt(std::shared_ptr<Session> session,
+                                   const TenantQuota& quota,
+                                   MetadataReservation reservation) {
+  const absl::Status status =
+      Insert(std::move(session), quota, reservation.bytes_);
+  if (status.ok()) reservation.manager_ = nullptr;  // now the session's
+  return status;
+}
+
+absl::StatusOr<MetadataReservation> SessionManager::ReserveMetadata(
+    int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (bytes > options_.max_metadata_bytes - metadata_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this needs ", bytes, " bytes of session metadata and the sessions' ",
+        metadata_bytes_, " of the server's ", options_.max_metadata_bytes,
+        " (--max_session_metadata_bytes) are in use; delete sessions, or "
+        "retry once other imports are done"));
+  }
+  metadata_bytes_ += bytes;
+  return MetadataReservation(this, bytes);
+}
+
+void SessionManager::ReleaseMetadata(int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  metadata_bytes_ -= bytes;
+}
+
 bool SessionManager::Contains(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   return sessions_.contains(id);
@@ -152,7 +184,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
 }
 
 absl::Status SessionManager::Insert(std::shared_ptr<Session> session,
-                                    const TenantQuota& quota) {
+                                    const TenantQuota& quota,
+                                    int64_t reserved) {
   ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass, changes_.Enter());
   absl::MutexLock lock(&mu_);
   if (sessions_.contains(session->id())) {
@@ -166,11 +199,13 @@ absl::Status SessionManager::Insert(std::shared_ptr<Session> session,
         "the server holds its maximum of ", options_.max_sessions,
         " sessions (--max_sessions); delete sessions you no longer need"));
   }
-  const int64_t bytes = session->metadata_bytes();
+  // What the session adds (less than nothing when it reserved more).
+  const int64_t bytes = session->metadata_bytes() - reserved;
   if (bytes > options_.max_metadata_bytes - metadata_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "this session's metadata takes ", bytes, " bytes and the sessions' ",
-        metadata_bytes_, " of the server's ", options_.max_metadata_bytes,
+        "this session's metadata takes ", session->metadata_bytes(),
+        " bytes and the sessions' ", metadata_bytes_, " of the server's ",
+        options_.max_metadata_bytes,
         " (--max_session_metadata_bytes) are in use; delete sessions, or use "
         "fewer layers or sink logits and a shorter model label"));
   }

@@ -79,6 +79,31 @@ class SessionSeal {
   std::shared_ptr<Session> session_;
 };
 
+// Session metadata set aside (SessionManager::ReserveMetadata) for a session
+// being built, e.g. the block tables an import fills before its session is
+// adopted, so that it counts against max_metadata_bytes meanwhile. Given
+// back when destroyed, unless SessionManager::Adopt took it over.
+// Move-only; the manager must outlive it.
+class MetadataReservation {
+ public:
+  MetadataReservation(MetadataReservation&& other) noexcept
+      : manager_(other.manager_), bytes_(other.bytes_) {
+    other.manager_ = nullptr;
+  }
+  MetadataReservation& operator=(MetadataReservation&&) = delete;
+  ~MetadataReservation();
+
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  friend class SessionManager;
+  MetadataReservation(SessionManager* manager, int64_t bytes)
+      : manager_(manager), bytes_(bytes) {}
+
+  SessionManager* manager_;  // null once taken over or moved from
+  int64_t bytes_;
+};
+
 // Every session belongs to the tenant that created it: the methods taking a
 // `tenant` only ever see that tenant's sessions, and answer another
 // tenant's session id exactly as an unknown one (NOT_FOUND, same message),
@@ -162,6 +187,14 @@ class SessionManager {
   // Create. Nothing changes on error.
   absl::Status Adopt(std::shared_ptr<Session> session,
                      const TenantQuota& quota);
+  // As above, the session's metadata first taking over `reservation`
+  // (which it then no longer needs: Adopt ends it either way).
+  absl::Status Adopt(std::shared_ptr<Session> session, const TenantQuota& quota,
+                     MetadataReservation reservation);
+  // Sets `bytes` of session metadata aside (see MetadataReservation);
+  // RESOURCE_EXHAUSTED when the sessions' metadata and other reservations
+  // leave less than that of max_metadata_bytes.
+  absl::StatusOr<MetadataReservation> ReserveMetadata(int64_t bytes);
   // The accounting of tenant `name`, created on first use. Accounting that
   // nothing refers to any more (no session of the tenant, no call holding
   // it) is dropped from time to time, so names of tenants without sessions
@@ -213,9 +246,13 @@ class SessionManager {
 
  private:
   friend class SessionSeal;
+  friend class MetadataReservation;
 
+  // Adds `session`; `reserved` bytes of metadata already counted (a
+  // reservation it takes over) are part of its metadata_bytes().
   absl::Status Insert(std::shared_ptr<Session> session,
-                      const TenantQuota& quota);
+                      const TenantQuota& quota, int64_t reserved = 0);
+  void ReleaseMetadata(int64_t bytes);
   // What a lookup of `id` by `tenant` that found nothing answers: the
   // redirect when `id` moved and was `tenant`'s, else plain NOT_FOUND.
   absl::Status NotFound(const std::string& id, const Tenant& tenant) const;

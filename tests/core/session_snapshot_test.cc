@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/crc32c.h"
@@ -822,8 +823,10 @@ TEST_F(MalformedSnapshotTest, PoolExhaustionIsUpFront) {
 }
 
 // A window layer's table covers positions whose rows were dropped: a header
-// of long layers that carry nothing still builds tables, which count as the
-// session's metadata and are refused up front past the server's bound.
+// of long layers that carry nothing still builds tables. An import sets
+// their metadata aside before it builds them (4 bytes an entry, and 8 for
+// the block it fills), so that imports in progress too stay within the
+// server's bound; the session then counts its tables.
 TEST(SessionImportTest, BlockTablesOfDroppedRowsAreMetadata) {
   SessionSpec spec;
   spec.num_layers = 4;
@@ -842,7 +845,8 @@ TEST(SessionImportTest, BlockTablesOfDroppedRowsAreMetadata) {
   options.sessions.reap_interval = absl::ZeroDuration();
   auto resolved = ResolveSessionSpec(spec, options.sessions.limits);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
-  options.sessions.max_metadata_bytes = SessionMetadataBytes(*resolved) + 2048;
+  const int64_t spec_bytes = SessionMetadataBytes(*resolved);
+  options.sessions.max_metadata_bytes = spec_bytes + 6000;
   auto engine =
       AttentionEngine::Create(std::make_unique<CpuBackend>(2), options);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -859,17 +863,27 @@ TEST(SessionImportTest, BlockTablesOfDroppedRowsAreMetadata) {
     Reseal(s);
   };
 
-  long_and_empty(4096);  // 4 tables of 196 entries: 3136 bytes
+  long_and_empty(4096);  // 4 tables of 196 entries: 9408 bytes staged
   auto refused = (*engine)->BeginImport(s.header, {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
       << refused.status();
-  EXPECT_NE(refused.status().message().find("3136 bytes of block tables"),
+  EXPECT_NE(refused.status().message().find(
+                absl::StrCat(spec_bytes + 9408, " bytes of session metadata")),
             std::string::npos)
       << refused.status();
   EXPECT_EQ((*engine)->stats().active_sessions, 0);
   EXPECT_EQ((*engine)->stats().session_metadata_bytes, 0);
 
-  long_and_empty(2000);  // 4 tables of 96 entries: 1536 bytes
+  long_and_empty(2000);  // 4 tables of 96 entries: 4608 bytes staged
+  {
+    auto staged = (*engine)->BeginImport(s.header, {});
+    ASSERT_TRUE(staged.ok()) << staged.status();
+    EXPECT_EQ((*engine)->stats().session_metadata_bytes, spec_bytes + 4608);
+    // A second import of it at the same time does not fit beside it.
+    EXPECT_EQ((*engine)->BeginImport(s.header, {}).status().code(),
+              absl::StatusCode::kResourceExhausted);
+  }
+  EXPECT_EQ((*engine)->stats().session_metadata_bytes, 0);
   auto imported = Import(**engine, s);
   ASSERT_TRUE(imported.ok()) << imported.status();
   EXPECT_EQ(imported->layer_lengths, (std::vector<int64_t>(4, 2000)));
