@@ -102,6 +102,10 @@ struct AppendRequest {
   const CallControl* control = nullptr;
   // The calling tenant; null = DefaultTenant(). Must outlive the call.
   const Tenant* tenant = nullptr;
+  // Optional: bytes of the encoded message the tensors view, which the
+  // caller keeps while the request waits (what a server's queue bounds
+  // count; the engine ignores it). 0 = the tensors alone.
+  int64_t message_bytes = 0;
   // Top-k layers (LayerSpec::topk > 0) only; empty views otherwise: index
   // keys [T, index_dim] (stored in kv_dtype), index queries [T,
   // index_heads, index_dim] and weights [T, index_heads], any dtype.

@@ -102,9 +102,10 @@ struct DecodeBatcherOptions {
   // Most steps waiting in the queue; beyond it submissions fail with
   // UNAVAILABLE. A submission into an empty queue is always accepted.
   int64_t max_queued_steps = 4096;
-  // Most bytes the waiting steps' tensors may hold (the request tensors
-  // they view and their reply buffers); a submission that would pass it
-  // fails with UNAVAILABLE, unless the queue is empty.
+  // Most bytes the waiting steps may hold (their request messages, or the
+  // tensors they view when AppendRequest::message_bytes is not set, and
+  // their reply buffers); a submission that would pass it fails with
+  // UNAVAILABLE, unless the queue is empty.
   int64_t max_queued_bytes = int64_t{1} << 30;
   // Shortest engine time per step (the batch's engine call over its steps)
   // for which a batch's callbacks may move to the reply thread so that the

@@ -298,7 +298,10 @@ absl::StatusOr<AppendRequest> AppendRequestFromProto(
 absl::StatusOr<AppendRequest> AppendRequestFromProto(
     const v1::DecodeRequest& request, absl::string_view what) {
   auto out = AppendFromProto(request, what);
-  if (out.ok()) out->required_tokens = 1;
+  if (out.ok()) {
+    out->required_tokens = 1;
+    out->message_bytes = static_cast<int64_t>(request.ByteSizeLong());
+  }
   return out;
 }
 

@@ -562,6 +562,40 @@ TEST_F(DecodeBatcherTest, QueuedBytesAreBoundedToo) {
   EXPECT_TRUE(accepted.ok()) << accepted.status();
 }
 
+// A step whose message is larger than its tensors (unknown fields) counts
+// its whole message; one that says less counts its tensors.
+TEST_F(DecodeBatcherTest, QueuedBytesCountWholeMessagesWhenKnown) {
+  Tokens t1(1, 51), t2(1, 52), t3(1, 53);
+  const AppendRequest probe = DecodeRequest("any", 0, t1);
+  const int64_t step_bytes =
+      probe.q.size_bytes + probe.k.size_bytes + probe.v.size_bytes;
+  DecodeBatcherOptions options;
+  options.max_queued_bytes = 3 * step_bytes;
+  MakeBatcher(options);
+  for (int s = 0; s < 4; ++s) AddSession(4);
+  StartHeldFirstBatch(0);
+  absl::StatusOr<AttentionOutput> r1, r3;
+  std::thread a([&] { r1 = batcher_->Append(DecodeRequest(ids_[1], 0, t1)); });
+  WaitForQueued(*batcher_, 1);
+  AppendRequest large = DecodeRequest(ids_[2], 0, t2);
+  large.message_bytes = 3 * step_bytes;
+  auto refused = batcher_->Append(large);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable)
+      << refused.status();
+  AppendRequest small = DecodeRequest(ids_[3], 0, t3);
+  small.message_bytes = 1;
+  std::thread b([&] { r3 = batcher_->Append(small); });
+  WaitForQueued(*batcher_, 2);
+  recorder_->Release();
+  a.join();
+  b.join();
+  FinishFirstBatch(0);
+  EXPECT_TRUE(r1.ok()) << r1.status();
+  EXPECT_TRUE(r3.ok()) << r3.status();
+  EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths,
+            (std::vector<int64_t>{4, 4}));
+}
+
 TEST_F(DecodeBatcherTest, ManyThreadsManyStepsMatchAppendBitwise) {
   // No held batch: whatever batching happens, every session's results are
   // the reference's, in its order.

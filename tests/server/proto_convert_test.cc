@@ -36,6 +36,23 @@ TEST(ProtoConvertTest, TensorViewPointsIntoTheRequestBytes) {
   EXPECT_TRUE(view->Validate("q", 3).ok());
 }
 
+// A decode step says how large its message is, unknown fields included:
+// what the decode queue's byte bound counts while it waits.
+TEST(ProtoConvertTest, ADecodeStepCarriesItsMessageSize) {
+  v1::DecodeRequest request;
+  request.set_session_id("s");
+  *request.mutable_q() = FloatTensor({1, 2, 3, 4}, {1, 1, 4});
+  *request.mutable_k() = FloatTensor({1, 2, 3, 4}, {1, 1, 4});
+  *request.mutable_v() = FloatTensor({1, 2, 3, 4}, {1, 1, 4});
+  request.GetReflection()->MutableUnknownFields(&request)->AddLengthDelimited(
+      1000, std::string(1 << 20, 'u'));
+  auto append = AppendRequestFromProto(request, "step");
+  ASSERT_TRUE(append.ok()) << append.status();
+  EXPECT_EQ(append->message_bytes,
+            static_cast<int64_t>(request.ByteSizeLong()));
+  EXPECT_GT(append->message_bytes, 1 << 20);
+}
+
 TEST(ProtoConvertTest, TensorDTypesMap) {
   for (v1::DType dtype :
        {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
