@@ -13,11 +13,18 @@
 #include "absl/strings/str_cat.h"
 #include "attention/v1/attention.pb.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/stubs/logging.h"
 #include "proto/parse_budget.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace attention;  // NOLINT(build/namespaces): a fuzz target
+  // Invalid UTF-8 in string fields is logged by protobuf; quiet.
+  static const bool quiet = [] {
+    google::protobuf::SetLogHandler(nullptr);
+    return true;
+  }();
+  (void)quiet;
   if (size == 0) return 0;
   const google::protobuf::Message* const types[] = {
       &v1::BatchDecodeRequest::default_instance(),
