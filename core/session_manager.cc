@@ -121,11 +121,6 @@ absl::StatusOr<KvBlockLayout> SessionManager::LayoutFor(
 }
 
 absl::Status SessionManager::Adopt(std::shared_ptr<Session> session,
-                                   const TenantQuota& quota) {
-  return Insert(std::move(session), quota);
-}
-
-absl::Status SessionManager::Adopt(std::shared_ptr<Session> session,
                                    const TenantQuota& quota,
                                    MetadataReservation reservation) {
   const absl::Status status =

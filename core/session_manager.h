@@ -93,8 +93,6 @@ class MetadataReservation {
   MetadataReservation& operator=(MetadataReservation&&) = delete;
   ~MetadataReservation();
 
-  int64_t bytes() const { return bytes_; }
-
  private:
   friend class SessionManager;
   MetadataReservation(SessionManager* manager, int64_t bytes)
@@ -184,11 +182,9 @@ class SessionManager {
   // Adds a session built elsewhere (a snapshot import, whose layers report
   // to UsageOf(its owner)) under its own id, counted against `quota` (its
   // tenant's). ALREADY_EXISTS when that id is live; RESOURCE_EXHAUSTED as
-  // Create. Nothing changes on error.
-  absl::Status Adopt(std::shared_ptr<Session> session,
-                     const TenantQuota& quota);
-  // As above, the session's metadata first taking over `reservation`
-  // (which it then no longer needs: Adopt ends it either way).
+  // Create. Nothing changes on error. Its metadata first takes over
+  // `reservation` (made for it while it was built), which Adopt ends
+  // either way.
   absl::Status Adopt(std::shared_ptr<Session> session, const TenantQuota& quota,
                      MetadataReservation reservation);
   // Sets `bytes` of session metadata aside (see MetadataReservation);
