@@ -17,12 +17,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <system_error>
@@ -64,23 +67,40 @@ const std::vector<std::string>& ReplicaFlags() {
   return *flags;
 }
 
+// The lowest port the kernel hands out for outgoing connections and for
+// port 0 (32768 when it cannot be read).
+int FirstEphemeralPort() {
+  int low = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> low;
+  return low;
+}
+
 // A port on 127.0.0.1 free right now (bound, then released), so that
-// replicas can name each other, and be replaced, on known ports.
+// replicas can name each other, and be replaced, on known ports. It lies
+// below the ephemeral range: a port from that range, once released, can be
+// taken by any connection the tests open before the replica binds it.
 int PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return 0;
-  sockaddr_in address;
-  std::memset(&address, 0, sizeof(address));
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
+  const int high = FirstEphemeralPort();
+  const int low = std::max(1024, high - 16384);
+  if (high - low < 256) return 0;
+  std::mt19937 random(std::random_device{}());
+  std::uniform_int_distribution<int> pick(low, high - 1);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return 0;
+    sockaddr_in address;
+    std::memset(&address, 0, sizeof(address));
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int port = pick(random);
+    address.sin_port = htons(port);
+    const bool free =
+        bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    close(fd);
+    if (free) return port;
   }
-  close(fd);
-  return port;
+  return 0;
 }
 
 // The exit code of a process that has exited (-1: killed by a signal).
