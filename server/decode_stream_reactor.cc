@@ -17,7 +17,8 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
       deps_(deps),
       scope_(deps.metrics, deps.in_flight, RpcMethod::kDecode, ""),
       control_(context),
-      tenant_(DefaultTenant()) {
+      tenant_(DefaultTenant()),
+      held_(deps.engine) {
   if (deps_.authenticator != nullptr) {
     auth_generation_ = deps_.authenticator->generation();
     absl::StatusOr<Tenant> tenant = deps_.authenticator->Authenticate(*context);
@@ -41,7 +42,7 @@ absl::Status DecodeStreamReactor::Authenticate() {
                         deps_.authenticator->Authenticate(*context_));
   // The token now names another tenant: the sessions held for the old one
   // are no longer this stream's to keep from expiring.
-  if (tenant.name != tenant_.name) held_.clear();
+  if (tenant.name != tenant_.name) held_.Clear();
   tenant_ = std::move(tenant);
   return absl::OkStatus();
 }
@@ -61,16 +62,8 @@ void DecodeStreamReactor::StartStep() {
     OnStepDone(auth);
     return;
   }
-  absl::Status held_status;
-  if (auto held = held_.find(request_.session_id());
-      held == held_.end() || held->second.lost()) {
-    if (held != held_.end()) held_.erase(held);
-    // An unknown session fails the step below with NOT_FOUND.
-    absl::StatusOr<SessionHold> hold =
-        deps_.engine->HoldSession(request_.session_id(), tenant_);
-    if (hold.ok()) held_.emplace(request_.session_id(), *std::move(hold));
-    held_status = hold.status();
-  }
+  // An unknown session fails the step below with NOT_FOUND.
+  const absl::Status held_status = held_.Hold(request_.session_id(), tenant_);
   const absl::Status status = [&]() -> absl::Status {
     // A moved session's redirect ends the stream here (once looked up).
     if (MovedSessionOwner(held_status).has_value()) return held_status;
@@ -101,9 +94,7 @@ void DecodeStreamReactor::OnStepDone(absl::StatusOr<AttentionOutput> output) {
   }
   FinishAppendReply(append_, *output, &result_);
   // The stream used the session: its end restarts the idle clock.
-  if (auto held = held_.find(request_.session_id()); held != held_.end()) {
-    held->second.MarkUsed();
-  }
+  held_.MarkUsed(request_.session_id());
   StartWrite(&result_);
 }
 
@@ -126,7 +117,7 @@ void DecodeStreamReactor::End(const absl::Status& status) {
 void DecodeStreamReactor::Close(const grpc::Status& status) {
   // No longer open once the client can see the status: the sessions it
   // held are let go first.
-  held_.clear();
+  held_.Clear();
   open_stream_.reset();
   Finish(status);
 }

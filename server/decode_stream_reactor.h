@@ -27,11 +27,11 @@
 #include <optional>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attention/v1/attention.pb.h"
 #include "core/engine.h"
+#include "core/session_holds.h"
 #include "server/authenticator.h"
 #include "server/decode_batcher.h"
 #include "server/grpc_call_control.h"
@@ -82,9 +82,8 @@ class DecodeStreamReactor final
   // The caller, as the authenticator said at auth_generation_.
   Tenant tenant_;
   uint64_t auth_generation_ = 0;
-  // The sessions the stream has used, by id; a hold whose session is gone
-  // is taken again for the one that has the id now.
-  absl::flat_hash_map<std::string, SessionHold> held_;
+  // The sessions the stream has used.
+  SessionHolds held_;
   int64_t index_ = 0;
   v1::DecodeRequest request_;
   // The step being run: views into request_, output into result_. Reused,
