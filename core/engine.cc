@@ -320,6 +320,15 @@ struct AttentionEngine::BatchStep {
   absl::Status status;  // the step's own outcome (independent batches)
 };
 
+int64_t HeldBytes(const AppendRequest& request) {
+  const int64_t tensors = request.q.size_bytes + request.k.size_bytes +
+                          request.v.size_bytes + request.index_k.size_bytes +
+                          request.index_q.size_bytes +
+                          request.index_weights.size_bytes;
+  return std::max(tensors, request.message_bytes) +
+         static_cast<int64_t>(request.output_destination.size());
+}
+
 // Floats of a validated step's output: [tokens, num_q_heads, value_dim].
 int64_t AttentionEngine::OutputFloats(const BatchStep& step) {
   const SessionSpec& spec = step.session->spec();

@@ -119,6 +119,11 @@ struct AppendRequest {
   int64_t max_topk_indices_bytes = -1;
 };
 
+// Memory a waiting request keeps: the tensors it views (or the whole
+// message they are in, unknown fields included, when message_bytes says)
+// and its output destination. What a server's queues bound.
+int64_t HeldBytes(const AppendRequest& request);
+
 // Reply bytes one selected position may take (a varint int64).
 inline constexpr int64_t kTopKIndexBytes = 10;
 

@@ -96,6 +96,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_queued_prefills ", options.max_queued_prefills, " must be >= 1"));
   }
+  if (options.max_queued_prefill_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_queued_prefill_bytes ",
+                     options.max_queued_prefill_bytes, " must be >= 0"));
+  }
   if (options.max_rpc_threads < 16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_rpc_threads ", options.max_rpc_threads, " must be >= 16"));

@@ -58,7 +58,8 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
       authenticator_(authenticator),
       on_decode_step_timing_(options.on_decode_step_timing),
       transfer_watchdog_(options.transfer_stall_timeout),
-      prefill_executor_(kPrefillThreads, options.max_queued_prefills) {
+      prefill_executor_(kPrefillThreads, options.max_queued_prefills,
+                        options.max_queued_prefill_bytes) {
   SetMessageAllocatorFor_Prefill(&prefill_messages_);
   SetMessageAllocatorFor_DecodeStep(&decode_step_messages_);
   SetMessageAllocatorFor_BatchDecode(&batch_decode_messages_);
@@ -310,19 +311,33 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Prefill(
     call->Reply(status);
     return call;
   }
-  const bool queued = prefill_executor_.TrySchedule([this, call, response] {
-    const absl::StatusOr<AttentionOutput> output =
-        engine_->Append(call->appends[0]);
-    if (output.ok()) FinishAppendReply(call->appends[0], *output, response);
-    call->Reply(output.status());
-  });
-  if (!queued) {
-    call->Reply(absl::UnavailableError(absl::StrCat(
-        "the server is overloaded: ", prefill_executor_.max_queued(),
-        " prefills already wait to run; nothing was applied, retry with "
-        "backoff (or raise --max_queued_prefills)")));
-  }
+  const int64_t bytes = HeldBytes(call->appends[0]);
+  const CallExecutor::Admission admission = prefill_executor_.TrySchedule(
+      [this, call, response] {
+        const absl::StatusOr<AttentionOutput> output =
+            engine_->Append(call->appends[0]);
+        if (output.ok()) FinishAppendReply(call->appends[0], *output, response);
+        call->Reply(output.status());
+      },
+      bytes);
+  if (!admission.queued) call->Reply(PrefillsOverloaded(admission, bytes));
   return call;
+}
+
+absl::Status AttentionServiceImpl::PrefillsOverloaded(
+    const CallExecutor::Admission& admission, int64_t bytes) const {
+  if (admission.waiting >= prefill_executor_.max_queued()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the server is overloaded: ", admission.waiting,
+        " prefills already wait to run; nothing was applied, retry with "
+        "backoff (or raise --max_queued_prefills)"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "the server is overloaded: the prefills waiting to run hold ",
+      admission.waiting_bytes, " bytes and this one's ", bytes,
+      " more would pass the limit of ", prefill_executor_.max_queued_bytes(),
+      "; nothing was applied, retry with backoff (or raise "
+      "--max_queued_prefill_bytes)"));
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::DecodeStep(

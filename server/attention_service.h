@@ -67,7 +67,8 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   // service. `version` is reported by GetServerInfo. Of `options` (valid)
   // the service uses max_message_bytes, transfer_stall_timeout (an
   // ExportSession or ImportSession that moves no message that long is
-  // cancelled: server/stall_watchdog.h), max_queued_prefills and
+  // cancelled: server/stall_watchdog.h), max_queued_prefills,
+  // max_queued_prefill_bytes and
   // on_decode_step_timing (when set, it receives the timing of every
   // successful DecodeStep). `metrics` may be null (no metrics); otherwise
   // it must outlive the service too. So must `authenticator`, which names
@@ -193,6 +194,9 @@ class AttentionServiceImpl final : public AttentionServiceBase {
                                 const Request& request,
                                 v1::AttentionResult* response,
                                 AppendCall* call);
+  // Why a prefill holding `bytes` was not queued (UNAVAILABLE).
+  absl::Status PrefillsOverloaded(const CallExecutor::Admission& admission,
+                                  int64_t bytes) const;
 
   AttentionEngine* const engine_;
   DecodeBatcher* const batcher_;

@@ -24,18 +24,6 @@ StepKey KeyOf(const AppendRequest& request) {
   return {request.session_id, request.layer};
 }
 
-// Memory a queued step keeps: the request tensors it views (or the whole
-// message they are in, unknown fields included, when known) and the reply
-// buffer its output goes to.
-int64_t HeldBytes(const AppendRequest& request) {
-  const int64_t tensors = request.q.size_bytes + request.k.size_bytes +
-                          request.v.size_bytes + request.index_k.size_bytes +
-                          request.index_q.size_bytes +
-                          request.index_weights.size_bytes;
-  return std::max(tensors, request.message_bytes) +
-         static_cast<int64_t>(request.output_destination.size());
-}
-
 }  // namespace
 
 absl::Status DecodeBatcher::ValidateOptions(

@@ -110,6 +110,10 @@ ABSL_FLAG(absl::Duration, transfer_stall_timeout, absl::Seconds(60),
 ABSL_FLAG(int64_t, max_queued_prefills, 64,
           "Prefills waiting for a prefill thread (4) before new ones get "
           "UNAVAILABLE (overloaded); each holds its request.");
+ABSL_FLAG(int64_t, max_queued_prefill_bytes, int64_t{1} << 30,
+          "Bytes the prefills waiting for a prefill thread may hold "
+          "(requests and reply buffers) before new ones get UNAVAILABLE "
+          "(overloaded).");
 ABSL_FLAG(int, max_rpc_threads, 1024,
           "Most threads the synchronous RPCs (all but Prefill, DecodeStep, "
           "Decode and BatchDecode) may take; past it they get "
@@ -185,6 +189,8 @@ ServerOptions OptionsFromFlags() {
   options.transfer_stall_timeout = absl::GetFlag(FLAGS_transfer_stall_timeout);
   options.max_rpc_threads = absl::GetFlag(FLAGS_max_rpc_threads);
   options.max_queued_prefills = absl::GetFlag(FLAGS_max_queued_prefills);
+  options.max_queued_prefill_bytes =
+      absl::GetFlag(FLAGS_max_queued_prefill_bytes);
   options.snapshot_dir = absl::GetFlag(FLAGS_snapshot_dir);
   options.peers = absl::GetFlag(FLAGS_peers);
   options.peer_token_file = absl::GetFlag(FLAGS_peer_token_file);

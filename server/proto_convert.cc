@@ -292,7 +292,10 @@ absl::StatusOr<EmptyRowPolicy> EmptyRowPolicyFromProto(
 
 absl::StatusOr<AppendRequest> AppendRequestFromProto(
     const v1::PrefillRequest& request) {
-  return AppendFromProto(request, "");
+  auto out = AppendFromProto(request, "");
+  if (out.ok())
+    out->message_bytes = static_cast<int64_t>(request.ByteSizeLong());
+  return out;
 }
 
 absl::StatusOr<AppendRequest> AppendRequestFromProto(

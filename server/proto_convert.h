@@ -56,6 +56,7 @@ absl::StatusOr<EmptyRowPolicy> EmptyRowPolicyFromProto(
     v1::EmptyRowPolicy policy);
 
 // Prefill: any T. The request must outlive the result (views, see above).
+// message_bytes = the request's encoded size.
 absl::StatusOr<AppendRequest> AppendRequestFromProto(
     const v1::PrefillRequest& request);
 

@@ -132,6 +132,9 @@ struct ServerOptions {
   // Prefills waiting for one of the prefill threads before new ones get
   // UNAVAILABLE (each holds its request, up to max_message_bytes).
   int64_t max_queued_prefills = 64;
+  // Bytes those waiting prefills may hold (requests and reply buffers)
+  // before new ones get UNAVAILABLE; one may always wait alone.
+  int64_t max_queued_prefill_bytes = int64_t{1} << 30;
   // Not a flag: called once per engine batch of decode steps with its size
   // (e.g. to export a batch-size histogram); see
   // DecodeBatcherOptions::on_batch for the rules it must follow.
