@@ -1,10 +1,8 @@
 #include "server/attention_server.h"
 
 #include <grpc/grpc.h>
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/impl/server_builder_option.h>
-#include <grpcpp/impl/server_builder_plugin.h>
+#include <grpcpp/impl/server_initializer.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <unistd.h>
@@ -163,19 +161,6 @@ TransportSecurityOptions TransportOptions(const ServerOptions& options) {
   transport.refresh_interval = options.tls_refresh_interval;
   return transport;
 }
-
-// Takes server reflection off one ServerBuilder (its plugin is registered
-// process-wide).
-class NoReflectionOption final : public grpc::ServerBuilderOption {
- public:
-  void UpdateArguments(grpc::ChannelArguments* /*args*/) override {}
-  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>*
-                         plugins) override {
-    std::erase_if(*plugins, [](const auto& plugin) {
-      return plugin->name() == "proto_server_reflection";
-    });
-  }
-};
 
 // The engine state for the metrics, with the usage of the tenants the
 // tokens file names (no other tenant name becomes a label).
@@ -337,16 +322,12 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       metrics_ptr, authenticator_ptr);
   server->service_->AcceptHandoversFrom(options.peer_tenant);
 
-  // Both are process-wide switches read when a server is built.
+  // A process-wide switch read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
 
   grpc::ServerBuilder builder;
   const std::string uri = ListenUri(options.listen_address, options.port);
   builder.AddListeningPort(uri, *credentials, &server->port_);
-  if (!options.reflection) {
-    builder.SetOption(std::make_unique<NoReflectionOption>());
-  }
   ApplyTransportLimits(options, builder);
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
@@ -362,6 +343,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   for (grpc::Service* service : extra_services) {
     builder.RegisterService(service);
   }
+  if (options.reflection) {
+    server->reflection_ = std::make_unique<ReflectionService>();
+    builder.RegisterService(server->reflection_.get());
+  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     if (server->server_ != nullptr) server->server_->Shutdown();
@@ -369,6 +354,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
         absl::StrCat("could not listen on ", uri,
                      " (port in use or address not available); choose another "
                      "--port/--listen_address, or --port=0 for a free port"));
+  }
+  if (server->reflection_ != nullptr) {
+    // Every service the server registered, the default health service too.
+    server->reflection_->SetServices(
+        *grpc::ServerInitializer(server->server_.get()).GetServiceList());
   }
   // Serving from here: a failure below drains, which snapshots the
   // restored sessions again.

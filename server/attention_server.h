@@ -21,6 +21,7 @@
 #include "server/decode_batcher.h"
 #include "server/metrics.h"
 #include "server/peers.h"
+#include "server/reflection_service.h"
 #include "server/server_options.h"
 #include "server/snapshot_store.h"
 
@@ -123,6 +124,7 @@ class AttentionServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<DecodeBatcher> decode_batcher_;
   std::unique_ptr<AttentionServiceImpl> service_;
+  std::unique_ptr<ReflectionService> reflection_;  // with options.reflection
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   // With options().peers: the replicas the drain hands sessions to.

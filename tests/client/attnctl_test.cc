@@ -377,6 +377,10 @@ TEST(AttnctlHealthTest, ServerWithoutHealthServiceIsRpcFailure) {
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                            &port);
+  // gRPC builds no server without a service; this one answers every method
+  // UNIMPLEMENTED.
+  grpc::CallbackGenericService unimplemented;
+  builder.RegisterCallbackGenericService(&unimplemented);
   std::unique_ptr<grpc::Server> bare = builder.BuildAndStart();
   ASSERT_NE(bare, nullptr);
   ASSERT_GT(port, 0);

@@ -38,11 +38,10 @@ std::vector<std::string> ServiceNames(const std::string& bytes) {
 
 }  // namespace
 
-ReflectionListing ListServicesByReflection(
+ReflectionExchange ExchangeWithReflection(
     const std::shared_ptr<grpc::Channel>& channel,
+    const std::vector<std::string>& requests,
     const std::string& authorization) {
-  // ServerReflectionRequest{list_services: ""} (field 7).
-  const std::string request_bytes("\x3a\x00", 2);
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   if (!authorization.empty()) {
@@ -53,35 +52,49 @@ ReflectionListing ListServicesByReflection(
       &context,
       "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
   int tag = 0;
-  std::string bytes;
+  ReflectionExchange exchange;
   call->StartCall(&tag);
   if (Await(cq)) {
-    grpc::Slice slice(request_bytes);
-    grpc::ByteBuffer request(&slice, 1);
-    call->Write(request, &tag);
-    Await(cq);
-    grpc::ByteBuffer response;
-    call->Read(&response, &tag);
-    if (Await(cq)) {
+    for (const std::string& bytes : requests) {
+      grpc::Slice slice(bytes);
+      grpc::ByteBuffer request(&slice, 1);
+      call->Write(request, &tag);
+      if (!Await(cq)) break;
+      grpc::ByteBuffer response;
+      call->Read(&response, &tag);
+      if (!Await(cq)) break;
       std::vector<grpc::Slice> slices;
+      std::string& read = exchange.responses.emplace_back();
       if (response.Dump(&slices).ok()) {
         for (const grpc::Slice& s : slices) {
-          bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+          read.append(reinterpret_cast<const char*>(s.begin()), s.size());
         }
       }
     }
     call->WritesDone(&tag);
     Await(cq);
   }
-  ReflectionListing listing;
-  call->Finish(&listing.status, &tag);
+  call->Finish(&exchange.status, &tag);
   Await(cq);
   cq.Shutdown();
   void* ignored_tag = nullptr;
   bool ignored_ok = false;
   while (cq.Next(&ignored_tag, &ignored_ok)) {
   }
-  if (listing.status.ok()) listing.services = ServiceNames(bytes);
+  return exchange;
+}
+
+ReflectionListing ListServicesByReflection(
+    const std::shared_ptr<grpc::Channel>& channel,
+    const std::string& authorization) {
+  // ServerReflectionRequest{list_services: ""} (field 7).
+  const ReflectionExchange exchange = ExchangeWithReflection(
+      channel, {std::string("\x3a\x00", 2)}, authorization);
+  ReflectionListing listing;
+  listing.status = exchange.status;
+  if (listing.status.ok() && !exchange.responses.empty()) {
+    listing.services = ServiceNames(exchange.responses[0]);
+  }
   return listing;
 }
 

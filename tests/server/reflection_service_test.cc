@@ -1,0 +1,177 @@
+// The server's reflection service over a real server and gRPC's generic
+// stub (requests and responses as bytes on the wire): the descriptors a
+// client such as grpcurl needs to call the API, with every file they
+// import; answers for questions without one, after which the stream goes
+// on; and a request that would parse into far more memory than its size,
+// which is refused before it is parsed, as the API's requests are.
+#include "server/reflection_service.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/server/reflection_client.h"
+#include "tests/server/test_server.h"
+
+namespace attention::testing {
+namespace {
+
+using grpc::reflection::v1alpha::ServerReflectionRequest;
+using grpc::reflection::v1alpha::ServerReflectionResponse;
+
+class ReflectionServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = StartTestServer();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  // One stream carrying `requests`; each must be answered.
+  std::vector<ServerReflectionResponse> Ask(
+      const std::vector<ServerReflectionRequest>& requests) {
+    std::vector<std::string> encoded;
+    for (const ServerReflectionRequest& request : requests) {
+      encoded.push_back(request.SerializeAsString());
+    }
+    const ReflectionExchange exchange =
+        ExchangeWithReflection(server_->client->channel(), encoded);
+    EXPECT_TRUE(exchange.status.ok()) << exchange.status.error_message();
+    EXPECT_EQ(exchange.responses.size(), requests.size());
+    std::vector<ServerReflectionResponse> responses;
+    for (const std::string& bytes : exchange.responses) {
+      EXPECT_TRUE(responses.emplace_back().ParseFromString(bytes));
+    }
+    return responses;
+  }
+
+  std::unique_ptr<TestServer> server_;
+};
+
+ServerReflectionRequest SymbolRequest(const std::string& symbol) {
+  ServerReflectionRequest request;
+  request.set_file_containing_symbol(symbol);
+  return request;
+}
+
+ServerReflectionRequest FileRequest(const std::string& name) {
+  ServerReflectionRequest request;
+  request.set_file_by_filename(name);
+  return request;
+}
+
+// A pool built from the files of `response` alone: it builds only when the
+// response carries every file its first file imports.
+std::unique_ptr<google::protobuf::DescriptorPool> PoolOf(
+    const ServerReflectionResponse& response) {
+  auto pool = std::make_unique<google::protobuf::DescriptorPool>();
+  const auto& files =
+      response.file_descriptor_response().file_descriptor_proto();
+  // Imports come after the files that import them: build in reverse.
+  for (int i = files.size() - 1; i >= 0; --i) {
+    google::protobuf::FileDescriptorProto file;
+    EXPECT_TRUE(file.ParseFromString(files[i]));
+    EXPECT_NE(pool->BuildFile(file), nullptr) << file.name();
+  }
+  return pool;
+}
+
+TEST_F(ReflectionServiceTest, DescribesTheApiWithEveryFileItImports) {
+  const std::vector<ServerReflectionResponse> responses =
+      Ask({SymbolRequest("attention.v1.AttentionService"),
+           SymbolRequest("attention.v1.DecodeRequest"),
+           FileRequest("attention/v1/attention.proto")});
+  ASSERT_EQ(responses.size(), 3u);
+  for (const ServerReflectionResponse& response : responses) {
+    ASSERT_TRUE(response.has_file_descriptor_response())
+        << response.DebugString();
+    google::protobuf::FileDescriptorProto first;
+    ASSERT_TRUE(first.ParseFromString(
+        response.file_descriptor_response().file_descriptor_proto(0)));
+    EXPECT_EQ(first.name(), "attention/v1/attention.proto");
+    std::unique_ptr<google::protobuf::DescriptorPool> pool = PoolOf(response);
+    const google::protobuf::ServiceDescriptor* service =
+        pool->FindServiceByName("attention.v1.AttentionService");
+    ASSERT_NE(service, nullptr);
+    const google::protobuf::MethodDescriptor* decode =
+        service->FindMethodByName("Decode");
+    ASSERT_NE(decode, nullptr);
+    EXPECT_TRUE(decode->client_streaming());
+    EXPECT_TRUE(decode->server_streaming());
+    EXPECT_EQ(decode->input_type()->full_name(), "attention.v1.DecodeRequest");
+  }
+  // The reflection service describes itself too.
+  const std::vector<ServerReflectionResponse> itself = Ask({SymbolRequest(
+      "grpc.reflection.v1alpha.ServerReflection.ServerReflectionInfo")});
+  ASSERT_EQ(itself.size(), 1u);
+  EXPECT_NE(PoolOf(itself[0])->FindServiceByName(
+                "grpc.reflection.v1alpha.ServerReflection"),
+            nullptr);
+}
+
+TEST_F(ReflectionServiceTest,
+       QuestionsWithoutAnAnswerGetAnErrorAndTheStreamGoesOn) {
+  ServerReflectionRequest extension;
+  extension.mutable_file_containing_extension()->set_containing_type(
+      "attention.v1.DecodeRequest");
+  extension.mutable_file_containing_extension()->set_extension_number(1000);
+  ServerReflectionRequest numbers;
+  numbers.set_all_extension_numbers_of_type("attention.v1.DecodeRequest");
+  ServerReflectionRequest unknown_type;
+  unknown_type.set_all_extension_numbers_of_type("no.such.Type");
+  const std::string long_name(5000, 'x');
+  const std::vector<ServerReflectionResponse> responses =
+      Ask({SymbolRequest("no.such.Service"), FileRequest("no/such.proto"),
+           extension, numbers, unknown_type, SymbolRequest(long_name),
+           ServerReflectionRequest(),
+           SymbolRequest("attention.v1.AttentionService")});
+  ASSERT_EQ(responses.size(), 8u);
+  for (int i : {0, 1, 2, 4, 5}) {
+    EXPECT_EQ(responses[i].error_response().error_code(),
+              static_cast<int>(grpc::StatusCode::NOT_FOUND))
+        << i << ": " << responses[i].DebugString();
+  }
+  EXPECT_NE(
+      responses[0].error_response().error_message().find("no.such.Service"),
+      std::string::npos);
+  // A long name is quoted by a short prefix only.
+  EXPECT_LT(responses[5].error_response().error_message().size(), 200u);
+  // No extension of a proto3 message: an empty list, not an error.
+  EXPECT_TRUE(responses[3].has_all_extension_numbers_response());
+  EXPECT_EQ(responses[3].all_extension_numbers_response().base_type_name(),
+            "attention.v1.DecodeRequest");
+  EXPECT_EQ(responses[6].error_response().error_code(),
+            static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_TRUE(responses[7].has_file_descriptor_response());
+  // Each response carries the request it answers.
+  EXPECT_EQ(responses[1].original_request().file_by_filename(),
+            "no/such.proto");
+}
+
+// 4 Mi empty groups of an unknown field (8 MiB) would parse into hundreds
+// of MiB of unknown-field records. The request is refused unparsed: gRPC
+// ends a stream whose message does not deserialize, so no answer comes,
+// where a parsed request would have been answered (it asks nothing: an
+// error_response). The server serves on.
+TEST_F(ReflectionServiceTest, ARequestOverItsParseBudgetIsNotParsed) {
+  std::string groups;
+  for (int i = 0; i < (4 << 20); ++i) groups += "\x7b\x7c";  // field 15
+  const ReflectionExchange refused =
+      ExchangeWithReflection(server_->client->channel(), {groups});
+  EXPECT_TRUE(refused.responses.empty());
+  const ReflectionExchange small =
+      ExchangeWithReflection(server_->client->channel(), {"\x7b\x7c"});
+  ASSERT_EQ(small.responses.size(), 1u);
+  ServerReflectionResponse answer;
+  ASSERT_TRUE(answer.ParseFromString(small.responses[0]));
+  EXPECT_EQ(answer.error_response().error_code(),
+            static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+  ATTN_EXPECT_OK(server_->client->GetServerInfo());
+}
+
+}  // namespace
+}  // namespace attention::testing
