@@ -1,9 +1,11 @@
-// Bitwise determinism across serving paths (float32 KV): a token's output is
-// the same whether computed by one Prefill, chunked prefill, DecodeStep, the
-// Decode stream, BatchDecode with other sessions, or stateless Attention.
+// Bitwise determinism across serving paths: a token's output is the same
+// whether computed by one Prefill, chunked prefill, DecodeStep, the Decode
+// stream, BatchDecode with other sessions, or stateless Attention (float32
+// KV; and half-precision KV and outputs through the stream and BatchDecode).
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -181,6 +183,97 @@ TEST_F(DecodeConsistencyTest, BatchDecodeAcrossSessionsEqualsDecodeSteps) {
     }
   }
 }
+
+// Half-precision KV caches and outputs through every serving path: one
+// Prefill crossing the 512-key split boundary, then the Decode stream for
+// one session and BatchDecode for its twin. Each row equals stateless
+// Attention over the same keys bitwise, in the same output dtype.
+struct HalfCase {
+  const char* name;
+  v1::DType kv_dtype;
+  v1::DType output_dtype;
+};
+
+class HalfPrecisionPathsTest : public DecodeConsistencyTest,
+                               public ::testing::WithParamInterface<HalfCase> {
+};
+
+TEST_P(HalfPrecisionPathsTest, StreamAndBatchDecodeEqualStatelessBitwise) {
+  const HalfCase& c = GetParam();
+  v1::SessionSpec spec_in = MixedSpec();
+  spec_in.set_kv_dtype(c.kv_dtype);
+  auto streamed = client().OpenSession(spec_in);
+  auto batched = client().OpenSession(spec_in);
+  ATTN_ASSERT_OK(streamed);
+  ATTN_ASSERT_OK(batched);
+  const v1::SessionSpec& spec = streamed->spec();
+  const int64_t prompt = 530, steps = 5, total = prompt + steps;
+  client::StepOptions options;
+  options.output_dtype = c.output_dtype;
+  std::vector<Tokens> tokens;
+  // Per layer: the rows' output bytes, from each path.
+  std::vector<std::string> from_stream(3), from_batch(3);
+  for (int layer = 0; layer < 3; ++layer) {
+    tokens.push_back(RandomTokens(spec, total, 300 + layer));
+    const Tokens& t = tokens.back();
+    for (auto [handle, out] : {std::pair{&*streamed, &from_stream[layer]},
+                               std::pair{&*batched, &from_batch[layer]}}) {
+      auto result =
+          handle->Prefill(layer, t.q_rows(0, prompt), t.k_rows(0, prompt),
+                          t.v_rows(0, prompt), options);
+      ATTN_ASSERT_OK(result);
+      *out = result->output().data();
+    }
+  }
+  auto stream = client().OpenDecodeStream();
+  for (int64_t t = prompt; t < total; ++t) {
+    v1::BatchDecodeRequest batch;
+    for (int layer = 0; layer < 3; ++layer) {
+      const Tokens& tok = tokens[layer];
+      auto request = streamed->MakeDecodeRequest(
+          layer, tok.q_rows(t, 1), tok.k_rows(t, 1), tok.v_rows(t, 1), options);
+      ATTN_ASSERT_OK(request);
+      auto result = stream->Step(*request);
+      ATTN_ASSERT_OK(result);
+      from_stream[layer] += result->output().data();
+      auto step = batched->MakeDecodeRequest(
+          layer, tok.q_rows(t, 1), tok.k_rows(t, 1), tok.v_rows(t, 1), options);
+      ATTN_ASSERT_OK(step);
+      *batch.add_steps() = *std::move(step);
+    }
+    auto results = client().BatchDecode(batch);
+    ATTN_ASSERT_OK(results);
+    ASSERT_EQ(results->size(), 3u);
+    for (int layer = 0; layer < 3; ++layer) {
+      from_batch[layer] += (*results)[layer].output().data();
+    }
+  }
+  ATTN_ASSERT_OK(stream->Finish());
+  for (int layer = 0; layer < 3; ++layer) {
+    v1::AttentionRequest request =
+        StatelessRequestFor(tokens[layer], spec, layer, c.kv_dtype);
+    request.set_output_dtype(c.output_dtype);
+    auto stateless = client().Attention(request);
+    ATTN_ASSERT_OK(stateless);
+    EXPECT_EQ(stateless->output().dtype(), c.output_dtype);
+    EXPECT_EQ(from_stream[layer], stateless->output().data())
+        << "layer " << layer;
+    EXPECT_EQ(from_batch[layer], stateless->output().data())
+        << "layer " << layer;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, HalfPrecisionPathsTest,
+    ::testing::Values(
+        HalfCase{"fp16_kv", v1::DTYPE_FLOAT16, v1::DTYPE_FLOAT32},
+        HalfCase{"bf16_kv", v1::DTYPE_BFLOAT16, v1::DTYPE_FLOAT32},
+        HalfCase{"fp16_kv_fp16_out", v1::DTYPE_FLOAT16, v1::DTYPE_FLOAT16},
+        HalfCase{"bf16_kv_bf16_out", v1::DTYPE_BFLOAT16, v1::DTYPE_BFLOAT16},
+        HalfCase{"fp32_kv_bf16_out", v1::DTYPE_FLOAT32, v1::DTYPE_BFLOAT16}),
+    [](const ::testing::TestParamInfo<HalfCase>& info) {
+      return std::string(info.param.name);
+    });
 
 TEST_F(DecodeConsistencyTest, ManyClientThreadsOnManySessions) {
   constexpr int kThreads = 8, kSessionsPerThread = 4;
