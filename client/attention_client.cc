@@ -317,26 +317,52 @@ DecodeStream::~DecodeStream() = default;
 // Write and WritesDone read only the writer's own state: a reader thread
 // may set final_status_ meanwhile, and the stream refuses writes once over.
 bool DecodeStream::Write(const v1::DecodeRequest& request) {
-  if (writes_done_) return false;
-  return stream_->Write(request);
+  if (writes_done_ || !stream_->Write(request)) return false;
+  sent_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
   if (!final_status_.has_value()) {
     v1::AttentionResult result;
-    if (stream_->Read(&result)) return result;
-    final_status_ = FromGrpcCall(stream_->Status(), context_);
+    if (stream_->Read(&result)) {
+      ++answered_;
+      return result;
+    }
+    final_status_ = EndStatus();
   }
   if (!final_status_->ok()) return *final_status_;
   return absl::OutOfRangeError("the Decode stream has ended");
+}
+
+absl::Status DecodeStream::EndStatus() {
+  absl::Status status = FromGrpcCall(stream_->Status(), context_);
+  const int64_t sent = sent_.load(std::memory_order_relaxed);
+  if (status.ok() && answered_ < sent) {
+    // The server ends a stream with an error of its own, except when gRPC
+    // could not parse a request for it (see the proto's Decode).
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "requests[", answered_,
+        "]: the server ended the Decode stream "
+        "without an answer to it (",
+        sent,
+        " requests sent): its bytes did not parse as a DecodeRequest or "
+        "passed the server's parse budget; the requests before it were "
+        "applied, it and those after it were not"));
+  }
+  return status;
 }
 
 absl::StatusOr<v1::AttentionResult> DecodeStream::Step(
     const v1::DecodeRequest& request) {
   if (final_status_.has_value() || writes_done_) return Read();
   v1::AttentionResult result;
+  sent_.fetch_add(1, std::memory_order_relaxed);
   // A failed write means the stream is over; Read then reports why.
-  if (stream_->Step(request, &result)) return result;
+  if (stream_->Step(request, &result)) {
+    ++answered_;
+    return result;
+  }
   return Read();
 }
 

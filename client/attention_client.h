@@ -23,6 +23,7 @@
 #include <grpcpp/support/status.h>
 #include <grpcpp/support/sync_stream.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -224,7 +225,9 @@ class DecodeStream {
   // has ended (Read or Finish then give the reason).
   bool Write(const v1::DecodeRequest& request);
   // The next result. When the stream has ended: its error, or OUT_OF_RANGE
-  // when it ended cleanly.
+  // when it ended cleanly. A stream the server ended with OK before it
+  // answered every request sent (gRPC could not parse one for it) ends with
+  // INVALID_ARGUMENT naming the first unanswered request.
   absl::StatusOr<v1::AttentionResult> Read();
   // Write then Read.
   absl::StatusOr<v1::AttentionResult> Step(const v1::DecodeRequest& request);
@@ -238,7 +241,12 @@ class DecodeStream {
   grpc::ClientContext context_;
   std::unique_ptr<BlockingBidiStream<v1::DecodeRequest, v1::AttentionResult>>
       stream_;
+  // The stream's status once it has ended (see Read).
+  absl::Status EndStatus();
+
   bool writes_done_ = false;
+  std::atomic<int64_t> sent_{0};  // requests written (the writer's count)
+  int64_t answered_ = 0;          // results read (the reader's count)
   std::optional<absl::Status> final_status_;
 };
 

@@ -178,6 +178,32 @@ TEST_F(AttentionClientTest, DecodeStreamQueuesWritesAndEndsCleanly) {
   EXPECT_TRUE(length == kSteps + 1 || length == kSteps + 2) << length;
 }
 
+// Bytes the server cannot parse (here a proto3 string of invalid UTF-8):
+// gRPC ends the stream for them with no error of the server's; the client
+// reports the first unanswered request's INVALID_ARGUMENT. The steps before
+// it were applied, it and those after it were not.
+TEST_F(AttentionClientTest, AStreamEndedBeforeItsAnswersNamesTheUnanswered) {
+  auto a = client().OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(a);
+  const Tokens tokens = RandomTokens(a->spec(), 4, 7);
+  auto step = [&](int64_t t) { return DecodeRequestAt(*a, tokens, t); };
+  auto stream = client().OpenDecodeStream();
+  v1::DecodeRequest unparsable = step(1);
+  unparsable.set_session_id("\xff\xfe");
+  ATTN_ASSERT_OK(stream->Step(step(0)));
+  ASSERT_TRUE(stream->Write(unparsable));
+  stream->Write(step(1));  // after it: never applied
+  auto failed = stream->Read();
+  ASSERT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument)
+      << failed.status();
+  EXPECT_NE(failed.status().message().find("requests[1]"), std::string::npos)
+      << failed.status();
+  EXPECT_EQ(stream->Read().status(), failed.status());
+  auto info = a->Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 1);
+}
+
 // Step sends its request without a copy when nothing is queued, and
 // queues it behind earlier writes otherwise; either way the replies keep
 // the stream's order, and a step after the stream failed gets the failure.
