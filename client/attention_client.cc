@@ -317,9 +317,12 @@ DecodeStream::~DecodeStream() = default;
 // Write and WritesDone read only the writer's own state: a reader thread
 // may set final_status_ meanwhile, and the stream refuses writes once over.
 bool DecodeStream::Write(const v1::DecodeRequest& request) {
-  if (writes_done_ || !stream_->Write(request)) return false;
+  if (writes_done_) return false;
+  // Counted first: the server may end the stream over this request before
+  // Write returns. One that is not sent (the stream is over) counts only
+  // past a stream that ended with an error or over an earlier request.
   sent_.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  return stream_->Write(request);
 }
 
 absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
