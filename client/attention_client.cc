@@ -377,8 +377,11 @@ void DecodeStream::WritesDone() {
 
 absl::Status DecodeStream::Finish() {
   if (final_status_.has_value()) return *final_status_;
-  writes_done_ = true;
-  final_status_ = FromGrpcCall(stream_->Finish(), context_);
+  WritesDone();
+  // The results not read are discarded, but they count as answers.
+  v1::AttentionResult discarded;
+  while (stream_->Read(&discarded)) ++answered_;
+  final_status_ = EndStatus();
   return *final_status_;
 }
 

@@ -233,7 +233,8 @@ class DecodeStream {
   absl::StatusOr<v1::AttentionResult> Step(const v1::DecodeRequest& request);
   // Signals that no more requests follow.
   void WritesDone();
-  // Half-closes, discards unread results, and returns the final status.
+  // Half-closes, discards unread results, and returns the final status
+  // (INVALID_ARGUMENT as Read says for a request left unanswered).
   // Idempotent.
   absl::Status Finish();
 

@@ -38,7 +38,10 @@ class SessionHolds {
   void MarkUsed(const std::string& id);
 
   // Lets every session go.
-  void Clear() { holds_.clear(); }
+  void Clear() {
+    holds_.clear();
+    sweep_at_ = kMinSweep;
+  }
 
   // Entries kept, dead holds not yet dropped included.
   size_t size() const { return holds_.size(); }

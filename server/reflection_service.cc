@@ -164,7 +164,8 @@ Response ReflectionService::Answer(const Request& request) const {
       break;
     }
     case Request::MESSAGE_REQUEST_NOT_SET:
-      SetError(grpc::StatusCode::INVALID_ARGUMENT,
+      // gRPC's own service answers UNIMPLEMENTED too.
+      SetError(grpc::StatusCode::UNIMPLEMENTED,
                "the request asks nothing: set one of file_by_filename, "
                "file_containing_symbol, file_containing_extension, "
                "all_extension_numbers_of_type or list_services",

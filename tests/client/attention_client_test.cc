@@ -199,9 +199,17 @@ TEST_F(AttentionClientTest, AStreamEndedBeforeItsAnswersNamesTheUnanswered) {
   EXPECT_NE(failed.status().message().find("requests[1]"), std::string::npos)
       << failed.status();
   EXPECT_EQ(stream->Read().status(), failed.status());
+  EXPECT_EQ(stream->Finish(), failed.status());
+  // Finish, with results not read, says so too.
+  auto finished = client().OpenDecodeStream();
+  ASSERT_TRUE(finished->Write(step(1)));
+  ASSERT_TRUE(finished->Write(unparsable));
+  const absl::Status status = finished->Finish();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("requests[1]"), std::string::npos) << status;
   auto info = a->Info();
   ATTN_ASSERT_OK(info);
-  EXPECT_EQ(info->layer_lengths(0), 1);
+  EXPECT_EQ(info->layer_lengths(0), 2);
 }
 
 // Step sends its request without a copy when nothing is queued, and

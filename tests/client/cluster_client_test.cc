@@ -76,29 +76,42 @@ int FirstEphemeralPort() {
   return low;
 }
 
-// A port on 127.0.0.1 free right now (bound, then released), so that
-// replicas can name each other, and be replaced, on known ports. It lies
-// below the ephemeral range: a port from that range, once released, can be
-// taken by any connection the tests open before the replica binds it.
-int PickFreePort() {
+// Binds 127.0.0.1:`port` (0: any) and releases it; the port bound, or 0.
+int BindAndRelease(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in address;
+  std::memset(&address, 0, sizeof(address));
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(port);
+  socklen_t length = sizeof(address);
+  int bound = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    bound = ntohs(address.sin_port);
+  }
+  close(fd);
+  return bound;
+}
+
+// A port on 127.0.0.1 free right now (bound, then released) and not in
+// `taken`, so that replicas can name each other, and be replaced, on known
+// ports. It lies below the ephemeral range when there is room: a port from
+// that range, once released, can be taken by any connection the tests
+// open before the replica binds it.
+int PickFreePort(const std::vector<int>& taken) {
   const int high = FirstEphemeralPort();
   const int low = std::max(1024, high - 16384);
-  if (high - low < 256) return 0;
   std::mt19937 random(std::random_device{}());
-  std::uniform_int_distribution<int> pick(low, high - 1);
+  std::uniform_int_distribution<int> pick(low, std::max(low, high - 1));
   for (int attempt = 0; attempt < 64; ++attempt) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return 0;
-    sockaddr_in address;
-    std::memset(&address, 0, sizeof(address));
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    const int port = pick(random);
-    address.sin_port = htons(port);
-    const bool free =
-        bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
-    close(fd);
-    if (free) return port;
+    const int port =
+        high - low >= 256 ? BindAndRelease(pick(random)) : BindAndRelease(0);
+    if (port > 0 &&
+        std::find(taken.begin(), taken.end(), port) == taken.end()) {
+      return port;
+    }
   }
   return 0;
 }
@@ -118,7 +131,7 @@ class Fleet {
   explicit Fleet(int size, std::vector<std::string> extra_flags = {},
                  bool peers = false)
       : extra_flags_(std::move(extra_flags)), peers_(peers) {
-    for (int i = 0; i < size; ++i) ports_.push_back(PickFreePort());
+    for (int i = 0; i < size; ++i) ports_.push_back(PickFreePort(ports_));
     for (int i = 0; i < size; ++i) StartOrNote(i);
   }
 
@@ -142,7 +155,7 @@ class Fleet {
   }
   // Adds a replica on a new port.
   int Add() {
-    ports_.push_back(PickFreePort());
+    ports_.push_back(PickFreePort(ports_));
     StartOrNote(static_cast<int>(ports_.size()) - 1);
     return static_cast<int>(ports_.size()) - 1;
   }

@@ -74,10 +74,12 @@ TEST(CallExecutorTest, BoundsTheBytesTheWaitingClosuresHold) {
     release.Notify();
   }
   EXPECT_EQ(runs.load(), 1);
-  CallExecutor executor(/*num_threads=*/1, /*max_queued=*/8,
-                        /*max_queued_bytes=*/100);
+  // Before the executor: its destructor joins a thread that may still be
+  // waiting on them.
   absl::Notification busy;
   absl::Notification go;
+  CallExecutor executor(/*num_threads=*/1, /*max_queued=*/8,
+                        /*max_queued_bytes=*/100);
   ASSERT_TRUE(executor
                   .TrySchedule([&] {
                     busy.Notify();

@@ -8,6 +8,7 @@
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/descriptor_database.h>
 
 #include <memory>
 #include <string>
@@ -64,21 +65,23 @@ ServerReflectionRequest FileRequest(const std::string& name) {
   return request;
 }
 
-// A pool built from the files of `response` alone: it builds only when the
-// response carries every file its first file imports.
-std::unique_ptr<google::protobuf::DescriptorPool> PoolOf(
-    const ServerReflectionResponse& response) {
-  auto pool = std::make_unique<google::protobuf::DescriptorPool>();
-  const auto& files =
-      response.file_descriptor_response().file_descriptor_proto();
-  // Imports come after the files that import them: build in reverse.
-  for (int i = files.size() - 1; i >= 0; --i) {
-    google::protobuf::FileDescriptorProto file;
-    EXPECT_TRUE(file.ParseFromString(files[i]));
-    EXPECT_NE(pool->BuildFile(file), nullptr) << file.name();
+// The files of `response` alone, as a database a pool builds from (in any
+// order): a type builds only when the response carries every file its file
+// imports, directly or not.
+struct ResponseFiles {
+  explicit ResponseFiles(const ServerReflectionResponse& response) {
+    for (const std::string& bytes :
+         response.file_descriptor_response().file_descriptor_proto()) {
+      google::protobuf::FileDescriptorProto file;
+      EXPECT_TRUE(file.ParseFromString(bytes));
+      names.push_back(file.name());
+      EXPECT_TRUE(database.Add(file)) << file.name();
+    }
   }
-  return pool;
-}
+  google::protobuf::SimpleDescriptorDatabase database;
+  google::protobuf::DescriptorPool pool{&database};
+  std::vector<std::string> names;  // in response order
+};
 
 TEST_F(ReflectionServiceTest, DescribesTheApiWithEveryFileItImports) {
   const std::vector<ServerReflectionResponse> responses =
@@ -89,13 +92,11 @@ TEST_F(ReflectionServiceTest, DescribesTheApiWithEveryFileItImports) {
   for (const ServerReflectionResponse& response : responses) {
     ASSERT_TRUE(response.has_file_descriptor_response())
         << response.DebugString();
-    google::protobuf::FileDescriptorProto first;
-    ASSERT_TRUE(first.ParseFromString(
-        response.file_descriptor_response().file_descriptor_proto(0)));
-    EXPECT_EQ(first.name(), "attention/v1/attention.proto");
-    std::unique_ptr<google::protobuf::DescriptorPool> pool = PoolOf(response);
+    ResponseFiles files(response);
+    ASSERT_FALSE(files.names.empty());
+    EXPECT_EQ(files.names[0], "attention/v1/attention.proto");
     const google::protobuf::ServiceDescriptor* service =
-        pool->FindServiceByName("attention.v1.AttentionService");
+        files.pool.FindServiceByName("attention.v1.AttentionService");
     ASSERT_NE(service, nullptr);
     const google::protobuf::MethodDescriptor* decode =
         service->FindMethodByName("Decode");
@@ -104,11 +105,26 @@ TEST_F(ReflectionServiceTest, DescribesTheApiWithEveryFileItImports) {
     EXPECT_TRUE(decode->server_streaming());
     EXPECT_EQ(decode->input_type()->full_name(), "attention.v1.DecodeRequest");
   }
+  // A file whose imports share one (api.proto imports type.proto and
+  // source_context.proto; type.proto imports source_context.proto and
+  // any.proto): each comes once, and the type builds from them alone.
+  const std::vector<ServerReflectionResponse> api =
+      Ask({SymbolRequest("google.protobuf.Api")});
+  ASSERT_EQ(api.size(), 1u);
+  ResponseFiles api_files(api[0]);
+  EXPECT_EQ(api_files.names.size(), 4u);
+  EXPECT_EQ(api_files.names[0], "google/protobuf/api.proto");
+  const google::protobuf::Descriptor* api_type =
+      api_files.pool.FindMessageTypeByName("google.protobuf.Api");
+  ASSERT_NE(api_type, nullptr);
+  EXPECT_EQ(api_type->FindFieldByName("methods")->message_type()->full_name(),
+            "google.protobuf.Method");
   // The reflection service describes itself too.
   const std::vector<ServerReflectionResponse> itself = Ask({SymbolRequest(
       "grpc.reflection.v1alpha.ServerReflection.ServerReflectionInfo")});
   ASSERT_EQ(itself.size(), 1u);
-  EXPECT_NE(PoolOf(itself[0])->FindServiceByName(
+  ResponseFiles reflection(itself[0]);
+  EXPECT_NE(reflection.pool.FindServiceByName(
                 "grpc.reflection.v1alpha.ServerReflection"),
             nullptr);
 }
@@ -145,7 +161,7 @@ TEST_F(ReflectionServiceTest,
   EXPECT_EQ(responses[3].all_extension_numbers_response().base_type_name(),
             "attention.v1.DecodeRequest");
   EXPECT_EQ(responses[6].error_response().error_code(),
-            static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+            static_cast<int>(grpc::StatusCode::UNIMPLEMENTED));
   EXPECT_TRUE(responses[7].has_file_descriptor_response());
   // Each response carries the request it answers.
   EXPECT_EQ(responses[1].original_request().file_by_filename(),
@@ -156,7 +172,7 @@ TEST_F(ReflectionServiceTest,
 // of MiB of unknown-field records. The request is refused unparsed: gRPC
 // ends a stream whose message does not deserialize, so no answer comes,
 // where a parsed request would have been answered (it asks nothing: an
-// error_response). The server serves on.
+// UNIMPLEMENTED error_response). The server serves on.
 TEST_F(ReflectionServiceTest, ARequestOverItsParseBudgetIsNotParsed) {
   std::string groups;
   for (int i = 0; i < (4 << 20); ++i) groups += "\x7b\x7c";  // field 15
@@ -169,7 +185,7 @@ TEST_F(ReflectionServiceTest, ARequestOverItsParseBudgetIsNotParsed) {
   ServerReflectionResponse answer;
   ASSERT_TRUE(answer.ParseFromString(small.responses[0]));
   EXPECT_EQ(answer.error_response().error_code(),
-            static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+            static_cast<int>(grpc::StatusCode::UNIMPLEMENTED));
   ATTN_EXPECT_OK(server_->client->GetServerInfo());
 }
 
