@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -52,10 +53,31 @@ class TestFailure(Exception):
     pass
 
 
+_picked_ports = set()
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 free right now, not picked before, below the
+    kernel's ephemeral range when there is room: a port from that range,
+    once released, can be taken by any connection opened meanwhile."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        high = 32768
+    low = max(1024, high - 16384)
+    for _ in range(64):
+        port = random.randrange(low, high) if high - low >= 256 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        if port not in _picked_ports:
+            _picked_ports.add(port)
+            return port
+    raise TestFailure("no free port on 127.0.0.1")
 
 
 def http_get(url, timeout=5):
