@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "client/tensor_codec.h"
 #include "gtest/gtest.h"
 #include "tests/server/test_server.h"
 
@@ -62,30 +63,28 @@ LatentTokens RandomLatent(int64_t count, uint32_t seed) {
 }
 
 // The bitwise oracle: stateless causal attention over k with explicit values
-// v = k[:, :, :latent_dim] and the layer's mask, sinks and scale.
+// v = k[:, :, :latent_dim] (both sent in the session's `kv_dtype`: a key is
+// rounded to it as the session stores it) and the layer's mask, sinks and
+// scale.
 v1::AttentionRequest ExplicitValues(const LatentTokens& tokens, int64_t count,
                                     const v1::SessionSpec& spec, int layer) {
   v1::AttentionRequest request;
-  auto tensor = [](v1::Tensor* out, const std::vector<float>& values,
-                   std::vector<int64_t> shape) {
-    out->set_dtype(v1::DTYPE_FLOAT32);
-    for (int64_t d : shape) out->add_shape(d);
-    out->set_data(reinterpret_cast<const char*>(values.data()),
-                  values.size() * sizeof(float));
+  auto tensor = [](v1::Tensor* out, absl::Span<const float> values,
+                   std::vector<int64_t> shape, v1::DType dtype) {
+    auto made = client::MakeTensor(values, shape, dtype);
+    ASSERT_TRUE(made.ok()) << made.status();
+    *out = *std::move(made);
   };
   std::vector<float> v;
   for (int64_t t = 0; t < count; ++t) {
     v.insert(v.end(), tokens.k.begin() + t * kWidth,
              tokens.k.begin() + t * kWidth + kLatent);
   }
-  tensor(request.mutable_q(),
-         std::vector<float>(tokens.q.begin(),
-                            tokens.q.begin() + count * kHeads * kWidth),
-         {count, kHeads, kWidth});
-  tensor(request.mutable_k(),
-         std::vector<float>(tokens.k.begin(), tokens.k.begin() + count * kWidth),
-         {count, 1, kWidth});
-  tensor(request.mutable_v(), v, {count, 1, kLatent});
+  tensor(request.mutable_q(), tokens.q_rows(0, count), {count, kHeads, kWidth},
+         v1::DTYPE_FLOAT32);
+  tensor(request.mutable_k(), tokens.k_rows(0, count), {count, 1, kWidth},
+         spec.kv_dtype());
+  tensor(request.mutable_v(), v, {count, 1, kLatent}, spec.kv_dtype());
   request.set_causal(true);
   request.set_window(spec.layers(layer).window());
   request.set_num_sink_tokens(spec.layers(layer).num_sink_tokens());
@@ -233,8 +232,13 @@ TEST_F(LatentTest, AbsorbedOutputEqualsExplicitPerHeadAttention) {
       << "magnitude " << max_magnitude;
 }
 
-TEST_F(LatentTest, EveryServingPathIsBitwiseTheExplicitValueOracle) {
-  const v1::SessionSpec spec_in = LatentSpec();
+// Per KV dtype: the stored latents are rounded to it, and the one kernel
+// reads them in place for every path.
+class LatentPathsTest : public LatentTest,
+                        public ::testing::WithParamInterface<v1::DType> {};
+
+TEST_P(LatentPathsTest, EveryServingPathIsBitwiseTheExplicitValueOracle) {
+  const v1::SessionSpec spec_in = LatentSpec(GetParam());
   auto whole = client().OpenSession(spec_in);
   auto chunked = client().OpenSession(spec_in);
   auto streamed = client().OpenSession(spec_in);
@@ -312,6 +316,13 @@ TEST_F(LatentTest, EveryServingPathIsBitwiseTheExplicitValueOracle) {
   }
   ATTN_ASSERT_OK(stream->Finish());
 }
+
+INSTANTIATE_TEST_SUITE_P(KvDtypes, LatentPathsTest,
+                         ::testing::Values(v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16,
+                                           v1::DTYPE_BFLOAT16),
+                         [](const ::testing::TestParamInfo<v1::DType>& info) {
+                           return std::string(v1::DType_Name(info.param));
+                         });
 
 TEST_F(LatentTest, ForkTruncateAndFailedCallsChangeNothing) {
   auto session = client().OpenSession(LatentSpec());

@@ -155,15 +155,27 @@ TEST_F(TopKTest, ServedOutputIsDenseAttentionOverTheSelectedKeys) {
 }
 
 // A top-k layer with a window, StreamingLLM sink tokens, learned sink
-// logits and LSE: every row selects only keys its mask shows and its output
-// and LSE are bitwise the stateless attention (with the sinks) over them;
-// chunked prefill, streamed decode, BatchDecode, a fork and a truncation
-// followed by replay all give the one-shot bits.
-TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
-  constexpr int kWindow = 40, kSinkTokens = 3;
-  v1::SessionSpec spec_in = MakeSpec(2, 4, 2, 16, {kWindow, 0});
-  spec_in.mutable_layers(0)->set_num_sink_tokens(kSinkTokens);
-  spec_in.mutable_layers(0)->set_topk(kTopK);
+// logits and LSE.
+struct WindowCase {
+  const char* name;
+  int window, sink_tokens, topk;
+  int64_t prompt, total;
+  std::vector<int64_t> chunks;  // of the prompt
+  std::vector<int64_t> rows;    // checked against the oracle
+};
+
+class TopKWindowTest : public TopKTest,
+                       public ::testing::WithParamInterface<WindowCase> {};
+
+// Every row selects only keys its mask shows and its output and LSE are
+// bitwise the stateless attention (with the sinks) over them; chunked
+// prefill, streamed decode, BatchDecode, a fork and a truncation followed by
+// replay all give the one-shot bits.
+TEST_P(TopKWindowTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
+  const WindowCase& c = GetParam();
+  v1::SessionSpec spec_in = MakeSpec(2, 4, 2, 16, {c.window, 0});
+  spec_in.mutable_layers(0)->set_num_sink_tokens(c.sink_tokens);
+  spec_in.mutable_layers(0)->set_topk(c.topk);
   for (int h = 0; h < 4; ++h) {
     spec_in.mutable_layers(0)->add_sink_logits(0.3f * h - 0.4f);
   }
@@ -178,7 +190,7 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
   ATTN_ASSERT_OK(streamed);
   ATTN_ASSERT_OK(batched);
   const v1::SessionSpec& spec = whole->spec();
-  const int64_t prompt = 80, total = 90;
+  const int64_t prompt = c.prompt, total = c.total;
   const Tokens tokens = RandomTokens(spec, total, 61);
   const IndexInputs index(total, 62);
   client::StepOptions with_lse;
@@ -207,8 +219,8 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
   auto row_of = [&](int64_t t) {
     std::string bytes =
         RowBytes(all->output(), t, 1) + RowBytes(all->lse(), t, 1);
-    for (int i = 0; i < kTopK; ++i) {
-      bytes += absl::StrCat(",", all->topk_indices(t * kTopK + i));
+    for (int i = 0; i < c.topk; ++i) {
+      bytes += absl::StrCat(",", all->topk_indices(t * c.topk + i));
     }
     return bytes;
   };
@@ -220,14 +232,14 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
     return bytes;
   };
 
-  for (int64_t t : {0, 2, 3, 20, 39, 40, 41, 43, 44, 60, 89}) {
+  for (int64_t t : c.rows) {
     std::vector<float> k, v;
     int64_t selected = 0;
-    for (int i = 0; i < kTopK; ++i) {
-      const int64_t s = all->topk_indices(t * kTopK + i);
+    for (int i = 0; i < c.topk; ++i) {
+      const int64_t s = all->topk_indices(t * c.topk + i);
       if (s < 0) continue;
       ++selected;
-      EXPECT_TRUE(s <= t && (t - s < kWindow || s < kSinkTokens))
+      EXPECT_TRUE(s <= t && (t - s < c.window || s < c.sink_tokens))
           << "row " << t << " selected invisible key " << s;
       const auto ks = tokens.k_rows(s, 1);
       const auto vs = tokens.v_rows(s, 1);
@@ -235,9 +247,9 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
       v.insert(v.end(), vs.begin(), vs.end());
     }
     const int64_t visible =
-        std::min<int64_t>(t + 1, kWindow) +
-        std::clamp<int64_t>(t + 1 - kWindow, 0, kSinkTokens);
-    EXPECT_EQ(selected, std::min<int64_t>(visible, kTopK)) << "row " << t;
+        std::min<int64_t>(t + 1, c.window) +
+        std::clamp<int64_t>(t + 1 - c.window, 0, c.sink_tokens);
+    EXPECT_EQ(selected, std::min<int64_t>(visible, c.topk)) << "row " << t;
     v1::AttentionRequest oracle;
     SetTensor(oracle.mutable_q(), tokens.q_rows(t, 1), {1, 4, 16});
     SetTensor(oracle.mutable_k(), k, {selected, 2, 16});
@@ -256,7 +268,7 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
   // Chunked prefill.
   std::string pieces;
   int64_t start = 0;
-  for (int64_t size : {1, 30, 49}) {
+  for (int64_t size : c.chunks) {
     auto part = prefill(*chunked, 0, start, size);
     ATTN_ASSERT_OK(part);
     pieces += bytes_of(*part);
@@ -267,10 +279,10 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
   {
     std::string expected_pieces;
     int64_t begin = 0;
-    for (int64_t size : {1, 30, 49}) {
+    for (int64_t size : c.chunks) {
       expected_pieces += RowBytes(all->output(), begin, size) +
                          RowBytes(all->lse(), begin, size);
-      for (int64_t i = begin * kTopK; i < (begin + size) * kTopK; ++i) {
+      for (int64_t i = begin * c.topk; i < (begin + size) * c.topk; ++i) {
         expected_pieces += absl::StrCat(",", all->topk_indices(i));
       }
       begin += size;
@@ -319,6 +331,32 @@ TEST_F(TopKTest, WindowSinksLseAndEveryServingPathOnATopKLayer) {
   EXPECT_EQ(bytes_of(*replay_next), bytes_of(*next));
   EXPECT_EQ(bytes_of(*replay_next), row_of(prompt + 1));
 }
+
+// The long case selects more than 512 keys in a window of more than 512:
+// the attention over the selection is split into key chunks as dense
+// attention over as many keys is.
+INSTANTIATE_TEST_SUITE_P(
+    Windows, TopKWindowTest,
+    ::testing::Values(WindowCase{"short",
+                                 40,
+                                 3,
+                                 kTopK,
+                                 80,
+                                 90,
+                                 {1, 30, 49},
+                                 {0, 2, 3, 20, 39, 40, 41, 43, 44, 60, 89}},
+                      WindowCase{
+                          "long",
+                          560,
+                          4,
+                          530,
+                          600,
+                          606,
+                          {1, 300, 299},
+                          {0, 529, 530, 531, 559, 560, 563, 564, 599, 605}}),
+    [](const ::testing::TestParamInfo<WindowCase>& info) {
+      return std::string(info.param.name);
+    });
 
 TEST_F(TopKTest, MissingOrMisplacedIndexInputsFailAndChangeNothing) {
   auto session = client().OpenSession(SparseSpec());
