@@ -504,6 +504,10 @@ int AttentionServer::metrics_port() const {
   return options_.metrics_port >= 0 ? metrics_->port() : -1;
 }
 
+int64_t AttentionServer::calls_in_flight() const {
+  return service_->in_flight();
+}
+
 void AttentionServer::Wait() {
   if (server_ != nullptr) server_->Wait();
 }

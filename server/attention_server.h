@@ -98,6 +98,9 @@ class AttentionServer {
   int metrics_port() const;
   // The Prometheus metrics (always recorded, served when metrics_port >= 0).
   ServerMetrics& metrics() { return *metrics_; }
+  // Calls and open Decode streams inside a handler now: a unary call counts
+  // from when its whole request has arrived until its reply is written.
+  int64_t calls_in_flight() const;
 
   // Blocks until the server has shut down.
   void Wait();

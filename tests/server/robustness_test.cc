@@ -341,10 +341,18 @@ TEST_F(RobustnessTest, ExpiredAndCancelledCallsStopAndApplyNothing) {
   AwaitEndedIfStarted("Prefill", "DEADLINE_EXCEEDED");
   EXPECT_EQ(RequestCount("Prefill", "OK"), 0);
   ExpectUnchanged(session.id(), *before, "prefill past its deadline");
+  ASSERT_TRUE(
+      Eventually([&] { return server_->server->calls_in_flight() == 0; },
+                 absl::Seconds(30)));
   {
+    // Cancelled once the server holds the whole request and computes: the
+    // server must stop it and record it.
     grpc::ClientContext context;
-    std::thread canceller([&context] {
-      absl::SleepFor(absl::Milliseconds(250));
+    std::thread canceller([&] {
+      for (int i = 0; i < 12000 && server_->server->calls_in_flight() == 0;
+           ++i) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
       context.TryCancel();
     });
     v1::AttentionResult result;
@@ -353,7 +361,7 @@ TEST_F(RobustnessTest, ExpiredAndCancelledCallsStopAndApplyNothing) {
     canceller.join();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
   }
-  AwaitEndedIfStarted("Prefill", "CANCELLED");
+  AwaitRecorded("Prefill", "CANCELLED");
   EXPECT_EQ(RequestCount("Prefill", "OK"), 0);
   ExpectUnchanged(session.id(), *before, "cancelled prefill");
 }
