@@ -4,6 +4,11 @@
 #include <vector>
 
 namespace attention::cpu {
+
+int IndexDimPadded(int dim) {
+  return (dim + kIndexLanes - 1) / kIndexLanes * kIndexLanes;
+}
+
 namespace {
 
 // The canonical dot product (index_kernels.h) of a padded query row and a

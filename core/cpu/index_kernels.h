@@ -29,10 +29,10 @@ namespace attention::cpu {
 // Lanes of the canonical index dot product.
 inline constexpr int kIndexLanes = 16;
 
-// Index dims rounded up to whole kIndexLanes blocks.
-inline int IndexDimPadded(int dim) {
-  return (dim + kIndexLanes - 1) / kIndexLanes * kIndexLanes;
-}
+// Index dims rounded up to whole kIndexLanes blocks. Out of line: this
+// header is included by files built for other instruction sets, which must
+// define no symbol outside their own namespace (see core/cpu/CMakeLists.txt).
+int IndexDimPadded(int dim);
 
 // The query side of one row's scoring: `heads` index queries of `dim`
 // floats, each padded with zeros to IndexDimPadded(dim) (q[j] starts at
