@@ -20,6 +20,17 @@ constexpr int kLatent = 48;  // latent_dim (d_c): the values
 constexpr int kRope = 16;    // rope_dim (d_r)
 constexpr int kWidth = kLatent + kRope;
 
+// A latent layer's shape: query heads, latent_dim, rope_dim, and d_nope
+// (the per-head key width before absorption, which sets the scale).
+struct LatentShape {
+  int heads, latent, rope, nope;
+  int width() const { return latent + rope; }
+};
+constexpr LatentShape kSmall = {kHeads, kLatent, kRope, 32};
+// DeepSeek-V2/V3 per tensor-parallel rank of 8: 128 / 8 heads, d_c = 512,
+// d_r = 64, d_nope = 128 (FlashMLA's 576 / 512).
+constexpr LatentShape kDeepSeek = {16, 512, 64, 128};
+
 class LatentTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -34,13 +45,15 @@ class LatentTest : public ::testing::Test {
 
 // Three latent layers: full causal; window 24 with 2 sink tokens; full with
 // learned sink logits.
-v1::SessionSpec LatentSpec(v1::DType kv_dtype = v1::DTYPE_FLOAT32) {
-  v1::SessionSpec spec = MakeSpec(3, kHeads, 1, kWidth, {0, 24, 0}, kv_dtype);
-  spec.set_value_dim(kLatent);
+v1::SessionSpec LatentSpec(v1::DType kv_dtype = v1::DTYPE_FLOAT32,
+                           const LatentShape& shape = kSmall) {
+  v1::SessionSpec spec =
+      MakeSpec(3, shape.heads, 1, shape.width(), {0, 24, 0}, kv_dtype);
+  spec.set_value_dim(shape.latent);
   spec.set_kv_layout(v1::KV_LAYOUT_SHARED_LATENT);
-  spec.set_scale(1.0f / std::sqrt(32.0f + kRope));
+  spec.set_scale(1.0f / std::sqrt(static_cast<float>(shape.nope + shape.rope)));
   spec.mutable_layers(1)->set_num_sink_tokens(2);
-  for (int h = 0; h < kHeads; ++h) {
+  for (int h = 0; h < shape.heads; ++h) {
     spec.mutable_layers(2)->add_sink_logits(0.25f * h - 0.5f);
   }
   return spec;
@@ -48,26 +61,31 @@ v1::SessionSpec LatentSpec(v1::DType kv_dtype = v1::DTYPE_FLOAT32) {
 
 // Random absorbed queries [T, H, width] and latent keys [T, 1, width].
 struct LatentTokens {
+  LatentShape shape;
   std::vector<float> q, k;
   absl::Span<const float> q_rows(int64_t begin, int64_t rows) const {
-    return absl::MakeConstSpan(q).subspan(begin * kHeads * kWidth,
-                                          rows * kHeads * kWidth);
+    const int64_t row = int64_t{shape.heads} * shape.width();
+    return absl::MakeConstSpan(q).subspan(begin * row, rows * row);
   }
   absl::Span<const float> k_rows(int64_t begin, int64_t rows) const {
-    return absl::MakeConstSpan(k).subspan(begin * kWidth, rows * kWidth);
+    return absl::MakeConstSpan(k).subspan(begin * shape.width(),
+                                          rows * shape.width());
   }
 };
-LatentTokens RandomLatent(int64_t count, uint32_t seed) {
-  return {RandomFloats(count * kHeads * kWidth, seed),
-          RandomFloats(count * kWidth, seed + 7777)};
+LatentTokens RandomLatent(int64_t count, uint32_t seed,
+                          const LatentShape& shape = kSmall) {
+  return {shape, RandomFloats(count * shape.heads * shape.width(), seed),
+          RandomFloats(count * shape.width(), seed + 7777)};
 }
 
 // The bitwise oracle: stateless causal attention over k with explicit values
 // v = k[:, :, :latent_dim] (both sent in the session's `kv_dtype`: a key is
 // rounded to it as the session stores it) and the layer's mask, sinks and
-// scale.
+// scale; for query rows [first_row, count) (query_start = first_row).
 v1::AttentionRequest ExplicitValues(const LatentTokens& tokens, int64_t count,
-                                    const v1::SessionSpec& spec, int layer) {
+                                    const v1::SessionSpec& spec, int layer,
+                                    int64_t first_row = 0) {
+  const LatentShape& shape = tokens.shape;
   v1::AttentionRequest request;
   auto tensor = [](v1::Tensor* out, absl::Span<const float> values,
                    std::vector<int64_t> shape, v1::DType dtype) {
@@ -77,14 +95,16 @@ v1::AttentionRequest ExplicitValues(const LatentTokens& tokens, int64_t count,
   };
   std::vector<float> v;
   for (int64_t t = 0; t < count; ++t) {
-    v.insert(v.end(), tokens.k.begin() + t * kWidth,
-             tokens.k.begin() + t * kWidth + kLatent);
+    const auto key = tokens.k_rows(t, 1);
+    v.insert(v.end(), key.begin(), key.begin() + shape.latent);
   }
-  tensor(request.mutable_q(), tokens.q_rows(0, count), {count, kHeads, kWidth},
-         v1::DTYPE_FLOAT32);
-  tensor(request.mutable_k(), tokens.k_rows(0, count), {count, 1, kWidth},
-         spec.kv_dtype());
-  tensor(request.mutable_v(), v, {count, 1, kLatent}, spec.kv_dtype());
+  const int64_t rows = count - first_row;
+  tensor(request.mutable_q(), tokens.q_rows(first_row, rows),
+         {rows, shape.heads, shape.width()}, v1::DTYPE_FLOAT32);
+  tensor(request.mutable_k(), tokens.k_rows(0, count),
+         {count, 1, shape.width()}, spec.kv_dtype());
+  tensor(request.mutable_v(), v, {count, 1, shape.latent}, spec.kv_dtype());
+  request.set_query_start(first_row);
   request.set_causal(true);
   request.set_window(spec.layers(layer).window());
   request.set_num_sink_tokens(spec.layers(layer).num_sink_tokens());
@@ -232,13 +252,19 @@ TEST_F(LatentTest, AbsorbedOutputEqualsExplicitPerHeadAttention) {
       << "magnitude " << max_magnitude;
 }
 
-// Per KV dtype: the stored latents are rounded to it, and the one kernel
-// reads them in place for every path.
+// Per KV dtype (the stored latents are rounded to it, and the one kernel
+// reads them in place for every path) and shape.
+struct LatentCase {
+  const char* name;
+  v1::DType kv_dtype;
+  LatentShape shape;
+};
 class LatentPathsTest : public LatentTest,
-                        public ::testing::WithParamInterface<v1::DType> {};
+                        public ::testing::WithParamInterface<LatentCase> {};
 
 TEST_P(LatentPathsTest, EveryServingPathIsBitwiseTheExplicitValueOracle) {
-  const v1::SessionSpec spec_in = LatentSpec(GetParam());
+  const LatentShape& shape = GetParam().shape;
+  const v1::SessionSpec spec_in = LatentSpec(GetParam().kv_dtype, shape);
   auto whole = client().OpenSession(spec_in);
   auto chunked = client().OpenSession(spec_in);
   auto streamed = client().OpenSession(spec_in);
@@ -254,7 +280,7 @@ TEST_P(LatentPathsTest, EveryServingPathIsBitwiseTheExplicitValueOracle) {
   client::StepOptions lse;
   lse.return_lse = true;
   for (int layer = 0; layer < 3; ++layer) {
-    tokens.push_back(RandomLatent(total, 40 + layer));
+    tokens.push_back(RandomLatent(total, 40 + layer, shape));
     const LatentTokens& t = tokens.back();
     auto one = whole->Prefill(layer, t.q_rows(0, total), t.k_rows(0, total),
                               {}, lse);
@@ -280,49 +306,50 @@ TEST_P(LatentPathsTest, EveryServingPathIsBitwiseTheExplicitValueOracle) {
           handle->Prefill(layer, t.q_rows(0, prompt), t.k_rows(0, prompt), {}));
     }
   }
-  const int64_t row_bytes = int64_t{kHeads} * kLatent * sizeof(float);
+  const int64_t row_bytes = int64_t{shape.heads} * shape.latent * sizeof(float);
   auto stream = client().OpenDecodeStream();
   for (int64_t t = prompt; t < total; ++t) {
     v1::BatchDecodeRequest batch;
+    std::vector<std::string> expected;  // per layer: the oracle's row t
     for (int layer = 0; layer < 3; ++layer) {
+      auto oracle = client().Attention(
+          ExplicitValues(tokens[layer], t + 1, spec, layer, /*first_row=*/t));
+      ATTN_ASSERT_OK(oracle);
+      expected.push_back(oracle->output().data());
+      ASSERT_EQ(static_cast<int64_t>(expected.back().size()), row_bytes);
       auto request = streamed->MakeDecodeRequest(
           layer, tokens[layer].q_rows(t, 1), tokens[layer].k_rows(t, 1), {});
       ATTN_ASSERT_OK(request);
       auto step = stream->Step(*request);
       ATTN_ASSERT_OK(step);
+      EXPECT_EQ(step->output().data(), expected[layer])
+          << "layer " << layer << " step " << t;
       auto batch_step = batched->MakeDecodeRequest(
           layer, tokens[layer].q_rows(t, 1), tokens[layer].k_rows(t, 1), {});
       ATTN_ASSERT_OK(batch_step);
       *batch.add_steps() = *std::move(batch_step);
-      // Compare the streamed step with the one-shot prefill's row t.
-      auto again = client().Attention(
-          ExplicitValues(tokens[layer], t + 1, spec, layer));
-      ATTN_ASSERT_OK(again);
-      EXPECT_EQ(step->output().data(), RowBytes(again->output(), t, 1))
-          << "layer " << layer << " step " << t;
     }
     auto results = client().BatchDecode(batch);
     ATTN_ASSERT_OK(results);
     ASSERT_EQ(results->size(), 3u);
     for (int layer = 0; layer < 3; ++layer) {
-      auto oracle = client().Attention(
-          ExplicitValues(tokens[layer], t + 1, spec, layer));
-      ATTN_ASSERT_OK(oracle);
-      EXPECT_EQ((*results)[layer].output().data(),
-                RowBytes(oracle->output(), t, 1));
-      EXPECT_EQ(static_cast<int64_t>((*results)[layer].output().data().size()),
-                row_bytes);
+      EXPECT_EQ((*results)[layer].output().data(), expected[layer])
+          << "layer " << layer << " step " << t;
     }
   }
   ATTN_ASSERT_OK(stream->Finish());
 }
 
-INSTANTIATE_TEST_SUITE_P(KvDtypes, LatentPathsTest,
-                         ::testing::Values(v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16,
-                                           v1::DTYPE_BFLOAT16),
-                         [](const ::testing::TestParamInfo<v1::DType>& info) {
-                           return std::string(v1::DType_Name(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LatentPathsTest,
+    ::testing::Values(LatentCase{"fp32", v1::DTYPE_FLOAT32, kSmall},
+                      LatentCase{"fp16", v1::DTYPE_FLOAT16, kSmall},
+                      LatentCase{"bf16", v1::DTYPE_BFLOAT16, kSmall},
+                      LatentCase{"bf16_576_512", v1::DTYPE_BFLOAT16,
+                                 kDeepSeek}),
+    [](const ::testing::TestParamInfo<LatentCase>& info) {
+      return std::string(info.param.name);
+    });
 
 TEST_F(LatentTest, ForkTruncateAndFailedCallsChangeNothing) {
   auto session = client().OpenSession(LatentSpec());
