@@ -80,6 +80,21 @@ grpc::ChannelArguments ChannelArguments(const ClientOptions& options) {
     arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
                      std::min(max_ms, 100));
   }
+  if (options.keepalive_time != absl::InfiniteDuration()) {
+    const int time_ms = ClampToInt(absl::ToInt64Milliseconds(
+        std::max(options.keepalive_time, kMinKeepaliveTime)));
+    arguments.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, time_ms);
+    arguments.SetInt(
+        GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+        ClampToInt(std::max<int64_t>(
+            1, absl::ToInt64Milliseconds(options.keepalive_timeout))));
+    // Every keepalive ping goes out, also on a stream that only waits for
+    // its answers (gRPC otherwise stops after 2 pings without data, and
+    // then spaces them 5 minutes apart).
+    arguments.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    arguments.SetInt(GRPC_ARG_HTTP2_MIN_SENT_PING_INTERVAL_WITHOUT_DATA_MS,
+                     time_ms);
+  }
   return arguments;
 }
 

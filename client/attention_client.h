@@ -45,6 +45,11 @@
 
 namespace attention::client {
 
+// The shortest ClientOptions::keepalive_time: an attention-server accepts a
+// client's pings this often (server/transport_limits.h); gRPC servers close
+// the connection of a client that pings more often than they accept.
+inline constexpr absl::Duration kMinKeepaliveTime = absl::Seconds(5);
+
 struct ClientOptions {
   // Largest message sent / received (the server's default is 64 MiB).
   int64_t max_send_message_bytes = int64_t{64} << 20;
@@ -66,6 +71,16 @@ struct ClientOptions {
   // UNAVAILABLE while the channel waits, so a short one notices a restarted
   // server sooner.
   absl::Duration max_reconnect_backoff = absl::ZeroDuration();
+  // A server that stops answering while calls are open: the channel pings
+  // it after keepalive_time (at least kMinKeepaliveTime) without an
+  // answer from it and closes the connection when a ping is not answered
+  // within keepalive_timeout; the open calls then fail UNAVAILABLE (a
+  // ClusterClient then finds the session elsewhere). Without pings a call
+  // without deadline (a Decode stream) on a server whose host froze, or
+  // that a network partition cut off, waits for ever or until TCP gives
+  // up. Infinite keepalive_time = no pings. Idle channels never ping.
+  absl::Duration keepalive_time = absl::Seconds(20);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
 
   // Transport security. Plaintext unless `tls` is set or any tls_* field
   // is: then TLS, verifying the server against tls_ca_file (PEM; empty =

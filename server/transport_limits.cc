@@ -4,6 +4,8 @@
 #include <grpcpp/resource_quota.h>
 #include <sys/resource.h>
 
+#include "client/attention_client.h"
+
 namespace attention::server {
 
 void ApplyTransportLimits(const ServerOptions& options,
@@ -25,6 +27,13 @@ void ApplyTransportLimits(const ServerOptions& options,
       static_cast<int>(absl::ToInt64Milliseconds(kKeepaliveTimeout)));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Clients' keepalive pings (client::ClientOptions::keepalive_time, at
+  // least kMinKeepaliveTime apart): accepted with half that as a margin
+  // for timers; gRPC's default (5 minutes) would close their connections.
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      static_cast<int>(
+          absl::ToInt64Milliseconds(client::kMinKeepaliveTime / 2)));
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a
   // port silently; a port in use must be an error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

@@ -16,7 +16,9 @@
 //   an overloaded server), and the callback RPCs run on.
 // - Dead peers: every connection is pinged every kKeepaliveTime (also when
 //   idle) and closed when an answer takes longer than kKeepaliveTimeout, so
-//   a vanished client's streams end and release their sessions.
+//   a vanished client's streams end and release their sessions. Clients
+//   may ping as often as every client::kMinKeepaliveTime (their own
+//   keepalive, which finds a frozen server).
 // - Ports: no SO_REUSEPORT, so a port in use is an error.
 #ifndef ATTENTION_SERVER_TRANSPORT_LIMITS_H_
 #define ATTENTION_SERVER_TRANSPORT_LIMITS_H_

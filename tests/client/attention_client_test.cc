@@ -1,15 +1,22 @@
-// The client library against a real in-process server: handles, streams,
-// error translation, timeouts and message limits.
+// The client library against a real in-process server (and a server
+// process, to freeze): handles, streams, error translation, timeouts,
+// keepalive and message limits.
 #include "client/attention_client.h"
 
+#include <signal.h>
+
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/server/server_process.h"
 #include "tests/server/test_server.h"
 
 namespace attention::testing {
@@ -380,6 +387,52 @@ TEST_F(AttentionClientTest, UnreachableServerIsUnavailableOrDeadline) {
   EXPECT_TRUE(info.status().code() == absl::StatusCode::kUnavailable ||
               info.status().code() == absl::StatusCode::kDeadlineExceeded)
       << info.status();
+}
+
+// A server that stops answering (its process stopped: the kernel still
+// takes the bytes) fails a Decode stream's step, which has no deadline,
+// once a keepalive ping goes unanswered; before that, the server accepts
+// pings as often as the client may send them.
+TEST(AttentionClientKeepaliveTest, AFrozenServerFailsTheOpenStream) {
+  ServerProcess server({"--listen_address=127.0.0.1", "--port=0",
+                        "--backend=cpu", "--threads=1",
+                        "--kv_cache_bytes=16777216", "--kv_block_bytes=4096",
+                        "--metrics_port=-1"});
+  const int port = server.WaitForPort();
+  ASSERT_GT(port, 0) << server.output();
+  client::ClientOptions options;
+  options.keepalive_time = client::kMinKeepaliveTime;
+  options.keepalive_timeout = absl::Seconds(1);
+  auto client =
+      client::AttentionClient::Open(absl::StrCat("127.0.0.1:", port), options);
+  ATTN_ASSERT_OK(client);
+  auto session = (*client)->OpenSession(MakeSpec(1, 2, 1, 16));
+  ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(session->spec(), 3, 11);
+  auto stream = (*client)->OpenDecodeStream();
+  ATTN_ASSERT_OK(stream->Step(DecodeRequestAt(*session, tokens, 0)));
+  // Open and quiet across four pings (gRPC's default server policy closes
+  // the connection at the third).
+  absl::SleepFor(4 * client::kMinKeepaliveTime + absl::Seconds(1));
+  ATTN_ASSERT_OK(stream->Step(DecodeRequestAt(*session, tokens, 1)));
+
+  server.Signal(SIGSTOP);
+  // Only a client that never pings gets here: the step would wait for
+  // ever, so it is ended (and the test failed) after a generous bound.
+  absl::Notification answered;
+  std::atomic<bool> guard_fired = false;
+  std::thread guard([&] {
+    if (!answered.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+      guard_fired = true;
+      server.Signal(SIGKILL);
+    }
+  });
+  auto frozen = stream->Step(DecodeRequestAt(*session, tokens, 2));
+  answered.Notify();
+  guard.join();
+  EXPECT_FALSE(guard_fired) << "no keepalive ended the step";
+  ATTN_EXPECT_CODE(frozen, absl::StatusCode::kUnavailable);
+  server.Signal(SIGCONT);
 }
 
 // gRPC aborts a call whose metadata cannot go in an HTTP/2 header: Open
