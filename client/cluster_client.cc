@@ -434,8 +434,8 @@ std::string ClusterClient::UseOwner(absl::string_view session_id) {
   return it->second->address;
 }
 
-std::shared_ptr<ClusterReplica> ClusterClient::Locate(
-    absl::string_view session_id, const Replica* skip) {
+ClusterClient::Location ClusterClient::Locate(absl::string_view session_id,
+                                              const Replica* skip) {
   std::vector<std::shared_ptr<Replica>> replicas = AllReplicas();
   std::erase_if(replicas, [&](const std::shared_ptr<Replica>& replica) {
     return replica.get() == skip;
@@ -448,16 +448,35 @@ std::shared_ptr<ClusterReplica> ClusterClient::Locate(
       });
   // By dialed address, whichever answered first: the same answers always
   // give the same owner.
+  Location location;
   for (size_t i = 0; i < replicas.size(); ++i) {
     const absl::StatusOr<v1::SessionInfo>& info = answers[i];
     if (info.ok()) {
-      return info->owner().empty() ? replicas[i] : ReplicaAt(info->owner());
+      location.replica =
+          info->owner().empty() ? replicas[i] : ReplicaAt(info->owner());
+      return location;
     }
     if (std::optional<std::string> owner = MovedSessionOwner(info.status())) {
-      return ReplicaAt(*owner);
+      location.replica = ReplicaAt(*owner);
+      return location;
+    }
+    if (info.status().code() != absl::StatusCode::kNotFound) {
+      absl::StrAppend(&location.unanswered,
+                      location.unanswered.empty() ? "" : ", ",
+                      AddressOf(*replicas[i]));
     }
   }
-  return nullptr;
+  return location;
+}
+
+absl::Status ClusterClient::NotOnAnyReplica(absl::string_view session_id,
+                                            const Location& location,
+                                            absl::Status not_found) {
+  if (location.unanswered.empty()) return not_found;
+  return absl::UnavailableError(absl::StrCat(
+      not_found.message(), "; but replicas ", location.unanswered,
+      " did not answer and session ", QuoteClientString(session_id),
+      " may be on one of them: retry once they serve"));
 }
 
 absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Confirm(
@@ -475,18 +494,28 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Confirm(
     SetOwner(session_id, *owner);
     return ReplicaAt(*owner);
   }
-  if (std::shared_ptr<Replica> found = Locate(session_id, replica.get())) {
-    SetOwner(session_id, AddressOf(*found));
-    return found;
+  const Location location = Locate(session_id, replica.get());
+  if (location.replica != nullptr) {
+    SetOwner(session_id, AddressOf(*location.replica));
+    return location.replica;
+  }
+  if (info.status().code() != absl::StatusCode::kNotFound) {
+    // The replica may still hold it (unreachable, or drained to its
+    // --snapshot_dir): the record stays.
+    return absl::Status(
+        info.status().code(),
+        absl::StrCat("replica ", AddressOf(*replica), ", which holds session ",
+                     QuoteClientString(session_id), ", did not answer (",
+                     info.status().message(),
+                     ") and no other replica that answered has the session"));
   }
   Forget(session_id);
-  return absl::Status(
-      info.status().code(),
-      absl::StrCat("session ", QuoteClientString(session_id),
-                   " is not on its replica ", AddressOf(*replica), " (",
-                   info.status().message(),
-                   ") nor on any other replica that answered; it is not "
-                   "recreated"));
+  return NotOnAnyReplica(
+      session_id, location,
+      absl::NotFoundError(absl::StrCat(
+          "session ", QuoteClientString(session_id), " is not on its replica ",
+          AddressOf(*replica), " (", info.status().message(),
+          ") nor on any other replica that answered; it is not recreated")));
 }
 
 absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::OwnerReplica(
@@ -502,14 +531,17 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::OwnerReplica(
     if (!draining) return replica;
     return Confirm(session_id, replica);
   }
-  if (std::shared_ptr<Replica> found = Locate(session_id, nullptr)) {
-    SetOwner(session_id, AddressOf(*found));
-    return found;
+  const Location location = Locate(session_id, nullptr);
+  if (location.replica != nullptr) {
+    SetOwner(session_id, AddressOf(*location.replica));
+    return location.replica;
   }
-  return absl::NotFoundError(
-      absl::StrCat("session ", QuoteClientString(session_id),
-                   " is on none of the cluster's replicas that answered (",
-                   DescribeReplicas(), ")"));
+  return NotOnAnyReplica(
+      session_id, location,
+      absl::NotFoundError(
+          absl::StrCat("session ", QuoteClientString(session_id),
+                       " is on none of the cluster's replicas that answered (",
+                       DescribeReplicas(), ")")));
 }
 
 absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
@@ -532,12 +564,14 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
   if (status.code() == absl::StatusCode::kNotFound) {
     // Changed nothing either. It may live elsewhere: moved by a replica
     // whose address now belongs to a new pod that never had it.
-    if (std::shared_ptr<Replica> found = Locate(session_id, &replica)) {
-      SetOwner(session_id, AddressOf(*found));
-      return found;
+    const Location location = Locate(session_id, &replica);
+    if (location.replica != nullptr) {
+      SetOwner(session_id, AddressOf(*location.replica));
+      return location.replica;
     }
     Forget(session_id);
-    return NoLongerAnywhere(session_id, from, status);
+    return NotOnAnyReplica(session_id, location,
+                           NoLongerAnywhere(session_id, from, status));
   }
   if (status.code() != absl::StatusCode::kUnavailable) return status;
   // The replica's own UNAVAILABLE (overloaded) while it holds the session:
@@ -545,16 +579,19 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
   absl::StatusOr<v1::SessionInfo> here = replica.probe->GetSession(session_id);
   if (here.ok()) return status;
   std::shared_ptr<Replica> found;
+  Location location;
   if (std::optional<std::string> owner = MovedSessionOwner(here.status())) {
     found = ReplicaAt(*owner);
   } else {
     if (Unreachable(here.status())) MarkUnreachable(replica, here.status());
-    found = Locate(session_id, &replica);
+    location = Locate(session_id, &replica);
+    found = location.replica;
   }
   if (found == nullptr && here.status().code() == absl::StatusCode::kNotFound) {
     // Reachable again (restarted) without the session.
     Forget(session_id);
-    return NoLongerAnywhere(session_id, from, here.status());
+    return NotOnAnyReplica(session_id, location,
+                           NoLongerAnywhere(session_id, from, here.status()));
   }
   if (found == nullptr) {
     return absl::UnavailableError(absl::StrCat(

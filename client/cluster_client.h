@@ -56,8 +56,11 @@
 // call that never reached the replica: gRPC found no connection to it). An
 // append or a fork that failed with UNAVAILABLE otherwise is never re-sent
 // (it may have been applied): the error names the replica and where the
-// session is now. Not found: NOT_FOUND or UNAVAILABLE naming the replica; the
-// client never creates an empty session in a lost one's place.
+// session is now. Not found: NOT_FOUND only when every replica answered
+// that it does not hold the session, else UNAVAILABLE naming the replicas
+// that did not answer (the session may be on one; an unreachable owner is
+// remembered); the client never creates an empty session in a lost one's
+// place.
 //
 // Other errors are the server's, unchanged (code and message).
 //
@@ -322,12 +325,25 @@ class ClusterClient {
   // of a moved session, or (not there) the replica Locate finds.
   absl::StatusOr<std::shared_ptr<Replica>> Confirm(
       absl::string_view session_id, const std::shared_ptr<Replica>& replica);
+  // Where Locate found a session.
+  struct Location {
+    // Of the first replica by dialed address that answers either way,
+    // itself when it has the session, or the owner its redirect names;
+    // nullptr when none does.
+    std::shared_ptr<Replica> replica;
+    // The replicas that gave no answer either way (unreachable, timed out,
+    // overloaded): "host:port, ...", or empty. The session may be on one.
+    std::string unanswered;
+  };
   // Asks every replica but `skip` for the session, all at once (one probe
-  // deadline in all): of the first replica by dialed address that answers
-  // either way, itself when it has the session, or the owner its redirect
-  // names; nullptr when none does.
-  std::shared_ptr<Replica> Locate(absl::string_view session_id,
-                                  const Replica* skip);
+  // deadline in all).
+  Location Locate(absl::string_view session_id, const Replica* skip);
+  // The error for a session that no replica that answered has: NOT_FOUND
+  // (`not_found`) when every replica answered, else UNAVAILABLE naming
+  // those that did not (the session may be on one; retry once they serve).
+  static absl::Status NotOnAnyReplica(absl::string_view session_id,
+                                      const Location& location,
+                                      absl::Status not_found);
   // After `status` from `replica` for `method` on the session: the replica
   // to send the call to again, or the error to return.
   absl::StatusOr<std::shared_ptr<Replica>> Recover(absl::string_view session_id,

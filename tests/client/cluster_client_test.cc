@@ -657,6 +657,16 @@ TEST(ClusterClientTest, AKilledReplicasSessionsReportItOthersCarryOn) {
         << info.status();
   }
   EXPECT_GT(lost, 0);
+  // A client that never knew the owner finds the session on no replica
+  // that answered: UNAVAILABLE naming the one that did not (the session may
+  // be there), not NOT_FOUND.
+  auto fresh = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(fresh);
+  auto unknown = (*fresh)->GetSession(workloads[0].id);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnavailable)
+      << unknown.status();
+  EXPECT_TRUE(absl::StrContains(unknown.status().message(), victim))
+      << unknown.status();
   // The other replicas' sessions carry on, bitwise.
   StreamStep(**cluster, survivors);
   for (const Workload& w : survivors) ExpectOneShot(**cluster, w);
