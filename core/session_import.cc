@@ -224,15 +224,8 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
                                      " but its layers carry ", tokens,
                                      " rows of ", kv_bytes, " bytes in all"));
   }
-  // The block tables cover every position, carried or not (a window
-  // layer's dropped rows too): session metadata, set aside before they are
-  // built, with the pointers to the blocks the import fills.
-  ATTN_ASSIGN_OR_RETURN(
-      MetadataReservation metadata,
-      manager->ReserveMetadata(
-          SessionMetadataBytes(spec) +
-          table_entries * (kBlockTableEntryBytes + sizeof(std::byte*))));
-
+  // The id first: a session held here is ALREADY_EXISTS whatever else is
+  // short (a hand-over asking again after a lost answer counts on it).
   std::string id;
   if (options.keep_session_id) {
     ATTN_RETURN_IF_ERROR(ValidateSessionId(header.session_id));
@@ -246,6 +239,15 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
   } else {
     id = manager->NewSessionId();
   }
+
+  // The block tables cover every position, carried or not (a window
+  // layer's dropped rows too): session metadata, set aside before they are
+  // built, with the pointers to the blocks the import fills.
+  ATTN_ASSIGN_OR_RETURN(
+      MetadataReservation metadata,
+      manager->ReserveMetadata(
+          SessionMetadataBytes(spec) +
+          table_entries * (kBlockTableEntryBytes + sizeof(std::byte*))));
 
   // Admission from the header's sizes, before any data arrives: the
   // owner's quotas first, then the pool.

@@ -893,6 +893,41 @@ TEST(SessionImportTest, BlockTablesOfDroppedRowsAreMetadata) {
             imported->metadata_bytes);
 }
 
+// A hand-over asks a peer again when an import's answer was lost; the peer
+// must then say ALREADY_EXISTS if the lost attempt created the session,
+// also when that copy leaves no metadata room for another (a refusal would
+// leave two live copies).
+TEST(SessionImportTest, AnIdHeldHereIsAlreadyExistsBeforeTheMetadataBound) {
+  const Shape4 shape{4, 2, 16, 8};
+  const SessionSpec spec = MakeSpec(shape, DType::kFloat32);
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{16} << 20;
+  options.kv_block_bytes = 4096;  // 21 rows of 192 bytes
+  options.version = "test";
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto resolved = ResolveSessionSpec(spec, options.sessions.limits);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  // The session itself fits; an import's tables (20 entries of 12 bytes)
+  // would not.
+  options.sessions.max_metadata_bytes = SessionMetadataBytes(*resolved) + 100;
+  auto engine =
+      AttentionEngine::Create(std::make_unique<CpuBackend>(2), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::mt19937 rng(5);
+  Tokens t(100, shape, rng, DType::kFloat32);
+  const std::string id =
+      (*engine)->CreateSession(spec, absl::ZeroDuration())->session_id;
+  for (int layer = 0; layer < 4; ++layer)
+    Append(**engine, id, layer, t, 0, 100);
+  const Snapshot snapshot = Export(**engine, id);
+  ImportOptions keep;
+  keep.keep_session_id = true;
+  auto again = Import(**engine, snapshot, keep);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists)
+      << again.status();
+  EXPECT_EQ((*engine)->stats().active_sessions, 1);
+}
+
 TEST_F(MalformedSnapshotTest, TenantQuotasAreUpFrontAndRestoresKeepTheOwner) {
   EXPECT_EQ(good_.header.owner, kDefaultTenantName);
   ImportOptions options;
