@@ -140,9 +140,15 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
     absl::MutexLock lock(&mu_);
     queued = queued_steps_;
     queued_bytes = queued_bytes_;
-    if (queued == 0 ||
-        (queued + steps <= options_.max_queued_steps &&
-         queued_bytes + entry->bytes <= options_.max_queued_bytes)) {
+    const bool fits = queued + steps <= options_.max_queued_steps &&
+                      queued_bytes + entry->bytes <= options_.max_queued_bytes;
+    // One larger than a bound on its own would never fit a queue in use:
+    // it waits behind what is queued unless the queue is full already.
+    const bool oversize = steps > options_.max_queued_steps ||
+                          entry->bytes > options_.max_queued_bytes;
+    const bool full = queued >= options_.max_queued_steps ||
+                      queued_bytes >= options_.max_queued_bytes;
+    if (fits || (oversize && !full)) {
       queued_steps_ += steps;
       queued_bytes_ += entry->bytes;
       queue_.push_back(std::move(entry));
@@ -150,7 +156,7 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
       return;
     }
   }
-  absl::Status full =
+  absl::Status refusal =
       queued + steps > options_.max_queued_steps
           ? absl::UnavailableError(absl::StrCat(
                 "the server is overloaded: ", queued,
@@ -166,9 +172,9 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
                 "; nothing was applied, retry with backoff (or raise "
                 "--max_queued_decode_bytes)"));
   if (entry->atomic) {
-    entry->group_done(std::move(full));
+    entry->group_done(std::move(refusal));
   } else {
-    entry->step_done(std::move(full));
+    entry->step_done(std::move(refusal));
   }
 }
 

@@ -57,7 +57,9 @@
 //   - Back-pressure: when `max_queued_steps` steps are waiting, or the
 //     tensors of those waiting (request and reply buffers) would pass
 //     `max_queued_bytes`, a new submission fails at once with UNAVAILABLE
-//     instead of queueing.
+//     instead of queueing. A submission larger than a bound on its own
+//     (a BatchDecode of more steps) is refused only when the queue is
+//     full, and otherwise waits behind what is queued.
 //
 // Results are bitwise those of AttentionEngine::Append (the engine
 // guarantees batch invariance); each step succeeds or fails on its own.
@@ -100,12 +102,13 @@ struct DecodeBatcherOptions {
   // whole, whatever its size).
   int max_batch_size = 256;
   // Most steps waiting in the queue; beyond it submissions fail with
-  // UNAVAILABLE. A submission into an empty queue is always accepted.
+  // UNAVAILABLE. A submission of more steps on its own is accepted while
+  // fewer are queued (so the queue may hold up to one such submission more).
   int64_t max_queued_steps = 4096;
   // Most bytes the waiting steps may hold (their request messages, or the
   // tensors they view when AppendRequest::message_bytes is not set, and
   // their reply buffers); a submission that would pass it fails with
-  // UNAVAILABLE, unless the queue is empty.
+  // UNAVAILABLE, unless it holds more on its own and the queue holds less.
   int64_t max_queued_bytes = int64_t{1} << 30;
   // Shortest engine time per step (the batch's engine call over its steps)
   // for which a batch's callbacks may move to the reply thread so that the

@@ -10,6 +10,7 @@
 #include "server/decode_batcher.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -530,6 +531,49 @@ TEST_F(DecodeBatcherTest, FullQueueIsUnavailableAndAppliesNothing) {
   auto accepted = batcher_->AppendAtomic(big);
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_EQ(accepted->size(), 3u);
+}
+
+// A group of more steps than the queue bound never fits beside other
+// steps: it is accepted while the queue is not full (not only when it is
+// empty), so a busy server still runs it.
+TEST_F(DecodeBatcherTest, AGroupLargerThanTheBoundWaitsBehindAQueueInUse) {
+  DecodeBatcherOptions options;
+  options.max_queued_steps = 2;
+  MakeBatcher(options);
+  for (int s = 0; s < 4; ++s) AddSession(4);
+  StartHeldFirstBatch(0);
+  Tokens t1(1, 35), g(1, 36);
+  absl::StatusOr<AttentionOutput> r1;
+  absl::StatusOr<std::vector<AttentionOutput>> big;
+  std::thread a([&] { r1 = batcher_->Append(DecodeRequest(ids_[1], 0, t1)); });
+  WaitForQueued(*batcher_, 1);
+  std::atomic<bool> answered = false;
+  std::thread b([&] {
+    big = batcher_->AppendAtomic({DecodeRequest(ids_[1], 1, g),
+                                  DecodeRequest(ids_[2], 1, g),
+                                  DecodeRequest(ids_[3], 1, g)});
+    answered = true;
+  });
+  while (batcher_->queued_steps() < 4 && !answered) {
+    absl::SleepFor(absl::Microseconds(50));
+  }
+  EXPECT_FALSE(answered) << "refused: " << big.status();
+  // Now the queue is full: a step is refused.
+  auto refused = batcher_->Append(DecodeRequest(ids_[3], 0, t1));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("4 decode steps are already "
+                                            "queued (limit 2)"),
+            std::string::npos)
+      << refused.status();
+  recorder_->Release();
+  a.join();
+  b.join();
+  FinishFirstBatch(0);
+  EXPECT_TRUE(r1.ok()) << r1.status();
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->size(), 3u);
+  EXPECT_EQ(engine_->GetSession(ids_[3])->layer_lengths,
+            (std::vector<int64_t>{4, 5}));
 }
 
 TEST_F(DecodeBatcherTest, QueuedBytesAreBoundedToo) {
