@@ -100,6 +100,16 @@ class AttentionBackend {
   // REQUIRES: shapes, dtypes, finiteness and mask parameters validated.
   virtual absl::Status Attend(absl::Span<const AttentionProblem> problems) = 0;
 
+  // As Attend, with one status per problem: statuses[p] (statuses.size() ==
+  // problems.size()) is what Attend of problem p alone would return, and
+  // every problem whose status is OK has its outputs in full, whatever the
+  // others' errors (a batch of independent decode steps fails only the
+  // offending ones). The default runs Attend over all of them and, when
+  // that fails and failure() is OK, each one alone; a backend that can
+  // tell its problems' errors apart in one run overrides it.
+  virtual void AttendEach(absl::Span<const AttentionProblem> problems,
+                          absl::Span<absl::Status> statuses);
+
   // How many KV chunks (kKeysPerSplit keys of one KV head) Attend has read
   // once for several decode steps whose sessions share those blocks (forks
   // of one prompt), since construction. 0 for a backend that never shares.

@@ -687,21 +687,15 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     problem_step.push_back(i);
   }
 
-  // 5. Attend. When a batch of several steps fails, run its problems one by
-  // one (results are batch-invariant): an independent batch fails only the
-  // offending steps, an atomic one names the first of them. Unless the
-  // backend has failed for good: then every step fails at once.
-  if (absl::Status status = backend_->Attend(problems); !status.ok()) {
-    if (problems.size() == 1 || !backend_->failure().ok()) {
-      for (size_t p = 0; p < problems.size(); ++p) {
-        ATTN_RETURN_IF_ERROR(fail(problem_step[p], status));
-      }
-    } else {
-      for (size_t p = 0; p < problems.size(); ++p) {
-        absl::Status alone =
-            backend_->Attend(absl::MakeConstSpan(&problems[p], 1));
-        if (!alone.ok()) ATTN_RETURN_IF_ERROR(fail(problem_step[p], alone));
-      }
+  // 5. Attend, each step with its own status (results are batch-invariant,
+  // and each error is the one the step alone would get): an independent
+  // batch fails only the offending steps, an atomic one names the first of
+  // them.
+  std::vector<absl::Status> attended(problems.size());
+  backend_->AttendEach(problems, absl::MakeSpan(attended));
+  for (size_t p = 0; p < problems.size(); ++p) {
+    if (!attended[p].ok()) {
+      ATTN_RETURN_IF_ERROR(fail(problem_step[p], std::move(attended[p])));
     }
   }
 

@@ -282,9 +282,9 @@ class AttentionEngine {
   // Several appends validated together and applied all or nothing (the
   // BatchDecode RPC). A (session, layer) may appear at most once. Results
   // are in request order and bitwise equal to running each request alone.
-  // When the batch fails in the backend, its steps run again one by one:
-  // the error names the first step that fails alone (and if none does, the
-  // batch succeeds with those results, the same bits).
+  // When steps fail in the backend (AttentionBackend::AttendEach: each
+  // step's error is the one it would get alone), the error names the first
+  // of them.
   absl::StatusOr<std::vector<AttentionOutput>> AppendBatch(
       absl::Span<const AppendRequest> requests);
 

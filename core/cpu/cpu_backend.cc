@@ -231,32 +231,57 @@ absl::Status CpuBackend::CopyBlock(const std::byte* src, std::byte* dst,
 }
 
 absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
-  // Messages name a problem by its index in `problems`, unless it is alone.
-  const bool named = problems.size() > 1;
+  return Run(problems, {});
+}
+
+void CpuBackend::AttendEach(absl::Span<const AttentionProblem> problems,
+                            absl::Span<absl::Status> statuses) {
+  Run(problems, statuses).IgnoreError();  // each problem's is in `statuses`
+}
+
+absl::Status CpuBackend::Run(absl::Span<const AttentionProblem> problems,
+                             absl::Span<absl::Status> each) {
+  // Attend's messages name a problem by its index in `problems`, unless it
+  // is alone.
+  const bool named = each.empty() && problems.size() > 1;
   std::vector<AttentionProblem> dense;
   std::vector<int64_t> dense_names;
+  std::vector<size_t> dense_index;
   dense.reserve(problems.size());
   dense_names.reserve(problems.size());
+  dense_index.reserve(problems.size());
   for (size_t p = 0; p < problems.size(); ++p) {
     const AttentionProblem& problem = problems[p];
     const int64_t name = named ? static_cast<int64_t>(p) : -1;
     if (problem.topk == nullptr) {
       dense.push_back(problem);
       dense_names.push_back(name);
+      dense_index.push_back(p);
       continue;
     }
-    ATTN_RETURN_IF_ERROR(
+    absl::Status status =
         cpu::AttendTopK(problem, name, pool_, cpu::IndexScoresFor(isa_),
                         [this](absl::Span<const AttentionProblem> rows) {
                           return AttendDense(rows, {},
                                              /*share_chunks=*/false);
-                        }));
+                        });
+    if (each.empty()) {
+      ATTN_RETURN_IF_ERROR(status);
+    } else {
+      each[p] = std::move(status);
+    }
   }
   if (dense.empty()) return absl::OkStatus();
-  return AttendDense(dense.size() == problems.size()
-                         ? problems
-                         : absl::Span<const AttentionProblem>(dense),
-                     dense_names, /*share_chunks=*/true);
+  std::vector<absl::Status> dense_statuses(each.empty() ? 0 : dense.size());
+  absl::Status status = AttendDense(
+      dense.size() == problems.size()
+          ? problems
+          : absl::Span<const AttentionProblem>(dense),
+      dense_names, /*share_chunks=*/true, absl::MakeSpan(dense_statuses));
+  for (size_t k = 0; k < dense_statuses.size(); ++k) {
+    each[dense_index[k]] = std::move(dense_statuses[k]);
+  }
+  return status;
 }
 
 namespace {
@@ -430,10 +455,12 @@ void PlanItems(absl::Span<const AttentionProblem> problems,
 }
 
 // Runs a DensePlan's items and the merges of its split units. Items run in
-// any order, but the reported error is always the first one of the lowest
-// failing unit (in its own processing order: chunk order for split units),
-// so it never depends on scheduling, thread count, splitting or sharing.
-// Work of units above a failed one is skipped.
+// any order, but a problem's reported error is always the first one of its
+// lowest failing unit (in its own processing order: chunk order for split
+// units), so it never depends on scheduling, thread count, splitting or
+// sharing; the call's is that of the first failing problem (units are
+// numbered in error order). Work of a problem's units above its failed one
+// is skipped; the other problems run in full.
 class DenseRun {
  public:
   DenseRun(const KernelTable& kernels,
@@ -446,12 +473,17 @@ class DenseRun {
         partial_(plan.partial_floats > 0 ? new float[plan.partial_floats]
                                          : nullptr),
         slot_errors_(plan.chunk_list.size()),
-        unit_errors_(plan.units.size()) {}
+        unit_errors_(plan.units.size()),
+        first_failed_(problems.size()) {
+    for (std::atomic<int64_t>& failed : first_failed_) failed = kNone;
+  }
 
   void RunItem(int64_t i);
   // Merges split unit `u`'s chunk states in increasing chunk order.
   void MergeUnit(int64_t u);
-  // The call's status: the first error of the lowest failing unit.
+  // Problem `p`'s status: the first error of its lowest failing unit.
+  absl::Status ProblemError(int64_t p) const;
+  // The call's status: that of the first failing problem.
   absl::Status FirstError() const;
 
  private:
@@ -468,12 +500,19 @@ class DenseRun {
                cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
                                 info.value_dim_padded);
   }
+  std::atomic<int64_t>& FirstFailed(int64_t u) {
+    return first_failed_[plan_.units[u].problem];
+  }
+  const std::atomic<int64_t>& FirstFailed(int64_t u) const {
+    return first_failed_[plan_.units[u].problem];
+  }
   bool Failed(int64_t u) const {
-    return u > first_failed_.load(std::memory_order_relaxed);
+    return u > FirstFailed(u).load(std::memory_order_relaxed);
   }
   void RecordFailure(int64_t u) {
-    int64_t current = first_failed_.load(std::memory_order_relaxed);
-    while (u < current && !first_failed_.compare_exchange_weak(
+    std::atomic<int64_t>& first = FirstFailed(u);
+    int64_t current = first.load(std::memory_order_relaxed);
+    while (u < current && !first.compare_exchange_weak(
                               current, u, std::memory_order_relaxed)) {
     }
   }
@@ -486,9 +525,10 @@ class DenseRun {
   const DensePlan& plan_;
   std::atomic<int64_t>* const shared_computations_;
   const std::unique_ptr<float[]> partial_;
-  std::atomic<int64_t> first_failed_{kNone};
   std::vector<absl::Status> slot_errors_;  // split units, per chunk slot
   std::vector<absl::Status> unit_errors_;  // whole units; split units' merges
+  // Per problem: its lowest failed unit, or kNone.
+  std::vector<std::atomic<int64_t>> first_failed_;
 };
 
 bool DenseRun::OwnChunkState(int64_t u, int64_t slot) {
@@ -555,7 +595,7 @@ void DenseRun::RunItem(int64_t i) {
 }
 
 void DenseRun::MergeUnit(int64_t u) {
-  if (u >= first_failed_.load(std::memory_order_relaxed)) return;
+  if (u >= FirstFailed(u).load(std::memory_order_relaxed)) return;
   const Unit& unit = plan_.units[u];
   absl::Status status = Runner(unit).MergeAndFinish(
       unit.chunks_end - unit.chunks_begin, partial_.get() + unit.partial);
@@ -565,8 +605,8 @@ void DenseRun::MergeUnit(int64_t u) {
   }
 }
 
-absl::Status DenseRun::FirstError() const {
-  const int64_t failed = first_failed_.load();
+absl::Status DenseRun::ProblemError(int64_t p) const {
+  const int64_t failed = first_failed_[p].load();
   if (failed == kNone) return absl::OkStatus();
   const Unit& unit = plan_.units[failed];
   if (unit.split) {
@@ -577,11 +617,19 @@ absl::Status DenseRun::FirstError() const {
   return unit_errors_[failed];
 }
 
+absl::Status DenseRun::FirstError() const {
+  for (size_t p = 0; p < first_failed_.size(); ++p) {
+    if (first_failed_[p].load() != kNone) return ProblemError(p);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CpuBackend::AttendDense(
     absl::Span<const AttentionProblem> problems,
-    absl::Span<const int64_t> names, bool share_chunks) {
+    absl::Span<const int64_t> names, bool share_chunks,
+    absl::Span<absl::Status> each) {
   DensePlan plan;
   PlanUnits(problems, names, &plan);
   PlanSharedChunks(problems, share_chunks, &plan);
@@ -633,6 +681,7 @@ absl::Status CpuBackend::AttendDense(
   }
   parallel_for(static_cast<int64_t>(split_units.size()),
                [&](int64_t k) { run.MergeUnit(split_units[k]); });
+  for (size_t p = 0; p < each.size(); ++p) each[p] = run.ProblemError(p);
   return run.FirstError();
 }
 

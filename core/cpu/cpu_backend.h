@@ -89,6 +89,9 @@ class CpuBackend final : public AttentionBackend {
                          int64_t bytes) override;
 
   absl::Status Attend(absl::Span<const AttentionProblem> problems) override;
+  // In one run: a failing problem stops only its own work.
+  void AttendEach(absl::Span<const AttentionProblem> problems,
+                  absl::Span<absl::Status> statuses) override;
 
   // How many chunk states were computed once for several decode steps
   // reading the same KV blocks (shared_chunks.h), since construction.
@@ -102,14 +105,21 @@ class CpuBackend final : public AttentionBackend {
 
  private:
   CpuBackend(int num_threads, CpuIsa isa, absl::Duration spin);
+  // Attend (`each` empty) or AttendEach (each problem's status into
+  // each[p]; messages name no problem): the top-k problems one at a time,
+  // the others in one AttendDense.
+  absl::Status Run(absl::Span<const AttentionProblem> problems,
+                   absl::Span<absl::Status> each);
   // Attend for problems without a top-k selection. Messages name problem
   // i as names[i] of the caller's call (-1 or `names` empty: none; a
   // problem with an origin names the origin's). `share_chunks`: look for
   // chunks that several decode rows read alike (forks of one prompt); off
   // for the rows of top-k selections, which read one-token blocks of their
   // own, so that the search would build a key per row and chunk in vain.
+  // `each`: empty, or each problem's own status (problems.size()).
   absl::Status AttendDense(absl::Span<const AttentionProblem> problems,
-                           absl::Span<const int64_t> names, bool share_chunks);
+                           absl::Span<const int64_t> names, bool share_chunks,
+                           absl::Span<absl::Status> each = {});
 
   ThreadPool pool_;
   CpuIsa isa_;

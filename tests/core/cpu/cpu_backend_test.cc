@@ -912,6 +912,43 @@ TEST_F(CpuBackendTest, MixedTopKAndDenseErrorsNameTheirIndexInTheCall) {
       << batched;
 }
 
+// AttendEach: in one run, each problem gets what Attend of it alone gives,
+// the failing ones their own error and the others their outputs in full
+// (a batch of decode steps fails only the offending ones).
+TEST_F(CpuBackendTest, AttendEachGivesEveryProblemItsOwnResult) {
+  Config good;
+  good.num_queries = 6;
+  Config long_rows;
+  long_rows.num_queries = 3;
+  long_rows.num_keys = 1100;  // split over chunks and threads
+  long_rows.mask.query_start = 1097;
+  Case dense(good), split(long_rows), empty(EmptyRows(4)), sparse(good),
+      overflowing(good), late(good);
+  const TopKCase topk(sparse, 1.0f), bad_topk(overflowing, 1e20f);
+  const std::vector<Case*> cases = {&dense,       &empty,  &split,
+                                    &overflowing, &sparse, &late};
+  const std::vector<AttentionProblem> problems = {
+      dense.Problem(),    empty.Problem(), split.Problem(),
+      bad_topk.problem(), topk.problem(),  late.Problem()};
+  std::vector<absl::Status> alone;
+  std::vector<std::vector<float>> outputs;
+  for (size_t p = 0; p < problems.size(); ++p) {
+    alone.push_back(backend_.Attend({&problems[p], 1}));
+    outputs.push_back(cases[p]->output);
+    cases[p]->ResetOutputs();
+  }
+  EXPECT_FALSE(alone[1].ok());
+  EXPECT_FALSE(alone[3].ok());
+  std::vector<absl::Status> each(problems.size());
+  backend_.AttendEach(problems, absl::MakeSpan(each));
+  for (size_t p = 0; p < problems.size(); ++p) {
+    EXPECT_EQ(each[p], alone[p]) << "problem " << p;
+    if (each[p].ok()) {
+      ExpectBitwiseEqual(cases[p]->output, outputs[p], "output of AttendEach");
+    }
+  }
+}
+
 TEST_F(CpuBackendTest, FirstErrorIsReportedDeterministically) {
   // Problems 1 and 2 both have an empty row; the error names problem 1 no
   // matter which thread finds which first.
