@@ -67,9 +67,8 @@ void DecodeStreamReactor::StartStep() {
   const absl::Status status = [&]() -> absl::Status {
     // A moved session's redirect ends the stream here (once looked up).
     if (MovedSessionOwner(held_status).has_value()) return held_status;
-    ATTN_ASSIGN_OR_RETURN(
-        append_, AppendRequestFromProto(request_,
-                                        absl::StrCat("requests[", index_, "]")));
+    // Field names bare: OnStepDone names the request.
+    ATTN_ASSIGN_OR_RETURN(append_, AppendRequestFromProto(request_));
     append_.control = &control_;
     append_.tenant = &tenant_;
     return PrepareAppendReply(append_, deps_.max_message_bytes, &result_);

@@ -396,7 +396,13 @@ TEST_F(ErrorsTest, BadStreamRequestEndsTheStreamAndKeepsEarlierSteps) {
   }
   v1::DecodeRequest bad = GoodDecode(1);
   SetFloat(bad.mutable_q(), 0, std::nanf(""));
-  ATTN_EXPECT_CODE(stream->Step(bad), StatusCode::kInvalidArgument);
+  auto refused = stream->Step(bad);
+  ATTN_EXPECT_CODE(refused, StatusCode::kInvalidArgument);
+  // The request is named once, before its field.
+  EXPECT_EQ(refused.status().message().rfind("requests[3]: q", 0), 0u)
+      << refused.status();
+  EXPECT_EQ(refused.status().message().find("requests[", 1), std::string::npos)
+      << refused.status();
   // The stream is over: more writes fail, Finish reports the same error.
   EXPECT_FALSE(stream->Write(GoodDecode(1)));
   ATTN_EXPECT_CODE(stream->Finish(), StatusCode::kInvalidArgument);
