@@ -395,11 +395,11 @@ TEST_F(ErrorsTest, BadStreamRequestEndsTheStreamAndKeepsEarlierSteps) {
     EXPECT_EQ(result->position(), t);
   }
   v1::DecodeRequest bad = GoodDecode(1);
-  SetFloat(bad.mutable_q(), 0, std::nanf(""));
+  bad.mutable_k()->set_dtype(v1::DTYPE_UNSPECIFIED);
   auto refused = stream->Step(bad);
   ATTN_EXPECT_CODE(refused, StatusCode::kInvalidArgument);
   // The request is named once, before its field.
-  EXPECT_EQ(refused.status().message().rfind("requests[3]: q", 0), 0u)
+  EXPECT_EQ(refused.status().message().rfind("requests[3]: k", 0), 0u)
       << refused.status();
   EXPECT_EQ(refused.status().message().find("requests[", 1), std::string::npos)
       << refused.status();
