@@ -188,6 +188,16 @@ absl::StatusOr<KvWrite> ChunkWrite(const SnapshotChunk& chunk,
   return write;
 }
 
+// The spec's block layout in this server's blocks. A token larger than a
+// block is a valid snapshot that a server with larger --kv_block_bytes
+// takes, not a broken one: FAILED_PRECONDITION.
+absl::StatusOr<KvBlockLayout> LayoutHere(const SessionManager& manager,
+                                         const SessionSpec& spec) {
+  absl::StatusOr<KvBlockLayout> layout = manager.LayoutFor(spec);
+  if (layout.ok()) return layout;
+  return absl::FailedPreconditionError(layout.status().message());
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
@@ -196,7 +206,7 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
   const SessionManagerOptions& config = manager->options();
   ATTN_RETURN_IF_ERROR(ValidateHeader(header, config.limits));
   const SessionSpec& spec = header.spec;
-  ATTN_ASSIGN_OR_RETURN(const KvBlockLayout layout, manager->LayoutFor(spec));
+  ATTN_ASSIGN_OR_RETURN(const KvBlockLayout layout, LayoutHere(*manager, spec));
 
   // Each layer's block layout: a top-k layer's rows also hold index keys.
   std::vector<KvBlockLayout> layer_layouts;

@@ -928,6 +928,27 @@ TEST(SessionImportTest, AnIdHeldHereIsAlreadyExistsBeforeTheMetadataBound) {
   EXPECT_EQ((*engine)->stats().active_sessions, 1);
 }
 
+// A session whose token does not fit this server's KV blocks is a valid
+// snapshot another server takes: FAILED_PRECONDITION (a restore moves it
+// aside as rejected, not as corrupt).
+TEST(SessionImportTest, BlocksTooSmallForATokenAreAFailedPrecondition) {
+  const Shape4 shape{4, 4, 64, 64};  // 2048 bytes a token and layer
+  std::mt19937 rng(6);
+  auto source = MakeEngine(int64_t{16} << 20, 4096);
+  auto target = MakeEngine(int64_t{16} << 20, 1024);
+  const SessionSpec spec = MakeSpec(shape, DType::kFloat32);
+  const std::string id =
+      source->CreateSession(spec, absl::ZeroDuration())->session_id;
+  Tokens t(8, shape, rng, DType::kFloat32);
+  for (int layer = 0; layer < 4; ++layer) Append(*source, id, layer, t, 0, 8);
+  auto refused = Import(*target, Export(*source, id));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("--kv_block_bytes >= 2048"),
+            std::string::npos)
+      << refused.status();
+}
+
 TEST_F(MalformedSnapshotTest, TenantQuotasAreUpFrontAndRestoresKeepTheOwner) {
   EXPECT_EQ(good_.header.owner, kDefaultTenantName);
   ImportOptions options;
