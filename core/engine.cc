@@ -246,7 +246,7 @@ absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                         sessions_.Find(id, tenant));
   return SessionExport::Start(backend_.get(), *session, options_.version,
-                              (*sessions_.clock())());
+                              (*sessions_.clock())(), /*sealed=*/false);
 }
 
 absl::Status AttentionEngine::StopChanges(absl::Time deadline) {
@@ -261,7 +261,7 @@ absl::StatusOr<SessionSeal> AttentionEngine::SealSession(const std::string& id,
 absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSealed(
     const SessionSeal& seal) {
   return SessionExport::Start(backend_.get(), seal.session(), options_.version,
-                              (*sessions_.clock())());
+                              (*sessions_.clock())(), /*sealed=*/true);
 }
 
 absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(

@@ -11,7 +11,7 @@ namespace attention {
 
 std::unique_ptr<SessionExport> SessionExport::Start(
     AttentionBackend* backend, Session& session,
-    absl::string_view server_version, absl::Time now) {
+    absl::string_view server_version, absl::Time now, bool sealed) {
   const SessionSpec& spec = session.spec();
   std::vector<LayerKvCache> layers;
   layers.reserve(spec.num_layers);
@@ -29,7 +29,7 @@ std::unique_ptr<SessionExport> SessionExport::Start(
   header.kv_dtype = spec.kv_dtype;
   header.server_version = std::string(server_version);
   header.idle_timeout_ms = absl::ToInt64Milliseconds(session.idle_timeout());
-  const absl::Time idle_since = session.in_use()
+  const absl::Time idle_since = sealed || session.in_use()
                                     ? std::max(session.last_used(), now)
                                     : session.last_used();
   header.idle_deadline_unix_ms =

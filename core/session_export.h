@@ -49,13 +49,14 @@ class SessionExport {
   // Snapshots `session` now (taking and releasing its lock). `backend`
   // must be the one owning the session's blocks and outlive the export.
   // `now` is the session clock's time: the idle deadline of a session in
-  // use (a running call, an open Decode stream) counts from it, since such
-  // a session cannot expire while it is used (however long ago its clock
-  // restarted), and the copy must not arrive expired.
+  // use (a running call, an open Decode stream) or `sealed` for a move
+  // counts from it, since such a session cannot expire meanwhile (however
+  // long ago its clock restarted; calls waiting for a move would have
+  // restarted it), and the copy must not arrive expired.
   static std::unique_ptr<SessionExport> Start(AttentionBackend* backend,
                                               Session& session,
                                               absl::string_view server_version,
-                                              absl::Time now);
+                                              absl::Time now, bool sealed);
 
   SessionExport(const SessionExport&) = delete;
   SessionExport& operator=(const SessionExport&) = delete;

@@ -823,6 +823,23 @@ TEST_F(EngineTest, AnExportOfASessionInUseCarriesAFreshIdleDeadline) {
   }
 }
 
+// Neither can a session sealed for a move (calls waiting for the move would
+// restart its clock): the hand-over's copy must not arrive expired.
+TEST_F(EngineTest, AnExportOfASealedSessionCarriesAFreshIdleDeadline) {
+  absl::Time now = absl::FromUnixSeconds(1000);
+  std::unique_ptr<AttentionEngine> engine = EngineOnClock(&now);
+  AttentionEngine& e = *engine;
+  const std::string id =
+      e.CreateSession(TestSpec(), absl::Seconds(10))->session_id;
+  now += absl::Seconds(5);
+  auto seal = e.SealSession(id, absl::InfiniteFuture());
+  ASSERT_TRUE(seal.ok()) << seal.status();
+  now += absl::Seconds(30);  // past the idle timeout while sealed
+  auto sealed = e.ExportSealed(*seal);
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  EXPECT_EQ((*sealed)->header().idle_deadline_unix_ms / 1000, 1045);
+}
+
 // After StopChanges (a server about to write its snapshot) every change
 // is refused with UNAVAILABLE and nothing changes; reads still work.
 TEST_F(EngineTest, StoppedChangesAreUnavailableAndReadsStillWork) {
