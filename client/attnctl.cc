@@ -751,6 +751,14 @@ class Progress {
   int64_t shown_ = -1;
 };
 
+// The K/V bytes a snapshot data record carries (what its header's kv_bytes
+// counts: k, v and the index keys of top-k layers).
+int64_t KvBytesOf(const v1::SessionChunk& record) {
+  const auto& data = record.data();
+  return static_cast<int64_t>(data.k().size() + data.v().size() +
+                              data.index_k().size());
+}
+
 // Flushes the file at `path` to the disk; whether that worked.
 bool SyncFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -801,7 +809,7 @@ int RunExport() {
     out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
     if (!out) return absl::InternalError("cannot write " + temporary);
     if (record.has_data() && progress.has_value()) {
-      progress->Add(record.data().k().size() + record.data().v().size());
+      progress->Add(KvBytesOf(record));
     }
     return absl::OkStatus();
   };
@@ -860,7 +868,7 @@ int RunImport() {
         if (record->has_header()) {
           progress.emplace("imported", record->header().kv_bytes());
         } else if (record->has_data() && progress.has_value()) {
-          progress->Add(record->data().k().size() + record->data().v().size());
+          progress->Add(KvBytesOf(*record));
         }
         return true;
       },
