@@ -11,8 +11,10 @@
 #include "absl/functional/function_ref.h"
 #include "absl/memory/memory.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "client/placement.h"
 #include "core/client_string.h"
@@ -73,6 +75,34 @@ absl::Status NoLongerAnywhere(absl::string_view session_id,
 // The key of ClusterClient::owners_ (absl::string_view may be its own type).
 std::string_view View(absl::string_view text) {
   return std::string_view(text.data(), text.size());
+}
+
+// `status` from a replica that got steps `steps` of the caller's
+// BatchDecode (in that order) as its own steps 0, 1, ...: the step its
+// message begins with ("steps[j]" or "step j:", as the server names them),
+// renumbered as the caller's request counts it. Payloads are kept.
+absl::Status InRequestNumbering(const absl::Status& status,
+                                const std::vector<int>& steps) {
+  for (const auto& [open, close] :
+       {std::pair{"steps[", ']'}, std::pair{"step ", ':'}}) {
+    absl::string_view message = status.message();
+    if (!absl::ConsumePrefix(&message, open)) continue;
+    const size_t end = message.find(close);
+    int j = -1;
+    if (end == absl::string_view::npos ||
+        !absl::SimpleAtoi(message.substr(0, end), &j) || j < 0 ||
+        j >= static_cast<int>(steps.size())) {
+      return status;
+    }
+    absl::Status renumbered(status.code(),
+                            absl::StrCat(open, steps[j], message.substr(end)));
+    status.ForEachPayload(
+        [&](absl::string_view url, const absl::Cord& payload) {
+          renumbered.SetPayload(url, payload);
+        });
+    return renumbered;
+  }
+  return status;
 }
 
 bool Unreachable(const absl::Status& status) {
@@ -866,7 +896,7 @@ absl::Status ClusterClient::BatchOn(const v1::BatchDecodeRequest& request,
       part.status = BatchOn(request, part.steps, moves + 1, results);
       return;
     }
-    part.status = status;
+    part.status = InRequestNumbering(status, part.steps);
     if (status.code() == absl::StatusCode::kUnavailable) {
       absl::StatusOr<std::shared_ptr<Replica>> next =
           Recover(request.steps(part.steps.front()).session_id(), "BatchDecode",

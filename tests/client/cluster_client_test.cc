@@ -814,6 +814,29 @@ TEST(ClusterClientTest, AFailedStreamRequestStopsTheOnesAfterIt) {
 
 // A replica that does not answer (a partition) may hold sessions: the
 // listing says so instead of leaving them out.
+// A BatchDecode split by replica: a part's error names the step as the
+// caller's request counts it, not as the part sent to its replica does.
+TEST(ClusterClientTest, ASplitBatchDecodeErrorNamesTheCallersStep) {
+  Fleet fleet(2);
+  ASSERT_TRUE(fleet.ok()) << fleet.errors();
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  Workload a = NewWorkloadOn(fleet.address(0), 0, kPrompt + 1);
+  Workload b = NewWorkloadOn(fleet.address(1), 1, kPrompt + 1);
+  v1::BatchDecodeRequest batch;
+  *batch.add_steps() = NextStep(a, 0);
+  *batch.add_steps() = NextStep(b, 0);
+  v1::DecodeRequest bad = NextStep(a, 1);
+  bad.mutable_k()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  *batch.add_steps() = bad;
+  auto results = (*cluster)->BatchDecode(batch);
+  ATTN_EXPECT_CODE(results, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(results.status().message(), "steps[2].k"))
+      << results.status();
+  EXPECT_FALSE(absl::StrContains(results.status().message(), "steps[1]"))
+      << results.status();
+}
+
 TEST(ClusterClientTest, ListingWithAnUnreachableReplicaIsUnavailable) {
   Fleet fleet(2);
   ASSERT_TRUE(fleet.ok()) << fleet.errors();
