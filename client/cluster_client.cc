@@ -359,6 +359,11 @@ std::vector<std::shared_ptr<ClusterReplica>> ClusterClient::AllReplicas()
   return replicas;
 }
 
+bool ClusterClient::Draining(const Replica& replica) const {
+  absl::MutexLock lock(&mu_);
+  return replica.status.state == ReplicaStatus::State::kDraining;
+}
+
 void ClusterClient::MarkDraining(const Replica& replica) {
   {
     absl::MutexLock lock(&mu_);
@@ -553,12 +558,7 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::OwnerReplica(
   const std::string owner = UseOwner(session_id);
   if (!owner.empty()) {
     std::shared_ptr<Replica> replica = ReplicaAt(owner);
-    bool draining = false;
-    {
-      absl::MutexLock lock(&mu_);
-      draining = replica->status.state == ReplicaStatus::State::kDraining;
-    }
-    if (!draining) return replica;
+    if (!Draining(*replica)) return replica;
     return Confirm(session_id, replica);
   }
   const Location location = Locate(session_id, nullptr);
@@ -988,6 +988,7 @@ std::unique_ptr<ClusterDecodeStream> ClusterClient::OpenDecodeStream() {
 // ClusterDecodeStream
 
 struct ClusterDecodeStream::Entry {
+  int64_t index = 0;  // in write order
   v1::DecodeRequest request;
   std::optional<absl::StatusOr<v1::AttentionResult>> result;
   Lane* lane = nullptr;  // where it waits for its result
@@ -1019,7 +1020,20 @@ ClusterDecodeStream::Lane* ClusterDecodeStream::LaneFor(
 void ClusterDecodeStream::Fail(Entry* entry, absl::Status status) {
   entry->lane = nullptr;
   entry->result = std::move(status);
-  failed_ = true;
+  first_failed_ = std::min(first_failed_, entry->index);
+}
+
+void ClusterDecodeStream::CloseIdleLanes() {
+  for (auto it = lanes_.begin(); it != lanes_.end();) {
+    Lane& lane = *it->second;
+    if (!lane.unanswered.empty() || !cluster_->Draining(*lane.replica)) {
+      ++it;
+      continue;
+    }
+    lane.stream->WritesDone();
+    closing_.push_back(std::move(it->second));
+    it = lanes_.erase(it);
+  }
 }
 
 ClusterDecodeStream::Lane* ClusterDecodeStream::LaneWaitingOn(
@@ -1048,17 +1062,27 @@ void ClusterDecodeStream::Dispatch(Entry* entry) {
   entry->lane = lane;
   lane->unanswered.push_back(entry);
   // A refused write means the lane's stream has ended: Pump says why.
+  if (lane->stream->Write(entry->request) || lane->unanswered.size() > 1) {
+    return;
+  }
+  // It ended with nothing of ours in it (its replica drained or restarted
+  // since our last request there): this one was not sent. A new stream.
+  const std::shared_ptr<ClusterReplica> replica = lane->replica;
+  lanes_.erase(replica.get());
+  lane = LaneFor(replica);
+  entry->lane = lane;
+  lane->unanswered.push_back(entry);
   lane->stream->Write(entry->request);
 }
 
 void ClusterDecodeStream::DispatchAll(const std::deque<Entry*>& entries) {
   for (Entry* entry : entries) {
-    if (!failed_) {
+    if (entry->index < first_failed_) {
       Dispatch(entry);
       continue;
     }
-    // An earlier one could not be sent: nothing after it goes (the stream
-    // ends at that one, as on one server).
+    // An earlier one failed: nothing after it goes (the stream ends at
+    // that one, as on one server).
     Fail(entry, absl::AbortedError(
                     "not sent: an earlier request of the stream failed"));
   }
@@ -1106,8 +1130,13 @@ void ClusterDecodeStream::Pump(Lane* lane) {
 }
 
 bool ClusterDecodeStream::Write(const v1::DecodeRequest& request) {
-  if (final_status_.has_value() || failed_ || writes_done_) return false;
+  if (final_status_.has_value() || first_failed_ != kNoFailure ||
+      writes_done_) {
+    return false;
+  }
+  CloseIdleLanes();
   entries_.push_back(std::make_unique<Entry>());
+  entries_.back()->index = written_++;
   entries_.back()->request = request;
   Dispatch(entries_.back().get());
   return true;
@@ -1151,14 +1180,14 @@ absl::Status ClusterDecodeStream::Finish() {
       return result.status();
     }
   }
-  absl::Status status = absl::OkStatus();
-  for (auto& [replica, lane] : lanes_) {
-    absl::Status finished = lane->stream->Finish();
-    if (status.ok()) status = finished;
-  }
+  // Every request is answered: how a lane's stream ends (a drained
+  // replica cancels an idle one at its deadline) loses nothing.
+  for (auto& [replica, lane] : lanes_) lane->stream->Finish().IgnoreError();
+  for (auto& lane : closing_) lane->stream->Finish().IgnoreError();
   lanes_.clear();
-  final_status_ = status;
-  return status;
+  closing_.clear();
+  final_status_ = absl::OkStatus();
+  return *final_status_;
 }
 
 }  // namespace attention::client

@@ -73,6 +73,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <list>
 #include <map>
 #include <memory>
@@ -190,16 +191,20 @@ class ClusterDecodeStream {
   struct Lane;
   explicit ClusterDecodeStream(ClusterClient* cluster);
 
-  // Routes `entry` to its owner's lane (opening it), or to the lane where
-  // an earlier request of its session still waits, so that it never
-  // overtakes it; on a routing error the entry gets that error as its
+  // Routes `entry` to its owner's lane (opening it, or opening it again
+  // when its stream ended with nothing of this stream's in it), or to the
+  // lane where an earlier request of its session still waits, so that it
+  // never overtakes it; on a routing error the entry gets that error as its
   // result.
   void Dispatch(Entry* entry);
-  // Dispatches `entries` in order, until one fails to route: the ones
-  // after it are failed unsent.
+  // Dispatches `entries` in order; those written after a request that
+  // failed are failed unsent (the stream ends at that one).
   void DispatchAll(const std::deque<Entry*>& entries);
   // `entry` ends with `status`: the stream takes no more requests.
   void Fail(Entry* entry, absl::Status status);
+  // Half-closes the lanes that wait for nothing on replicas known to
+  // drain, so that the stream does not hold those replicas' drains up.
+  void CloseIdleLanes();
   // Reads the next result of `lane` into its oldest unanswered entry, or
   // handles the lane's end (re-dispatch after a move, else the error).
   void Pump(Lane* lane);
@@ -208,11 +213,18 @@ class ClusterDecodeStream {
   // The lane of `replica`, opened when missing.
   Lane* LaneFor(const std::shared_ptr<ClusterReplica>& replica);
 
+  static constexpr int64_t kNoFailure = std::numeric_limits<int64_t>::max();
+
   ClusterClient* cluster_;
   std::deque<std::unique_ptr<Entry>> entries_;  // written, not yet read
   std::map<const ClusterReplica*, std::unique_ptr<Lane>> lanes_;
+  // Half-closed by CloseIdleLanes; finished by Finish (or cancelled).
+  std::vector<std::unique_ptr<Lane>> closing_;
+  int64_t written_ = 0;  // requests written so far
+  // The write index of the first request that failed: nothing written
+  // after it is sent (and no more is taken); kNoFailure while none has.
+  int64_t first_failed_ = kNoFailure;
   bool writes_done_ = false;
-  bool failed_ = false;  // a request has failed: nothing more is sent
   std::optional<absl::Status> final_status_;
 };
 
@@ -305,6 +317,8 @@ class ClusterClient {
   std::string AddressOf(const Replica& replica) const;
   std::vector<std::shared_ptr<Replica>> AllReplicas() const;
   void MarkDraining(const Replica& replica);
+  // Whether `replica` is known to drain.
+  bool Draining(const Replica& replica) const;
   void MarkUnreachable(const Replica& replica, const absl::Status& why);
 
   // Remembers (as most recently used) that `address` owns the session,
