@@ -86,12 +86,12 @@ absl::Status AttentionServiceImpl::HandoverImportOptions(
   const bool authenticates =
       authenticator_ != nullptr && authenticator_->enabled();
   if (authenticates && options.tenant.name != peer_tenant_) {
+    // The peer identity's name is not for other tenants to learn.
     return absl::PermissionDeniedError(absl::StrCat(
         "a handover import (", kHandoverMetadata,
         " metadata) keeps the session's owner and is accepted only from the "
-        "peer identity '", peer_tenant_,
-        "' (--peer_tenant); replicas call their peers with --peer_token_file "
-        "or their client certificate"));
+        "replicas' peer identity (--peer_tenant); replicas call their peers "
+        "with --peer_token_file or their client certificate"));
   }
   options.keep_owner = true;
   options.keep_idle_deadline = true;

@@ -23,11 +23,18 @@ absl::string_view View(const grpc::string_ref& ref) {
   return absl::string_view(ref.data(), ref.size());
 }
 
-bool SameFile(const struct stat& info, const struct timespec& mtime, off_t size,
-              ino_t inode) {
-  return info.st_mtim.tv_sec == mtime.tv_sec &&
-         info.st_mtim.tv_nsec == mtime.tv_nsec && info.st_size == size &&
-         info.st_ino == inode;
+bool SameTime(const struct timespec& a, const struct timespec& b) {
+  return a.tv_sec == b.tv_sec && a.tv_nsec == b.tv_nsec;
+}
+
+// Whether `a` and `b` describe the same version of a file. The change time
+// too: it moves on every write and also on chmod/chown (a file that could
+// not be read is read again once its permissions are fixed) and on an
+// edit whose modification time was set back.
+bool SameFile(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino &&
+         a.st_size == b.st_size && SameTime(a.st_mtim, b.st_mtim) &&
+         SameTime(a.st_ctim, b.st_ctim);
 }
 
 }  // namespace
@@ -146,11 +153,7 @@ absl::Status Authenticator::Reload() {
   absl::StatusOr<std::vector<TokenEntry>> entries =
       LoadTokensFile(options_.tokens_file);
   absl::MutexLock lock(&mu_);
-  if (have_info) {
-    file_mtime_ = info.st_mtim;
-    file_size_ = info.st_size;
-    file_inode_ = info.st_ino;
-  }
+  if (have_info) file_ = info;
   if (!entries.ok()) {
     Log(LogLevel::kError, "auth_tokens_reload_failed",
         {{"file", options_.tokens_file},
@@ -191,7 +194,7 @@ void Authenticator::WatcherMain() {
       if (stopping_) return;
       struct stat info = {};
       if (stat(options_.tokens_file.c_str(), &info) != 0 ||
-          SameFile(info, file_mtime_, file_size_, file_inode_)) {
+          SameFile(info, file_)) {
         continue;
       }
     }

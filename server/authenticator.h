@@ -110,9 +110,7 @@ class Authenticator {
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
   // What the tokens file looked like when last read (stat(2)).
-  struct timespec file_mtime_ ABSL_GUARDED_BY(mu_) = {};
-  off_t file_size_ ABSL_GUARDED_BY(mu_) = 0;
-  ino_t file_inode_ ABSL_GUARDED_BY(mu_) = 0;
+  struct stat file_ ABSL_GUARDED_BY(mu_) = {};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> generation_{0};
   std::thread watcher_;

@@ -3,14 +3,18 @@
 // tenants), the client certificate's CN, and nobody (tenant `default`).
 #include "server/authenticator.h"
 
+#include <fcntl.h>
 #include <grpcpp/support/string_ref.h>
+#include <sys/stat.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "server/tokens_file.h"
 #include "tests/server/test_certificates.h"
@@ -90,6 +94,35 @@ TEST_F(AuthenticatorTest, AFailedReloadKeepsThePreviousTenants) {
   EXPECT_FALSE(WithAuthorization(**authenticator, "Bearer good-token").ok());
   EXPECT_EQ(WithAuthorization(**authenticator, "Bearer new-token")->name,
             "other");
+}
+
+// The watcher reads the file again when any of it changes, also an edit
+// in place that keeps its size and sets its modification time back (the
+// change time still moves, as it does on chmod).
+TEST_F(AuthenticatorTest, TheWatcherSeesAnEditThatKeepsSizeAndTime) {
+  auto authenticator = Authenticator::Create(
+      {.tokens_file = file_, .reload_interval = absl::Milliseconds(10)});
+  ASSERT_TRUE(authenticator.ok()) << authenticator.status();
+  struct stat before = {};
+  ASSERT_EQ(stat(file_.c_str(), &before), 0);
+  {
+    // Same length: "good-token" and "newt-token" both have 10 bytes.
+    std::ofstream out(file_, std::ios::in | std::ios::out);
+    out << absl::StrCat("team ", DigestTokenHex("newt-token"), " 3 -\n");
+  }
+  const struct timespec times[2] = {before.st_atim, before.st_mtim};
+  ASSERT_EQ(utimensat(AT_FDCWD, file_.c_str(), times, 0), 0);
+  struct stat after = {};
+  ASSERT_EQ(stat(file_.c_str(), &after), 0);
+  ASSERT_EQ(after.st_size, before.st_size);
+  ASSERT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
+  bool reloaded = false;
+  for (int i = 0; i < 1000 && !reloaded; ++i) {  // generous: 10 s
+    reloaded = WithAuthorization(**authenticator, "Bearer newt-token").ok();
+    if (!reloaded) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(reloaded);
+  EXPECT_FALSE(WithAuthorization(**authenticator, "Bearer good-token").ok());
 }
 
 TEST_F(AuthenticatorTest, AMissingOrBadFileFailsCreation) {

@@ -732,6 +732,9 @@ TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
     const grpc::Status status = writer->Finish();
     EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
         << status.error_message();
+    // Without naming the peer identity's tenant.
+    EXPECT_THAT(status.error_message(),
+                ::testing::Not(::testing::HasSubstr("'peer'")));
   }
 
   stream->WritesDone();
