@@ -294,8 +294,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     ATTN_ASSIGN_OR_RETURN(server->snapshot_lock_,
                           PrepareSnapshotDirectory(options.snapshot_dir));
     const absl::Time start = absl::Now();
-    RestoreAllResult restored =
-        RestoreAllSessions(*engine_ptr, options.snapshot_dir);
+    RestoreAllResult restored = RestoreAllSessions(
+        *engine_ptr, options.snapshot_dir, options.stop_requested);
     restored_files = std::move(restored.files);
     server->metrics_->RecordRestore(restored.restored, restored.corrupt,
                                     restored.rejected);
@@ -306,6 +306,14 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
          {"rejected", restored.rejected},
          {"kv_bytes", restored.bytes},
          {"duration_ms", absl::ToInt64Milliseconds(absl::Now() - start)}});
+  }
+
+  if (options.stop_requested && options.stop_requested()) {
+    // Stopped before serving (a rollout replaced the pod while it
+    // restored): the files keep every session, and nothing has run here.
+    return absl::CancelledError(
+        "a stop was requested during start-up; the snapshot files stay in "
+        "--snapshot_dir for the next start");
   }
 
   DecodeBatcherOptions batcher_options = BatcherOptions(options);

@@ -271,8 +271,20 @@ int Run() {
               << absl::FormatDuration(metrics_linger) << std::endl;
     return 1;
   }
-  const ServerOptions options = OptionsFromFlags();
+  ServerOptions options = OptionsFromFlags();
+  // A stop during start-up (a long restore) ends it before serving.
+  options.stop_requested = [] {
+    sigset_t pending;
+    sigemptyset(&pending);
+    return sigpending(&pending) == 0 && (sigismember(&pending, SIGTERM) == 1 ||
+                                         sigismember(&pending, SIGINT) == 1);
+  };
   auto server = AttentionServer::Start(options);
+  if (server.status().code() == absl::StatusCode::kCancelled) {
+    Log(LogLevel::kInfo, "stopped_during_start",
+        {{"message", server.status().message()}});
+    return 0;
+  }
   if (!server.ok()) {
     std::cerr << "attention-server: cannot start: " << server.status()
               << std::endl;

@@ -139,6 +139,11 @@ struct ServerOptions {
   // (e.g. to export a batch-size histogram); see
   // DecodeBatcherOptions::on_batch for the rules it must follow.
   std::function<void(int64_t batch_size)> on_decode_batch;
+  // Not a flag: polled while Start restores --snapshot_dir and once before
+  // it serves (the attention-server binary: whether SIGTERM or SIGINT is
+  // pending). True: Start stops, leaves every snapshot file in place for
+  // the next start, and returns CANCELLED. Empty: never.
+  std::function<bool()> stop_requested;
   // Not a flag: when set, called with the server-side timing of every
   // successful DecodeStep (server/decode_step_timing.h; attn-bench's latency
   // budget). Unset, no timestamp is taken on the call's path.

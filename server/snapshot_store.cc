@@ -301,8 +301,9 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
   return read.kv_bytes;
 }
 
-RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
-                                    const std::string& dir) {
+RestoreAllResult RestoreAllSessions(
+    AttentionEngine& engine, const std::string& dir,
+    const std::function<bool()>& stop_requested) {
   RestoreAllResult result;
   std::vector<std::string> names;
   if (DIR* handle = ::opendir(dir.c_str()); handle != nullptr) {
@@ -315,6 +316,7 @@ RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
     return result;
   }
   for (const std::string& name : names) {
+    if (stop_requested && stop_requested()) break;
     const std::string path = absl::StrCat(dir, "/", name);
     if (HasSuffix(name, absl::StrCat(kSessionSuffix, kTemporarySuffix))) {
       // A snapshot interrupted before its rename: never complete.

@@ -15,6 +15,7 @@
 #define ATTENTION_SERVER_SNAPSHOT_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,9 +94,11 @@ struct RestoreAllResult {
 // owner tenant, deleting leftover `*.tmp` files and logging every file it
 // moves aside. The restored files stay (see RestoreAllResult::files). A
 // directory that cannot be read is logged and restores nothing. Never
-// fails.
-RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
-                                    const std::string& dir);
+// fails. When `stop_requested` (may be empty) returns true before a file,
+// the rest are left unread.
+RestoreAllResult RestoreAllSessions(
+    AttentionEngine& engine, const std::string& dir,
+    const std::function<bool()>& stop_requested = nullptr);
 
 // Removes the files of a restore and fsyncs `dir`, logging each failure: a
 // file left would restore stale state at the next start.

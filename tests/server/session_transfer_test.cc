@@ -894,6 +894,42 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
 
 // Valid files a server cannot take (here: past --max_sessions) are moved
 // aside as *.rejected and counted apart from corrupt ones.
+// A stop requested while a start restores (a rollout replacing the pod)
+// ends the start before it serves, and the snapshot files stay: a later
+// start restores every session (before, the restore ran to its end, the
+// files were removed, and the drain that followed could be cut short).
+TEST(SnapshotDirTest, AStopDuringTheRestoreKeepsTheFiles) {
+  const std::string dir = TempDir("snapshot-stopped");
+  auto first = StartTestServer();
+  ATTN_ASSERT_OK(first);
+  const std::vector<std::string> ids =
+      FilledSessions(*(*first)->client, 3, 10, 70);
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(server::SaveAllSessions((*first)->server->engine(), dir,
+                                    absl::Now() + absl::Minutes(1))
+                .written,
+            3);
+  first->reset();
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  int polls = 0;
+  options.stop_requested = [&polls] { return ++polls > 2; };  // mid-restore
+  auto stopped = StartTestServer(options);
+  ATTN_EXPECT_CODE(stopped, absl::StatusCode::kCancelled);
+  EXPECT_GT(polls, 2);
+  for (const std::string& id : ids) {
+    EXPECT_TRUE(std::filesystem::exists(dir + "/" + id + ".session")) << id;
+  }
+  options.stop_requested = nullptr;
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  for (const std::string& id : ids) {
+    ATTN_EXPECT_OK((*second)->client->GetSession(id));
+  }
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SnapshotDirTest, FilesTheServerCannotTakeAreRejectedAndCounted) {
   const std::string dir = TempDir("snapshot-rejected");
   auto first = StartTestServer();
