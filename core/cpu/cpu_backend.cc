@@ -335,14 +335,53 @@ void PlanUnits(absl::Span<const AttentionProblem> problems,
   }
 }
 
+// Floats of one chunk state of `unit`, and of all of them (what splitting
+// it takes).
+int64_t StateFloatsOf(const DensePlan& plan, const Unit& unit) {
+  const ProblemInfo& info = plan.infos[unit.problem];
+  return cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
+                          info.value_dim_padded);
+}
+int64_t SplitFloatsOf(const DensePlan& plan, const Unit& unit) {
+  return (unit.chunks_end - unit.chunks_begin) * StateFloatsOf(plan, unit);
+}
+
 // Decode steps of a batch that read the same KV blocks (forks of one
-// prompt) compute each shared chunk once for all of them.
+// prompt) compute each shared chunk once for all of them. A unit with a
+// shared chunk is split, and keeps a state for each of its chunks: units
+// take part in unit order while their states fit kMaxPartialFloats (many
+// forks of a long, wide history took gigabytes); the others compute alone,
+// which changes no result.
 void PlanSharedChunks(absl::Span<const AttentionProblem> problems,
                       bool share_chunks, DensePlan* plan) {
   plan->slot_shared.assign(plan->chunk_list.size(), 0);
   if (!share_chunks || problems.size() <= 1) return;
   plan->shared = cpu::FindSharedChunks(problems, plan->infos, plan->units,
                                        plan->chunk_list);
+  std::vector<int64_t> members;
+  for (const cpu::SharedChunk& chunk : plan->shared) {
+    for (const cpu::SharedChunkMember& member : chunk.members) {
+      members.push_back(member.unit);
+    }
+  }
+  std::sort(members.begin(), members.end());
+  members.erase(std::unique(members.begin(), members.end()), members.end());
+  std::vector<char> admitted(plan->units.size(), 0);
+  int64_t floats = 0;
+  for (const int64_t u : members) {
+    const int64_t need = SplitFloatsOf(*plan, plan->units[u]);
+    if (floats + need > kMaxPartialFloats) continue;
+    floats += need;
+    admitted[u] = 1;
+  }
+  for (cpu::SharedChunk& chunk : plan->shared) {
+    std::erase_if(chunk.members, [&](const cpu::SharedChunkMember& member) {
+      return !admitted[member.unit];
+    });
+  }
+  std::erase_if(plan->shared, [](const cpu::SharedChunk& chunk) {
+    return chunk.members.size() < 2;
+  });
   for (const cpu::SharedChunk& chunk : plan->shared) {
     for (const cpu::SharedChunkMember& member : chunk.members) {
       plan->slot_shared[member.slot] = 1;
@@ -410,19 +449,14 @@ void PlanItems(absl::Span<const AttentionProblem> problems,
   for (const int64_t end : plan->group_ends) {
     const Unit& first = plan->units[u];
     const int64_t count = first.chunks_end - first.chunks_begin;
-    // Floats of one chunk state of a unit.
-    const auto state_floats = [plan](const Unit& unit) {
-      const ProblemInfo& info = plan->infos[unit.problem];
-      return cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
-                              info.value_dim_padded);
-    };
     int64_t group_floats = 0;  // its chunk states, if split
     for (int64_t k = u; k < end; ++k) {
-      group_floats += count * state_floats(plan->units[k]);
+      group_floats += SplitFloatsOf(*plan, plan->units[k]);
     }
     // Splitting only spreads the work (it changes no result): not past
     // kMaxPartialFloats (a group of many heads per KV head and wide values
-    // over a long history took gigabytes of chunk states).
+    // over a long history took gigabytes of chunk states). Units with
+    // shared chunks are within it already (PlanSharedChunks).
     const bool split =
         HasSharedChunks(*plan, first) ||
         (count > chunks_per_piece &&
@@ -433,7 +467,7 @@ void PlanItems(absl::Span<const AttentionProblem> problems,
       unit.split = split;
       if (!split) continue;
       unit.partial = plan->partial_floats;
-      plan->partial_floats += count * state_floats(unit);
+      plan->partial_floats += SplitFloatsOf(*plan, unit);
     }
     if (!split) {
       plan->items.push_back(

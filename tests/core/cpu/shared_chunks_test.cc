@@ -222,6 +222,80 @@ TEST_P(SharedChunksTest, AFailingForkFailsAloneWithItsOwnError) {
   EXPECT_EQ(batched[3].status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// So many forks of a wide history decoded together that sharing every
+// chunk would keep more chunk states than a call may (each sharing unit
+// keeps one per chunk): the forks past the bound compute alone, and every
+// result is still what the fork gives decoded alone.
+TEST(SharedChunksBoundTest, ForksPastTheChunkStateBoundComputeAlone) {
+  constexpr int kHeads = 64, kDim = 16, kValueDim = 512;
+  constexpr int64_t kHistory = 1024;  // two whole chunks
+  constexpr int kManyForks = 1100;    // 2 x 64 x 514 floats each: ~72M
+  EngineOptions options;
+  options.kv_cache_bytes = int64_t{256} << 20;
+  options.kv_block_bytes = 16 << 10;
+  options.sessions.reap_interval = absl::ZeroDuration();
+  auto backend = std::make_unique<CpuBackend>(2);
+  CpuBackend* backend_ptr = backend.get();
+  auto engine = AttentionEngine::Create(std::move(backend), options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  SessionSpec spec;
+  spec.num_q_heads = kHeads;
+  spec.num_kv_heads = 1;
+  spec.head_dim = kDim;
+  spec.value_dim = kValueDim;
+  spec.max_tokens = 2048;
+  spec.layers = {LayerSpec{}};
+  spec.num_layers = 1;
+  std::mt19937 rng(3);
+  auto info = (*engine)->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(info.ok()) << info.status();
+  for (int64_t begin = 0; begin < kHistory; begin += 256) {
+    HostTensor q = RandomTensor({256, kHeads, kDim}, rng);
+    HostTensor k = RandomTensor({256, 1, kDim}, rng);
+    HostTensor v = RandomTensor({256, 1, kValueDim}, rng);
+    AppendRequest r;
+    r.session_id = info->session_id;
+    r.q = q.view();
+    r.k = k.view();
+    r.v = v.view();
+    ASSERT_TRUE((*engine)->Append(r).ok());
+  }
+  std::vector<std::string> forks;
+  for (int i = 0; i < kManyForks + 2; ++i) {
+    auto fork = (*engine)->ForkSession(info->session_id);
+    ASSERT_TRUE(fork.ok()) << fork.status();
+    forks.push_back(fork->session_id);
+  }
+  HostTensor q = RandomTensor({1, kHeads, kDim}, rng);
+  HostTensor k = RandomTensor({1, 1, kDim}, rng);
+  HostTensor v = RandomTensor({1, 1, kValueDim}, rng);
+  auto step = [&](const std::string& id) {
+    AppendRequest r;
+    r.session_id = id;
+    r.q = q.view();
+    r.k = k.view();
+    r.v = v.view();
+    r.required_tokens = 1;
+    return r;
+  };
+  std::vector<AppendRequest> batch;
+  for (int i = 0; i < kManyForks; ++i) batch.push_back(step(forks[i]));
+  const int64_t shared_before = backend_ptr->shared_chunk_computations();
+  const std::vector<absl::StatusOr<AttentionOutput>> batched =
+      (*engine)->AppendEach(batch);
+  EXPECT_GT(backend_ptr->shared_chunk_computations(), shared_before);
+  // The same step on two spare forks, alone: every fork's result.
+  for (int spare : {kManyForks, kManyForks + 1}) {
+    auto alone = (*engine)->Append(step(forks[spare]));
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    for (int i : {0, 1, kManyForks / 2, kManyForks - 2, kManyForks - 1}) {
+      ASSERT_TRUE(batched[i].ok()) << batched[i].status();
+      EXPECT_EQ(ToFloats(batched[i]->output), ToFloats(alone->output))
+          << "fork " << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(KvTypes, SharedChunksTest,
                          ::testing::Values(Case{DType::kFloat32, 64, 64},
                                            Case{DType::kFloat16, 64, 64},
