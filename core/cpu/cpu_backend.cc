@@ -231,19 +231,23 @@ absl::Status CpuBackend::CopyBlock(const std::byte* src, std::byte* dst,
 }
 
 absl::Status CpuBackend::Attend(absl::Span<const AttentionProblem> problems) {
-  return Run(problems, {});
+  // Messages name a problem by its index in `problems`, unless it is alone;
+  // the error is that of the first failing problem, whichever its kind.
+  std::vector<absl::Status> statuses(problems.size());
+  Run(problems, /*named=*/problems.size() > 1, absl::MakeSpan(statuses));
+  for (absl::Status& status : statuses) {
+    if (!status.ok()) return std::move(status);
+  }
+  return absl::OkStatus();
 }
 
 void CpuBackend::AttendEach(absl::Span<const AttentionProblem> problems,
                             absl::Span<absl::Status> statuses) {
-  Run(problems, statuses).IgnoreError();  // each problem's is in `statuses`
+  Run(problems, /*named=*/false, statuses);
 }
 
-absl::Status CpuBackend::Run(absl::Span<const AttentionProblem> problems,
-                             absl::Span<absl::Status> each) {
-  // Attend's messages name a problem by its index in `problems`, unless it
-  // is alone.
-  const bool named = each.empty() && problems.size() > 1;
+void CpuBackend::Run(absl::Span<const AttentionProblem> problems, bool named,
+                     absl::Span<absl::Status> statuses) {
   std::vector<AttentionProblem> dense;
   std::vector<int64_t> dense_names;
   std::vector<size_t> dense_index;
@@ -259,29 +263,24 @@ absl::Status CpuBackend::Run(absl::Span<const AttentionProblem> problems,
       dense_index.push_back(p);
       continue;
     }
-    absl::Status status =
+    statuses[p] =
         cpu::AttendTopK(problem, name, pool_, cpu::IndexScoresFor(isa_),
                         [this](absl::Span<const AttentionProblem> rows) {
                           return AttendDense(rows, {},
                                              /*share_chunks=*/false);
                         });
-    if (each.empty()) {
-      ATTN_RETURN_IF_ERROR(status);
-    } else {
-      each[p] = std::move(status);
-    }
   }
-  if (dense.empty()) return absl::OkStatus();
-  std::vector<absl::Status> dense_statuses(each.empty() ? 0 : dense.size());
-  absl::Status status = AttendDense(
-      dense.size() == problems.size()
-          ? problems
-          : absl::Span<const AttentionProblem>(dense),
-      dense_names, /*share_chunks=*/true, absl::MakeSpan(dense_statuses));
-  for (size_t k = 0; k < dense_statuses.size(); ++k) {
-    each[dense_index[k]] = std::move(dense_statuses[k]);
+  if (dense.empty()) return;
+  std::vector<absl::Status> dense_statuses(dense.size());
+  AttendDense(dense.size() == problems.size()
+                  ? problems
+                  : absl::Span<const AttentionProblem>(dense),
+              dense_names, /*share_chunks=*/true,
+              absl::MakeSpan(dense_statuses))
+      .IgnoreError();  // each problem's is in dense_statuses
+  for (size_t k = 0; k < dense.size(); ++k) {
+    statuses[dense_index[k]] = std::move(dense_statuses[k]);
   }
-  return status;
 }
 
 namespace {

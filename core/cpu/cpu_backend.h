@@ -105,11 +105,11 @@ class CpuBackend final : public AttentionBackend {
 
  private:
   CpuBackend(int num_threads, CpuIsa isa, absl::Duration spin);
-  // Attend (`each` empty) or AttendEach (each problem's status into
-  // each[p]; messages name no problem): the top-k problems one at a time,
-  // the others in one AttendDense.
-  absl::Status Run(absl::Span<const AttentionProblem> problems,
-                   absl::Span<absl::Status> each);
+  // Attend and AttendEach: each problem's status into statuses[p]
+  // (messages name problem p as "problem p" when `named`); the top-k
+  // problems one at a time, the others in one AttendDense.
+  void Run(absl::Span<const AttentionProblem> problems, bool named,
+           absl::Span<absl::Status> statuses);
   // Attend for problems without a top-k selection. Messages name problem
   // i as names[i] of the caller's call (-1 or `names` empty: none; a
   // problem with an origin names the origin's). `share_chunks`: look for

@@ -910,6 +910,14 @@ TEST_F(CpuBackendTest, MixedTopKAndDenseErrorsNameTheirIndexInTheCall) {
   EXPECT_EQ(batched.message().rfind("problem 1: the index score of key ", 0),
             0u)
       << batched;
+
+  // Both kinds failing: the first failing problem's error, a dense one
+  // before a top-k one.
+  const std::vector<AttentionProblem> both_fail = {empty.Problem(),
+                                                   bad_topk.problem()};
+  const absl::Status first = backend_.Attend(both_fail);
+  EXPECT_EQ(first.message().rfind("problem 0: query row 0 (position ", 0), 0u)
+      << first;
 }
 
 // AttendEach: in one run, each problem gets what Attend of it alone gives,
