@@ -103,9 +103,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_rpc_threads ", options.max_rpc_threads, " must be >= 16"));
   }
-  if (options.threads < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "threads ", options.threads, " must be >= 0 (0 = one per core)"));
+  // More threads than a process may start abort it (std::system_error).
+  if (options.threads < 0 || options.threads > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads ", options.threads,
+                     " must be between 0 (one per core) and 1024"));
   }
   if (options.cpu_spin < absl::ZeroDuration() ||
       options.cpu_spin > absl::Milliseconds(10)) {

@@ -117,7 +117,7 @@ ABSL_FLAG(int64_t, max_queued_prefill_bytes, int64_t{1} << 30,
 ABSL_FLAG(int, max_rpc_threads, 1024,
           "Most threads the synchronous RPCs (all but Prefill, DecodeStep, "
           "Decode and BatchDecode) may take; past it they get "
-          "RESOURCE_EXHAUSTED.");
+          "UNAVAILABLE (overloaded).");
 ABSL_FLAG(std::string, snapshot_dir, "",
           "When set: on SIGTERM/SIGINT, once calls have finished (first half "
           "of --drain_timeout), every session is written to this directory "

@@ -52,7 +52,7 @@ struct ServerOptions {
   bool reflection = true;
   // Attention backend: "auto" (CUDA when a GPU is usable), "cpu" or "cuda".
   std::string backend = "auto";
-  // Backend worker threads; 0 = one per hardware thread.
+  // Backend worker threads, at most 1024; 0 = one per hardware thread.
   int threads = 0;
   // How long idle CPU backend threads poll for work before sleeping. Zero
   // (the default) suits small or shared machines; on a dedicated many-core

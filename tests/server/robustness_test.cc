@@ -689,5 +689,16 @@ TEST_F(RobustnessTest, SynchronousCallsTakeAtMostMaxRpcThreads) {
   ATTN_EXPECT_OK(client().GetServerInfo());
 }
 
+// Thread counts a process cannot start are refused before any starts
+// (std::thread would throw and abort the process).
+TEST(ServerOptionsTest, ThreadCountsOutOfRangeAreRefused) {
+  for (int threads : {-1, 1025, 1 << 30}) {
+    server::ServerOptions options = TestServerOptions();
+    options.threads = threads;
+    auto server = StartTestServer(options);
+    ATTN_EXPECT_CODE(server, StatusCode::kInvalidArgument);
+  }
+}
+
 }  // namespace
 }  // namespace attention::testing
