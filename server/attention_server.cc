@@ -404,7 +404,10 @@ AttentionServer::AttentionServer(const ServerOptions& options,
       backend_reason_(std::move(backend_reason)),
       engine_(std::move(engine)) {}
 
-AttentionServer::~AttentionServer() { Shutdown(); }
+AttentionServer::~AttentionServer() {
+  Shutdown();
+  if (transport_stopper_.joinable()) transport_stopper_.join();
+}
 
 std::string AttentionServer::advertise_address() const {
   return service_->advertise_address();
@@ -454,20 +457,19 @@ void AttentionServer::Shutdown() {
   const int64_t left = service_->in_flight();
   // gRPC's shutdown cancels the calls left at the deadline, but may return
   // long after it: a client that stops reading keeps its reply, and the
-  // shutdown, waiting in the transport. The snapshot does not wait for it.
-  absl::Notification grpc_stopped;
-  std::thread stopper([&] {
+  // shutdown, waiting in the transport. Neither the snapshot nor Shutdown
+  // waits for it.
+  transport_stopper_ = std::thread([this, deadline] {
     server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
-    grpc_stopped.Notify();
+    transport_stopped_.Notify();
   });
-  const bool stopped = grpc_stopped.WaitForNotificationWithDeadline(
+  const bool stopped = transport_stopped_.WaitForNotificationWithDeadline(
       deadline + ShutdownGrace(options_.drain_timeout));
   Log(left > 0 || !stopped ? LogLevel::kWarning : LogLevel::kInfo,
       "drain_finished",
       {{"cancelled_calls", left},
        {"transport_stopped", stopped ? "true" : "false"}});
   if (!options_.snapshot_dir.empty()) WriteSnapshot(snapshot_deadline);
-  stopper.join();
 }
 
 absl::Duration AttentionServer::ShutdownGrace(absl::Duration drain_timeout) {

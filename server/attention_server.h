@@ -10,9 +10,11 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "core/engine.h"
 #include "server/attention_service.h"
@@ -91,8 +93,15 @@ class AttentionServer {
   // options().peers; server/session_handover.h), waits until no call or
   // Decode stream is in flight or options().drain_timeout has passed, then
   // stops the gRPC server (cancelling what is left) and snapshots what is
-  // left (with options().snapshot_dir). Idempotent; blocks until done.
+  // left (with options().snapshot_dir). Idempotent; blocks until done, but
+  // not for gRPC's transport past the drain: a client that stops reading a
+  // reply can hold that for as long as it stays connected
+  // (transport_stopped() says; the destructor waits for it).
   void Shutdown();
+  // Whether gRPC's transport has stopped since Shutdown.
+  bool transport_stopped() const {
+    return transport_stopped_.HasBeenNotified();
+  }
 
   // The bound metrics port, or -1 without a metrics endpoint.
   int metrics_port() const;
@@ -138,6 +147,9 @@ class AttentionServer {
 
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  // Runs gRPC's shutdown from Shutdown on; joined by the destructor.
+  std::thread transport_stopper_;
+  absl::Notification transport_stopped_;
 };
 
 }  // namespace attention::server

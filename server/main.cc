@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -336,6 +337,18 @@ int Run() {
   Log(LogLevel::kInfo, "signal", {{"signal", strsignal(signal_number)}});
   (*server)->Shutdown();
   LingerForMetrics(**server, signals, metrics_linger);
+  if (!(*server)->transport_stopped()) {
+    // A client that does not read its reply still holds gRPC's transport,
+    // and would hold the server's destruction as long as it stays
+    // connected: the drain and the snapshot are done, so leave now (exit 0
+    // inside the pod's grace period).
+    Log(LogLevel::kWarning, "exit_with_transport_open",
+        {{"hint", "a client stopped reading a reply"}});
+    std::cout << "attention-server: stopped" << std::endl;
+    std::cerr.flush();
+    std::fflush(nullptr);
+    std::_Exit(0);
+  }
   server->reset();
   std::cout << "attention-server: stopped" << std::endl;
   return 0;

@@ -661,15 +661,18 @@ TEST(SnapshotDirTest, AFrozenClientDoesNotHoldUpTheSnapshot) {
     shut_down = true;
   });
   const std::string file = absl::StrCat(dir, "/", session->id(), ".session");
-  // The drain's whole budget, and a margin, while the client stays frozen.
-  EXPECT_TRUE(Eventually([&] { return std::filesystem::exists(file); },
+  // The drain's whole budget, and a margin, while the client stays frozen:
+  // the snapshot is written and Shutdown returns.
+  EXPECT_TRUE(Eventually([&] { return shut_down.load(); },
                          options.drain_timeout + absl::Seconds(4)));
-  // The frozen client still holds gRPC's shutdown (else this test shows
-  // nothing).
-  EXPECT_FALSE(shut_down.load());
+  EXPECT_TRUE(std::filesystem::exists(file));
+  // The frozen client still holds gRPC's transport (else this test shows
+  // nothing); the server's destruction waits for it.
+  EXPECT_FALSE((*server)->server->transport_stopped());
   frozen.Close();
   drain.join();
-  EXPECT_TRUE(std::filesystem::exists(file));
+  EXPECT_TRUE(Eventually([&] { return (*server)->server->transport_stopped(); },
+                         absl::Seconds(30)));
 }
 
 TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
