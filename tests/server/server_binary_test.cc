@@ -33,6 +33,7 @@
 #include "tests/server/frozen_reader.h"
 #include "tests/server/http_get.h"
 #include "tests/server/server_process.h"
+#include "tests/server/test_server.h"
 
 extern char** environ;
 
@@ -100,16 +101,8 @@ TEST(ServerBinaryTest, AClientThatStopsReadingDoesNotHoldTheExit) {
   ServerProcess server(flags);
   const int port = server.WaitForPort();
   ASSERT_GT(port, 0) << server.output();
-  // Calls whose replies (64 MB of weights each) fill the socket buffers.
-  v1::AttentionRequest request;
-  const int64_t tokens = 4000;
-  for (v1::Tensor* tensor :
-       {request.mutable_q(), request.mutable_k(), request.mutable_v()}) {
-    tensor->set_dtype(v1::DTYPE_FLOAT16);
-    for (int64_t dim : {tokens, int64_t{1}, int64_t{1}}) tensor->add_shape(dim);
-    tensor->set_data(std::string(tokens * 2, '\0'));
-  }
-  request.set_return_weights(true);
+  // Calls whose replies fill the socket buffers.
+  const v1::AttentionRequest request = testing::LargeReplyRequest();
   testing::FrozenReader frozen;
   ASSERT_TRUE(frozen.Connect(port).ok());
   for (int call = 0; call < 2; ++call) {

@@ -616,6 +616,21 @@ std::string TempDir(absl::string_view name) {
   return dir;
 }
 
+// `count` filled sessions written into `dir` by a server that is gone
+// since: their ids.
+std::vector<std::string> SavedSessions(const std::string& dir, int count) {
+  auto server = StartTestServer();
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return {};
+  std::vector<std::string> ids =
+      FilledSessions(*(*server)->client, count, 10, 70);
+  EXPECT_EQ(server::SaveAllSessions((*server)->server->engine(), dir,
+                                    absl::Now() + absl::Minutes(1))
+                .written,
+            count);
+  return ids;
+}
+
 // A client that stops reading in the middle of its replies (a stopped or
 // hung process) keeps gRPC's shutdown waiting past the drain's deadline.
 // The snapshot does not wait for it: it is written in time, and holds the
@@ -631,16 +646,8 @@ TEST(SnapshotDirTest, AFrozenClientDoesNotHoldUpTheSnapshot) {
   ATTN_ASSERT_OK(session);
   Fill(*session, RandomTokens(session->spec(), 20, 7), 20);
 
-  // Calls whose replies (64 MB of weights each) fill the socket buffers.
-  v1::AttentionRequest request;
-  const int64_t tokens = 4000;
-  for (v1::Tensor* tensor :
-       {request.mutable_q(), request.mutable_k(), request.mutable_v()}) {
-    tensor->set_dtype(v1::DTYPE_FLOAT16);
-    for (int64_t dim : {tokens, int64_t{1}, int64_t{1}}) tensor->add_shape(dim);
-    tensor->set_data(std::string(tokens * 2, '\0'));
-  }
-  request.set_return_weights(true);
+  // Calls whose replies fill the socket buffers.
+  const v1::AttentionRequest request = LargeReplyRequest();
   FrozenReader frozen;
   ATTN_ASSERT_OK(frozen.Connect((*server)->server->port()));
   for (int call = 0; call < 2; ++call) {
@@ -895,24 +902,14 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
   std::filesystem::remove_all(dir);
 }
 
-// Valid files a server cannot take (here: past --max_sessions) are moved
-// aside as *.rejected and counted apart from corrupt ones.
 // A stop requested while a start restores (a rollout replacing the pod)
 // ends the start before it serves, and the snapshot files stay: a later
 // start restores every session (before, the restore ran to its end, the
 // files were removed, and the drain that followed could be cut short).
 TEST(SnapshotDirTest, AStopDuringTheRestoreKeepsTheFiles) {
   const std::string dir = TempDir("snapshot-stopped");
-  auto first = StartTestServer();
-  ATTN_ASSERT_OK(first);
-  const std::vector<std::string> ids =
-      FilledSessions(*(*first)->client, 3, 10, 70);
+  const std::vector<std::string> ids = SavedSessions(dir, 3);
   ASSERT_EQ(ids.size(), 3u);
-  EXPECT_EQ(server::SaveAllSessions((*first)->server->engine(), dir,
-                                    absl::Now() + absl::Minutes(1))
-                .written,
-            3);
-  first->reset();
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
   int polls = 0;
@@ -933,16 +930,11 @@ TEST(SnapshotDirTest, AStopDuringTheRestoreKeepsTheFiles) {
   std::filesystem::remove_all(dir);
 }
 
+// Valid files a server cannot take (here: past --max_sessions) are moved
+// aside as *.rejected and counted apart from corrupt ones.
 TEST(SnapshotDirTest, FilesTheServerCannotTakeAreRejectedAndCounted) {
   const std::string dir = TempDir("snapshot-rejected");
-  auto first = StartTestServer();
-  ATTN_ASSERT_OK(first);
-  ASSERT_EQ(FilledSessions(*(*first)->client, 3, 10, 70).size(), 3u);
-  EXPECT_EQ(server::SaveAllSessions((*first)->server->engine(), dir,
-                                    absl::Now() + absl::Minutes(1))
-                .written,
-            3);
-  first->reset();
+  ASSERT_EQ(SavedSessions(dir, 3).size(), 3u);
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
   options.max_sessions = 1;
@@ -970,16 +962,8 @@ TEST(SnapshotDirTest, FilesTheServerCannotTakeAreRejectedAndCounted) {
 TEST(SnapshotDirTest, OnlyRegularFilesAreRestoredAndOneServerUsesTheDir) {
   const std::string dir = TempDir("snapshot-odd");
   const std::string elsewhere = TempDir("snapshot-elsewhere");
-  auto first = StartTestServer();
-  ATTN_ASSERT_OK(first);
-  const std::vector<std::string> ids =
-      FilledSessions(*(*first)->client, 1, 10, 70);
+  const std::vector<std::string> ids = SavedSessions(elsewhere, 1);
   ASSERT_EQ(ids.size(), 1u);
-  ASSERT_EQ(server::SaveAllSessions((*first)->server->engine(), elsewhere,
-                                    absl::Now() + absl::Minutes(1))
-                .written,
-            1);
-  first->reset();
   ASSERT_EQ(::mkfifo((dir + "/fifo.session").c_str(), 0600), 0);
   std::filesystem::create_symlink(
       absl::StrCat(elsewhere, "/", ids[0], ".session"),

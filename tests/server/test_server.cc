@@ -111,6 +111,19 @@ v1::AttentionRequest StatelessRequestFor(const Tokens& tokens,
   return request;
 }
 
+v1::AttentionRequest LargeReplyRequest() {
+  v1::AttentionRequest request;
+  const int64_t tokens = 4000;
+  for (v1::Tensor* tensor :
+       {request.mutable_q(), request.mutable_k(), request.mutable_v()}) {
+    tensor->set_dtype(v1::DTYPE_FLOAT16);
+    for (int64_t dim : {tokens, int64_t{1}, int64_t{1}}) tensor->add_shape(dim);
+    tensor->set_data(std::string(tokens * 2, '\0'));
+  }
+  request.set_return_weights(true);
+  return request;
+}
+
 std::string RowBytes(const v1::Tensor& tensor, int64_t begin, int64_t rows) {
   int64_t row_bytes = client::DTypeBytes(tensor.dtype());
   for (int i = 1; i < tensor.shape_size(); ++i) row_bytes *= tensor.shape(i);

@@ -98,6 +98,11 @@ v1::AttentionRequest StatelessRequestFor(const Tokens& tokens,
                                          const v1::SessionSpec& spec, int layer,
                                          v1::DType kv_dtype);
 
+// A stateless Attention request whose reply (the weights of 4000 keys for
+// as many queries) holds 64 MB: a client that does not read it leaves the
+// connection's socket buffers full.
+v1::AttentionRequest LargeReplyRequest();
+
 // Bytes of rows [begin, begin + rows) along dimension 0 of `tensor`.
 std::string RowBytes(const v1::Tensor& tensor, int64_t begin, int64_t rows);
 
