@@ -274,9 +274,12 @@ ElementType UnitRunner::LoadRows(int64_t t0, int64_t t1, bool values,
   const int stride = values ? info_.value_dim_padded : info_.head_dim_padded;
   if (direct) {
     if (CoversTile(t0, t1)) return info_.kv_type;
-    // Zero bytes are +0 in every element type.
-    const std::byte* zeros =
-        reinterpret_cast<const std::byte*>(scratch_.zeros.Zeros(stride));
+    // Zero bytes are +0 in every element type. One size for keys and
+    // values: growing the buffer for the values would free the zeros the
+    // tile's key rows point at.
+    const std::byte* zeros = reinterpret_cast<const std::byte*>(
+        scratch_.zeros.Zeros(std::max(info_.head_dim_padded,
+                                      info_.value_dim_padded)));
     for (int j = 0; j < n; ++j) {
       if (rows[j] == nullptr) rows[j] = zeros;
     }
