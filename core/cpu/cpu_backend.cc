@@ -527,11 +527,8 @@ class DenseRun {
                       plan_.infos[unit.problem], unit);
   }
   float* ChunkState(const Unit& unit, int64_t slot) const {
-    const ProblemInfo& info = plan_.infos[unit.problem];
     return partial_.get() + unit.partial +
-           (slot - unit.chunks_begin) *
-               cpu::StateFloats((unit.row_end - unit.row_begin) * info.group,
-                                info.value_dim_padded);
+           (slot - unit.chunks_begin) * StateFloatsOf(plan_, unit);
   }
   std::atomic<int64_t>& FirstFailed(int64_t u) {
     return first_failed_[plan_.units[u].problem];
