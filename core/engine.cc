@@ -806,8 +806,7 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Attend(
                      shape.value_dim, mask, shape.num_keys)));
   ATTN_RETURN_IF_ERROR(CheckCall(request.control));
   float scale = request.scale;
-  if (scale == 0.0f)
-    scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  if (scale == 0.0f) scale = DefaultScale(shape.head_dim);
   if (!std::isfinite(scale) || scale < 0.0f) {
     return absl::InvalidArgumentError(absl::StrCat(
         "scale must be finite and positive (0 = 1/sqrt(head_dim)), "

@@ -87,6 +87,10 @@ absl::Status CheckLayerEntries(int64_t entries, int64_t num_layers) {
                    num_layers, " entries, got ", entries));
 }
 
+float DefaultScale(int64_t head_dim) {
+  return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+}
+
 absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                                                const SpecLimits& limits) {
   if (auto s = CheckRange("num_layers", spec.num_layers, 1, limits.max_layers);
@@ -164,10 +168,7 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                                            "1/sqrt(head_dim)), got ",
                                            spec.scale));
   }
-  if (spec.scale == 0.0f) {
-    out.scale =
-        static_cast<float>(1.0 / std::sqrt(static_cast<double>(spec.head_dim)));
-  }
+  if (spec.scale == 0.0f) out.scale = DefaultScale(spec.head_dim);
 
   const size_t num_layers = static_cast<size_t>(spec.num_layers);
   for (size_t i = 0; i < spec.layers.size(); ++i) {

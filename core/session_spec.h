@@ -82,6 +82,12 @@ struct SpecLimits {
 // translation from the wire checks it before converting the entries.
 absl::Status CheckLayerEntries(int64_t entries, int64_t num_layers);
 
+// The logit scale a spec or stateless call of scale 0 gets: the seeds'
+// 1/sqrt(head_dim), computed in double and rounded once to float32 (a
+// float32 square root and division can differ by an ulp). REQUIRES:
+// head_dim > 0.
+float DefaultScale(int64_t head_dim);
+
 // Validates `spec` and fills its defaults: value_dim, scale, max_tokens, and
 // `layers` expanded to exactly num_layers entries. INVALID_ARGUMENT with a
 // message naming the offending field for any violation.

@@ -331,6 +331,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       engine_ptr, server->decode_batcher_.get(), ServerVersion(), options,
       metrics_ptr, authenticator_ptr);
   server->service_->AcceptHandoversFrom(options.peer_tenant);
+  server->authenticator_->SetChangeListener(
+      [service = server->service_.get()] { service->TenantsChanged(); });
 
   // A process-wide switch read when a server is built.
   grpc::EnableDefaultHealthCheckService(true);
@@ -405,6 +407,8 @@ AttentionServer::AttentionServer(const ServerOptions& options,
       engine_(std::move(engine)) {}
 
 AttentionServer::~AttentionServer() {
+  // The service goes before the authenticator (whose watcher may reload).
+  if (authenticator_ != nullptr) authenticator_->SetChangeListener(nullptr);
   Shutdown();
   if (transport_stopper_.joinable()) transport_stopper_.join();
 }

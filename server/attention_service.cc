@@ -382,7 +382,8 @@ AttentionServiceImpl::Decode(grpc::CallbackServerContext* context) {
                                        .metrics = metrics_,
                                        .in_flight = &in_flight_,
                                        .max_message_bytes = max_message_bytes_,
-                                       .authenticator = authenticator_};
+                                       .authenticator = authenticator_,
+                                       .open_streams = &open_streams_};
   return new DecodeStreamReactor(context, deps);
 }
 

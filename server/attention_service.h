@@ -48,6 +48,7 @@
 #include "server/decode_batcher.h"
 #include "server/decode_step_timing.h"
 #include "server/metrics.h"
+#include "server/open_streams.h"
 #include "server/request_scope.h"
 #include "server/server_options.h"
 #include "server/stall_watchdog.h"
@@ -102,6 +103,9 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   std::string advertise_address() const;
   // Calls and open streams currently inside a handler.
   int64_t in_flight() const { return in_flight_.count(); }
+  // The server's tenants changed: open Decode streams authenticate again
+  // (server/open_streams.h).
+  void TenantsChanged() { open_streams_.TenantsChanged(); }
 
   grpc::Status CreateSession(grpc::ServerContext* context,
                              const v1::CreateSessionRequest* request,
@@ -206,6 +210,7 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   const Authenticator* const authenticator_;
   const DecodeStepTimingHook on_decode_step_timing_;
   InFlightCounter in_flight_;
+  OpenStreams open_streams_;
   StallWatchdog transfer_watchdog_;
   // Written under drain_mu_ (read without it where a late answer is fine).
   absl::Mutex drain_mu_;

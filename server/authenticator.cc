@@ -152,21 +152,31 @@ absl::Status Authenticator::Reload() {
   const bool have_info = stat(options_.tokens_file.c_str(), &info) == 0;
   absl::StatusOr<std::vector<TokenEntry>> entries =
       LoadTokensFile(options_.tokens_file);
-  absl::MutexLock lock(&mu_);
-  if (have_info) file_ = info;
-  if (!entries.ok()) {
-    Log(LogLevel::kError, "auth_tokens_reload_failed",
+  {
+    absl::MutexLock lock(&mu_);
+    if (have_info) file_ = info;
+    if (!entries.ok()) {
+      Log(LogLevel::kError, "auth_tokens_reload_failed",
+          {{"file", options_.tokens_file},
+           {"error", entries.status().message()},
+           {"tenants_in_force", static_cast<int64_t>(entries_.size())}});
+      return entries.status();
+    }
+    entries_ = *std::move(entries);
+    generation_.fetch_add(1, std::memory_order_release);
+    Log(LogLevel::kInfo, "auth_tokens_loaded",
         {{"file", options_.tokens_file},
-         {"error", entries.status().message()},
-         {"tenants_in_force", static_cast<int64_t>(entries_.size())}});
-    return entries.status();
+         {"tenants", static_cast<int64_t>(entries_.size())}});
   }
-  entries_ = *std::move(entries);
-  generation_.fetch_add(1, std::memory_order_release);
-  Log(LogLevel::kInfo, "auth_tokens_loaded",
-      {{"file", options_.tokens_file},
-       {"tenants", static_cast<int64_t>(entries_.size())}});
+  // Outside mu_: the listener authenticates calls again.
+  absl::MutexLock lock(&listener_mu_);
+  if (listener_) listener_();
   return absl::OkStatus();
+}
+
+void Authenticator::SetChangeListener(std::function<void()> listener) {
+  absl::MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
 }
 
 TenantQuota Authenticator::QuotaOf(const std::string& name) const {

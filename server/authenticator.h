@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,6 +92,13 @@ class Authenticator {
     return generation_.load(std::memory_order_acquire);
   }
 
+  // Calls `listener` after each change of the tenants (once generation()
+  // has moved), on the thread that reloaded, until another listener
+  // replaces it; nullptr: none. A call in progress ends before this
+  // returns, so a listener that is reset can be destroyed.
+  void SetChangeListener(std::function<void()> listener)
+      ABSL_LOCKS_EXCLUDED(listener_mu_);
+
   // The quota the tokens file gives tenant `name` now (none in the other
   // modes, or for a tenant it does not name).
   TenantQuota QuotaOf(const std::string& name) const;
@@ -113,6 +121,8 @@ class Authenticator {
   struct stat file_ ABSL_GUARDED_BY(mu_) = {};
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> generation_{0};
+  absl::Mutex listener_mu_ ABSL_ACQUIRED_AFTER(reload_mu_);
+  std::function<void()> listener_ ABSL_GUARDED_BY(listener_mu_);
   std::thread watcher_;
 };
 

@@ -29,7 +29,13 @@ DecodeStreamReactor::DecodeStreamReactor(grpc::CallbackServerContext* context,
     tenant_ = *std::move(tenant);
   }
   open_stream_.emplace(deps.metrics);
-  StartRead(&request_);
+  if (deps_.open_streams != nullptr) deps_.open_streams->Add(this);
+  ReadNext();
+}
+
+void DecodeStreamReactor::OnDone() {
+  if (deps_.open_streams != nullptr) deps_.open_streams->Remove(this);
+  delete this;
 }
 
 absl::Status DecodeStreamReactor::Authenticate() {
@@ -47,7 +53,37 @@ absl::Status DecodeStreamReactor::Authenticate() {
   return absl::OkStatus();
 }
 
+void DecodeStreamReactor::ReadNext() {
+  absl::MutexLock lock(&mu_);
+  // A change of the tenants before reading_ is set is seen here; one after
+  // it, by OnTenantsChanged.
+  if (const absl::Status auth = Authenticate(); !auth.ok()) {
+    OnStepDone(auth);
+    return;
+  }
+  reading_ = true;
+  StartRead(&request_);
+}
+
+void DecodeStreamReactor::OnTenantsChanged() {
+  absl::MutexLock lock(&mu_);
+  // Otherwise a reaction runs or will, and the next read or step
+  // authenticates.
+  if (!reading_ || ended_) return;
+  if (const absl::Status auth = Authenticate(); !auth.ok()) {
+    ended_ = true;
+    // Ends the stream with the read pending; its reaction does nothing.
+    scope_.Restart("");
+    OnStepDone(auth);
+  }
+}
+
 void DecodeStreamReactor::OnReadDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (ended_) return;
+  }
   // The client half-closed (or went away): every step it sent is answered.
   if (!ok) {
     Close(grpc::Status::OK);
@@ -106,7 +142,7 @@ void DecodeStreamReactor::OnWriteDone(bool ok) {
   }
   scope_.Finish(grpc::Status::OK);
   ++index_;
-  StartRead(&request_);
+  ReadNext();
 }
 
 void DecodeStreamReactor::End(const absl::Status& status) {

@@ -12,11 +12,19 @@
 //
 // The first failing request ends the stream with its status, prefixed with
 // `requests[i]: ` (the client has seen i results); earlier steps stay
-// applied. When the server's tenants change (a reloaded tokens file) the
-// next step authenticates the stream again: a revoked token ends it with
-// UNAUTHENTICATED, and a changed quota applies from that step on. Every session the stream has used stays in use (it cannot
-// expire) until the stream ends. The stream counts as in flight while open;
-// each step is recorded as one Decode request (its own code and latency).
+// applied. Every session the stream has used stays in use (it cannot
+// expire) until the stream ends. When the server's tenants change (a
+// reloaded tokens file) the stream authenticates again at once if it waits
+// for its client (OpenStreams calls it), else before its next step or
+// read: a revoked token ends it with UNAUTHENTICATED, a token that now
+// names another tenant lets the old tenant's sessions go, and a changed
+// quota applies from the next step on. The stream counts as in flight
+// while open; each step is recorded as one Decode request (its own code
+// and latency).
+//
+// Threads: gRPC runs one reaction of the stream at a time; OpenStreams
+// may call OnTenantsChanged meanwhile, which acts only while a read is
+// pending (reading_), when no reaction runs. mu_ orders the two.
 #ifndef ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
 #define ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
 
@@ -29,6 +37,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "attention/v1/attention.pb.h"
 #include "core/engine.h"
 #include "core/session_holds.h"
@@ -36,12 +45,14 @@
 #include "server/decode_batcher.h"
 #include "server/grpc_call_control.h"
 #include "server/metrics.h"
+#include "server/open_streams.h"
 #include "server/request_scope.h"
 
 namespace attention::server {
 
 class DecodeStreamReactor final
-    : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::AttentionResult> {
+    : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::AttentionResult>,
+      public TenantsChangedListener {
  public:
   // What the stream runs on; everything must outlive the stream.
   struct Deps {
@@ -51,6 +62,7 @@ class DecodeStreamReactor final
     InFlightCounter* in_flight;
     int64_t max_message_bytes;
     const Authenticator* authenticator;  // may be null: no authentication
+    OpenStreams* open_streams;           // may be null
   };
 
   // Authenticates the caller (ending the stream at once when that fails).
@@ -59,12 +71,16 @@ class DecodeStreamReactor final
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
-  void OnDone() override { delete this; }
+  void OnDone() override;
+  void OnTenantsChanged() override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The caller's tenant (again, when the tenants changed since it was last
   // found): UNAUTHENTICATED when its credentials no longer hold.
   absl::Status Authenticate();
+  // Reads the next request, unless the tenants changed and the caller's
+  // credentials no longer hold (the stream then ends).
+  void ReadNext() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs request_ as step `index_`: converted, bounded and queued in the
   // batcher; OnStepDone follows.
   void StartStep();
@@ -76,6 +92,12 @@ class DecodeStreamReactor final
 
   grpc::CallbackServerContext* const context_;
   const Deps deps_;
+  absl::Mutex mu_;
+  // A read is pending: no reaction runs, and OnTenantsChanged may act.
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  // OnTenantsChanged ended the stream: the pending read's reaction does
+  // nothing.
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   RequestScope scope_;
   std::optional<ScopedStreamMetric> open_stream_;  // once authenticated
   GrpcCallControl control_;

@@ -187,6 +187,41 @@ TEST_F(EngineTest, EveryPathGivesBitwiseTheSameOutput) {
   }
 }
 
+// Scale 0 means the seeds' 1/sqrt(head_dim), rounded once to float32, in a
+// session and in a stateless call alike: at head_dim 96 a float32 division
+// of a float32 square root is one ulp away from it.
+TEST_F(EngineTest, ScaleZeroIsTheSameInSessionsAndStatelessCalls) {
+  constexpr int kWideDim = 96;
+  ASSERT_NE(1.0f / std::sqrt(static_cast<float>(kWideDim)),
+            DefaultScale(kWideDim));
+  SessionSpec spec;
+  spec.num_layers = 1;
+  spec.num_q_heads = kQHeads;
+  spec.num_kv_heads = kKvHeads;
+  spec.head_dim = kWideDim;
+  spec.value_dim = kValueDim;
+  spec.max_tokens = 64;
+  constexpr int64_t kTokens = 40;
+  const HostTensor q = RandomTensor({kTokens, kQHeads, kWideDim}, rng_);
+  const HostTensor k = RandomTensor({kTokens, kKvHeads, kWideDim}, rng_);
+  const HostTensor v = RandomTensor({kTokens, kKvHeads, kValueDim}, rng_);
+  AppendRequest append;
+  append.session_id = NewSession(spec);
+  append.q = q.rows(0, kTokens);
+  append.k = k.rows(0, kTokens);
+  append.v = v.rows(0, kTokens);
+  StatelessRequest stateless;
+  stateless.q = q.rows(0, kTokens);
+  stateless.k = k.rows(0, kTokens);
+  stateless.v = v.rows(0, kTokens);
+  stateless.mask.causal = true;
+  auto session_out = engine_->Append(append);
+  ASSERT_TRUE(session_out.ok()) << session_out.status();
+  auto stateless_out = engine_->Attend(stateless);
+  ASSERT_TRUE(stateless_out.ok()) << stateless_out.status();
+  EXPECT_EQ(ToFloats(session_out->output), ToFloats(stateless_out->output));
+}
+
 TEST_F(EngineTest, BatchEqualsSeparateStepsAndThreadCountDoesNotMatter) {
   // Two engines with different thread counts, sessions of different lengths.
   std::unique_ptr<AttentionEngine> single = MakeEngine(int64_t{64} << 20, 1);
