@@ -300,12 +300,13 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
         *engine_ptr, options.snapshot_dir, options.stop_requested);
     restored_files = std::move(restored.files);
     server->metrics_->RecordRestore(restored.restored, restored.corrupt,
-                                    restored.rejected);
+                                    restored.rejected, restored.kept);
     Log(LogLevel::kInfo, "sessions_restored",
         {{"dir", options.snapshot_dir},
          {"restored", restored.restored},
          {"corrupt", restored.corrupt},
          {"rejected", restored.rejected},
+         {"kept", restored.kept},
          {"kv_bytes", restored.bytes},
          {"duration_ms", absl::ToInt64Milliseconds(absl::Now() - start)}});
   }

@@ -206,10 +206,12 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
                                 std::memory_order_relaxed);
   }
 
-  void RecordRestore(int64_t restored, int64_t corrupt, int64_t rejected) {
+  void RecordRestore(int64_t restored, int64_t corrupt, int64_t rejected,
+                     int64_t kept) {
     restored_.fetch_add(restored, std::memory_order_relaxed);
     corrupt_.fetch_add(corrupt, std::memory_order_relaxed);
     rejected_.fetch_add(rejected, std::memory_order_relaxed);
+    kept_.fetch_add(kept, std::memory_order_relaxed);
   }
 
   void RecordHandovers(int64_t sent, int64_t failed) {
@@ -312,10 +314,16 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         MetricType::Counter, load(corrupt_)));
     families.push_back(Scalar(
         "attention_snapshots_rejected_total",
-        "Valid snapshot files this server could not restore at start-up (KV "
-        "pool or --max_sessions full, id taken, spec refused; moved aside as "
+        "Valid snapshot files this server refuses at start-up (id taken, "
+        "spec or layout refused, not a regular file; moved aside as "
         "*.rejected).",
         MetricType::Counter, load(rejected_)));
+    families.push_back(Scalar(
+        "attention_snapshots_kept_total",
+        "Snapshot files this server could not restore at start-up for now "
+        "(KV pool or --max_sessions full, an I/O error); left in place for "
+        "the next start.",
+        MetricType::Counter, load(kept_)));
 
     families.push_back(
         Scalar("attention_handovers_sent_total",
@@ -449,6 +457,7 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
   std::atomic<int64_t> restored_{0};
   std::atomic<int64_t> corrupt_{0};
   std::atomic<int64_t> rejected_{0};
+  std::atomic<int64_t> kept_{0};
   std::atomic<int64_t> handovers_sent_{0};
   std::atomic<int64_t> handovers_failed_{0};
   std::atomic<int64_t> handovers_received_{0};
@@ -534,8 +543,8 @@ void ServerMetrics::RecordSnapshot(int64_t written, int64_t failed,
 }
 
 void ServerMetrics::RecordRestore(int64_t restored, int64_t corrupt,
-                                  int64_t rejected) {
-  collector_->RecordRestore(restored, corrupt, rejected);
+                                  int64_t rejected, int64_t kept) {
+  collector_->RecordRestore(restored, corrupt, rejected, kept);
 }
 
 void ServerMetrics::RecordHandovers(int64_t sent, int64_t failed) {

@@ -27,6 +27,7 @@
 //   attention_sessions_restored_total                counter  }
 //   attention_snapshots_corrupt_total                counter  }
 //   attention_snapshots_rejected_total               counter  }
+//   attention_snapshots_kept_total                   counter  }
 //   attention_tenant_sessions{tenant}                gauge    } (tenants of
 //   attention_tenant_kv_bytes{tenant}                gauge    } tokens file)
 //   attention_build_info{version,backend,device}     gauge, always 1
@@ -224,8 +225,9 @@ class ServerMetrics {
   // it took (attention_snapshot_duration_seconds is the last one's).
   void RecordSnapshot(int64_t written, int64_t failed, absl::Duration duration);
   // The restore at start-up: sessions restored, files found corrupt, valid
-  // files this server could not take.
-  void RecordRestore(int64_t restored, int64_t corrupt, int64_t rejected);
+  // files this server refuses, files left for the next start.
+  void RecordRestore(int64_t restored, int64_t corrupt, int64_t rejected,
+                     int64_t kept);
   // Handovers on drain (server/session_handover.h): sessions this replica
   // moved to a peer, and those it could not; and a session a draining peer
   // moved here (a handover's ImportSession).

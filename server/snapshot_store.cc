@@ -252,6 +252,10 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
   // directory's own is a snapshot.
   const int fd =
       ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0 && errno == ELOOP) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is a symbolic link, not a snapshot file"));
+  }
   if (fd < 0) return FileError("cannot open", path);
   absl::Cleanup close_file = [fd] { ::close(fd); };
   struct stat file;
@@ -301,6 +305,47 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
   return read.kv_bytes;
 }
 
+namespace {
+
+// What becomes of a file whose restore failed with `status`: corrupt and
+// refused files are moved aside (never restored again); a file that may
+// restore later (a full pool, an I/O error) stays for the next start, so
+// that no session is lost to a passing condition, or to forks, which share
+// their blocks while live but are restored one whole copy each.
+void SetAside(const std::string& path, const absl::Status& status,
+              RestoreAllResult& result) {
+  const absl::StatusCode code = status.code();
+  const char* suffix = nullptr;
+  const char* event = "snapshot_kept";
+  int64_t* count = &result.kept;
+  if (code == absl::StatusCode::kInvalidArgument ||
+      code == absl::StatusCode::kDataLoss) {
+    suffix = ".corrupt";
+    event = "snapshot_corrupt";
+    count = &result.corrupt;
+  } else if (code == absl::StatusCode::kAlreadyExists ||
+             code == absl::StatusCode::kFailedPrecondition ||
+             code == absl::StatusCode::kPermissionDenied ||
+             code == absl::StatusCode::kOutOfRange) {
+    suffix = ".rejected";
+    event = "snapshot_rejected";
+    count = &result.rejected;
+  }
+  ++*count;
+  std::string moved_to = "(kept for the next start)";
+  if (suffix != nullptr) {
+    moved_to = absl::StrCat(path, suffix);
+    ::rename(path.c_str(), moved_to.c_str());
+  }
+  Log(LogLevel::kError, event,
+      {{"file", path},
+       {"moved_to", moved_to},
+       {"code", absl::StatusCodeToString(code)},
+       {"message", status.message()}});
+}
+
+}  // namespace
+
 RestoreAllResult RestoreAllSessions(
     AttentionEngine& engine, const std::string& dir,
     const std::function<bool()>& stop_requested) {
@@ -332,18 +377,7 @@ RestoreAllResult RestoreAllSessions(
       result.files.push_back(path);
       continue;
     }
-    const absl::StatusCode code = bytes.status().code();
-    const bool corrupt = code == absl::StatusCode::kInvalidArgument ||
-                         code == absl::StatusCode::kDataLoss;
-    const std::string aside =
-        absl::StrCat(path, corrupt ? ".corrupt" : ".rejected");
-    ::rename(path.c_str(), aside.c_str());
-    (corrupt ? result.corrupt : result.rejected) += 1;
-    Log(LogLevel::kError, corrupt ? "snapshot_corrupt" : "snapshot_rejected",
-        {{"file", path},
-         {"moved_to", aside},
-         {"code", absl::StatusCodeToString(code)},
-         {"message", bytes.status().message()}});
+    SetAside(path, bytes.status(), result);
   }
   return result;
 }

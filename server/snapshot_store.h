@@ -81,8 +81,12 @@ absl::StatusOr<SnapshotDirectoryLock> PrepareSnapshotDirectory(
 struct RestoreAllResult {
   int64_t restored = 0;
   int64_t corrupt = 0;   // failed validation: moved aside as *.corrupt
-  int64_t rejected = 0;  // valid but not restorable here (pool, id taken):
-                         // moved aside as *.rejected
+  int64_t rejected = 0;  // refused here for good (id taken, spec or
+                         // layout refused, not a regular file): moved
+                         // aside as *.rejected
+  int64_t kept = 0;      // not restorable now (KV pool or --max_sessions
+                         // full, an I/O error): left as they are, for the
+                         // next start
   int64_t bytes = 0;
   // The files restored, still in the directory: the caller removes them
   // (RemoveRestoredFiles) once the server serves, so that a start that
@@ -92,10 +96,10 @@ struct RestoreAllResult {
 
 // Restores every `*.session` file of `dir` with its id, idle deadline and
 // owner tenant, deleting leftover `*.tmp` files and logging every file it
-// moves aside. The restored files stay (see RestoreAllResult::files). A
-// directory that cannot be read is logged and restores nothing. Never
-// fails. When `stop_requested` (may be empty) returns true before a file,
-// the rest are left unread.
+// moves aside or keeps. The restored files stay (see RestoreAllResult::files).
+// A directory that cannot be read is logged and restores nothing. Never fails.
+// When `stop_requested` (may be empty) returns true before a file, the rest are
+// left unread.
 RestoreAllResult RestoreAllSessions(
     AttentionEngine& engine, const std::string& dir,
     const std::function<bool()>& stop_requested = nullptr);

@@ -120,6 +120,7 @@ TEST(ServerMetricsTest, ExposesEveryFamilyWithItsType) {
       {"attention_sessions_restored_total", "counter"},
       {"attention_snapshots_corrupt_total", "counter"},
       {"attention_snapshots_rejected_total", "counter"},
+      {"attention_snapshots_kept_total", "counter"},
       {"attention_backend_failed", "gauge"},
       {"attention_backend_scratch_bytes", "gauge"},
       {"attention_handovers_sent_total", "counter"},
@@ -139,7 +140,7 @@ TEST(ServerMetricsTest, SnapshotCountersAddUp) {
   metrics->RecordExport(24);
   metrics->RecordImport(512);
   metrics->RecordSnapshot(3, 1, absl::Milliseconds(1500));
-  metrics->RecordRestore(2, 1, 3);
+  metrics->RecordRestore(2, 1, 3, 4);
   metrics->RecordHandovers(2, 1);
   metrics->RecordHandoverReceived();
   const auto families = metrics->Collect();
@@ -162,6 +163,7 @@ TEST(ServerMetricsTest, SnapshotCountersAddUp) {
   EXPECT_EQ(value("attention_sessions_restored_total"), 2);
   EXPECT_EQ(value("attention_snapshots_corrupt_total"), 1);
   EXPECT_EQ(value("attention_snapshots_rejected_total"), 3);
+  EXPECT_EQ(value("attention_snapshots_kept_total"), 4);
   EXPECT_EQ(value("attention_handovers_sent_total"), 2);
   EXPECT_EQ(value("attention_handovers_failed_total"), 1);
   EXPECT_EQ(value("attention_handovers_received_total"), 1);

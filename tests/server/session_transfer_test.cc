@@ -930,11 +930,14 @@ TEST(SnapshotDirTest, AStopDuringTheRestoreKeepsTheFiles) {
   std::filesystem::remove_all(dir);
 }
 
-// Valid files a server cannot take (here: past --max_sessions) are moved
-// aside as *.rejected and counted apart from corrupt ones.
-TEST(SnapshotDirTest, FilesTheServerCannotTakeAreRejectedAndCounted) {
-  const std::string dir = TempDir("snapshot-rejected");
-  ASSERT_EQ(SavedSessions(dir, 3).size(), 3u);
+// Valid files a server cannot take now (here: past --max_sessions; forks,
+// restored one whole copy each, can fill the pool the same way) stay in the
+// directory, counted, and the next start that has room restores them: no
+// session is lost to a smaller server.
+TEST(SnapshotDirTest, FilesTheServerCannotTakeNowAreKeptForTheNextStart) {
+  const std::string dir = TempDir("snapshot-kept");
+  const std::vector<std::string> ids = SavedSessions(dir, 3);
+  ASSERT_EQ(ids.size(), 3u);
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
   options.max_sessions = 1;
@@ -943,16 +946,24 @@ TEST(SnapshotDirTest, FilesTheServerCannotTakeAreRejectedAndCounted) {
   const std::string metrics = (*second)->server->metrics().TextExposition();
   EXPECT_TRUE(
       absl::StrContains(metrics, "attention_sessions_restored_total 1"));
+  EXPECT_TRUE(absl::StrContains(metrics, "attention_snapshots_kept_total 2"));
   EXPECT_TRUE(
-      absl::StrContains(metrics, "attention_snapshots_rejected_total 2"));
+      absl::StrContains(metrics, "attention_snapshots_rejected_total 0"));
   EXPECT_TRUE(
       absl::StrContains(metrics, "attention_snapshots_corrupt_total 0"));
-  int rejected_files = 0;
+  int session_files = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    rejected_files += absl::EndsWith(entry.path().string(), ".rejected");
+    session_files += absl::EndsWith(entry.path().string(), ".session");
   }
-  EXPECT_EQ(rejected_files, 2);
-  second->reset();
+  EXPECT_EQ(session_files, 2);  // the restored one is gone
+  second->reset();              // drains: writes the one it restored
+  options.max_sessions = 3;
+  auto third = StartTestServer(options);
+  ATTN_ASSERT_OK(third);
+  for (const std::string& id : ids) {
+    ATTN_EXPECT_OK((*third)->client->GetSession(id));
+  }
+  third->reset();
   std::filesystem::remove_all(dir);
 }
 
