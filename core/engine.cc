@@ -219,14 +219,15 @@ absl::StatusOr<SessionHold> AttentionEngine::HoldSession(
 }
 
 absl::Status AttentionEngine::DeleteSession(const std::string& id,
-                                            const Tenant& tenant) {
-  return sessions_.Delete(id, tenant);
+                                            const Tenant& tenant,
+                                            const CallControl* control) {
+  return sessions_.Delete(id, tenant, control);
 }
 
 absl::StatusOr<SessionInfo> AttentionEngine::ForkSession(
-    const std::string& id, const Tenant& tenant) {
+    const std::string& id, const Tenant& tenant, const CallControl* control) {
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> fork,
-                        sessions_.Fork(id, tenant));
+                        sessions_.Fork(id, tenant, control));
   return fork->Info();
 }
 
@@ -274,7 +275,8 @@ absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(
 }
 
 absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
-    const std::string& id, int64_t length, const Tenant& tenant) {
+    const std::string& id, int64_t length, const Tenant& tenant,
+    const CallControl* control) {
   if (length < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("truncate length must be >= 0, got ", length));
@@ -284,6 +286,7 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
   ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
   {
     absl::MutexLock lock(&session->mu());
+    ATTN_RETURN_IF_ERROR(CheckCall(control));
     // Check every layer before touching any: all layers or none.
     for (int i = 0; i < session->spec().num_layers; ++i) {
       if (absl::Status status = session->layer(i).CheckTruncate(length);

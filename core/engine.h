@@ -225,14 +225,22 @@ class AttentionEngine {
   // being moved (sealed).
   absl::StatusOr<SessionHold> HoldSession(
       const std::string& id, const Tenant& tenant = DefaultTenant());
+  //
+  // Delete, fork and truncate may wait (for an append that holds the
+  // session, or a seal); `control` (may be null) is checked once they hold
+  // it, right before the change: a call withdrawn meanwhile changes
+  // nothing (CANCELLED or DEADLINE_EXCEEDED).
   absl::Status DeleteSession(const std::string& id,
-                             const Tenant& tenant = DefaultTenant());
+                             const Tenant& tenant = DefaultTenant(),
+                             const CallControl* control = nullptr);
   absl::StatusOr<SessionInfo> ForkSession(
-      const std::string& id, const Tenant& tenant = DefaultTenant());
+      const std::string& id, const Tenant& tenant = DefaultTenant(),
+      const CallControl* control = nullptr);
   // Cuts every layer longer than `length` back to it; all layers or none.
   absl::StatusOr<SessionInfo> TruncateSession(
       const std::string& id, int64_t length,
-      const Tenant& tenant = DefaultTenant());
+      const Tenant& tenant = DefaultTenant(),
+      const CallControl* control = nullptr);
 
   // Every tenant's sessions, paged as ListSessions: what the server itself
   // snapshots when it drains (SessionInfo::owner says whose each is).

@@ -285,8 +285,8 @@ std::vector<std::shared_ptr<Session>> SessionManager::ListAllTenants(
   return sessions;
 }
 
-absl::Status SessionManager::Delete(const std::string& id,
-                                    const Tenant& tenant) {
+absl::Status SessionManager::Delete(const std::string& id, const Tenant& tenant,
+                                    const CallControl* control) {
   ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass, changes_.Enter());
   std::vector<std::shared_ptr<Session>> removed;  // freed outside the lock
   absl::MutexLock lock(&mu_);
@@ -295,18 +295,22 @@ absl::Status SessionManager::Delete(const std::string& id,
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
     return NotFound(id, tenant);
   }
+  ATTN_RETURN_IF_ERROR(CheckCall(control));
   Erase(it, &removed);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Fork(
-    const std::string& id, const Tenant& tenant) {
+    const std::string& id, const Tenant& tenant, const CallControl* control) {
   ATTN_ASSIGN_OR_RETURN(SessionRef parent, Get(id, tenant));
   std::shared_ptr<Session> child;
   {
     absl::MutexLock lock(&parent->mu());
     child = parent->Fork(NewSessionId(), options_.now());
   }
+  // The fork exists once inserted: a call withdrawn while it waited for
+  // the parent (an append holding it) creates nothing.
+  ATTN_RETURN_IF_ERROR(CheckCall(control));
   ATTN_RETURN_IF_ERROR(Insert(child, tenant.quota));
   parent.MarkUsed();
   return child;

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/block_pool.h"
+#include "core/call_control.h"
 #include "core/change_gate.h"
 #include "core/moved_sessions.h"
 #include "core/session.h"
@@ -166,14 +167,19 @@ class SessionManager {
                                                        int64_t limit) const;
 
   // Removes the session at once. NOT_FOUND as Get; waits as Get while it
-  // is sealed.
+  // is sealed, then checks `control` (may be null): a call withdrawn
+  // meanwhile removes nothing.
   absl::Status Delete(const std::string& id,
-                      const Tenant& tenant = DefaultTenant());
+                      const Tenant& tenant = DefaultTenant(),
+                      const CallControl* control = nullptr);
 
   // Creates a copy-on-write fork of `id`, of the same tenant. NOT_FOUND (as
-  // Get), RESOURCE_EXHAUSTED (as Create).
+  // Get), RESOURCE_EXHAUSTED (as Create); CANCELLED or DEADLINE_EXCEEDED
+  // (nothing created) when `control` (may be null) says the call was
+  // withdrawn while it waited for the session.
   absl::StatusOr<std::shared_ptr<Session>> Fork(
-      const std::string& id, const Tenant& tenant = DefaultTenant());
+      const std::string& id, const Tenant& tenant = DefaultTenant(),
+      const CallControl* control = nullptr);
 
   // What the sessions of the tenant named `name` hold now (zeros for a
   // tenant without sessions).

@@ -29,8 +29,6 @@ constexpr int32_t kMaxListPageSize = 1000;
 constexpr int32_t kDefaultListPageSize = 100;
 // Longest page token: the last session id of a page.
 constexpr size_t kMaxPageTokenBytes = 64;
-// Most steps in one BatchDecode (attention.proto).
-constexpr int kMaxBatchDecodeSteps = 65536;
 
 // Prefills run at once up to this many, each parallelized over the backend
 // threads; more wait in the executor's queue.
@@ -245,7 +243,8 @@ grpc::Status AttentionServiceImpl::DeleteSession(
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    return engine_->DeleteSession(request->session_id(), tenant);
+    const GrpcCallControl control(context);
+    return engine_->DeleteSession(request->session_id(), tenant, &control);
   }(), context));
 }
 
@@ -263,9 +262,10 @@ grpc::Status AttentionServiceImpl::ForkSession(
       return Draining();
     }
     ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));
+    const GrpcCallControl control(context);
     ATTN_ASSIGN_OR_RETURN(SessionInfo info, UnlessDraining([&] {
                             return engine_->ForkSession(request->session_id(),
-                                                        tenant);
+                                                        tenant, &control);
                           }));
     SessionReply(info, response);
     return absl::OkStatus();
@@ -280,10 +280,11 @@ grpc::Status AttentionServiceImpl::TruncateSession(
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));
+    const GrpcCallControl control(context);
     ATTN_ASSIGN_OR_RETURN(
         SessionInfo info,
         engine_->TruncateSession(request->session_id(), request->length(),
-                                 tenant));
+                                 tenant, &control));
     SessionReply(info, response);
     return absl::OkStatus();
   }(), context));
@@ -395,21 +396,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::BatchDecode(
                               RpcMethod::kBatchDecode, "");
   const absl::Status status = [&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(call->tenant, Caller(*context));
-    // Bounded before anything is sized from it: empty steps take 2 bytes
-    // on the wire each, and a step's AppendRequest some 400.
-    if (request->steps_size() > kMaxBatchDecodeSteps) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "BatchDecode carries ", request->steps_size(), " steps; at most ",
-          kMaxBatchDecodeSteps, " per call: split them over several calls"));
-    }
-    call->appends.reserve(request->steps_size());
-    for (int i = 0; i < request->steps_size(); ++i) {
-      ATTN_ASSIGN_OR_RETURN(
-          AppendRequest append,
-          AppendRequestFromProto(request->steps(i),
-                                 absl::StrCat("steps[", i, "]")));
-      call->appends.push_back(std::move(append));
-    }
+    ATTN_ASSIGN_OR_RETURN(call->appends, AppendRequestsFromProto(*request));
     call->AdoptAppends();
     return PrepareBatchReply(absl::MakeSpan(call->appends), max_message_bytes_,
                              response);

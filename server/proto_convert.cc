@@ -1,5 +1,6 @@
 #include "server/proto_convert.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -306,6 +307,33 @@ absl::StatusOr<AppendRequest> AppendRequestFromProto(
     out->message_bytes = static_cast<int64_t>(request.ByteSizeLong());
   }
   return out;
+}
+
+absl::StatusOr<std::vector<AppendRequest>> AppendRequestsFromProto(
+    const v1::BatchDecodeRequest& request) {
+  // Empty steps take 2 bytes on the wire each, and a step's AppendRequest
+  // some 400.
+  if (request.steps_size() > kMaxBatchDecodeSteps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "BatchDecode carries ", request.steps_size(), " steps; at most ",
+        kMaxBatchDecodeSteps, " per call: split them over several calls"));
+  }
+  std::vector<AppendRequest> steps;
+  steps.reserve(request.steps_size());
+  int64_t step_bytes = 0;
+  for (int i = 0; i < request.steps_size(); ++i) {
+    ATTN_ASSIGN_OR_RETURN(
+        AppendRequest step,
+        AppendRequestFromProto(request.steps(i),
+                               absl::StrCat("steps[", i, "]")));
+    step_bytes += step.message_bytes;
+    steps.push_back(std::move(step));
+  }
+  if (!steps.empty()) {
+    steps[0].message_bytes += std::max<int64_t>(
+        0, static_cast<int64_t>(request.ByteSizeLong()) - step_bytes);
+  }
+  return steps;
 }
 
 absl::StatusOr<StatelessRequest> StatelessRequestFromProto(

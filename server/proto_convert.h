@@ -65,6 +65,17 @@ absl::StatusOr<AppendRequest> AppendRequestFromProto(
 absl::StatusOr<AppendRequest> AppendRequestFromProto(
     const v1::DecodeRequest& request, absl::string_view what = "");
 
+// Most steps in one BatchDecode (attention.proto).
+inline constexpr int kMaxBatchDecodeSteps = 65536;
+
+// BatchDecode: each step as the DecodeRequest overload, with errors naming
+// `steps[i]`; INVALID_ARGUMENT past kMaxBatchDecodeSteps (before anything
+// is sized from the count). The steps' message_bytes add up to the whole
+// request's encoded size (the first step also carries what lies outside
+// every step, unknown fields included): what the decode queue counts.
+absl::StatusOr<std::vector<AppendRequest>> AppendRequestsFromProto(
+    const v1::BatchDecodeRequest& request);
+
 // Stateless attention. The request must outlive the result.
 absl::StatusOr<StatelessRequest> StatelessRequestFromProto(
     const v1::AttentionRequest& request);

@@ -640,6 +640,38 @@ TEST_F(EngineTest, WithdrawnCallsStopAndChangeNothing) {
 // once: a hand-over's seal that begins between the steps' lookups waits for
 // the batch, and the batch never waits for the seal (which would wait for
 // the batch until the seal's deadline).
+// Delete, fork and truncate check their control once they hold the
+// session (they may have waited for a long append or a seal): a call its
+// client gave up on meanwhile changes nothing.
+TEST_F(EngineTest, WithdrawnDeletesForksAndTruncatesChangeNothing) {
+  const std::string id = NewSession();
+  Tokens t(40, rng_);
+  Append(id, 0, t, 0, 40);
+  const SessionInfo before = Info(id);
+  const int64_t sessions = engine_->stats().active_sessions;
+  WithdrawAt cancelled(0, absl::StatusCode::kCancelled);
+  WithdrawAt late(0, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(
+      engine_->ForkSession(id, DefaultTenant(), &cancelled).status().code(),
+      absl::StatusCode::kCancelled);
+  EXPECT_EQ(engine_->stats().active_sessions, sessions);
+  EXPECT_EQ(
+      engine_->TruncateSession(id, 10, DefaultTenant(), &late).status().code(),
+      absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(engine_->DeleteSession(id, DefaultTenant(), &cancelled).code(),
+            absl::StatusCode::kCancelled);
+  const SessionInfo after = Info(id);
+  EXPECT_EQ(after.layer_lengths, before.layer_lengths);
+  EXPECT_EQ(after.kv_cache_bytes, before.kv_cache_bytes);
+  // Not withdrawn, they apply.
+  WithdrawAt never(std::numeric_limits<int64_t>::max(),
+                   absl::StatusCode::kCancelled);
+  ASSERT_TRUE(engine_->ForkSession(id, DefaultTenant(), &never).ok());
+  ASSERT_TRUE(engine_->TruncateSession(id, 10, DefaultTenant(), &never).ok());
+  EXPECT_EQ(Info(id).layer_lengths[0], 10);
+  EXPECT_TRUE(engine_->DeleteSession(id, DefaultTenant(), &never).ok());
+}
+
 TEST(EngineSealTest, ASealBeginningDuringAMultiLayerBatchWaitsForIt) {
   const std::thread::id batch_thread = std::this_thread::get_id();
   std::atomic<bool> armed{false};

@@ -53,6 +53,37 @@ TEST(ProtoConvertTest, ADecodeStepCarriesItsMessageSize) {
   EXPECT_GT(append->message_bytes, 1 << 20);
 }
 
+// A BatchDecode's steps carry the whole message between them, what lies
+// outside every step (unknown fields) included, and their errors name the
+// step.
+TEST(ProtoConvertTest, BatchDecodeStepsCarryTheWholeMessageSize) {
+  v1::BatchDecodeRequest request;
+  for (int i = 0; i < 3; ++i) {
+    v1::DecodeRequest* step = request.add_steps();
+    step->set_session_id("s");
+    *step->mutable_q() = FloatTensor({1, 2, 3, 4}, {1, 1, 4});
+    *step->mutable_k() = FloatTensor({1, 2, 3, 4}, {1, 1, 4});
+    *step->mutable_v() = FloatTensor({1, 2, 3, 4}, {1, 1, 4});
+  }
+  request.GetReflection()->MutableUnknownFields(&request)->AddLengthDelimited(
+      1000, std::string(1 << 20, 'u'));
+  auto steps = AppendRequestsFromProto(request);
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  ASSERT_EQ(steps->size(), 3u);
+  int64_t total = 0;
+  for (const AppendRequest& step : *steps) {
+    EXPECT_EQ(step.required_tokens, 1);
+    total += step.message_bytes;
+  }
+  EXPECT_EQ(total, static_cast<int64_t>(request.ByteSizeLong()));
+  EXPECT_GT((*steps)[0].message_bytes, 1 << 20);
+
+  request.mutable_steps(2)->mutable_q()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  const absl::Status bad = AppendRequestsFromProto(request).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("steps[2]"), std::string::npos) << bad;
+}
+
 TEST(ProtoConvertTest, TensorDTypesMap) {
   for (v1::DType dtype :
        {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
