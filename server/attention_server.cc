@@ -56,6 +56,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "port ", options.port, " is not in [0, 65535] (0 = pick a free one)"));
   }
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_port ", options.metrics_port,
+        " is not in [-1, 65535] (0 = pick a free one, -1 = no endpoint)"));
+  }
   if (options.listen_address.empty()) {
     return absl::InvalidArgumentError(
         "listen_address is empty; use 0.0.0.0 (all interfaces) or an address");
@@ -186,6 +191,15 @@ std::string ListenUri(const std::string& address, int port) {
   return absl::StrCat(address, ":", port);
 }
 
+// Where the metrics endpoint listens (civetweb's syntax): `+port` for an
+// IPv6 wildcard, every address civetweb can bind (IPv6 and IPv4 when it is
+// built with IPv6, IPv4 otherwise); "[::]:port" would bind IPv6 only, or,
+// in a build without IPv6 (Debian's), stop the start.
+std::string MetricsListenAddress(const std::string& address, int port) {
+  if (address == "::" || address == "[::]") return absl::StrCat("+", port);
+  return ListenUri(address, port);
+}
+
 // The address clients should use: options.advertise_address, or the bound
 // one (the host name in place of a wildcard listen address).
 std::string AdvertiseAddress(const ServerOptions& options, int bound_port) {
@@ -273,7 +287,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
 
   ServerMetricsOptions metrics_options;
   if (options.metrics_port >= 0) {
-    metrics_options.listen_address = ListenUri(
+    metrics_options.listen_address = MetricsListenAddress(
         options.metrics_address.empty() ? options.listen_address
                                         : options.metrics_address,
         options.metrics_port);

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
@@ -507,9 +508,15 @@ absl::StatusOr<std::unique_ptr<ServerMetrics>> ServerMetrics::Create(
             absl::StrCat(options.http_threads), "request_timeout_ms",
             absl::StrCat(absl::ToInt64Milliseconds(options.request_timeout))});
   } catch (const std::exception& e) {
+    // Debian's civetweb has no IPv6: an IPv6 address cannot be bound.
+    const bool ipv6 = absl::StartsWith(options.listen_address, "[");
     return absl::UnavailableError(absl::StrCat(
         "cannot serve metrics on ", options.listen_address, " (", e.what(),
-        "); choose another --metrics_port, or a free one with 0"));
+        "); choose another --metrics_port, or a free one with 0",
+        ipv6 ? "; the metrics endpoint may not bind IPv6 addresses: give "
+               "--metrics_address an IPv4 one (or :: for every address it "
+               "can)"
+             : ""));
   }
   metrics->exposer_->RegisterCollectable(metrics->collector_);
   metrics->exposer_->RegisterCollectable(metrics->registry_);

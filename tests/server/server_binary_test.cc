@@ -149,7 +149,8 @@ TEST(ServerBinaryTest, BadFlagsFailToStart) {
         "--cpu_spin=1s", "--tls_cert_file=/nonexistent/server.crt",
         "--tls_client_ca_file=/nonexistent/ca.crt",
         "--auth_tokens_file=/nonexistent/tokens", "--metrics_linger=-1s",
-        "--drain_timeout=0s", "--snapshot_dir=/dev/null/snapshots"}) {
+        "--drain_timeout=0s", "--snapshot_dir=/dev/null/snapshots",
+        "--metrics_port=-2", "--metrics_port=65536"}) {
     std::vector<std::string> flags = kSmallServer;
     flags.push_back(flag);
     ServerProcess server(flags);
@@ -495,6 +496,26 @@ int MetricsPort(const ServerProcess& server) {
   int port = 0;
   const size_t end = output.find(' ', begin);
   return absl::SimpleAtoi(output.substr(begin, end - begin), &port) ? port : 0;
+}
+
+// A server listening on every address (`--listen_address=::`, as an IPv6
+// or dual-stack cluster sets it) starts and serves its metrics on IPv4
+// too: "[::]:port" bound IPv6 only, and with Debian's civetweb (no IPv6)
+// it stopped the start.
+TEST(ServerBinaryTest, EveryAddressServesMetricsOnIpv4Too) {
+  std::vector<std::string> flags = kSmallServer;
+  flags[4] = "--listen_address=::";
+  ServerProcess server(flags);
+  ASSERT_TRUE(server.started());
+  ASSERT_GT(server.WaitForPort(), 0) << server.output();
+  const int metrics_port = MetricsPort(server);
+  ASSERT_GT(metrics_port, 0) << server.output();
+  EXPECT_THAT(HttpGet(metrics_port, "/metrics"),
+              ::testing::HasSubstr("attention_build_info"));
+  server.Signal(SIGTERM);
+  const int status = server.Wait();
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 // Whether the server's output says `text` within `timeout`.
