@@ -32,27 +32,26 @@ bool RefusedByTheImport(const grpc::ClientContext& context) {
   return it != trailers.end() && it->second == "1";
 }
 
-// Whether a failed import may nevertheless have created the session on the
-// peer: the whole snapshot was sent and the answer is not one of the
-// import's refusals (which leave nothing behind). UNAVAILABLE is also what
-// a draining peer answers at once, so a broken connection is only a doubt.
-SessionHandover::Doubt DoubtOf(const grpc::Status& status, bool all_sent,
-                               bool refused) {
-  if (!all_sent || refused) return SessionHandover::Doubt::kNone;
+}  // namespace
+
+SessionHandover::Doubt SessionHandover::DoubtOf(const grpc::Status& status,
+                                                bool all_sent, bool refused) {
+  if (!all_sent || refused) return Doubt::kNone;
   switch (status.error_code()) {
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-    case grpc::StatusCode::CANCELLED:
     case grpc::StatusCode::UNKNOWN:
     case grpc::StatusCode::INTERNAL:
-      return SessionHandover::Doubt::kUnknown;
+      return Doubt::kUnknown;
+    // A peer cancels an import only while it still reads it (its stall
+    // watchdog), before anything is created, and then its refusal's
+    // trailer is lost with the call: asked again, it answers.
+    case grpc::StatusCode::CANCELLED:
     case grpc::StatusCode::UNAVAILABLE:
-      return SessionHandover::Doubt::kBroken;
+      return Doubt::kBroken;
     default:
-      return SessionHandover::Doubt::kNone;
+      return Doubt::kNone;
   }
 }
-
-}  // namespace
 
 SessionHandover::SessionHandover(AttentionEngine* engine, Peers* peers,
                                  ServerMetrics* metrics,
@@ -151,6 +150,16 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
            {"to", peer.advertise_address},
            {"error", sent.ok() ? std::string() : sent.ToString()}});
       return sent.ok() ? Outcome::kSent : Outcome::kRefused;
+    }
+    if (!in_doubt.empty()) {
+      // The peer may hold the session (an answer lost, and asking again
+      // settled nothing): offered to another peer it could be live twice.
+      // It stays here, once, and the log names the peer.
+      Log(LogLevel::kError, "handover_in_doubt",
+          {{"session", id},
+           {"to", peer.advertise_address},
+           {"error", sent.ToString()}});
+      return Outcome::kRefused;
     }
     Log(LogLevel::kWarning, "handover_refused",
         {{"session", id},

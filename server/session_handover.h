@@ -26,17 +26,20 @@
 // the peer accepts calls on it. An error the peer's import handler itself
 // answered (its trailers carry kImportRefusedMetadata) created nothing,
 // whatever its code. When an import's answer leaves a doubt (no such
-// trailer: the stream broke, timed out or failed oddly after the whole
-// snapshot was sent: the peer may have created the session) the same peer is
-// asked again; the peer then answers ALREADY_EXISTS for its id if the earlier
-// attempt created it, which counts as moved. Only then: without such an
-// attempt under the same seal, ALREADY_EXISTS is a refusal (the peer holds
-// another copy, e.g. one a client imported keeping the id, or one an
-// earlier seal left there before the session changed again). Still in
-// doubt, a session counts as moved unless both answers were broken
+// trailer: the stream broke or was cancelled, timed out or failed oddly
+// after the whole snapshot was sent: the peer may have created the
+// session) the same peer is asked again; the peer then answers ALREADY_EXISTS
+// for its id if the earlier attempt created it, which counts as moved. Only
+// then: without such an attempt under the same seal, ALREADY_EXISTS is a
+// refusal (the peer holds another copy, e.g. one a client imported keeping the
+// id, or one an earlier seal left there before the session changed again).
+// Still in doubt, a session counts as moved unless both answers were broken
 // connections (what a peer that started to drain gives at once); a first
 // answer that may mean the peer created it counts even when the second
-// attempt is refused outright or cannot be exported again.
+// attempt is refused outright or cannot be exported again. A session whose
+// peer stays in doubt otherwise (broken twice, or broken then refused) is
+// offered to no other peer, where it could be live twice: it stays here,
+// and the log (handover_in_doubt) names the peer that may hold a copy.
 // When no peer serves but one did not answer its probe in time (busy, or
 // paused), the hand-over probes again every second until one serves or its
 // time is up, instead of giving up on every session at once.
@@ -51,6 +54,8 @@
 // Thread-safety: HandOverAll runs once, on the drain's thread.
 #ifndef ATTENTION_SERVER_SESSION_HANDOVER_H_
 #define ATTENTION_SERVER_SESSION_HANDOVER_H_
+
+#include <grpcpp/support/status.h>
 
 #include <cstdint>
 #include <memory>
@@ -87,11 +92,16 @@ class SessionHandover {
   // What a failed import may have left on the peer.
   enum class Doubt {
     kNone,     // a refusal: the peer created nothing
-    kBroken,   // the connection failed after the whole snapshot was sent
-               // (the peer may have created it, or refused it at once)
-    kUnknown,  // the peer may have created it (timed out, cancelled, or an
-               // error no import refusal gives)
+    kBroken,   // the connection failed or the call was cancelled after the
+               // whole snapshot was sent (the peer may have created it, or
+               // refused it): asking again settles it
+    kUnknown,  // the peer may have created it (timed out, or an error no
+               // import refusal gives)
   };
+  // The doubt an import's end leaves: `status` its status, `all_sent`
+  // whether every record was written, `refused` whether the peer's import
+  // handler said it refused (its trailer).
+  static Doubt DoubtOf(const grpc::Status& status, bool all_sent, bool refused);
 
  private:
   // kFailed may succeed later (busy, or every peer refused); kRefused will

@@ -1,0 +1,49 @@
+#include "server/session_handover.h"
+
+#include <grpcpp/support/status.h>
+
+#include "gtest/gtest.h"
+
+namespace attention::server {
+namespace {
+
+using Doubt = SessionHandover::Doubt;
+
+grpc::Status Code(grpc::StatusCode code) { return grpc::Status(code, "x"); }
+
+// What an import's end says of what the peer holds. A refusal, or a stream
+// cut before the whole snapshot went, leaves nothing there; a broken or
+// cancelled call after it is asked again (a peer cancels only while it
+// still reads, its stall watchdog, and then created nothing: counted as
+// moved, the session was lost); a deadline or an odd error may hide a
+// created session.
+TEST(SessionHandoverTest, AnImportsEndSaysWhatThePeerMayHold) {
+  EXPECT_EQ(
+      SessionHandover::DoubtOf(Code(grpc::StatusCode::CANCELLED), true, false),
+      Doubt::kBroken);
+  EXPECT_EQ(SessionHandover::DoubtOf(Code(grpc::StatusCode::UNAVAILABLE), true,
+                                     false),
+            Doubt::kBroken);
+  for (grpc::StatusCode code :
+       {grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::UNKNOWN,
+        grpc::StatusCode::INTERNAL}) {
+    EXPECT_EQ(SessionHandover::DoubtOf(Code(code), true, false),
+              Doubt::kUnknown)
+        << code;
+    // Refused by the import handler, or not all sent: nothing there.
+    EXPECT_EQ(SessionHandover::DoubtOf(Code(code), true, true), Doubt::kNone)
+        << code;
+    EXPECT_EQ(SessionHandover::DoubtOf(Code(code), false, false), Doubt::kNone)
+        << code;
+  }
+  for (grpc::StatusCode code :
+       {grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::ALREADY_EXISTS,
+        grpc::StatusCode::PERMISSION_DENIED,
+        grpc::StatusCode::FAILED_PRECONDITION}) {
+    EXPECT_EQ(SessionHandover::DoubtOf(Code(code), true, false), Doubt::kNone)
+        << code;
+  }
+}
+
+}  // namespace
+}  // namespace attention::server
