@@ -267,9 +267,6 @@ absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSealed(
 
 absl::StatusOr<std::unique_ptr<SessionImport>> AttentionEngine::BeginImport(
     const SnapshotHeader& header, const ImportOptions& options) {
-  // A backend that cannot serve the session (CUDA: MLA, top-k) refuses it
-  // as CreateSession would.
-  ATTN_RETURN_IF_ERROR(backend_->CheckSessionSpec(header.spec));
   return SessionImport::Begin(&sessions_, pool_.get(), backend_.get(), header,
                               options);
 }

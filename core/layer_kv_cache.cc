@@ -67,14 +67,20 @@ bool BlockCarried(int64_t b, int64_t tpb, const CarriedRanges& ranges) {
 int64_t LayerKvCache::RestoreBlocks(const KvBlockLayout& layout,
                                     const LayerSpec& mask, int64_t length,
                                     int64_t first_position) {
+  // The blocks BlockCarried() says, counted without a walk over them (an
+  // import sizes itself from an untrusted header before its admission):
+  // the sink's blocks [0, sink_end_block) and the window's
+  // [window_start / tpb, blocks), of the blocks [0, blocks) of `length`.
   const int64_t tpb = layout.tokens_per_block;
   const CarriedRanges ranges =
       CarriedPositions(length, mask.num_sink_tokens, first_position);
-  int64_t blocks = 0;
-  for (int64_t b = 0; b < CeilDiv(length, tpb); ++b) {
-    if (BlockCarried(b, tpb, ranges)) ++blocks;
-  }
-  return blocks;
+  const int64_t blocks = CeilDiv(length, tpb);
+  const int64_t sink_end_block =
+      std::min(blocks, CeilDiv(ranges.sink_end, tpb));
+  const int64_t window_block = std::min(blocks, ranges.window_start / tpb);
+  return window_block <= sink_end_block
+             ? blocks
+             : sink_end_block + (blocks - window_block);
 }
 
 absl::StatusOr<LayerKvCache> LayerKvCache::Restore(

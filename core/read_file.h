@@ -3,12 +3,16 @@
 #ifndef ATTENTION_CORE_READ_FILE_H_
 #define ATTENTION_CORE_READ_FILE_H_
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -16,18 +20,40 @@
 
 namespace attention {
 
-// The contents of the file at `path`. INVALID_ARGUMENT "cannot read the
-// <what> <path>: <reason>" when it cannot be opened.
+// Largest file ReadFile reads: these files are a few KiB.
+inline constexpr int64_t kMaxReadFileBytes = int64_t{16} << 20;
+
+// The contents of the regular file at `path` (links followed), read whole.
+// INVALID_ARGUMENT "cannot read the <what> <path>: <reason>" when it cannot
+// be opened or read, is not a regular file (a FIFO would block the reader,
+// a device never end) or is larger than kMaxReadFileBytes.
 inline absl::StatusOr<std::string> ReadFile(const std::string& path,
                                             absl::string_view what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot read the ", what, " ", path, ": ", std::strerror(errno)));
+  const auto error = [&](absl::string_view reason) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the ", what, " ", path, ": ", reason));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return error(std::strerror(errno));
+  absl::Cleanup close_file = [fd] { ::close(fd); };
+  struct stat info = {};
+  if (::fstat(fd, &info) != 0) return error(std::strerror(errno));
+  if (!S_ISREG(info.st_mode)) return error("not a regular file");
+  if (info.st_size > kMaxReadFileBytes) {
+    return error(absl::StrCat("larger than ", kMaxReadFileBytes, " bytes"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  std::string text;
+  char buffer[8192];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return error(std::strerror(errno));
+    if (n == 0) return text;
+    text.append(buffer, static_cast<size_t>(n));
+    if (static_cast<int64_t>(text.size()) > kMaxReadFileBytes) {
+      return error(absl::StrCat("larger than ", kMaxReadFileBytes, " bytes"));
+    }
+  }
 }
 
 }  // namespace attention

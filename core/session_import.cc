@@ -205,6 +205,10 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
     const SnapshotHeader& header, const ImportOptions& options) {
   const SessionManagerOptions& config = manager->options();
   ATTN_RETURN_IF_ERROR(ValidateHeader(header, config.limits));
+  // A backend that cannot serve the session (CUDA: MLA, top-k) refuses it
+  // as CreateSession would, once the header is known to be well formed (a
+  // malformed one is INVALID_ARGUMENT whatever it asks for).
+  ATTN_RETURN_IF_ERROR(backend->CheckSessionSpec(header.spec));
   const SessionSpec& spec = header.spec;
   ATTN_ASSIGN_OR_RETURN(const KvBlockLayout layout, LayoutHere(*manager, spec));
 

@@ -520,7 +520,28 @@ void AttentionServer::WriteSnapshot(absl::Time deadline) {
 }
 
 void AttentionServer::HandOverSessions(absl::Time deadline) {
-  SessionHandover handover(engine_.get(), peers_.get(), metrics_.get(),
+  // The peer token as it is now (a rotated Secret), read at the drain that
+  // needs it; the one read at the start when it cannot be read.
+  Peers* peers = peers_.get();
+  std::unique_ptr<Peers> current;
+  if (!options_.peer_token_file.empty()) {
+    absl::StatusOr<client::ClientOptions> client = PeerClientOptions(options_);
+    absl::StatusOr<std::unique_ptr<Peers>> fresh =
+        client.ok()
+            ? Peers::Create(PeerOptions{.peers = options_.peers,
+                                        .self_address = advertise_address(),
+                                        .client = *std::move(client)})
+            : client.status();
+    if (fresh.ok()) {
+      current = *std::move(fresh);
+      peers = current.get();
+    } else {
+      Log(LogLevel::kError, "peer_token_reload_failed",
+          {{"file", options_.peer_token_file},
+           {"error", fresh.status().message()}});
+    }
+  }
+  SessionHandover handover(engine_.get(), peers, metrics_.get(),
                            advertise_address());
   const HandoverResult result = handover.HandOverAll(deadline);
   Log(result.failed + result.left > 0 ? LogLevel::kWarning : LogLevel::kInfo,

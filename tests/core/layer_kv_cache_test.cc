@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/cpu/cpu_backend.h"
+#include "core/session_snapshot.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_tensors.h"
 
@@ -150,6 +151,43 @@ TEST_F(LayerKvCacheTest, TruncateReleasesBlocksPastTheEnd) {
   EXPECT_EQ(pool_->stats().blocks_used, 2);
   cache.Truncate(100);  // longer than the layer: no change
   EXPECT_EQ(cache.length(), 8);
+}
+
+// The blocks a restore takes, counted without a walk over them (an import
+// sizes itself from an untrusted header), are exactly the blocks holding a
+// carried position, or the one the next position goes to.
+TEST(LayerKvCacheRestoreTest, RestoreBlocksCountsTheCarriedBlocks) {
+  for (int64_t tpb : {1, 3, 4, 16}) {
+    KvBlockLayout layout;
+    layout.tokens_per_block = tpb;
+    for (int sinks : {0, 1, 4, 5}) {
+      LayerSpec mask;
+      mask.window = 8;
+      mask.num_sink_tokens = sinks;
+      for (int64_t length = 0; length <= 40; ++length) {
+        for (int64_t first = 0; first <= length; ++first) {
+          const CarriedRanges ranges = CarriedPositions(length, sinks, first);
+          int64_t expected = 0;
+          for (int64_t b = 0; b * tpb < length; ++b) {
+            const int64_t begin = b * tpb;
+            const int64_t end = begin + tpb;
+            expected += begin < ranges.sink_end ||
+                        (end > ranges.window_start && begin < length);
+          }
+          EXPECT_EQ(LayerKvCache::RestoreBlocks(layout, mask, length, first),
+                    expected)
+              << "tpb " << tpb << " sinks " << sinks << " length " << length
+              << " first " << first;
+        }
+      }
+    }
+  }
+  // A header's largest lengths cost nothing to size.
+  KvBlockLayout layout;
+  layout.tokens_per_block = 1;
+  EXPECT_EQ(
+      LayerKvCache::RestoreBlocks(layout, LayerSpec{}, int64_t{1} << 50, 0),
+      int64_t{1} << 50);
 }
 
 TEST_F(LayerKvCacheTest, DestructionReleasesEverything) {

@@ -689,6 +689,20 @@ TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
   v1::AttentionResult first;
   ASSERT_TRUE(stream->Read(&first));
 
+  // The peer token rotates (both Secrets change) while A serves: its drain
+  // reads the token anew.
+  WriteFile(tokens_file,
+            absl::StrCat("alice ", server::DigestTokenHex("alice-token"),
+                         " - -\nbob ", server::DigestTokenHex("bob-token"),
+                         " - -\npeer ", server::DigestTokenHex("peer-token-2"),
+                         " - -\n"));
+  WriteFile(peer_token_file, "peer-token-2\n");
+  client::ClientOptions rotated;
+  rotated.auth_token = "peer-token-2";
+  auto rotated_on_b = client::AttentionClient::Connect(b->address, rotated);
+  ASSERT_TRUE(Eventually([&] { return rotated_on_b->GetServerInfo().ok(); },
+                         absl::Seconds(20)));
+
   a->process->Signal(SIGTERM);
   ASSERT_NE(FindOwner({b.get()}, id), nullptr) << a->process->output();
   // On B the session still belongs to alice.
