@@ -62,8 +62,14 @@ double TopKAttentionFlops(int64_t num_queries, int64_t num_q_heads,
                           int64_t head_dim, int64_t value_dim,
                           int64_t index_heads, int64_t index_dim, int64_t topk,
                           const MaskSpec& mask, int64_t num_keys) {
+  // The index kernels also work on whole blocks of 16 values, and every
+  // scored key is then selected (its score and position written and
+  // partitioned): counted as kSelectionFlops.
+  constexpr double kSelectionFlops = 16.0;
   const double per_scored_pair =
-      2.0 * static_cast<double>(index_heads) * (index_dim + 1);
+      2.0 * static_cast<double>(index_heads) *
+          static_cast<double>(std::max(index_dim, kMinCostedWidth) + 1) +
+      kSelectionFlops;
   const double per_pair = PairFlops(num_q_heads, head_dim, value_dim);
   return per_scored_pair * VisiblePairs(num_queries, mask, num_keys,
                                         static_cast<double>(num_keys)) +

@@ -21,8 +21,9 @@ double AttentionFlops(int64_t num_queries, int64_t num_q_heads,
                       const MaskSpec& mask, int64_t num_keys);
 
 // A top-k problem: the index scoring, 2 * index_heads * index_dim (+ the
-// weighted sum) per visible (query, key) pair, plus attention over at most
-// `topk` keys per query. An upper bound, O(1).
+// weighted sum; index_dim counted as at least 16) plus 16 for the selection
+// per visible (query, key) pair, plus attention over at most `topk` keys
+// per query. An upper bound, O(1).
 double TopKAttentionFlops(int64_t num_queries, int64_t num_q_heads,
                           int64_t head_dim, int64_t value_dim,
                           int64_t index_heads, int64_t index_dim, int64_t topk,

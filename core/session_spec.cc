@@ -78,7 +78,9 @@ absl::Status ValidateLayer(const LayerSpec& layer, absl::string_view name,
 
 }  // namespace
 
-absl::Status CheckLayerEntries(int64_t entries, int64_t num_layers) {
+absl::Status CheckLayerEntries(int64_t entries, int64_t num_layers,
+                               int64_t max_layers) {
+  ATTN_RETURN_IF_ERROR(CheckRange("num_layers", num_layers, 1, max_layers));
   if (entries <= 1 || entries == num_layers) return absl::OkStatus();
   return SpecError(
       "layers",
@@ -93,13 +95,10 @@ float DefaultScale(int64_t head_dim) {
 
 absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                                                const SpecLimits& limits) {
-  if (auto s = CheckRange("num_layers", spec.num_layers, 1, limits.max_layers);
-      !s.ok()) {
-    return s;
-  }
   // Before the spec (and its layer entries) is copied.
-  ATTN_RETURN_IF_ERROR(CheckLayerEntries(
-      static_cast<int64_t>(spec.layers.size()), spec.num_layers));
+  ATTN_RETURN_IF_ERROR(
+      CheckLayerEntries(static_cast<int64_t>(spec.layers.size()),
+                        spec.num_layers, limits.max_layers));
   SessionSpec out = spec;
   if (auto s = CheckRange("num_q_heads", spec.num_q_heads, 1, limits.max_heads);
       !s.ok()) {

@@ -76,11 +76,14 @@ struct SpecLimits {
   int32_t max_model_bytes = 256;
 };
 
-// OK when a spec of `num_layers` layers may have `entries` layer entries:
-// none (every layer full causal), one (applies to every layer) or exactly
-// num_layers; INVALID_ARGUMENT otherwise. ResolveSessionSpec checks it; a
-// translation from the wire checks it before converting the entries.
-absl::Status CheckLayerEntries(int64_t entries, int64_t num_layers);
+// OK when num_layers is in [1, max_layers] and a spec of `num_layers`
+// layers may have `entries` layer entries: none (every layer full causal),
+// one (applies to every layer) or exactly num_layers; INVALID_ARGUMENT
+// otherwise. ResolveSessionSpec checks it; a translation from the wire
+// checks it before converting the entries (so that no more than
+// max_layers are converted).
+absl::Status CheckLayerEntries(int64_t entries, int64_t num_layers,
+                               int64_t max_layers = SpecLimits{}.max_layers);
 
 // The logit scale a spec or stateless call of scale 0 gets: the seeds'
 // 1/sqrt(head_dim), computed in double and rounded once to float32 (a

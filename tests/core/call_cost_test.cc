@@ -95,14 +95,17 @@ TEST(CallCostTest, TopKCountsIndexScoringAndAtMostTopKKeys) {
       const int64_t visible = CountVisible(queries, keys, causal);
       EXPECT_DOUBLE_EQ(
           TopKAttentionFlops(queries, 4, 8, 6, 2, 5, 16, causal, keys),
-          2.0 * 2 * (5 + 1) * visible + 2.0 * (16 + 16) * 4 * attended);
+          (2.0 * 2 * (16 + 1) + 16) * visible + 2.0 * (16 + 16) * 4 * attended);
     }
   }
   // k >= visible: the attention part is the dense cost.
   const MaskSpec causal{.causal = true};
   EXPECT_DOUBLE_EQ(
       TopKAttentionFlops(10, 4, 8, 6, 1, 1, 1000, causal, 10),
-      AttentionFlops(10, 4, 8, 6, causal, 10) + 2.0 * 2 * 55);
+      AttentionFlops(10, 4, 8, 6, causal, 10) + (2.0 * 17 + 16) * 55);
+  // Wide index keys count their width.
+  EXPECT_DOUBLE_EQ(TopKAttentionFlops(1, 4, 8, 6, 2, 128, 1000, causal, 1),
+                   AttentionFlops(1, 4, 8, 6, causal, 1) + 2.0 * 2 * 129 + 16);
 }
 
 }  // namespace

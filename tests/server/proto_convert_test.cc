@@ -84,6 +84,17 @@ TEST(ProtoConvertTest, BatchDecodeStepsCarryTheWholeMessageSize) {
   EXPECT_NE(bad.message().find("steps[2]"), std::string::npos) << bad;
 }
 
+// A spec's layer entries are converted only for a layer count the server
+// could take: millions of 2-byte entries would each become a LayerSpec.
+TEST(ProtoConvertTest, LayerEntriesPastTheLayerLimitAreNotConverted) {
+  v1::SessionSpec spec;
+  spec.set_num_layers(SpecLimits{}.max_layers + 1);
+  for (int i = 0; i < spec.num_layers(); ++i) spec.add_layers();
+  const absl::Status status = SessionSpecFromProto(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("num_layers"), std::string::npos) << status;
+}
+
 TEST(ProtoConvertTest, TensorDTypesMap) {
   for (v1::DType dtype :
        {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
