@@ -15,7 +15,9 @@ bool ReferenceKeyVisible(const MaskSpec& mask, int64_t position, int64_t key) {
 
 absl::StatusOr<ReferenceOutputs> ReferenceAttention(const ReferenceInputs& in) {
   const double kInf = std::numeric_limits<double>::infinity();
-  const double kFloatMax = std::numeric_limits<float>::max();
+  // The smallest magnitude float32 rounds to infinity: FLT_MAX plus half
+  // an ulp (the contract's "not finite" in float32).
+  const double kFloatOverflow = 0x1.ffffffp+127;
   const int64_t T = in.num_queries;
   const int64_t Tk = in.num_keys;
   const int H = in.num_heads;
@@ -50,12 +52,14 @@ absl::StatusOr<ReferenceOutputs> ReferenceAttention(const ReferenceInputs& in) {
                  in.k[(j * Hkv + g) * D + d];
         }
         double s = dot * in.scale;
-        if (std::abs(s) > kFloatMax) {
+        // q.k alone past the float32 range overflows too, whatever the
+        // scale (the backends compute it in float32 before scaling).
+        if (std::abs(dot) >= kFloatOverflow || std::abs(s) >= kFloatOverflow) {
           return absl::InvalidArgumentError(
               absl::StrCat("reference: Q @ K^T overflowed at row ", i));
         }
         s += bias;
-        if (std::abs(s) > kFloatMax) {
+        if (std::abs(s) >= kFloatOverflow) {
           return absl::InvalidArgumentError(
               absl::StrCat("reference: adding the bias overflowed at row ", i));
         }

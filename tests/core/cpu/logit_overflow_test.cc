@@ -7,6 +7,7 @@
 #include "core/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "tests/core/logit_overflow_cases.h"
+#include "tests/core/reference_attention.h"
 
 namespace attention {
 namespace {
@@ -29,6 +30,31 @@ TEST(LogitOverflowTest, CpuReportsExactlyTheOverflowingScaledLogits) {
     EXPECT_EQ(output, std::vector<float>(16, 1.0f));
     EXPECT_EQ(lse, static_cast<float>(static_cast<double>(c.q_value) *
                                       c.k_value * c.scale));
+  }
+}
+
+// The tests' double-precision reference applies the same rule, q.k alone
+// past the float32 range included.
+TEST(LogitOverflowTest, TheReferenceAgreesOnEveryCase) {
+  for (const testing::LogitOverflowCase& c : testing::LogitOverflowCases()) {
+    SCOPED_TRACE(c.name);
+    testing::ReferenceInputs in;
+    in.num_queries = 1;
+    in.num_heads = 1;
+    in.num_kv_heads = 1;
+    in.head_dim = 16;
+    in.value_dim = 16;
+    in.num_keys = 1;
+    in.q.assign(16, 0.0f);
+    in.q[3] = c.q_value;
+    in.k.assign(16, 0.0f);
+    in.k[3] = c.k_value;
+    in.v.assign(16, 1.0f);
+    in.scale = c.scale;
+    const absl::Status status = testing::ReferenceAttention(in).status();
+    EXPECT_EQ(status.code(), c.overflows ? absl::StatusCode::kInvalidArgument
+                                         : absl::StatusCode::kOk)
+        << status;
   }
 }
 
