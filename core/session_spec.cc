@@ -137,6 +137,16 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                          "vector per token serves every query head), got ",
                          spec.num_kv_heads));
       }
+      if (spec.value_dim == 0) {
+        // head_dim would make the RoPE part of the keys values too, which
+        // MLA never does (the seeds' output is p @ C over the latent).
+        return SpecError(
+            "value_dim",
+            absl::StrCat("must be set with kv_layout shared latent: the "
+                         "latent width, the values' leading entries of each "
+                         "key (e.g. 512 of head_dim 576); head_dim = ",
+                         spec.head_dim));
+      }
       if (out.value_dim > spec.head_dim) {
         return SpecError(
             "value_dim",

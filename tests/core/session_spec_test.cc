@@ -212,6 +212,9 @@ TEST(SessionSpecTest, SharedLatentNeedsOneKvHeadAndValuesInsideTheKey) {
   spec.head_dim = 576;
   spec.value_dim = 577;
   ExpectInvalid(spec, "value_dim");
+  // Not the default head_dim: the RoPE part is no value.
+  spec.value_dim = 0;
+  ExpectInvalid(spec, "value_dim");
   spec.value_dim = 512;
   absl::StatusOr<SessionSpec> resolved = ResolveSessionSpec(spec, SpecLimits());
   ASSERT_TRUE(resolved.ok()) << resolved.status();
