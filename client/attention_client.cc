@@ -40,7 +40,7 @@ int ClampToInt(int64_t value) {
 absl::StatusOr<std::string> ReadPem(const std::string& path,
                                     absl::string_view what) {
   if (path.empty()) return std::string();
-  return ReadFile(path, what);
+  return ReadFile(path, what, ReadFileFrom::kAnyFile);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(

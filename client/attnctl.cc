@@ -143,7 +143,8 @@ absl::StatusOr<ClientOptions> ClientOptionsFromFlags() {
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file);
       !path.empty()) {
-    absl::StatusOr<std::string> token = ReadFile(path, "--auth_token_file");
+    absl::StatusOr<std::string> token =
+        ReadFile(path, "--auth_token_file", ReadFileFrom::kAnyFile);
     if (!token.ok()) return token.status();
     options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
   }

@@ -23,22 +23,37 @@ namespace attention {
 // Largest file ReadFile reads: these files are a few KiB.
 inline constexpr int64_t kMaxReadFileBytes = int64_t{16} << 20;
 
-// The contents of the regular file at `path` (links followed), read whole.
+// What ReadFile reads.
+enum class ReadFileFrom {
+  // Regular files only: a server's reader (the tokens-file watcher) must
+  // never block on a FIFO, nor read a device that never ends.
+  kRegularFile,
+  // Also a pipe or device a command-line tool is handed (`/dev/stdin`,
+  // `<(...)`), read until its end (still at most kMaxReadFileBytes).
+  kAnyFile,
+};
+
+// The contents of the file at `path` (links followed), read whole.
 // INVALID_ARGUMENT "cannot read the <what> <path>: <reason>" when it cannot
-// be opened or read, is not a regular file (a FIFO would block the reader,
-// a device never end) or is larger than kMaxReadFileBytes.
-inline absl::StatusOr<std::string> ReadFile(const std::string& path,
-                                            absl::string_view what) {
+// be opened or read, is not a file `from` allows, or is larger than
+// kMaxReadFileBytes.
+inline absl::StatusOr<std::string> ReadFile(
+    const std::string& path, absl::string_view what,
+    ReadFileFrom from = ReadFileFrom::kRegularFile) {
   const auto error = [&](absl::string_view reason) {
     return absl::InvalidArgumentError(
         absl::StrCat("cannot read the ", what, " ", path, ": ", reason));
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  const bool regular_only = from == ReadFileFrom::kRegularFile;
+  const int fd = ::open(path.c_str(),
+                        O_RDONLY | O_CLOEXEC | (regular_only ? O_NONBLOCK : 0));
   if (fd < 0) return error(std::strerror(errno));
   absl::Cleanup close_file = [fd] { ::close(fd); };
   struct stat info = {};
   if (::fstat(fd, &info) != 0) return error(std::strerror(errno));
-  if (!S_ISREG(info.st_mode)) return error("not a regular file");
+  if (S_ISDIR(info.st_mode) || (regular_only && !S_ISREG(info.st_mode))) {
+    return error("not a regular file");
+  }
   if (info.st_size > kMaxReadFileBytes) {
     return error(absl::StrCat("larger than ", kMaxReadFileBytes, " bytes"));
   }

@@ -58,6 +58,7 @@ void DecodeStreamReactor::ReadNext() {
   // A change of the tenants before reading_ is set is seen here; one after
   // it, by OnTenantsChanged.
   if (const absl::Status auth = Authenticate(); !auth.ok()) {
+    scope_.Restart("");  // the request it would have read
     OnStepDone(auth);
     return;
   }

@@ -151,16 +151,6 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
            {"error", sent.ok() ? std::string() : sent.ToString()}});
       return sent.ok() ? Outcome::kSent : Outcome::kRefused;
     }
-    if (!in_doubt.empty()) {
-      // The peer may hold the session (an answer lost, and asking again
-      // settled nothing): offered to another peer it could be live twice.
-      // It stays here, once, and the log names the peer.
-      Log(LogLevel::kError, "handover_in_doubt",
-          {{"session", id},
-           {"to", peer.advertise_address},
-           {"error", sent.ToString()}});
-      return Outcome::kRefused;
-    }
     Log(LogLevel::kWarning, "handover_refused",
         {{"session", id},
          {"to", peer.advertise_address},

@@ -36,10 +36,7 @@
 // Still in doubt, a session counts as moved unless both answers were broken
 // connections (what a peer that started to drain gives at once); a first
 // answer that may mean the peer created it counts even when the second
-// attempt is refused outright or cannot be exported again. A session whose
-// peer stays in doubt otherwise (broken twice, or broken then refused) is
-// offered to no other peer, where it could be live twice: it stays here,
-// and the log (handover_in_doubt) names the peer that may hold a copy.
+// attempt is refused outright or cannot be exported again.
 // When no peer serves but one did not answer its probe in time (busy, or
 // paused), the hand-over probes again every second until one serves or its
 // time is up, instead of giving up on every session at once.

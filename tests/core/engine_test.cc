@@ -636,42 +636,63 @@ TEST_F(EngineTest, WithdrawnCallsStopAndChangeNothing) {
             absl::StatusCode::kCancelled);
 }
 
-// A batch with steps on several layers of one session looks the session up
-// once: a hand-over's seal that begins between the steps' lookups waits for
-// the batch, and the batch never waits for the seal (which would wait for
-// the batch until the seal's deadline).
 // Delete, fork and truncate check their control once they hold the
-// session (they may have waited for a long append or a seal): a call its
-// client gave up on meanwhile changes nothing.
+// session: here they wait for a hand-over's seal, meanwhile their client
+// gives up, and once the seal goes they change nothing.
 TEST_F(EngineTest, WithdrawnDeletesForksAndTruncatesChangeNothing) {
   const std::string id = NewSession();
   Tokens t(40, rng_);
   Append(id, 0, t, 0, 40);
   const SessionInfo before = Info(id);
   const int64_t sessions = engine_->stats().active_sessions;
-  WithdrawAt cancelled(0, absl::StatusCode::kCancelled);
-  WithdrawAt late(0, absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(
-      engine_->ForkSession(id, DefaultTenant(), &cancelled).status().code(),
-      absl::StatusCode::kCancelled);
+  CancellationFlag fork_flag, truncate_flag, delete_flag;
+  absl::Status forked, truncated, deleted;
+  {
+    auto seal = std::make_unique<absl::StatusOr<SessionSeal>>(
+        engine_->SealSession(id, absl::Now() + absl::Seconds(20)));
+    ASSERT_TRUE(seal->ok()) << seal->status();
+    std::thread fork([&] {
+      forked = engine_->ForkSession(id, DefaultTenant(), &fork_flag).status();
+    });
+    std::thread truncate([&] {
+      truncated =
+          engine_->TruncateSession(id, 10, DefaultTenant(), &truncate_flag)
+              .status();
+    });
+    std::thread remove([&] {
+      deleted = engine_->DeleteSession(id, DefaultTenant(), &delete_flag);
+    });
+    // Whether or not the calls wait yet, they are withdrawn before the
+    // seal goes.
+    absl::SleepFor(absl::Milliseconds(100));
+    fork_flag.Cancel();
+    truncate_flag.Cancel();
+    delete_flag.Cancel();
+    absl::SleepFor(absl::Milliseconds(50));
+    seal.reset();  // unsealed: the waiting calls go on
+    fork.join();
+    truncate.join();
+    remove.join();
+  }
+  EXPECT_EQ(forked.code(), absl::StatusCode::kCancelled) << forked;
+  EXPECT_EQ(truncated.code(), absl::StatusCode::kCancelled) << truncated;
+  EXPECT_EQ(deleted.code(), absl::StatusCode::kCancelled) << deleted;
   EXPECT_EQ(engine_->stats().active_sessions, sessions);
-  EXPECT_EQ(
-      engine_->TruncateSession(id, 10, DefaultTenant(), &late).status().code(),
-      absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(engine_->DeleteSession(id, DefaultTenant(), &cancelled).code(),
-            absl::StatusCode::kCancelled);
   const SessionInfo after = Info(id);
   EXPECT_EQ(after.layer_lengths, before.layer_lengths);
   EXPECT_EQ(after.kv_cache_bytes, before.kv_cache_bytes);
   // Not withdrawn, they apply.
-  WithdrawAt never(std::numeric_limits<int64_t>::max(),
-                   absl::StatusCode::kCancelled);
-  ASSERT_TRUE(engine_->ForkSession(id, DefaultTenant(), &never).ok());
-  ASSERT_TRUE(engine_->TruncateSession(id, 10, DefaultTenant(), &never).ok());
+  CancellationFlag live;
+  ASSERT_TRUE(engine_->ForkSession(id, DefaultTenant(), &live).ok());
+  ASSERT_TRUE(engine_->TruncateSession(id, 10, DefaultTenant(), &live).ok());
   EXPECT_EQ(Info(id).layer_lengths[0], 10);
-  EXPECT_TRUE(engine_->DeleteSession(id, DefaultTenant(), &never).ok());
+  EXPECT_TRUE(engine_->DeleteSession(id, DefaultTenant(), &live).ok());
 }
 
+// A batch with steps on several layers of one session looks the session up
+// once: a hand-over's seal that begins between the steps' lookups waits for
+// the batch, and the batch never waits for the seal (which would wait for
+// the batch until the seal's deadline).
 TEST(EngineSealTest, ASealBeginningDuringAMultiLayerBatchWaitsForIt) {
   const std::thread::id batch_thread = std::this_thread::get_id();
   std::atomic<bool> armed{false};

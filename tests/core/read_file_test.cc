@@ -47,6 +47,26 @@ TEST(ReadFileTest, RefusesWhatIsNotARegularFile) {
       << missing;
 }
 
+// A command-line tool may be handed a pipe (`--auth_token_file=/dev/stdin`,
+// `<(vault read ...)`): read to its end.
+TEST(ReadFileTest, AToolReadsAPipeToItsEnd) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const std::string token = "a-token\n";
+  ASSERT_EQ(::write(fds[1], token.data(), token.size()),
+            static_cast<ssize_t>(token.size()));
+  ::close(fds[1]);
+  const std::string path = absl::StrCat("/proc/self/fd/", fds[0]);
+  EXPECT_EQ(ReadFile(path, "token").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto read = ReadFile(path, "token", ReadFileFrom::kAnyFile);
+  ::close(fds[0]);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, token);
+  EXPECT_FALSE(
+      ReadFile(::testing::TempDir(), "token", ReadFileFrom::kAnyFile).ok());
+}
+
 TEST(ReadFileTest, RefusesAFileLargerThanTheBound) {
   const std::string path = TempPath("large");
   { std::ofstream(path, std::ios::binary); }

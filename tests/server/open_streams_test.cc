@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace attention::server {
@@ -56,6 +57,9 @@ TEST(OpenStreamsTest, RemoveWaitsForACallInProgress) {
     removed.store(true);
     EXPECT_TRUE(stream.returned.load());
   });
+  // However long it is given, Remove cannot return during the call.
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_FALSE(removed.load());
   stream.release.Notify();
   remover.join();
   changer.join();
