@@ -324,10 +324,16 @@ std::shared_ptr<ClusterReplica> ClusterClient::FindLocked(
     const std::string& address) const {
   auto it = replicas_.find(address);
   if (it != replicas_.end()) return it->second;
+  // A pod back under a new address (a restart) leaves its old address's
+  // entry, unreachable, under the same name until it is forgotten: the
+  // reachable entry of the name first.
+  std::shared_ptr<ClusterReplica> unreachable;
   for (const auto& [dialed, replica] : replicas_) {
-    if (replica->status.address == address) return replica;
+    if (replica->status.address != address) continue;
+    if (!replica->unreachable_since.has_value()) return replica;
+    if (unreachable == nullptr) unreachable = replica;
   }
-  return nullptr;
+  return unreachable;
 }
 
 std::shared_ptr<ClusterReplica> ClusterClient::ReplicaAt(

@@ -312,6 +312,8 @@ class ClusterClient {
   // The replica known by `address` (advertise or dialed address), added
   // (unlisted) when unknown or forgotten.
   std::shared_ptr<Replica> ReplicaAt(const std::string& address);
+  // The replica dialed as `address`, else one known by that name (a
+  // reachable one first); nullptr when none is.
   std::shared_ptr<Replica> FindLocked(const std::string& address) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string AddressOf(const Replica& replica) const;

@@ -826,6 +826,63 @@ TEST(ClusterClientTest, AReplicaRestartedFromItsSnapshotDirCarriesOn) {
   std::filesystem::remove_all(dir, ignored);
 }
 
+// A pod restarted under a new address (its sessions restored from its
+// snapshot directory, its advertise name the same) is found under that
+// name although the old address's entry, unreachable, is not forgotten
+// yet: calls on its sessions went to the dead address (UNAVAILABLE) until
+// then.
+TEST(ClusterClientTest, AReplicaBackUnderANewAddressIsFoundByItsName) {
+  const std::string dir =
+      absl::StrCat(::testing::TempDir(), "/fleet-moved-", getpid());
+  std::filesystem::create_directories(dir);
+  Fleet fleet(2);
+  ASSERT_TRUE(fleet.ok()) << fleet.errors();
+  // The old address sorts first among the entries of the name.
+  const int old_index = fleet.address(0) < fleet.address(1) ? 0 : 1;
+  const int new_index = 1 - old_index;
+  for (int i : {0, 1}) {
+    fleet.replica(i).Signal(SIGTERM);
+    ASSERT_EQ(ExitCode(fleet.replica(i)), 0);
+    fleet.AddFlags(
+        i, {"--snapshot_dir=" + dir, "--advertise_address=pod-0.test:1"});
+  }
+  ASSERT_TRUE(fleet.Start(old_index));
+  Members members({fleet.address(old_index)});
+  ClusterOptions options = TestClusterOptions();
+  options.resolver = members.Resolver();
+  auto cluster = ClusterClient::Open("membership-from-resolver:1", options);
+  ATTN_ASSERT_OK(cluster);
+  ATTN_ASSERT_OK((*cluster)->ListSessions());
+  Workload w = NewWorkload(**cluster, 0, kPrompt + 3);
+  PrefillAll(**cluster, w);
+  ASSERT_EQ((*cluster)->OwnerOf(w.id), "pod-0.test:1");
+
+  fleet.replica(old_index).Signal(SIGTERM);
+  ASSERT_EQ(ExitCode(fleet.replica(old_index)), 0);
+  ASSERT_TRUE(fleet.Start(new_index));
+  members.Set({fleet.address(new_index)});
+  // Both entries carry the name (the old one from its last answer).
+  const auto state_of = [&](int i) {
+    for (const client::ReplicaStatus& replica : (*cluster)->Replicas()) {
+      if (replica.dialed == fleet.address(i)) return replica.state;
+    }
+    return client::ReplicaStatus::State::kNotServing;
+  };
+  ASSERT_TRUE(Eventually(
+      [&] {
+        (*cluster)->Refresh();
+        return state_of(old_index) ==
+                   client::ReplicaStatus::State::kUnreachable &&
+               state_of(new_index) == client::ReplicaStatus::State::kServing;
+      },
+      absl::Seconds(10)));
+  auto info = (*cluster)->GetSession(w.id);
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), kPrompt);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+}
+
 TEST(ClusterClientTest, AFourthReplicaTakesNewSessionsWithoutDisturbing) {
   Fleet fleet(3);
   ASSERT_TRUE(fleet.ok()) << fleet.errors();
