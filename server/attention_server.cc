@@ -393,6 +393,16 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
   server->service_->SetAdvertiseAddress(
       AdvertiseAddress(options, server->port_));
   if (!options.peers.empty()) {
+    if (options.advertise_address.empty()) {
+      // Peers and clients are sent here by that address (SessionInfo.owner,
+      // redirects): a host name only this machine resolves, or a loopback
+      // address, sends them nowhere.
+      Log(LogLevel::kWarning, "advertise_address_unset",
+          {{"advertise_address", server->advertise_address()},
+           {"hint",
+            "with --peers, set --advertise_address to the host:port other "
+            "replicas and clients reach this one at"}});
+    }
     auto peers =
         Peers::Create(PeerOptions{.peers = options.peers,
                                   .self_address = server->advertise_address(),

@@ -518,6 +518,25 @@ TEST(ServerBinaryTest, EveryAddressServesMetricsOnIpv4Too) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// A replica with peers but no --advertise_address sends peers and clients
+// to whatever its own host name or listen address is: it says so.
+TEST(ServerBinaryTest, PeersWithoutAnAdvertiseAddressAreWarnedOf) {
+  for (const bool advertised : {false, true}) {
+    std::vector<std::string> flags = kSmallServer;
+    flags.push_back("--peers=127.0.0.1:1");
+    if (advertised) flags.push_back("--advertise_address=replica-0.test:1");
+    ServerProcess server(flags);
+    ASSERT_TRUE(server.started());
+    ASSERT_GT(server.WaitForPort(), 0) << server.output();
+    EXPECT_EQ(
+        server.output().find("advertise_address_unset") == std::string::npos,
+        advertised)
+        << server.output();
+    server.Signal(SIGKILL);
+    server.Wait();
+  }
+}
+
 // Whether the server's output says `text` within `timeout`.
 bool WaitForOutput(const ServerProcess& server, const std::string& text,
                    absl::Duration timeout) {
