@@ -429,6 +429,9 @@ TEST_F(TokenTest, ARevokedTokenEndsAnIdleDecodeStreamAndItsHolds) {
   const absl::Status ended = stream->Finish();
   EXPECT_EQ(ended.code(), absl::StatusCode::kUnauthenticated) << ended;
   EXPECT_NE(ended.message().find("requests[1]"), std::string::npos) << ended;
+  // The stream ended on the server too (its pending read was let go).
+  EXPECT_TRUE(Eventually([&] { return server_->calls_in_flight() == 0; },
+                         absl::Seconds(10)));
 }
 
 // A stream keeps the sessions it has used from expiring only for the tenant
