@@ -312,8 +312,8 @@ namespace {
 // restore later (a full pool, an I/O error) stays for the next start, so
 // that no session is lost to a passing condition, or to forks, which share
 // their blocks while live but are restored one whole copy each.
-void SetAside(const std::string& path, const absl::Status& status,
-              RestoreAllResult& result) {
+void PutAsideOrKeep(const std::string& path, const absl::Status& status,
+                    RestoreAllResult& result) {
   const absl::StatusCode code = status.code();
   const char* suffix = nullptr;
   const char* event = "snapshot_kept";
@@ -377,7 +377,7 @@ RestoreAllResult RestoreAllSessions(
       result.files.push_back(path);
       continue;
     }
-    SetAside(path, bytes.status(), result);
+    PutAsideOrKeep(path, bytes.status(), result);
   }
   return result;
 }
