@@ -416,7 +416,7 @@ TEST(AttentionClientKeepaliveTest, AFrozenServerFailsTheOpenStream) {
   absl::SleepFor(4 * client::kMinKeepaliveTime + absl::Seconds(1));
   ATTN_ASSERT_OK(stream->Step(DecodeRequestAt(*session, tokens, 1)));
 
-  server.Signal(SIGSTOP);
+  ASSERT_TRUE(server.Freeze());
   // Only a client that never pings gets here: the step would wait for
   // ever, so it is ended (and the test failed) after a generous bound.
   absl::Notification answered;

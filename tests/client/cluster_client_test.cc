@@ -991,7 +991,7 @@ TEST(ClusterClientTest, ListingWithAnUnreachableReplicaIsUnavailable) {
   auto listed = (*cluster)->ListSessions();
   ATTN_ASSERT_OK(listed);
   EXPECT_EQ(listed->size(), 4u);
-  fleet.replica(1).Signal(SIGSTOP);
+  ASSERT_TRUE(fleet.replica(1).Freeze());
   ASSERT_TRUE(AwaitState(**cluster, fleet.address(1),
                          client::ReplicaStatus::State::kUnreachable));
   listed = (*cluster)->ListSessions();
@@ -1158,7 +1158,7 @@ TEST(ClusterClientTest, AnUnlistedReplicaUnreachableForLongIsForgotten) {
   // Replica 1 (listed) is killed, replica 2 (unlisted) stops answering.
   fleet.replica(1).Signal(SIGKILL);
   EXPECT_EQ(ExitCode(fleet.replica(1)), -1);
-  fleet.replica(2).Signal(SIGSTOP);
+  ASSERT_TRUE(fleet.replica(2).Freeze());
   ASSERT_TRUE(AwaitState(**cluster, fleet.address(1),
                          client::ReplicaStatus::State::kUnreachable));
   ASSERT_TRUE(
@@ -1224,7 +1224,7 @@ TEST(ClusterClientTest, ALookUpPastUnreachableReplicasFindsTheOwner) {
   auto cluster = ClusterClient::Open("membership-from-resolver:1", options);
   ATTN_ASSERT_OK(cluster);
   for (int i = 0; i < fleet.size(); ++i) {
-    if (i != owner) fleet.replica(i).Signal(SIGSTOP);
+    if (i != owner) ASSERT_TRUE(fleet.replica(i).Freeze());
   }
   members.Set({fleet.address(owner)});
   (*cluster)->Refresh();

@@ -555,7 +555,7 @@ TEST(HandoverTest, APeerThatAnswersLateStillTakesTheSessions) {
     ATTN_ASSERT_OK(session);
     ids.push_back(session->session_id());
   }
-  b->process->Signal(SIGSTOP);
+  ASSERT_TRUE(b->process->Freeze());
   a->process->Signal(SIGTERM);
   absl::SleepFor(absl::Milliseconds(2500));  // A's first probes time out
   b->process->Signal(SIGCONT);

@@ -84,6 +84,21 @@ std::string ServerProcess::output() const {
   return text.str();
 }
 
+bool ServerProcess::Freeze() {
+  if (exited_) return false;
+  kill(pid_, SIGSTOP);
+  int status = 0;
+  pid_t waited;
+  while ((waited = waitpid(pid_, &status, WUNTRACED)) < 0 && errno == EINTR) {
+  }
+  if (waited == pid_ && !WIFSTOPPED(status)) {
+    exited_ = true;
+    status_ = status;
+    return false;
+  }
+  return waited == pid_;
+}
+
 int ServerProcess::Wait() {
   if (!exited_) {
     while (waitpid(pid_, &status_, 0) < 0 && errno == EINTR) {

@@ -30,6 +30,11 @@ class ServerProcess {
   int WaitForPort();
 
   void Signal(int signal_number);
+  // Stops the process (SIGSTOP) and returns once every thread of it has
+  // stopped: a signal alone leaves its other threads running until one of
+  // them takes it, which on a loaded machine can be long enough to answer
+  // one more request. False when it exited instead.
+  bool Freeze();
 
   // What the server wrote to stdout and stderr so far.
   std::string output() const;
