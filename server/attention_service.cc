@@ -174,6 +174,9 @@ grpc::Status AttentionServiceImpl::GetSession(
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
+    // A session restored under a larger --max_message_bytes may have a
+    // SessionInfo this server cannot send; a lookup that fails so is no use.
+    ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
                           engine_->GetSession(request->session_id(), tenant));
     SessionReply(info, response);
