@@ -1,13 +1,19 @@
 #include "server/reply_size.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "attention/v1/attention.pb.h"
+#include "core/session_snapshot.h"
+#include "core/tenant.h"
+#include "server/attention_server.h"
 #include "server/proto_convert.h"
+#include "server/session_transfer.h"
 
 namespace attention::server {
 namespace {
@@ -76,16 +82,34 @@ absl::Status CheckReplySize(double bytes, int64_t max_message_bytes) {
 }
 
 double SessionInfoReplyBytes(const SessionSpec& spec) {
+  constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
+  const std::vector<int64_t> lengths(static_cast<size_t>(spec.num_layers),
+                                     spec.max_tokens);
   SessionInfo info;
   info.session_id.assign(kSessionIdBytes, 'x');
   info.spec = spec;
-  info.layer_lengths.assign(static_cast<size_t>(spec.num_layers),
-                            spec.max_tokens);
-  info.kv_cache_bytes = std::numeric_limits<int64_t>::max();
-  info.metadata_bytes = std::numeric_limits<int64_t>::max();
+  info.layer_lengths = lengths;
+  info.kv_cache_bytes = kLargest;
+  info.metadata_bytes = kLargest;
   v1::SessionInfo proto;
   SessionInfoToProto(info, &proto);
-  return static_cast<double>(proto.ByteSizeLong()) + kOwnerBytes;
+  // An export's first message, the snapshot header, carries the same spec
+  // and lengths plus a first position per layer, the server version and
+  // the owner's tenant name.
+  SnapshotHeader header;
+  header.session_id = info.session_id;
+  header.spec = spec;
+  header.layer_lengths = lengths;
+  header.first_positions = lengths;
+  header.server_version = ServerVersion();
+  header.idle_timeout_ms = kLargest;
+  header.idle_deadline_unix_ms = kLargest;
+  header.kv_bytes = kLargest;
+  header.owner.assign(kMaxTenantNameBytes, 'x');
+  v1::SessionChunk record;
+  SnapshotHeaderToProto(header, record.mutable_header());
+  return std::max(static_cast<double>(proto.ByteSizeLong()) + kOwnerBytes,
+                  static_cast<double>(record.ByteSizeLong()));
 }
 
 absl::Status CheckSessionInfoSize(const SessionSpec& spec,

@@ -27,16 +27,21 @@ double StatelessReplyBytes(const StatelessRequest& request);
 // reply of `bytes` would pass `max_message_bytes`.
 absl::Status CheckReplySize(double bytes, int64_t max_message_bytes);
 
-// Bytes of the SessionInfo reply of a session with the resolved `spec` at
-// its largest: a 64-byte id, every layer at spec.max_tokens and an owner
-// address of up to 1 KiB. A resolved spec repeats its layer entries
-// num_layers times, so a short CreateSession can name a spec of megabytes.
+// Bytes of the larger of two messages that spell out a session with the
+// resolved `spec`, each at its largest: its SessionInfo reply (a 64-byte
+// id, every layer at spec.max_tokens, an owner address of up to 1 KiB) and
+// the snapshot header an export or hand-over sends first (the same plus a
+// first position per layer and the owner's tenant name). A resolved spec
+// repeats its layer entries num_layers times, so a short CreateSession can
+// name a spec of megabytes.
 double SessionInfoReplyBytes(const SessionSpec& spec);
 
-// RESOURCE_EXHAUSTED when the SessionInfo of a session with the resolved
-// `spec` could pass `max_message_bytes`: CreateSession, ForkSession,
-// TruncateSession and ImportSession check it before they change anything,
-// since their reply is that SessionInfo.
+// RESOURCE_EXHAUSTED when the SessionInfo or the snapshot header of a
+// session with the resolved `spec` could pass `max_message_bytes`:
+// CreateSession, ForkSession, TruncateSession and ImportSession check it
+// before they change anything, since their reply is that SessionInfo and a
+// session whose header cannot be sent could never be exported or handed
+// over.
 absl::Status CheckSessionInfoSize(const SessionSpec& spec,
                                   int64_t max_message_bytes);
 

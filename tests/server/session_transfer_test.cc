@@ -113,7 +113,10 @@ std::vector<std::string> Continue(client::SessionHandle& session,
 v1::SessionSpec SparseSpec(bool latent) {
   v1::SessionSpec spec = MakeSpec(3, 4, latent ? 1 : 2, 24, {0, 24, 30});
   spec.set_value_dim(16);
-  if (latent) spec.set_kv_layout(v1::KV_LAYOUT_SHARED_LATENT);
+  if (latent) {
+    spec.set_kv_layout(v1::KV_LAYOUT_SHARED_LATENT);
+    spec.set_scale(0.25f);
+  }
   spec.mutable_layers(1)->set_num_sink_tokens(2);
   spec.mutable_layers(0)->set_topk(8);
   spec.mutable_layers(2)->set_topk(8);
@@ -478,6 +481,44 @@ TEST_F(SessionSnapshotTest, ExportChunksFitASmallMessageLimit) {
   client::SessionHandle copy(a_->client.get(), *imported);
   EXPECT_EQ(Continue(copy, tokens, 150, 160),
             Continue(*original, tokens, 150, 160));
+}
+
+// A session whose export could not start (its snapshot header, the first
+// message, would pass the message limit) is not created: an export or a
+// hand-over of it would fail after it had sealed the session. The header
+// spells out a first position per layer besides what SessionInfo carries:
+// with 1024 sliding-window layers that dropped their first 384 tokens (two
+// bytes each), it is about 1 KB larger than the SessionInfo.
+TEST(SessionSnapshotLimitTest, ASessionWhoseHeaderCouldNotBeSentIsNotCreated) {
+  v1::SessionSpec spec = MakeSpec(1024, 1, 1, 16, {16});
+  spec.set_max_tokens(400);
+  auto roomy = StartTestServer();
+  ATTN_ASSERT_OK(roomy);
+  auto session = (*roomy)->client->OpenSession(spec);
+  ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(session->spec(), 400, 5);
+  for (int layer = 0; layer < 1024; ++layer) {
+    ATTN_ASSERT_OK(session->Prefill(layer, tokens.q, tokens.k, tokens.v));
+  }
+  auto records = Export(*(*roomy)->client, session->id());
+  ATTN_ASSERT_OK(records);
+  ASSERT_FALSE(records->empty());
+  const int64_t header_bytes =
+      static_cast<int64_t>(records->front().ByteSizeLong());
+  roomy->reset();
+
+  server::ServerOptions options = TestServerOptions();
+  options.max_message_bytes = header_bytes - 1;
+  auto tight = StartTestServer(options);
+  ATTN_ASSERT_OK(tight);
+  auto refused = (*tight)->client->CreateSession(spec);
+  ATTN_EXPECT_CODE(refused, absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("--max_message_bytes"),
+            std::string::npos)
+      << refused.status();
+  auto info = (*tight)->client->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->active_sessions(), 0);
 }
 
 // A transfer whose peer stops moving messages is cancelled after
@@ -1010,6 +1051,54 @@ TEST(SnapshotDirTest, OnlyRegularFilesAreRestoredAndOneServerUsesTheDir) {
 
 // A snapshot that runs out of time counts what it could not write and
 // leaves no file behind for it.
+// A session restored under a smaller --max_message_bytes than it was
+// created under can have a SessionInfo this server cannot send (restore
+// loses no session for it). GetSession then fails, and a failed call
+// changes nothing: the idle clock keeps running.
+TEST(SnapshotDirTest, AGetSessionThatCannotBeAnsweredLeavesTheIdleClock) {
+  const std::string dir = TempDir("snapshot-limit");
+  // A 1 KiB layer entry spelled out for 64 layers: about 66 KB.
+  v1::SessionSpec wide = MakeSpec(64, 256, 1, 16);
+  wide.clear_layers();
+  v1::LayerSpec* layer = wide.add_layers();
+  for (int h = 0; h < 256; ++h) layer->add_sink_logits(0.5f);
+  std::string id;
+  {
+    auto first = StartTestServer();
+    ATTN_ASSERT_OK(first);
+    auto info = (*first)->client->CreateSession(wide, absl::Seconds(60));
+    ATTN_ASSERT_OK(info);
+    id = info->session_id();
+    EXPECT_EQ(server::SaveAllSessions((*first)->server->engine(), dir,
+                                      absl::Now() + absl::Minutes(1))
+                  .written,
+              1);
+  }
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  options.max_message_bytes = 64 << 10;
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  server::AttentionServer& server = *(*second)->server;
+  EXPECT_TRUE(absl::StrContains(server.metrics().TextExposition(),
+                                "attention_sessions_restored_total 1"));
+  const auto idle_deadline_ms = [&] {
+    auto exported = server.engine().ExportSession(id);
+    EXPECT_TRUE(exported.ok()) << exported.status();
+    return exported.ok() ? (*exported)->header().idle_deadline_unix_ms : -1;
+  };
+  const int64_t before = idle_deadline_ms();
+  absl::SleepFor(absl::Milliseconds(20));  // a later clock would show
+  auto got = (*second)->client->GetSession(id);
+  ATTN_EXPECT_CODE(got, absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(got.status().message().find("--max_message_bytes"),
+            std::string::npos)
+      << got.status();
+  EXPECT_EQ(idle_deadline_ms(), before);
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SnapshotDirTest, SessionsPastTheDeadlineAreCountedAndLeaveNoFile) {
   const std::string dir = TempDir("snapshot-late");
   auto server = StartTestServer();
