@@ -398,6 +398,9 @@ absl::StatusOr<SessionSpec> PlanSpecFromFlags() {
       return absl::InvalidArgumentError("--rope_dim needs --latent_dim");
     }
     if (spec.num_kv_heads == 0) spec.num_kv_heads = 1;
+    // A latent spec must name its scale; plan only sizes the cache, which
+    // the scale does not change.
+    spec.scale = 1.0f;
   }
   if (int32_t v = absl::GetFlag(FLAGS_topk); v != 0) topk = v;
   if (int32_t v = absl::GetFlag(FLAGS_index_dim); v != 0) spec.index_dim = v;

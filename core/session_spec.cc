@@ -155,6 +155,17 @@ absl::StatusOr<SessionSpec> ResolveSessionSpec(const SessionSpec& spec,
                          " with kv_layout shared latent: the values are the "
                          "first value_dim entries of each stored key"));
       }
+      if (spec.scale == 0.0f) {
+        // 1/sqrt(head_dim) would use the absorbed width; MLA scales by the
+        // per-head query-key width before absorption, which only the
+        // caller knows.
+        return SpecError(
+            "scale",
+            absl::StrCat("must be set with kv_layout shared latent: 1/sqrt of "
+                         "the per-head query-key width before absorption "
+                         "(DeepSeek-V3: 1/sqrt(128 + 64)), not of head_dim = ",
+                         spec.head_dim));
+      }
       break;
     default:
       return SpecError("kv_layout",

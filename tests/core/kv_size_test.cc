@@ -1,5 +1,6 @@
 #include "core/kv_size.h"
 
+#include <cmath>
 #include <cstdint>
 
 #include "gtest/gtest.h"
@@ -94,6 +95,7 @@ TEST(KvSizeTest, LatentLayoutMatchesTheSeeds) {
   spec.kv_dtype = DType::kBFloat16;
   spec.value_dim = 512;
   spec.kv_layout = KvLayout::kSharedLatent;
+  spec.scale = 1.0f / std::sqrt(128.0f + 64.0f);
   const SessionSpec resolved = Resolved(spec);
   const KvSizePlan plan = PlanKvSize(resolved, kContext);
   EXPECT_EQ(plan.bytes_per_token_per_layer, (512 + 64) * 2);

@@ -280,6 +280,7 @@ SessionSpec SparseSpec(KvLayout layout, DType dtype) {
   spec.kv_layout = layout;
   spec.num_kv_heads = layout == KvLayout::kSharedLatent ? 1 : 2;
   spec.head_dim = 24;
+  spec.scale = 0.25f;
   spec.value_dim = 16;
   spec.kv_dtype = dtype;
   spec.max_tokens = 4096;

@@ -204,7 +204,7 @@ TEST(SessionSpecLimitsTest, ModelLabelIsBounded) {
   ExpectInvalid(spec, "model");
 }
 
-TEST(SessionSpecTest, SharedLatentNeedsOneKvHeadAndValuesInsideTheKey) {
+TEST(SessionSpecTest, SharedLatentNeedsOneKvHeadValuesInsideTheKeyAndAScale) {
   SessionSpec spec = ValidSpec();
   spec.kv_layout = KvLayout::kSharedLatent;
   ExpectInvalid(spec, "num_kv_heads");
@@ -216,10 +216,16 @@ TEST(SessionSpecTest, SharedLatentNeedsOneKvHeadAndValuesInsideTheKey) {
   spec.value_dim = 0;
   ExpectInvalid(spec, "value_dim");
   spec.value_dim = 512;
+  // Not the default 1/sqrt(head_dim) either: MLA scales by the width
+  // before absorption (DeepSeek-V3: 128 + 64), which only the caller knows.
+  spec.scale = 0.0f;
+  ExpectInvalid(spec, "scale");
+  spec.scale = 1.0f / std::sqrt(192.0f);
   absl::StatusOr<SessionSpec> resolved = ResolveSessionSpec(spec, SpecLimits());
   ASSERT_TRUE(resolved.ok()) << resolved.status();
   EXPECT_EQ(resolved->kv_layout, KvLayout::kSharedLatent);
   EXPECT_EQ(resolved->value_dim, 512);
+  EXPECT_EQ(resolved->scale, 1.0f / std::sqrt(192.0f));
   spec.kv_layout = static_cast<KvLayout>(7);
   ExpectInvalid(spec, "kv_layout");
 }

@@ -403,6 +403,7 @@ TEST_F(LatentTest, KvBytesPerTokenAreOneLatentVector) {
     v1::SessionSpec latent_spec = MakeSpec(1, kHeads, 1, kWidth, {}, dtype);
     latent_spec.set_value_dim(kLatent);
     latent_spec.set_kv_layout(v1::KV_LAYOUT_SHARED_LATENT);
+    latent_spec.set_scale(0.25f);
     v1::SessionSpec separate_spec = MakeSpec(1, kHeads, 1, kWidth, {}, dtype);
     auto latent = client().OpenSession(latent_spec);
     auto separate = client().OpenSession(separate_spec);

@@ -251,6 +251,7 @@ TEST_F(CudaBackendTest, EngineRefusesLatentSessionsAtCreateSession) {
   latent.head_dim = 24;
   latent.value_dim = 16;
   latent.kv_layout = KvLayout::kSharedLatent;
+  latent.scale = 0.25f;
   auto session = (*engine)->CreateSession(latent, absl::ZeroDuration());
   EXPECT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition)
       << session.status();
