@@ -23,8 +23,12 @@ constexpr int64_t kScoresPerRun = 256;
 constexpr int64_t kKeysPerPiece = 2048;
 
 // Selected keys of one batch of rows handed to the dense kernels (their
-// block tables take 16 bytes per key).
+// block tables take 16 bytes per key)...
 constexpr int64_t kSelectedKeysPerBatch = int64_t{1} << 20;
+// ...and rows times KV heads of one batch: the dense kernels plan a unit
+// of work (about 100 bytes) for each, so many rows of a short selection
+// would otherwise plan far more than a dense call of the same rows.
+constexpr int64_t kSelectedRowHeadsPerBatch = int64_t{1} << 16;
 
 // Index-query floats converted at a time: rows run in groups that hold at
 // most this many (or one row), so that many rows of narrow index heads,
@@ -184,7 +188,7 @@ absl::Status SelectRows(const AttentionProblem& problem, ThreadPool& pool,
 // Rows [first, first + selected.size()) of `problem` attend over their
 // selected keys: one dense non-causal problem per row over a view whose
 // "blocks" are the selected tokens in place (nothing is copied), run in
-// batches of bounded table size.
+// batches of bounded table and plan size.
 absl::Status AttendSelected(
     const AttentionProblem& problem, int64_t index, int64_t first,
     const std::vector<std::vector<int64_t>>& selected,
@@ -197,11 +201,14 @@ absl::Status AttendSelected(
   const int64_t q_row_bytes =
       int64_t{heads} * head_dim * DTypeSize(problem.q.dtype);
   const int64_t count = static_cast<int64_t>(selected.size());
+  const int64_t most_rows =
+      std::max<int64_t>(1, kSelectedRowHeadsPerBatch / kv.num_kv_heads);
   int64_t i = 0;
   while (i < count) {
     int64_t end = i;
     int64_t batch_keys = 0;
-    while (end < count && (end == i || batch_keys < kSelectedKeysPerBatch)) {
+    while (end < count && (end == i || (batch_keys < kSelectedKeysPerBatch &&
+                                        end - i < most_rows))) {
       batch_keys += static_cast<int64_t>(selected[end].size());
       ++end;
     }

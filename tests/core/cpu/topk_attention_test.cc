@@ -79,11 +79,12 @@ SessionSpec TopKSpec(int topk) {
 struct Tokens {
   HostTensor q, k, v, index_k, index_q, index_w;
   Tokens(int64_t count, uint32_t seed, int index_heads = kIndexHeads,
-         int index_dim = kIndexDim) {
+         int index_dim = kIndexDim, int q_heads = kHeads,
+         int kv_heads = kKvHeads) {
     std::mt19937 rng(seed);
-    q = RandomTensor({count, kHeads, kDim}, rng);
-    k = RandomTensor({count, kKvHeads, kDim}, rng);
-    v = RandomTensor({count, kKvHeads, kValueDim}, rng);
+    q = RandomTensor({count, q_heads, kDim}, rng);
+    k = RandomTensor({count, kv_heads, kDim}, rng);
+    v = RandomTensor({count, kv_heads, kValueDim}, rng);
     std::uniform_int_distribution<int> small(-2, 2);
     auto integers = [&](Shape shape) {
       std::vector<float> values(NumElements(shape));
@@ -319,7 +320,7 @@ AttentionOutput ExpectChunksBitwiseOneShot(
   EXPECT_TRUE(one_shot.ok()) << one_shot.status();
   if (!one_shot.ok()) return {};
   const std::vector<float> expected = ToFloats(one_shot->output);
-  const int64_t row = kHeads * kValueDim;
+  const int64_t row = int64_t{spec.num_q_heads} * spec.value_dim;
   int64_t start = 0;
   for (int64_t size : sizes) {
     auto out = engine.Append(
@@ -412,6 +413,26 @@ TEST(TopKAttentionTest, ManyNarrowIndexHeadsRunInGroupsBitwiseTheirChunks) {
       ExpectChunksBitwiseOneShot(*engine, spec, t, {1, 63, 70, 66});
   ASSERT_EQ(one_shot.topk_indices.size(), static_cast<size_t>(total * 12));
   // The last row selected 12 of the 200 keys it sees.
+  EXPECT_NE(one_shot.topk_indices[(total - 1) * 12 + 11], -1);
+}
+
+TEST(TopKAttentionTest, ManyRowsOfManyKvHeadsRunInBatchesBitwiseTheirChunks) {
+  // The dense kernels plan a unit of work per row and KV head, so with 32
+  // KV heads the rows' attention over their selections runs at most
+  // 2^16 / 32 = 2048 rows at a time: the one-shot prefill of 2100 rows in
+  // two batches, the chunks (1000, 1100 rows) in one each. Each row's
+  // output must not depend on its batch.
+  auto engine = MakeEngine();
+  SessionSpec spec = TopKSpec(/*topk=*/12);
+  spec.num_q_heads = 32;
+  spec.num_kv_heads = 32;
+  spec.layers[1].sink_logits.assign(32, 0.5f);
+  const int64_t total = 2100;
+  const Tokens t(total, 13, kIndexHeads, kIndexDim, spec.num_q_heads,
+                 spec.num_kv_heads);
+  const AttentionOutput one_shot =
+      ExpectChunksBitwiseOneShot(*engine, spec, t, {1000, 1100});
+  ASSERT_EQ(one_shot.topk_indices.size(), static_cast<size_t>(total * 12));
   EXPECT_NE(one_shot.topk_indices[(total - 1) * 12 + 11], -1);
 }
 
