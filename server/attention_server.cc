@@ -432,9 +432,11 @@ AttentionServer::AttentionServer(const ServerOptions& options,
       engine_(std::move(engine)) {}
 
 AttentionServer::~AttentionServer() {
-  // The service goes before the authenticator (whose watcher may reload).
-  if (authenticator_ != nullptr) authenticator_->SetChangeListener(nullptr);
+  // A reload during the drain still reaches the open streams; the service
+  // goes before the authenticator (whose watcher may reload), so the
+  // listener goes first.
   Shutdown();
+  if (authenticator_ != nullptr) authenticator_->SetChangeListener(nullptr);
   if (transport_stopper_.joinable()) transport_stopper_.join();
 }
 

@@ -68,6 +68,10 @@ void DecodeStreamReactor::ReadNext() {
 
 void DecodeStreamReactor::OnTenantsChanged() {
   absl::MutexLock lock(&mu_);
+  if (writing_) {
+    RevokeWhileWriting();
+    return;
+  }
   // Otherwise a reaction runs or will, and the next read or step
   // authenticates.
   if (!reading_ || ended_) return;
@@ -76,6 +80,16 @@ void DecodeStreamReactor::OnTenantsChanged() {
     // Ends the stream with the read pending; its reaction does nothing.
     scope_.Restart("");
     OnStepDone(auth);
+  }
+}
+
+void DecodeStreamReactor::RevokeWhileWriting() {
+  if (!revoked_.ok()) return;
+  if (absl::Status auth = Authenticate(); !auth.ok()) {
+    // A client that stops reading holds the write for as long as it stays
+    // connected: its sessions must not wait for that.
+    held_.Clear();
+    revoked_ = std::move(auth);
   }
 }
 
@@ -131,10 +145,31 @@ void DecodeStreamReactor::OnStepDone(absl::StatusOr<AttentionOutput> output) {
   FinishAppendReply(append_, *output, &result_);
   // The stream used the session: its end restarts the idle clock.
   held_.MarkUsed(request_.session_id());
+  absl::MutexLock lock(&mu_);
+  writing_ = true;
   StartWrite(&result_);
+  // A change of the tenants while the step ran found no read pending.
+  RevokeWhileWriting();
 }
 
 void DecodeStreamReactor::OnWriteDone(bool ok) {
+  absl::Status revoked;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    revoked = revoked_;
+  }
+  if (!revoked.ok()) {
+    // The token was revoked while the reply waited for the client; the
+    // request after it is refused, as ReadNext would.
+    if (ok) {
+      scope_.Finish(grpc::Status::OK);
+      ++index_;
+    }
+    scope_.Restart("");
+    OnStepDone(revoked);
+    return;
+  }
   if (!ok) {
     // The client went away after the step was committed (the documented
     // race): it is applied, and nobody is listening.

@@ -23,8 +23,11 @@
 // and latency).
 //
 // Threads: gRPC runs one reaction of the stream at a time; OpenStreams
-// may call OnTenantsChanged meanwhile, which acts only while a read is
-// pending (reading_), when no reaction runs. mu_ orders the two.
+// may call OnTenantsChanged meanwhile, which acts only while a read or a
+// write is pending (reading_, writing_), when no reaction runs. mu_ orders
+// the two. A revocation found while a write is pending lets the stream's
+// sessions go at once (a client that stops reading holds the write) and
+// ends the stream when the write completes.
 #ifndef ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
 #define ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
 
@@ -81,6 +84,9 @@ class DecodeStreamReactor final
   // Reads the next request, unless the tenants changed and the caller's
   // credentials no longer hold (the stream then ends).
   void ReadNext() ABSL_LOCKS_EXCLUDED(mu_);
+  // While a write is pending: when the caller's credentials no longer hold,
+  // lets the held sessions go and sets revoked_.
+  void RevokeWhileWriting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs request_ as step `index_`: converted, bounded and queued in the
   // batcher; OnStepDone follows.
   void StartStep();
@@ -98,6 +104,11 @@ class DecodeStreamReactor final
   // OnTenantsChanged ended the stream: the pending read's reaction does
   // nothing.
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  // A reply is being written: no reaction runs until OnWriteDone.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  // Not OK once the caller's credentials failed while a reply was being
+  // written: OnWriteDone ends the stream with it.
+  absl::Status revoked_ ABSL_GUARDED_BY(mu_);
   RequestScope scope_;
   std::optional<ScopedStreamMetric> open_stream_;  // once authenticated
   GrpcCallControl control_;

@@ -434,6 +434,49 @@ TEST_F(TokenTest, ARevokedTokenEndsAnIdleDecodeStreamAndItsHolds) {
                          absl::Seconds(10)));
 }
 
+// The same for a stream whose client stops reading: the step's reply of
+// 4 MB waits in a write the client's flow-control window holds up, and no
+// reaction of the stream runs until the client reads or goes away. The
+// revocation lets its sessions go all the same.
+TEST_F(TokenTest, ARevokedTokenLetsGoTheSessionsOfAStreamThatStopsReading) {
+  // 1024 heads of 1024: a 4 MB reply, one float16 token per 4 KiB block.
+  const v1::SessionSpec spec =
+      MakeSpec(1, 1024, 1, 1024, {}, v1::DTYPE_FLOAT16);
+  auto mine = alice_->OpenSession(spec, absl::Seconds(1));
+  ATTN_ASSERT_OK(mine);
+  const int64_t rows = 1;
+  const Tokens tokens = RandomTokens(spec, rows, 14);
+  auto request =
+      mine->MakeDecodeRequest(0, tokens.q_rows(0, rows), tokens.k_rows(0, rows),
+                              tokens.v_rows(0, rows));
+  ATTN_ASSERT_OK(request);
+  grpc::ClientContext context;
+  context.AddMetadata("authorization", "Bearer alice-token");
+  auto stream = alice_->stub()->Decode(&context);
+  ASSERT_TRUE(stream->Write(*request)) << stream->Finish().error_message();
+  const Tenant alice{.name = "alice", .quota = {}};
+  const auto sessions = [&] {
+    return server_->engine().ListSessions("", 10, alice);
+  };
+  // The step is applied; its reply is on its way (and stays there).
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const auto listed = sessions();
+        return listed.size() == 1 && listed[0].layer_lengths[0] == rows;
+      },
+      absl::Seconds(20)));
+  ASSERT_TRUE(WriteFileAtomically(
+      tokens_file_,
+      absl::StrCat("bob ", server::DigestTokenHex("bob-token"), " - -\n")));
+  ATTN_ASSERT_OK(server_->ReloadAuthTokens());
+  EXPECT_TRUE(Eventually([&] { return sessions().empty(); }, absl::Seconds(20)))
+      << "alice's session never expired while her stream held a reply";
+  context.TryCancel();
+  EXPECT_FALSE(stream->Finish().ok());
+  EXPECT_TRUE(Eventually([&] { return server_->calls_in_flight() == 0; },
+                         absl::Seconds(10)));
+}
+
 // A stream keeps the sessions it has used from expiring only for the tenant
 // its token names: when a reload moves the token to another tenant, the
 // old tenant's sessions are let go (their idle clocks run again).
