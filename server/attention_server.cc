@@ -432,9 +432,9 @@ AttentionServer::AttentionServer(const ServerOptions& options,
       engine_(std::move(engine)) {}
 
 AttentionServer::~AttentionServer() {
-  // A reload during the drain still reaches the open streams; the service
-  // goes before the authenticator (whose watcher may reload), so the
-  // listener goes first.
+  // The listener goes after the drain (a reload during it still reaches
+  // the open streams) and before the members: the service goes before the
+  // authenticator, whose watcher may reload.
   Shutdown();
   if (authenticator_ != nullptr) authenticator_->SetChangeListener(nullptr);
   if (transport_stopper_.joinable()) transport_stopper_.join();

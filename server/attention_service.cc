@@ -107,12 +107,12 @@ absl::StatusOr<Tenant> AttentionServiceImpl::Caller(
   return authenticator_->Authenticate(context);
 }
 
-absl::Status AttentionServiceImpl::CheckSessionInfoSizeOf(
+absl::Status AttentionServiceImpl::CheckSessionMessageSizeOf(
     const std::string& session_id, const Tenant& tenant) const {
   // Not a use: the call this check guards may still fail.
   ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
                         engine_->PeekSession(session_id, tenant));
-  return CheckSessionInfoSize(info.spec, max_message_bytes_);
+  return CheckSessionMessageSize(info.spec, max_message_bytes_);
 }
 
 void AttentionServiceImpl::SessionReply(const SessionInfo& info,
@@ -156,7 +156,7 @@ grpc::Status AttentionServiceImpl::CreateSession(
     ATTN_ASSIGN_OR_RETURN(
         const SessionSpec resolved,
         ResolveSessionSpec(spec, engine_->options().sessions.limits));
-    ATTN_RETURN_IF_ERROR(CheckSessionInfoSize(resolved, max_message_bytes_));
+    ATTN_RETURN_IF_ERROR(CheckSessionMessageSize(resolved, max_message_bytes_));
     ATTN_ASSIGN_OR_RETURN(
         SessionInfo info, UnlessDraining([&] {
           return engine_->CreateSession(
@@ -176,7 +176,8 @@ grpc::Status AttentionServiceImpl::GetSession(
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     // A session restored under a larger --max_message_bytes may have a
     // SessionInfo this server cannot send; a lookup that fails so is no use.
-    ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));
+    ATTN_RETURN_IF_ERROR(
+        CheckSessionMessageSizeOf(request->session_id(), tenant));
     ATTN_ASSIGN_OR_RETURN(SessionInfo info,
                           engine_->GetSession(request->session_id(), tenant));
     SessionReply(info, response);
@@ -264,7 +265,8 @@ grpc::Status AttentionServiceImpl::ForkSession(
           engine_->PeekSession(request->session_id(), tenant).status());
       return Draining();
     }
-    ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));
+    ATTN_RETURN_IF_ERROR(
+        CheckSessionMessageSizeOf(request->session_id(), tenant));
     const GrpcCallControl control(context);
     ATTN_ASSIGN_OR_RETURN(SessionInfo info, UnlessDraining([&] {
                             return engine_->ForkSession(request->session_id(),
@@ -282,7 +284,8 @@ grpc::Status AttentionServiceImpl::TruncateSession(
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    ATTN_RETURN_IF_ERROR(CheckSessionInfoSizeOf(request->session_id(), tenant));
+    ATTN_RETURN_IF_ERROR(
+        CheckSessionMessageSizeOf(request->session_id(), tenant));
     const GrpcCallControl control(context);
     ATTN_ASSIGN_OR_RETURN(
         SessionInfo info,

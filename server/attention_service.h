@@ -165,11 +165,11 @@ class AttentionServiceImpl final : public AttentionServiceBase {
  private:
   // `info` as the reply's SessionInfo, owned by this replica.
   void SessionReply(const SessionInfo& info, v1::SessionInfo* out) const;
-  // CheckSessionInfoSize for the caller's session `session_id` (NOT_FOUND
+  // CheckSessionMessageSize for the caller's session `session_id` (NOT_FOUND
   // when it has none of that id), before a call whose reply is its
   // SessionInfo changes it.
-  absl::Status CheckSessionInfoSizeOf(const std::string& session_id,
-                                      const Tenant& tenant) const;
+  absl::Status CheckSessionMessageSizeOf(const std::string& session_id,
+                                         const Tenant& tenant) const;
   // Runs `create`, which makes a session here, unless the server drains
   // (UNAVAILABLE). StartDraining waits for a running one, so that the
   // drain's hand-over and snapshot see every session made before it.

@@ -81,7 +81,7 @@ absl::Status CheckReplySize(double bytes, int64_t max_message_bytes) {
       "output_dtype FLOAT16 or BFLOAT16, or drop return_weights/return_lse"));
 }
 
-double SessionInfoReplyBytes(const SessionSpec& spec) {
+double SessionMessageBytes(const SessionSpec& spec) {
   constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
   const std::vector<int64_t> lengths(static_cast<size_t>(spec.num_layers),
                                      spec.max_tokens);
@@ -112,20 +112,20 @@ double SessionInfoReplyBytes(const SessionSpec& spec) {
                   static_cast<double>(record.ByteSizeLong()));
 }
 
-absl::Status CheckSessionInfoSize(const SessionSpec& spec,
-                                  int64_t max_message_bytes) {
-  const double bytes = SessionInfoReplyBytes(spec);
+absl::Status CheckSessionMessageSize(const SessionSpec& spec,
+                                     int64_t max_message_bytes) {
+  const double bytes = SessionMessageBytes(spec);
   if (bytes <= static_cast<double>(max_message_bytes)) {
     return absl::OkStatus();
   }
   return absl::ResourceExhaustedError(absl::StrCat(
-      "the session's SessionInfo (its spec, every layer spelled out) would "
-      "take up to ",
+      "the session's SessionInfo or export header (its spec, every layer "
+      "spelled out) would take up to ",
       absl::StrFormat("%.0f", bytes),
       " bytes, over the server's message limit of ", max_message_bytes,
-      " bytes (--max_message_bytes), so no reply could carry it; nothing was "
-      "created or changed. Use fewer layers or sink_logits, or raise the "
-      "limit"));
+      " bytes (--max_message_bytes), so no reply or export could carry it; "
+      "nothing was created or changed. Use fewer layers or sink_logits, or "
+      "raise the limit"));
 }
 
 }  // namespace attention::server

@@ -34,7 +34,7 @@ absl::Status CheckReplySize(double bytes, int64_t max_message_bytes);
 // first position per layer and the owner's tenant name). A resolved spec
 // repeats its layer entries num_layers times, so a short CreateSession can
 // name a spec of megabytes.
-double SessionInfoReplyBytes(const SessionSpec& spec);
+double SessionMessageBytes(const SessionSpec& spec);
 
 // RESOURCE_EXHAUSTED when the SessionInfo or the snapshot header of a
 // session with the resolved `spec` could pass `max_message_bytes`:
@@ -42,8 +42,8 @@ double SessionInfoReplyBytes(const SessionSpec& spec);
 // before they change anything, since their reply is that SessionInfo and a
 // session whose header cannot be sent could never be exported or handed
 // over.
-absl::Status CheckSessionInfoSize(const SessionSpec& spec,
-                                  int64_t max_message_bytes);
+absl::Status CheckSessionMessageSize(const SessionSpec& spec,
+                                     int64_t max_message_bytes);
 
 }  // namespace attention::server
 

@@ -151,7 +151,7 @@ absl::StatusOr<ReadImport> ReadSessionImport(
   if (const absl::StatusOr<SessionSpec> resolved =
           ResolveSessionSpec(header.spec, engine.options().sessions.limits);
       resolved.ok()) {
-    ATTN_RETURN_IF_ERROR(CheckSessionInfoSize(*resolved, max_message_bytes));
+    ATTN_RETURN_IF_ERROR(CheckSessionMessageSize(*resolved, max_message_bytes));
   }
   ReadImport result;
   result.kv_bytes = header.kv_bytes;

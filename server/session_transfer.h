@@ -83,9 +83,9 @@ enum class KeepSessionId { kAllowed, kRefused };
 // those of SessionImport, plus INVALID_ARGUMENT for records in the wrong
 // place, DATA_LOSS for a stream that ends early and PERMISSION_DENIED for
 // keep_session_id where it is refused, and RESOURCE_EXHAUSTED right after
-// the header when the session's SessionInfo could pass `max_message_bytes`
-// (CheckSessionInfoSize; a restore passes the largest int64_t, never losing
-// a session for it); nothing is left behind.
+// the header when the session's SessionInfo or header could pass
+// `max_message_bytes` (CheckSessionMessageSize; a restore passes the largest
+// int64_t, never losing a session for it); nothing is left behind.
 absl::StatusOr<ReadImport> ReadSessionImport(
     AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
     int64_t max_message_bytes,
