@@ -3,7 +3,10 @@
 // keepalive and message limits.
 #include "client/attention_client.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <memory>
@@ -456,6 +459,34 @@ TEST_F(AttentionClientTest, ATokenAHeaderCannotCarryNeverReachesGrpc) {
     EXPECT_FALSE(stream->Step(request).ok());
   }
   EXPECT_TRUE(client::CheckAuthToken("printable ~ token").ok());
+}
+
+// A server's peer client reads its TLS files as regular files only: a FIFO
+// named by a flag is refused at once instead of blocking the drain that
+// opens the channel. A command-line tool's FIFO (`<(...)`) is read.
+TEST(AttentionClientTlsFilesTest, RegularFilesOnlyRefusesAFifo) {
+  const std::string fifo =
+      absl::StrCat(::testing::TempDir(), "/ca-fifo-", ::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  client::ClientOptions options;
+  options.tls_ca_file = fifo;
+  options.tls_files_from = ReadFileFrom::kRegularFile;
+  const auto refused = client::OpenChannel("localhost:1", options);
+  ATTN_EXPECT_CODE(refused, absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("not a regular file"),
+            std::string::npos)
+      << refused.status();
+
+  options.tls_files_from = ReadFileFrom::kAnyFile;
+  std::thread writer([&] {
+    const int fd = ::open(fifo.c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    ::close(fd);  // empty: the system's roots
+  });
+  EXPECT_TRUE(client::OpenChannel("localhost:1", options).ok());
+  writer.join();
+  ::unlink(fifo.c_str());
 }
 
 TEST_F(AttentionClientTest, ClientMessageLimitApplies) {
