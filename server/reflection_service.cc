@@ -22,6 +22,11 @@ using Response = ReflectionService::Response;
 
 const DescriptorPool& Pool() { return *DescriptorPool::generated_pool(); }
 
+// The largest request answered: a host name and a symbol or file name take
+// a few hundred bytes. An answer echoes the host and the whole request, so
+// a larger one would make a reply about twice the request's size.
+constexpr size_t kMaxAnsweredRequestBytes = size_t{64} << 10;
+
 // `file`, then each file it imports not yet in `sent`, depth first.
 void AddFileAndImports(const FileDescriptor& file,
                        absl::flat_hash_set<std::string>& sent,
@@ -132,6 +137,17 @@ void ReflectionService::SetServices(std::vector<std::string> names) {
 
 Response ReflectionService::Answer(const Request& request) const {
   Response response;
+  if (const size_t bytes = request.ByteSizeLong();
+      bytes > kMaxAnsweredRequestBytes) {
+    // Neither the host nor the request is echoed.
+    SetError(grpc::StatusCode::INVALID_ARGUMENT,
+             absl::StrCat("the reflection request is ", bytes,
+                          " bytes; this server answers requests of at most ",
+                          kMaxAnsweredRequestBytes,
+                          " (a host name and a symbol or file name)"),
+             &response);
+    return response;
+  }
   response.set_valid_host(request.host());
   *response.mutable_original_request() = request;
   switch (request.message_request_case()) {

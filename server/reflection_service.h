@@ -11,7 +11,9 @@
 // all_extension_numbers_of_type as gRPC's does: a file comes with every
 // file it imports, directly or not; a question without an answer gets an
 // error_response (NOT_FOUND, quoting at most a short prefix of the name;
-// UNIMPLEMENTED for a request that asks nothing), and the stream goes on.
+// UNIMPLEMENTED for a request that asks nothing; INVALID_ARGUMENT, echoing
+// nothing, for one over 64 KiB, since an answer echoes its request), and
+// the stream goes on.
 //
 // Thread-safety: SetServices and the streams may run concurrently.
 #ifndef ATTENTION_SERVER_REFLECTION_SERVICE_H_

@@ -168,6 +168,24 @@ TEST_F(ReflectionServiceTest,
             "no/such.proto");
 }
 
+// An answer echoes the host and the request: a request of a 1 MiB host is
+// refused without them, and the stream goes on.
+TEST_F(ReflectionServiceTest, ALargeRequestIsRefusedWithoutAnEcho) {
+  ServerReflectionRequest large;
+  large.set_host(std::string(1 << 20, 'h'));
+  large.set_list_services("");
+  const std::vector<ServerReflectionResponse> responses =
+      Ask({large, SymbolRequest("attention.v1.AttentionService")});
+  ASSERT_EQ(responses.size(), 2u);
+  EXPECT_EQ(responses[0].error_response().error_code(),
+            static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT))
+      << responses[0].error_response().error_message();
+  EXPECT_NE(responses[0].error_response().error_message().find("65536"),
+            std::string::npos);
+  EXPECT_LT(responses[0].ByteSizeLong(), 1024u);
+  EXPECT_TRUE(responses[1].has_file_descriptor_response());
+}
+
 // 4 Mi empty groups of an unknown field (8 MiB) would parse into hundreds
 // of MiB of unknown-field records. The request is refused unparsed: gRPC
 // ends a stream whose message does not deserialize, so no answer comes,
