@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/read_file.h"
 #include "core/status_macros.h"
 #include "server/log.h"
 
@@ -150,16 +151,26 @@ absl::Status Authenticator::Reload() {
   // stat before reading: a change made meanwhile is seen by the next poll.
   struct stat info = {};
   const bool have_info = stat(options_.tokens_file.c_str(), &info) == 0;
+  const absl::StatusOr<std::string> text =
+      ReadFile(options_.tokens_file, "tokens file");
   absl::StatusOr<std::vector<TokenEntry>> entries =
-      LoadTokensFile(options_.tokens_file);
+      text.ok() ? ParseTokensFileAt(options_.tokens_file, *text)
+                : text.status();
   {
     absl::MutexLock lock(&mu_);
-    if (have_info) file_ = info;
+    // A file that could not be read (descriptors or memory short for a
+    // moment) is read again at the next poll; one read whole waits for its
+    // next change. A read failure is logged once until it changes.
+    if (have_info && text.ok()) file_ = info;
+    const bool repeated = !text.ok() && text.status() == read_failure_;
+    read_failure_ = text.status();
     if (!entries.ok()) {
-      Log(LogLevel::kError, "auth_tokens_reload_failed",
-          {{"file", options_.tokens_file},
-           {"error", entries.status().message()},
-           {"tenants_in_force", static_cast<int64_t>(entries_.size())}});
+      if (!repeated) {
+        Log(LogLevel::kError, "auth_tokens_reload_failed",
+            {{"file", options_.tokens_file},
+             {"error", entries.status().message()},
+             {"tenants_in_force", static_cast<int64_t>(entries_.size())}});
+      }
       return entries.status();
     }
     entries_ = *std::move(entries);

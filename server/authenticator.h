@@ -7,7 +7,8 @@
 //                comparing every digest in constant time. The file is
 //                re-read when it changes (polled) or on Reload() (SIGHUP);
 //                a file that does not parse leaves the previous one in force
-//                and is logged.
+//                and is logged; one that cannot be read (descriptors short)
+//                is read again at each poll until it can.
 //   client-cert  (mutual TLS without a tokens file) the verified client
 //                certificate's subject CN names the tenant (no quota).
 //   none         everything runs as DefaultTenant().
@@ -117,8 +118,11 @@ class Authenticator {
   absl::Mutex reload_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
-  // What the tokens file looked like when last read (stat(2)).
+  // What the tokens file looked like when last read whole (stat(2)).
   struct stat file_ ABSL_GUARDED_BY(mu_) = {};
+  // Why the last read failed (OK: it did not), so that a failure the
+  // watcher meets at every poll is logged once.
+  absl::Status read_failure_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<uint64_t> generation_{0};
   absl::Mutex listener_mu_ ABSL_ACQUIRED_AFTER(reload_mu_);

@@ -126,15 +126,20 @@ absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(
   return entries;
 }
 
-absl::StatusOr<std::vector<TokenEntry>> LoadTokensFile(
-    const std::string& path) {
-  ATTN_ASSIGN_OR_RETURN(const std::string text, ReadFile(path, "tokens file"));
+absl::StatusOr<std::vector<TokenEntry>> ParseTokensFileAt(
+    const std::string& path, absl::string_view text) {
   absl::StatusOr<std::vector<TokenEntry>> entries = ParseTokensFile(text);
   if (!entries.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens file ", path, ": ", entries.status().message()));
   }
   return entries;
+}
+
+absl::StatusOr<std::vector<TokenEntry>> LoadTokensFile(
+    const std::string& path) {
+  ATTN_ASSIGN_OR_RETURN(const std::string text, ReadFile(path, "tokens file"));
+  return ParseTokensFileAt(path, text);
 }
 
 }  // namespace attention::server

@@ -42,6 +42,11 @@ std::string DigestTokenHex(absl::string_view token);
 // rewrite looks like).
 absl::StatusOr<std::vector<TokenEntry>> ParseTokensFile(absl::string_view text);
 
+// ParseTokensFile of `text`, read from the file at `path`, with an error
+// that names the path.
+absl::StatusOr<std::vector<TokenEntry>> ParseTokensFileAt(
+    const std::string& path, absl::string_view text);
+
 // Reads and parses the file at `path`. INVALID_ARGUMENT naming the path when
 // it cannot be read or does not parse.
 absl::StatusOr<std::vector<TokenEntry>> LoadTokensFile(const std::string& path);

@@ -5,7 +5,9 @@
 
 #include <fcntl.h>
 #include <grpcpp/support/string_ref.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -119,6 +121,41 @@ TEST_F(AuthenticatorTest, TheWatcherSeesAnEditThatKeepsSizeAndTime) {
   bool reloaded = false;
   for (int i = 0; i < 1000 && !reloaded; ++i) {  // generous: 10 s
     reloaded = WithAuthorization(**authenticator, "Bearer newt-token").ok();
+    if (!reloaded) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(reloaded);
+  EXPECT_FALSE(WithAuthorization(**authenticator, "Bearer good-token").ok());
+}
+
+// A read that fails for a moment (no descriptor free) leaves nothing to
+// see in stat(2) once it could succeed: the watcher reads again at its next
+// poll instead of taking the file as seen, so a revocation is not lost.
+TEST_F(AuthenticatorTest, AReadThatFailsIsTriedAgainAtTheNextPoll) {
+  auto authenticator = Authenticator::Create(
+      {.tokens_file = file_, .reload_interval = absl::Milliseconds(10)});
+  ASSERT_TRUE(authenticator.ok()) << authenticator.status();
+  const std::string next = file_ + ".next";
+  ASSERT_TRUE(testing::WriteFileAtomically(
+      next, absl::StrCat("team ", DigestTokenHex("new-token"), " 3 -\n")));
+  struct rlimit before = {};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  const int lowest_free = dup(0);
+  ASSERT_GE(lowest_free, 0);
+  close(lowest_free);
+  // From here until the limit is restored no descriptor can be opened.
+  struct rlimit none = before;
+  none.rlim_cur = lowest_free;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  const bool renamed = rename(next.c_str(), file_.c_str()) == 0;
+  absl::SleepFor(absl::Milliseconds(200));  // about 20 polls, all failing
+  const bool old_in_force =
+      WithAuthorization(**authenticator, "Bearer good-token").ok();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
+  ASSERT_TRUE(renamed);
+  EXPECT_TRUE(old_in_force);
+  bool reloaded = false;
+  for (int i = 0; i < 1000 && !reloaded; ++i) {  // generous: 10 s
+    reloaded = WithAuthorization(**authenticator, "Bearer new-token").ok();
     if (!reloaded) absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_TRUE(reloaded);
