@@ -1049,6 +1049,41 @@ TEST(SnapshotDirTest, OnlyRegularFilesAreRestoredAndOneServerUsesTheDir) {
   std::filesystem::remove_all(elsewhere);
 }
 
+// A record within the size limit that would parse into far more memory
+// (4 Mi empty groups of an unknown field, 8 MiB: hundreds of MiB once
+// parsed) is refused unparsed, as a request over its parse budget is, and
+// its file is moved aside as corrupt.
+TEST(SnapshotDirTest, ARecordOverItsParseBudgetIsRefusedUnparsed) {
+  auto server = StartTestServer(TestServerOptions());
+  ATTN_ASSERT_OK(server);
+  const std::string dir = TempDir("snapshot-budget");
+  const std::string path = dir + "/0123456789abcdef.session";
+  std::string record;
+  for (int i = 0; i < (4 << 20); ++i) record += "\x7b\x7c";  // field 15
+  {
+    const uint32_t size = static_cast<uint32_t>(record.size());
+    const char size_bytes[4] = {static_cast<char>(size & 0xff),
+                                static_cast<char>(size >> 8 & 0xff),
+                                static_cast<char>(size >> 16 & 0xff),
+                                static_cast<char>(size >> 24 & 0xff)};
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(size_bytes, 4);
+    out.write(record.data(), static_cast<std::streamsize>(record.size()));
+    ASSERT_TRUE(out.good());
+  }
+  const absl::StatusOr<int64_t> restored =
+      server::RestoreSession((*server)->server->engine(), path);
+  ATTN_EXPECT_CODE(restored, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(restored.status().message(),
+                                "bytes of memory to parse"))
+      << restored.status();
+  const server::RestoreAllResult all =
+      server::RestoreAllSessions((*server)->server->engine(), dir);
+  EXPECT_EQ(all.corrupt, 1);
+  EXPECT_TRUE(std::filesystem::exists(path + ".corrupt"));
+  std::filesystem::remove_all(dir);
+}
+
 // A snapshot that runs out of time counts what it could not write and
 // leaves no file behind for it.
 // A session restored under a smaller --max_message_bytes than it was
