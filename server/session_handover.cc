@@ -23,6 +23,8 @@ namespace {
 constexpr absl::Duration kSealWait = absl::Milliseconds(500);
 // How long a probe of the peers serves the sessions handed over next.
 constexpr absl::Duration kPeerProbeInterval = absl::Seconds(1);
+// The most of a hand-over's time kept for the answer to its last import.
+constexpr absl::Duration kMaxAnswerReserve = absl::Seconds(2);
 
 // Whether the peer's import handler itself refused the call (it then
 // created nothing, whatever the code).
@@ -53,6 +55,12 @@ SessionHandover::Doubt SessionHandover::DoubtOf(const grpc::Status& status,
   }
 }
 
+HandoverDeadlines HandoverDeadlines::For(absl::Time start, absl::Time end) {
+  const absl::Duration reserve =
+      std::clamp((end - start) / 8, absl::ZeroDuration(), kMaxAnswerReserve);
+  return HandoverDeadlines{.send = end - reserve, .answer = end};
+}
+
 SessionHandover::SessionHandover(AttentionEngine* engine, Peers* peers,
                                  ServerMetrics* metrics,
                                  std::string self_address)
@@ -63,6 +71,7 @@ SessionHandover::SessionHandover(AttentionEngine* engine, Peers* peers,
 
 HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
   const absl::Time start = absl::Now();
+  const HandoverDeadlines deadlines = HandoverDeadlines::For(start, deadline);
   HandoverResult result;
   std::vector<std::string> queue;
   for (std::string after;;) {
@@ -75,16 +84,16 @@ HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
   // back to the end of the queue, once.
   absl::flat_hash_set<std::string> retried;
   for (size_t i = 0; i < queue.size(); ++i) {
-    if (absl::Now() >= deadline) {
+    if (absl::Now() >= deadlines.send) {
       result.left += static_cast<int64_t>(queue.size() - i);
       break;
     }
-    Outcome outcome = HandOver(queue[i], deadline);
+    Outcome outcome = HandOver(queue[i], deadlines);
     while (outcome == Outcome::kNoPeer && unanswered_ &&
-           absl::Now() + kPeerProbeInterval < deadline) {
+           absl::Now() + kPeerProbeInterval < deadlines.send) {
       // A peer that did not answer in time may be busy: ask again.
       absl::SleepFor(kPeerProbeInterval);
-      outcome = HandOver(queue[i], deadline);
+      outcome = HandOver(queue[i], deadlines);
     }
     if (outcome == Outcome::kNoPeer) {
       result.left += static_cast<int64_t>(queue.size() - i);
@@ -114,12 +123,12 @@ const std::vector<Peer>& SessionHandover::ServingPeers(bool refresh) {
   return serving_;
 }
 
-SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
-                                                   absl::Time deadline) {
+SessionHandover::Outcome SessionHandover::HandOver(
+    const std::string& id, const HandoverDeadlines& deadlines) {
   const std::vector<Peer> peers = ServingPeers(std::exchange(refresh_, false));
   if (peers.empty()) return Outcome::kNoPeer;
-  absl::StatusOr<SessionSeal> seal =
-      engine_->SealSession(id, std::min(deadline, absl::Now() + kSealWait));
+  absl::StatusOr<SessionSeal> seal = engine_->SealSession(
+      id, std::min(deadlines.send, absl::Now() + kSealWait));
   if (!seal.ok()) {
     // Deleted or expired meanwhile: nothing to move.
     if (seal.status().code() == absl::StatusCode::kNotFound) {
@@ -131,6 +140,7 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
   }
   InDoubt in_doubt;
   for (const Peer& peer : peers) {
+    if (absl::Now() >= deadlines.send) break;  // out of time: it stays
     // An export this replica refuses (an MLA or top-k session) goes nowhere.
     absl::StatusOr<std::unique_ptr<SessionExport>> session_export =
         engine_->ExportSealed(*seal);
@@ -141,7 +151,7 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
     }
     bool moved = false;
     const absl::Status sent = MoveTo(peer, *seal, *std::move(session_export),
-                                     deadline, &in_doubt, &moved);
+                                     deadlines, &in_doubt, &moved);
     if (sent.ok() || moved) {
       // Never live on two replicas: an unknown outcome counts as moved.
       seal->Commit(peer.advertise_address);
@@ -162,8 +172,8 @@ SessionHandover::Outcome SessionHandover::HandOver(const std::string& id,
 
 absl::Status SessionHandover::MoveTo(
     const Peer& peer, SessionSeal& seal,
-    std::unique_ptr<SessionExport> session_export, absl::Time deadline,
-    InDoubt* in_doubt, bool* moved) {
+    std::unique_ptr<SessionExport> session_export,
+    const HandoverDeadlines& deadlines, InDoubt* in_doubt, bool* moved) {
   *moved = false;
   Doubt first = Doubt::kNone;
   for (int attempt = 0;; ++attempt) {
@@ -174,7 +184,7 @@ absl::Status SessionHandover::MoveTo(
     }
     Doubt doubt = Doubt::kNone;
     const absl::Status sent =
-        SendTo(peer, *session_export, deadline, in_doubt, &doubt);
+        SendTo(peer, *session_export, deadlines, in_doubt, &doubt);
     if (attempt == 0) first = doubt;
     if (sent.ok()) return sent;
     if (doubt == Doubt::kNone) {
@@ -183,7 +193,7 @@ absl::Status SessionHandover::MoveTo(
       *moved = first == Doubt::kUnknown;
       return sent;
     }
-    if (attempt == 1 || absl::Now() >= deadline) {
+    if (attempt == 1 || absl::Now() >= deadlines.send) {
       // Still in doubt: moved if either answer may mean the peer created it.
       *moved = first == Doubt::kUnknown || doubt == Doubt::kUnknown;
       return sent;
@@ -197,12 +207,12 @@ absl::Status SessionHandover::MoveTo(
 
 absl::Status SessionHandover::SendTo(const Peer& peer,
                                      SessionExport& session_export,
-                                     absl::Time deadline, InDoubt* in_doubt,
-                                     Doubt* doubt) {
+                                     const HandoverDeadlines& deadlines,
+                                     InDoubt* in_doubt, Doubt* doubt) {
   *doubt = Doubt::kNone;
   auto stub = v1::AttentionService::NewStub(peer.client->channel());
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
+  context.set_deadline(absl::ToChronoTime(deadlines.answer));
   context.AddMetadata(kHandoverMetadata, self_address_);
   const std::string& token = peers_->options().client.auth_token;
   if (!token.empty()) {
@@ -216,6 +226,11 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
       session_export,
       [&](v1::SessionChunk& record) -> absl::Status {
         if (record.has_header()) record.set_keep_session_id(true);
+        if (absl::Now() >= deadlines.send) {
+          // Cancelled below: the peer creates nothing, the session stays.
+          return absl::DeadlineExceededError(
+              "the hand-over ran out of time before the session was sent");
+        }
         if (!writer->Write(record)) {
           all_sent = false;
           return absl::UnavailableError("the peer closed the import stream");

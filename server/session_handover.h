@@ -37,6 +37,12 @@
 // connections (what a peer that started to drain gives at once); a first
 // answer that may mean the peer created it counts even when the second
 // attempt is refused outright or cannot be exported again.
+// The hand-over's time has two ends (HandoverDeadlines): sessions are
+// started and their records sent until the first; an import whose records
+// all went before it may still be answered until the second, so that the
+// import in flight when the time runs out ends with the peer's answer, not
+// with a doubt (a deadline the peer may meet before or after it created
+// the session: counted as moved, the session could be on neither replica).
 // When no peer serves but one did not answer its probe in time (busy, or
 // paused), the hand-over probes again every second until one serves or its
 // time is up, instead of giving up on every session at once.
@@ -77,13 +83,23 @@ struct HandoverResult {
   absl::Duration duration;
 };
 
+// When a hand-over that must end at `end` stops sending: `end` less a
+// reserve for the peer's answer to the last import (an eighth of the
+// hand-over's time, at most 2 s).
+struct HandoverDeadlines {
+  static HandoverDeadlines For(absl::Time start, absl::Time end);
+  absl::Time send;    // no session started, no record sent after it
+  absl::Time answer;  // the end: imports are answered by then
+};
+
 class SessionHandover {
  public:
   // Every pointer must outlive the handover; `metrics` may be null.
   SessionHandover(AttentionEngine* engine, Peers* peers, ServerMetrics* metrics,
                   std::string self_address);
 
-  // Moves every session it can before `deadline` (see above).
+  // Moves every session it can before `deadline` (see above; it stops
+  // sending at HandoverDeadlines::For(now, deadline).send).
   HandoverResult HandOverAll(absl::Time deadline);
 
   // What a failed import may have left on the peer.
@@ -105,7 +121,7 @@ class SessionHandover {
   // not (the export is refused, or the outcome is unknown).
   enum class Outcome { kSent, kFailed, kRefused, kNoPeer, kGone };
   // Moves session `id`: seals it, tries the peers in order.
-  Outcome HandOver(const std::string& id, absl::Time deadline);
+  Outcome HandOver(const std::string& id, const HandoverDeadlines& deadlines);
   // Addresses of the peers whose import of the current seal left a doubt.
   // Per seal: after a seal is released the session changes again, so an
   // older copy a peer may hold is no longer it.
@@ -118,14 +134,16 @@ class SessionHandover {
   // was refused or its re-export failed: never live on two replicas).
   absl::Status MoveTo(const Peer& peer, SessionSeal& seal,
                       std::unique_ptr<SessionExport> session_export,
-                      absl::Time deadline, InDoubt* in_doubt, bool* moved);
+                      const HandoverDeadlines& deadlines, InDoubt* in_doubt,
+                      bool* moved);
   // One ImportSession call carrying `session_export` (of a sealed session)
   // to `peer`. OK when the peer holds the session now (also when an
   // attempt of this seal left it there: ALREADY_EXISTS from a peer in
   // `*in_doubt`); `*doubt` qualifies a failure, which adds the peer to
   // `*in_doubt` unless it is kNone.
   absl::Status SendTo(const Peer& peer, SessionExport& session_export,
-                      absl::Time deadline, InDoubt* in_doubt, Doubt* doubt);
+                      const HandoverDeadlines& deadlines, InDoubt* in_doubt,
+                      Doubt* doubt);
 
   // The SERVING peers, probed again when the last probe is a second old or
   // `refresh` is set.

@@ -21,7 +21,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
@@ -495,6 +498,74 @@ TEST(HandoverTest, ManySessionsMoveOnAFewProbes) {
   ASSERT_NE(line, std::string::npos) << metrics;
   const int probes = std::atoi(metrics.c_str() + line + key.size());
   EXPECT_LE(probes, absl::ToInt64Seconds(drain) + 4) << "drain took " << drain;
+}
+
+// The ids of the sessions a replica's log says its snapshot failed to save.
+absl::flat_hash_set<std::string> SnapshotFailures(const std::string& log) {
+  absl::flat_hash_set<std::string> ids;
+  const std::string kKey = "event=snapshot_session_failed session=";
+  for (size_t at = log.find(kKey); at != std::string::npos;
+       at = log.find(kKey, at + 1)) {
+    const size_t begin = at + kKey.size();
+    ids.insert(log.substr(begin, log.find(' ', begin) - begin));
+  }
+  return ids;
+}
+
+// A drain whose hand-over runs out of time loses no session: the sessions
+// it did not send go to the snapshot, and the import in flight when the
+// sending stops still gets its answer (the session ends on one replica,
+// never on neither). The only sessions on neither are those the snapshot,
+// out of time too, says it could not save.
+TEST(HandoverTest, AHandoverOutOfTimeLosesNoSession) {
+  std::unique_ptr<Replica> b = StartReplica({});
+  ASSERT_NE(b, nullptr);
+  const std::string dir = FreshDir("out-of-time");
+  // Half a second of hand-over moves fewer sessions than this on a fast
+  // machine (about 1,500).
+  std::unique_ptr<Replica> a = StartReplica(
+      {absl::StrCat("--peers=", b->address),
+       absl::StrCat("--snapshot_dir=", dir), "--drain_timeout=1s"});
+  ASSERT_NE(a, nullptr);
+  constexpr int kSessions = 4000;
+  std::vector<std::string> ids;
+  for (int i = 0; i < kSessions; ++i) {
+    auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+    ATTN_ASSERT_OK(session);
+    ids.push_back(session->session_id());
+  }
+  a->process->Signal(SIGTERM);
+  ExpectExitedZero(*a);
+  const std::vector<std::string> restored = RestoredIds(dir);
+  const absl::flat_hash_set<std::string> snapshotted(restored.begin(),
+                                                     restored.end());
+  const absl::flat_hash_set<std::string> unsaved =
+      SnapshotFailures(a->process->output());
+  int moved = 0;
+  std::vector<std::string> lost, doubled;
+  for (const std::string& id : ids) {
+    const bool on_b = b->client->GetSession(id).ok();
+    moved += on_b ? 1 : 0;
+    if (on_b && snapshotted.contains(id)) doubled.push_back(id);
+    if (!on_b && !snapshotted.contains(id) && !unsaved.contains(id)) {
+      lost.push_back(id);
+    }
+  }
+  // What the drain says it did (its log has a line per unsaved session).
+  std::string summary;
+  for (absl::string_view line : absl::StrSplit(a->process->output(), '\n')) {
+    if (absl::StrContains(line, "event=handover_finished") ||
+        absl::StrContains(line, "event=snapshot_written")) {
+      absl::StrAppend(&summary, line, "\n");
+    }
+  }
+  EXPECT_THAT(lost, ::testing::IsEmpty()) << summary;
+  EXPECT_THAT(doubled, ::testing::IsEmpty()) << summary;
+  // The time ran out with sessions left to snapshot.
+  EXPECT_GT(moved, 0) << summary;
+  EXPECT_LT(moved, kSessions) << summary;
+  EXPECT_GT(restored.size(), 0u) << summary;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {

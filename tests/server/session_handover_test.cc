@@ -2,6 +2,7 @@
 
 #include <grpcpp/support/status.h>
 
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 
 namespace attention::server {
@@ -43,6 +44,22 @@ TEST(SessionHandoverTest, AnImportsEndSaysWhatThePeerMayHold) {
     EXPECT_EQ(SessionHandover::DoubtOf(Code(code), true, false), Doubt::kNone)
         << code;
   }
+}
+
+// The hand-over stops sending an eighth of its time before its end, at
+// most 2 s, leaving that for the peer's answer to the last import.
+TEST(SessionHandoverTest, TheLastImportHasTimeForItsAnswer) {
+  const absl::Time start = absl::FromUnixSeconds(1000);
+  const HandoverDeadlines drain =
+      HandoverDeadlines::For(start, start + absl::Milliseconds(12500));
+  EXPECT_EQ(drain.answer, start + absl::Milliseconds(12500));
+  EXPECT_EQ(drain.send, drain.answer - absl::Milliseconds(1562.5));
+  const HandoverDeadlines long_drain =
+      HandoverDeadlines::For(start, start + absl::Minutes(5));
+  EXPECT_EQ(long_drain.send, long_drain.answer - absl::Seconds(2));
+  const HandoverDeadlines past = HandoverDeadlines::For(start, start);
+  EXPECT_EQ(past.send, start);
+  EXPECT_EQ(past.answer, start);
 }
 
 }  // namespace
