@@ -146,8 +146,10 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
     // it waits behind what is queued unless the queue is full already.
     const bool oversize = steps > options_.max_queued_steps ||
                           entry->bytes > options_.max_queued_bytes;
+    // An empty queue is never full (so a bytes bound of 0 queues one step
+    // or atomic group at a time, as the prefill queue does).
     const bool full = queued >= options_.max_queued_steps ||
-                      queued_bytes >= options_.max_queued_bytes;
+                      (queued > 0 && queued_bytes >= options_.max_queued_bytes);
     if (fits || (oversize && !full)) {
       queued_steps_ += steps;
       queued_bytes_ += entry->bytes;

@@ -108,7 +108,8 @@ struct DecodeBatcherOptions {
   // Most bytes the waiting steps may hold (their request messages, or the
   // tensors they view when AppendRequest::message_bytes is not set, and
   // their reply buffers); a submission that would pass it fails with
-  // UNAVAILABLE, unless it holds more on its own and the queue holds less.
+  // UNAVAILABLE, unless it holds more on its own and the queue holds less
+  // (an empty queue takes any submission: 0 queues one at a time).
   int64_t max_queued_bytes = int64_t{1} << 30;
   // Shortest engine time per step (the batch's engine call over its steps)
   // for which a batch's callbacks may move to the reply thread so that the

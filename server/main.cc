@@ -155,7 +155,8 @@ ABSL_FLAG(int64_t, max_queued_decode_steps, 4096,
 ABSL_FLAG(int64_t, max_queued_decode_bytes, int64_t{1} << 30,
           "Most bytes the tensors of decode steps waiting for a batch may "
           "hold (requests and reply buffers); beyond it new steps fail with "
-          "UNAVAILABLE (overloaded, retry).");
+          "UNAVAILABLE (overloaded, retry). 0 = one step (or BatchDecode) "
+          "waits at a time.");
 
 namespace attention::server {
 namespace {

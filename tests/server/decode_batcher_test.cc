@@ -606,6 +606,30 @@ TEST_F(DecodeBatcherTest, QueuedBytesAreBoundedToo) {
   EXPECT_TRUE(accepted.ok()) << accepted.status();
 }
 
+// A bytes bound of 0 queues one step at a time: the step that finds the
+// queue empty waits for the running batch, the next is refused.
+TEST_F(DecodeBatcherTest, ZeroQueuedBytesQueueOneStepAtATime) {
+  Tokens t1(1, 43), t2(1, 44);
+  DecodeBatcherOptions options;
+  options.max_queued_bytes = 0;
+  MakeBatcher(options);
+  for (int s = 0; s < 3; ++s) AddSession(4);
+  StartHeldFirstBatch(0);
+  absl::StatusOr<AttentionOutput> r1;
+  std::thread a([&] { r1 = batcher_->Append(DecodeRequest(ids_[1], 0, t1)); });
+  WaitForQueued(*batcher_, 1);
+  auto refused = batcher_->Append(DecodeRequest(ids_[2], 0, t2));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  recorder_->Release();
+  a.join();
+  FinishFirstBatch(0);
+  EXPECT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(engine_->GetSession(ids_[1])->layer_lengths,
+            (std::vector<int64_t>{5, 4}));
+  EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths,
+            (std::vector<int64_t>{4, 4}));
+}
+
 // A step whose message is larger than its tensors (unknown fields) counts
 // its whole message; one that says less counts its tensors.
 TEST_F(DecodeBatcherTest, QueuedBytesCountWholeMessagesWhenKnown) {
