@@ -38,6 +38,37 @@ bool NeverSent(const absl::Status& status) {
                            "failed to connect to all addresses");
 }
 
+// Whether a CreateSession that failed with `status` may have created the
+// session: the replica saw the call and gRPC, not the replica, failed it
+// (a cut connection; a reply over the receive limit).
+bool CreationInDoubt(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+      // The replica's own refusals (draining, overloaded) say so first.
+      return !NeverSent(status) &&
+             !absl::StartsWith(status.message(), "the server is ");
+    case absl::StatusCode::kResourceExhausted:
+      return absl::StartsWith(status.message(),
+                              "Received message larger than max");
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether a CreateSession that failed with `status` was refused, creating
+// nothing, in a way another replica may not refuse (draining, overloaded,
+// out of KV memory or a quota, unreachable).
+bool RefusedCreation(const absl::Status& status) {
+  return (status.code() == absl::StatusCode::kUnavailable ||
+          status.code() == absl::StatusCode::kResourceExhausted) &&
+         !CreationInDoubt(status);
+}
+
 // Starts start(i, done) for every i < n, each an asynchronous call that
 // runs its `done` once with its answer (on a gRPC thread), and returns the
 // n answers in index order once all have come. No thread per call.
@@ -723,12 +754,18 @@ absl::StatusOr<v1::SessionInfo> ClusterClient::CreateSession(
       Learn(*info, *replica);
       return info;
     }
-    // A refusal changes nothing: the next replica may take it.
+    // A refusal changes nothing: the next replica may take it. Any other
+    // failure may have come after the replica created the session (the
+    // reply cut or over the receive limit): it ends the call, so that no
+    // second replica creates one more.
     code = info.status().code();
-    if (code != absl::StatusCode::kUnavailable &&
-        code != absl::StatusCode::kResourceExhausted) {
-      return info.status();
+    if (CreationInDoubt(info.status())) {
+      return absl::Status(
+          code, absl::StrCat(AddressOf(*replica), ": ", info.status().message(),
+                             " (the replica may have created the session: "
+                             "unused, it expires after its idle timeout)"));
     }
+    if (!RefusedCreation(info.status())) return info.status();
     if (code == absl::StatusCode::kUnavailable) RequestRefresh();
     refusals.push_back(
         absl::StrCat(AddressOf(*replica), ": ", info.status().message()));

@@ -24,7 +24,9 @@
 // placement_key, by rendezvous hashing, so sessions with one key (one
 // user's conversations, one prompt's samples) land together. A replica that
 // refuses the session (UNAVAILABLE, RESOURCE_EXHAUSTED) passes it to the
-// next. ForkSession stays on the parent's replica.
+// next; a failure that may come after the replica created it (a connection
+// cut, a reply over the receive limit) ends the call instead, so that no
+// session is created twice. ForkSession stays on the parent's replica.
 //
 // Routing. Every call on a session goes to its owner (SessionInfo.owner,
 // remembered for the max_known_owners sessions used most recently; a

@@ -1119,6 +1119,47 @@ TEST(ClusterClientTest, NoReplicaServingIsUnavailableNamingThem) {
                    absl::StatusCode::kInvalidArgument);
 }
 
+// A CreateSession whose reply the client cannot take (over its receive
+// limit) may have created the session: the cluster client fails the call
+// naming the replica instead of creating the session again on the next.
+TEST(ClusterClientTest, ACreationInDoubtIsNotRepeatedOnAnotherReplica) {
+  Fleet fleet(2);
+  ASSERT_TRUE(fleet.ok()) << fleet.errors();
+  // Many layers make the session's SessionInfo larger than a ServerInfo.
+  const v1::SessionSpec spec = MakeSpec(256, 2, 1, 8);
+  auto plain = client::AttentionClient::Connect(fleet.address(0));
+  auto server_info = plain->GetServerInfo();
+  ATTN_ASSERT_OK(server_info);
+  auto session_info = plain->CreateSession(spec);
+  ATTN_ASSERT_OK(session_info);
+  ATTN_ASSERT_OK(plain->DeleteSession(session_info->session_id()));
+  const int64_t server_info_bytes = server_info->ByteSizeLong();
+  const int64_t session_info_bytes = session_info->ByteSizeLong();
+  ASSERT_GT(session_info_bytes, server_info_bytes + 64);
+  ClusterOptions options = TestClusterOptions();
+  options.client.max_receive_message_bytes =
+      (server_info_bytes + session_info_bytes) / 2;
+  auto cluster = ClusterClient::Open(fleet.List(), options);
+  ATTN_ASSERT_OK(cluster);
+  auto info = (*cluster)->CreateSession(spec);
+  ASSERT_EQ(info.status().code(), absl::StatusCode::kResourceExhausted)
+      << info.status();
+  EXPECT_TRUE(absl::StrContains(info.status().message(),
+                                "may have created the session"))
+      << info.status();
+  // One replica holds the session, the other none.
+  int64_t sessions = 0;
+  for (int i = 0; i < fleet.size(); ++i) {
+    auto replica_info =
+        client::AttentionClient::Connect(fleet.address(i))->GetServerInfo();
+    ATTN_ASSERT_OK(replica_info);
+    sessions += replica_info->active_sessions();
+  }
+  EXPECT_EQ(sessions, 1);
+  // A session whose SessionInfo fits the limit is created as before.
+  ATTN_EXPECT_OK((*cluster)->CreateSession(MakeSpec(1, 2, 1, 8)));
+}
+
 // A replica the membership no longer lists is kept while it answers, and
 // forgotten once unreachable for forget_unreachable_after; a listed one
 // never is. A stream still using the forgotten replica carries on, and a
