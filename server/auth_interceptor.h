@@ -4,6 +4,10 @@
 // token): server reflection, and any extra service. A call the
 // Authenticator refuses is cancelled with UNAUTHENTICATED as soon as its
 // metadata arrives, before any message is answered.
+// An interceptor cannot keep the call from its handler: a handler may still
+// run for a refused call (its messages are dropped, its status replaced).
+// So a service behind it must have no effect but its replies (reflection
+// only reads), or check ServerContext::IsCancelled() before acting.
 #ifndef ATTENTION_SERVER_AUTH_INTERCEPTOR_H_
 #define ATTENTION_SERVER_AUTH_INTERCEPTOR_H_
 
