@@ -89,7 +89,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   for (const auto& [name, duration] :
        {std::pair{"session_idle_timeout", options.session_idle_timeout},
         std::pair{"transfer_stall_timeout", options.transfer_stall_timeout},
-        std::pair{"drain_timeout", options.drain_timeout}}) {
+        std::pair{"drain_timeout", options.drain_timeout},
+        std::pair{"max_connection_age", options.max_connection_age},
+        std::pair{"max_connection_age_grace",
+                  options.max_connection_age_grace}}) {
     if (duration <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, " ", absl::FormatDuration(duration), " must be positive"));

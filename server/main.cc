@@ -52,6 +52,14 @@ ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA certificates: clients must present a certificate they "
           "signed (mutual TLS). Without --auth_tokens_file the certificate's "
           "subject CN names the tenant.");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(30),
+          "Connections older than this (+-10%) are asked to go (GOAWAY): "
+          "their clients reconnect for new calls, verified against the "
+          "certificates and client CA of that time. 'inf' = never.");
+ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::InfiniteDuration(),
+          "How long the calls and streams open on a connection past "
+          "--max_connection_age may run before it is closed; 'inf' = until "
+          "they end (set it to cut a revoked client's open streams).");
 ABSL_FLAG(absl::Duration, tls_refresh_interval, absl::Seconds(10),
           "How often the TLS files are checked for changes (>= 1s).");
 ABSL_FLAG(std::string, auth_tokens_file, "",
@@ -172,6 +180,9 @@ ServerOptions OptionsFromFlags() {
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls_client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.tls_refresh_interval = absl::GetFlag(FLAGS_tls_refresh_interval);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.max_connection_age_grace =
+      absl::GetFlag(FLAGS_max_connection_age_grace);
   options.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   options.auth_reload_interval = absl::GetFlag(FLAGS_auth_reload_interval);
   options.reflection = absl::GetFlag(FLAGS_reflection);

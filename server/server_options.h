@@ -42,6 +42,16 @@ struct ServerOptions {
   std::string tls_key_file;
   std::string tls_client_ca_file;
   absl::Duration tls_refresh_interval = absl::Seconds(10);
+  // A connection older than max_connection_age (+-10% jitter) is asked to
+  // go (HTTP/2 GOAWAY): its client's next calls open a new one, verified
+  // against the certificates and client CA of that time, so a client CA
+  // rotation reaches every connection within it. The calls and streams
+  // open on the old connection then have max_connection_age_grace to end
+  // before it is closed (infinite: they end on their own). Infinite
+  // max_connection_age: connections live as long as their clients keep
+  // them.
+  absl::Duration max_connection_age = absl::Minutes(30);
+  absl::Duration max_connection_age_grace = absl::InfiniteDuration();
   // Bearer-token authentication and tenants (server/authenticator.h): the
   // tokens file, empty = none (with mutual TLS the client certificate's CN
   // names the tenant; otherwise everything runs as tenant `default`). It is

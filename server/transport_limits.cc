@@ -4,6 +4,11 @@
 #include <grpcpp/resource_quota.h>
 #include <sys/resource.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
 #include "client/attention_client.h"
 
 namespace attention::server {
@@ -34,6 +39,15 @@ void ApplyTransportLimits(const ServerOptions& options,
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
       static_cast<int>(
           absl::ToInt64Milliseconds(client::kMinKeepaliveTime / 2)));
+  for (const auto& [arg, duration] :
+       {std::pair{GRPC_ARG_MAX_CONNECTION_AGE_MS, options.max_connection_age},
+        std::pair{GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                  options.max_connection_age_grace}}) {
+    if (duration == absl::InfiniteDuration()) continue;  // gRPC's default
+    builder.AddChannelArgument(arg, static_cast<int>(std::min<int64_t>(
+                                        absl::ToInt64Milliseconds(duration),
+                                        std::numeric_limits<int>::max())));
+  }
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a
   // port silently; a port in use must be an error instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);

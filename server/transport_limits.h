@@ -19,6 +19,9 @@
 //   a vanished client's streams end and release their sessions. Clients
 //   may ping as often as every client::kMinKeepaliveTime (their own
 //   keepalive, which finds a frozen server).
+// - Connection age: at most ServerOptions::max_connection_age (then
+//   GOAWAY, and max_connection_age_grace for the calls open on it), so
+//   that certificate and client CA changes reach every connection.
 // - Ports: no SO_REUSEPORT, so a port in use is an error.
 #ifndef ATTENTION_SERVER_TRANSPORT_LIMITS_H_
 #define ATTENTION_SERVER_TRANSPORT_LIMITS_H_

@@ -172,6 +172,63 @@ TEST_F(SecurityTest, ReplacedCertificateFilesServeNewConnections) {
   EXPECT_FALSE(Client(*server, TrustingCa(ca_))->GetServerInfo().ok());
 }
 
+// A client CA that no longer trusts a client shuts it out of the
+// connection it already has: past --max_connection_age the connection is
+// asked to go, the client's next call must reconnect and fails the
+// handshake, and its open stream ends after the grace.
+TEST_F(SecurityTest, AClientCaRotationReachesOpenConnections) {
+  auto alice =
+      MakeCertificate(ca_, dir_, "alice", "alice", CertificateUse::kClient);
+  ATTN_ASSERT_OK(alice);
+  auto new_ca = MakeCa(dir_, "new-client-ca");
+  ATTN_ASSERT_OK(new_ca);
+  auto bob =
+      MakeCertificate(*new_ca, dir_, "bob", "bob", CertificateUse::kClient);
+  ATTN_ASSERT_OK(bob);
+  server::ServerOptions options = TlsOptions();
+  options.tls_client_ca_file = absl::StrCat(dir_, "/live-client-ca.crt");
+  ASSERT_TRUE(WriteFileAtomically(options.tls_client_ca_file,
+                                  ReadFileOrEmpty(ca_.cert)));
+  options.max_connection_age = absl::Seconds(1);
+  options.max_connection_age_grace = absl::Seconds(1);
+  auto server = Start(options);
+  ASSERT_NE(server, nullptr);
+  ClientOptions alice_options = WithCertificate(ca_, *alice);
+  alice_options.retry_max_attempts = 1;
+  auto client = Client(*server, alice_options);
+  const v1::SessionSpec spec = MakeSpec(1, 1, 1, 8);
+  auto session = client->OpenSession(spec);
+  ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(spec, 256, 13);
+  auto stream = client->OpenDecodeStream();
+  auto step = [&](int t) -> absl::StatusOr<v1::AttentionResult> {
+    ATTN_ASSIGN_OR_RETURN(
+        const v1::DecodeRequest request,
+        session->MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
+                                   tokens.v_rows(t, 1)));
+    return stream->Step(request);
+  };
+  ATTN_ASSERT_OK(step(0));
+
+  ASSERT_TRUE(WriteFileAtomically(options.tls_client_ca_file,
+                                  ReadFileOrEmpty(new_ca->cert)));
+  // Once the server has the new CA, a client it signed gets in...
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return Client(*server, WithCertificate(ca_, *bob))
+            ->GetServerInfo()
+            .ok();
+      },
+      absl::Seconds(20)));
+  // ...and alice's connection, made before, is gone, her stream with it.
+  EXPECT_TRUE(Eventually([&] { return !client->GetServerInfo().ok(); },
+                         absl::Seconds(20)));
+  int t = 1;
+  EXPECT_TRUE(Eventually([&] { return t == 255 || !step(t++).ok(); },
+                         absl::Seconds(20)));
+  EXPECT_LT(t, 255);
+}
+
 // A server with bearer tokens: alice (2 sessions, 2 KV blocks of 4 KiB) and
 // bob (no limit).
 class TokenTest : public SecurityTest {
