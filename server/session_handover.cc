@@ -23,7 +23,9 @@ namespace {
 constexpr absl::Duration kSealWait = absl::Milliseconds(500);
 // How long a probe of the peers serves the sessions handed over next.
 constexpr absl::Duration kPeerProbeInterval = absl::Seconds(1);
-// The most of a hand-over's time kept for the answer to its last import.
+// The least and the most of a hand-over's time kept for the answer to its
+// last import (the least: at most half of a short hand-over).
+constexpr absl::Duration kMinAnswerReserve = absl::Milliseconds(250);
 constexpr absl::Duration kMaxAnswerReserve = absl::Seconds(2);
 
 // Whether the peer's import handler itself refused the call (it then
@@ -56,9 +58,17 @@ SessionHandover::Doubt SessionHandover::DoubtOf(const grpc::Status& status,
 }
 
 HandoverDeadlines HandoverDeadlines::For(absl::Time start, absl::Time end) {
+  const absl::Duration time = std::max(end - start, absl::ZeroDuration());
   const absl::Duration reserve =
-      std::clamp((end - start) / 8, absl::ZeroDuration(), kMaxAnswerReserve);
-  return HandoverDeadlines{.send = end - reserve, .answer = end};
+      std::min(std::max(time / 8, std::min(kMinAnswerReserve, time / 2)),
+               kMaxAnswerReserve);
+  return HandoverDeadlines{
+      .send = end - reserve, .answer = end, .reserve = reserve};
+}
+
+HandoverDeadlines HandoverDeadlines::Settling(absl::Time now) const {
+  return HandoverDeadlines{
+      .send = now + reserve, .answer = now + 2 * reserve, .reserve = reserve};
 }
 
 SessionHandover::SessionHandover(AttentionEngine* engine, Peers* peers,
@@ -176,6 +186,7 @@ absl::Status SessionHandover::MoveTo(
     const HandoverDeadlines& deadlines, InDoubt* in_doubt, bool* moved) {
   *moved = false;
   Doubt first = Doubt::kNone;
+  HandoverDeadlines current = deadlines;
   for (int attempt = 0;; ++attempt) {
     if (attempt > 0) {
       // A re-export that fails leaves the first attempt's doubt standing.
@@ -184,7 +195,7 @@ absl::Status SessionHandover::MoveTo(
     }
     Doubt doubt = Doubt::kNone;
     const absl::Status sent =
-        SendTo(peer, *session_export, deadlines, in_doubt, &doubt);
+        SendTo(peer, *session_export, current, in_doubt, &doubt);
     if (attempt == 0) first = doubt;
     if (sent.ok()) return sent;
     if (doubt == Doubt::kNone) {
@@ -193,11 +204,17 @@ absl::Status SessionHandover::MoveTo(
       *moved = first == Doubt::kUnknown;
       return sent;
     }
-    if (attempt == 1 || absl::Now() >= deadlines.send) {
+    const absl::Time now = absl::Now();
+    const bool out_of_time = now >= deadlines.send;
+    if (attempt == 1 || (out_of_time && doubt != Doubt::kUnknown)) {
       // Still in doubt: moved if either answer may mean the peer created it.
       *moved = first == Doubt::kUnknown || doubt == Doubt::kUnknown;
       return sent;
     }
+    // An answer that may mean the peer created it, at the end of the time
+    // (its deadline cut the import): asked again in a short extension, the
+    // peer settles it (ALREADY_EXISTS, or it takes the session now).
+    if (out_of_time) current = deadlines.Settling(now);
     Log(LogLevel::kWarning, "handover_doubt",
         {{"session", seal.session().id()},
          {"to", peer.advertise_address},

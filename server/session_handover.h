@@ -43,6 +43,8 @@
 // import in flight when the time runs out ends with the peer's answer, not
 // with a doubt (a deadline the peer may meet before or after it created
 // the session: counted as moved, the session could be on neither replica).
+// An import the end cut all the same (a loaded peer) is asked again once,
+// with the reserve again to send and to answer, past the hand-over's end.
 // When no peer serves but one did not answer its probe in time (busy, or
 // paused), the hand-over probes again every second until one serves or its
 // time is up, instead of giving up on every session at once.
@@ -85,11 +87,16 @@ struct HandoverResult {
 
 // When a hand-over that must end at `end` stops sending: `end` less a
 // reserve for the peer's answer to the last import (an eighth of the
-// hand-over's time, at most 2 s).
+// hand-over's time, at least 250 ms or half of it, at most 2 s).
 struct HandoverDeadlines {
   static HandoverDeadlines For(absl::Time start, absl::Time end);
+  // The deadlines of one more attempt at `now`, when the import in flight
+  // at the end was cut by `answer` and its outcome is unknown: the reserve
+  // again to send, and again to answer (taken from the snapshot's time).
+  HandoverDeadlines Settling(absl::Time now) const;
   absl::Time send;    // no session started, no record sent after it
   absl::Time answer;  // the end: imports are answered by then
+  absl::Duration reserve;
 };
 
 class SessionHandover {

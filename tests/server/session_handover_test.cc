@@ -47,7 +47,8 @@ TEST(SessionHandoverTest, AnImportsEndSaysWhatThePeerMayHold) {
 }
 
 // The hand-over stops sending an eighth of its time before its end, at
-// most 2 s, leaving that for the peer's answer to the last import.
+// least 250 ms (or half of it) and at most 2 s, leaving that for the peer's
+// answer to the last import; a cut import is asked again with as much.
 TEST(SessionHandoverTest, TheLastImportHasTimeForItsAnswer) {
   const absl::Time start = absl::FromUnixSeconds(1000);
   const HandoverDeadlines drain =
@@ -57,9 +58,19 @@ TEST(SessionHandoverTest, TheLastImportHasTimeForItsAnswer) {
   const HandoverDeadlines long_drain =
       HandoverDeadlines::For(start, start + absl::Minutes(5));
   EXPECT_EQ(long_drain.send, long_drain.answer - absl::Seconds(2));
+  const HandoverDeadlines short_drain =
+      HandoverDeadlines::For(start, start + absl::Seconds(1));
+  EXPECT_EQ(short_drain.send, short_drain.answer - absl::Milliseconds(250));
+  const HandoverDeadlines shorter =
+      HandoverDeadlines::For(start, start + absl::Milliseconds(200));
+  EXPECT_EQ(shorter.send, start + absl::Milliseconds(100));
   const HandoverDeadlines past = HandoverDeadlines::For(start, start);
   EXPECT_EQ(past.send, start);
   EXPECT_EQ(past.answer, start);
+  const absl::Time late = start + absl::Seconds(20);
+  const HandoverDeadlines settling = drain.Settling(late);
+  EXPECT_EQ(settling.send, late + absl::Milliseconds(1562.5));
+  EXPECT_EQ(settling.answer, late + absl::Milliseconds(3125));
 }
 
 }  // namespace
