@@ -31,11 +31,17 @@ constexpr int kMaxMoves = 4;
 // True when the call failed before any connection to the replica existed,
 // so the replica never saw it: gRPC fails such a call with UNAVAILABLE
 // "failed to connect to all addresses" (no transport was ready to carry
-// it). A call cut after it was sent fails otherwise (reset, GOAWAY, ...).
+// it), or, when the replica's name no longer resolves (a deleted pod),
+// "DNS resolution failed" or "empty address list". A call cut after it was
+// sent fails otherwise (reset, GOAWAY, ...).
 bool NeverSent(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kUnavailable &&
-         absl::StrContains(status.message(),
-                           "failed to connect to all addresses");
+  if (status.code() != absl::StatusCode::kUnavailable) return false;
+  for (absl::string_view before_sending :
+       {"failed to connect to all addresses", "DNS resolution failed",
+        "empty address list"}) {
+    if (absl::StrContains(status.message(), before_sending)) return true;
+  }
+  return false;
 }
 
 // Whether a CreateSession that failed with `status` may have created the
