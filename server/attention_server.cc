@@ -90,13 +90,17 @@ absl::Status ValidateOptions(const ServerOptions& options) {
        {std::pair{"session_idle_timeout", options.session_idle_timeout},
         std::pair{"transfer_stall_timeout", options.transfer_stall_timeout},
         std::pair{"drain_timeout", options.drain_timeout},
-        std::pair{"max_connection_age", options.max_connection_age},
         std::pair{"max_connection_age_grace",
                   options.max_connection_age_grace}}) {
     if (duration <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError(absl::StrCat(
           name, " ", absl::FormatDuration(duration), " must be positive"));
     }
+  }
+  if (options.max_connection_age < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_connection_age ", absl::FormatDuration(options.max_connection_age),
+        " must be at least 1s (or inf): every client reconnects that often"));
   }
   if (options.max_queued_prefills < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

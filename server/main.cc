@@ -55,7 +55,8 @@ ABSL_FLAG(std::string, tls_client_ca_file, "",
 ABSL_FLAG(absl::Duration, max_connection_age, absl::Minutes(30),
           "Connections older than this (+-10%) are asked to go (GOAWAY): "
           "their clients reconnect for new calls, verified against the "
-          "certificates and client CA of that time. 'inf' = never.");
+          "certificates and client CA of that time. At least 1s; 'inf' (or "
+          "24 days or more) = never.");
 ABSL_FLAG(absl::Duration, max_connection_age_grace, absl::InfiniteDuration(),
           "How long the calls and streams open on a connection past "
           "--max_connection_age may run before it is closed; 'inf' = until "

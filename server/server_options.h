@@ -48,8 +48,8 @@ struct ServerOptions {
   // rotation reaches every connection within it. The calls and streams
   // open on the old connection then have max_connection_age_grace to end
   // before it is closed (infinite: they end on their own). Infinite
-  // max_connection_age: connections live as long as their clients keep
-  // them.
+  // max_connection_age (or ~24.8 days or more): connections live as long as
+  // their clients keep them. At least 1 s.
   absl::Duration max_connection_age = absl::Minutes(30);
   absl::Duration max_connection_age_grace = absl::InfiniteDuration();
   // Bearer-token authentication and tenants (server/authenticator.h): the

@@ -44,8 +44,10 @@ void ApplyTransportLimits(const ServerOptions& options,
         std::pair{GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                   options.max_connection_age_grace}}) {
     if (duration == absl::InfiniteDuration()) continue;  // gRPC's default
+    // Whole milliseconds, rounded up; INT_MAX (~24.8 days) is gRPC's never.
     builder.AddChannelArgument(arg, static_cast<int>(std::min<int64_t>(
-                                        absl::ToInt64Milliseconds(duration),
+                                        absl::ToInt64Milliseconds(absl::Ceil(
+                                            duration, absl::Milliseconds(1))),
                                         std::numeric_limits<int>::max())));
   }
   // gRPC sets SO_REUSEPORT by default, which would let two servers share a

@@ -700,5 +700,22 @@ TEST(ServerOptionsTest, ThreadCountsOutOfRangeAreRefused) {
   }
 }
 
+// A connection age under a second would have every client reconnect
+// constantly (and one under a millisecond means no age to gRPC).
+TEST(ServerOptionsTest, ConnectionAgesUnderASecondAreRefused) {
+  for (absl::Duration age : {absl::Microseconds(500), absl::Milliseconds(999),
+                             absl::ZeroDuration(), -absl::Seconds(1)}) {
+    server::ServerOptions options = TestServerOptions();
+    options.max_connection_age = age;
+    auto server = StartTestServer(options);
+    ATTN_EXPECT_CODE(server, StatusCode::kInvalidArgument);
+  }
+  server::ServerOptions options = TestServerOptions();
+  options.max_connection_age = absl::InfiniteDuration();
+  options.max_connection_age_grace = absl::Seconds(1);
+  auto server = StartTestServer(options);
+  ATTN_EXPECT_OK(server);
+}
+
 }  // namespace
 }  // namespace attention::testing
