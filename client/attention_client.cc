@@ -38,9 +38,12 @@ int ClampToInt(int64_t value) {
 
 // The contents of `path` (empty path: empty text).
 absl::StatusOr<std::string> ReadPem(const std::string& path,
-                                    absl::string_view what, ReadFileFrom from) {
+                                    absl::string_view what,
+                                    const ClientOptions& options) {
   if (path.empty()) return std::string();
-  return ReadFile(path, what, from);
+  return ReadFile(path, what,
+                  options.tls_regular_files_only ? ReadFileFrom::kRegularFile
+                                                 : ReadFileFrom::kAnyFile);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
@@ -51,15 +54,14 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials(
         "a client certificate needs both tls_cert_file and tls_key_file");
   }
   grpc::SslCredentialsOptions ssl;
+  ATTN_ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                        ReadPem(options.tls_ca_file, "TLS CA file", options));
   ATTN_ASSIGN_OR_RETURN(
-      ssl.pem_root_certs,
-      ReadPem(options.tls_ca_file, "TLS CA file", options.tls_files_from));
-  ATTN_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
-                        ReadPem(options.tls_cert_file, "TLS certificate",
-                                options.tls_files_from));
+      ssl.pem_cert_chain,
+      ReadPem(options.tls_cert_file, "TLS certificate", options));
   ATTN_ASSIGN_OR_RETURN(
       ssl.pem_private_key,
-      ReadPem(options.tls_key_file, "TLS private key", options.tls_files_from));
+      ReadPem(options.tls_key_file, "TLS private key", options));
   return grpc::SslCredentials(ssl);
 }
 

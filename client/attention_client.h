@@ -42,7 +42,6 @@
 #include "attention/v1/attention.pb.h"
 #include "client/blocking_bidi_stream.h"
 #include "client/tensor_codec.h"
-#include "core/read_file.h"
 
 namespace attention::client {
 
@@ -93,10 +92,10 @@ struct ClientOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
-  // Which files the tls_* paths may name: kAnyFile lets a command-line
-  // tool read `/dev/stdin` or `<(...)`; a server calling its peers sets
-  // kRegularFile, so that a FIFO named by a flag never blocks its drain.
-  ReadFileFrom tls_files_from = ReadFileFrom::kAnyFile;
+  // Whether the tls_* paths must name regular files. False lets a
+  // command-line tool read `/dev/stdin` or `<(...)`; a server calling its
+  // peers sets it, so that a FIFO named by a flag never blocks its drain.
+  bool tls_regular_files_only = false;
   // Bearer token sent with every call (`authorization: Bearer <token>`) to a
   // server with --auth_tokens_file; empty = none. Health checks carry it
   // too, though the server answers them without one (probes have none).

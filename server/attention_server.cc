@@ -153,7 +153,7 @@ absl::StatusOr<client::ClientOptions> PeerClientOptions(
     client.tls_server_name = options.peer_tls_server_name;
     client.tls_cert_file = options.tls_cert_file;
     client.tls_key_file = options.tls_key_file;
-    client.tls_files_from = ReadFileFrom::kRegularFile;
+    client.tls_regular_files_only = true;
   }
   if (!options.peer_token_file.empty()) {
     ATTN_ASSIGN_OR_RETURN(std::string token,

@@ -471,14 +471,14 @@ TEST(AttentionClientTlsFilesTest, RegularFilesOnlyRefusesAFifo) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   client::ClientOptions options;
   options.tls_ca_file = fifo;
-  options.tls_files_from = ReadFileFrom::kRegularFile;
+  options.tls_regular_files_only = true;
   const auto refused = client::OpenChannel("localhost:1", options);
   ATTN_EXPECT_CODE(refused, absl::StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("not a regular file"),
             std::string::npos)
       << refused.status();
 
-  options.tls_files_from = ReadFileFrom::kAnyFile;
+  options.tls_regular_files_only = false;
   std::thread writer([&] {
     const int fd = ::open(fifo.c_str(), O_WRONLY);
     ASSERT_GE(fd, 0);
