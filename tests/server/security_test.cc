@@ -29,6 +29,17 @@ using client::AttentionClient;
 using client::ClientOptions;
 using client::SessionHandle;
 
+// Appends token `t` of `tokens` to layer 0 of `session` on `stream`.
+absl::StatusOr<v1::AttentionResult> StepToken(client::DecodeStream& stream,
+                                              SessionHandle& session,
+                                              const Tokens& tokens, int t) {
+  ATTN_ASSIGN_OR_RETURN(
+      const v1::DecodeRequest request,
+      session.MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
+                                tokens.v_rows(t, 1)));
+  return stream.Step(request);
+}
+
 class SecurityTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -201,13 +212,7 @@ TEST_F(SecurityTest, AClientCaRotationReachesOpenConnections) {
   ATTN_ASSERT_OK(session);
   const Tokens tokens = RandomTokens(spec, 256, 13);
   auto stream = client->OpenDecodeStream();
-  auto step = [&](int t) -> absl::StatusOr<v1::AttentionResult> {
-    ATTN_ASSIGN_OR_RETURN(
-        const v1::DecodeRequest request,
-        session->MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
-                                   tokens.v_rows(t, 1)));
-    return stream->Step(request);
-  };
+  auto step = [&](int t) { return StepToken(*stream, *session, tokens, t); };
   ATTN_ASSERT_OK(step(0));
 
   ASSERT_TRUE(WriteFileAtomically(options.tls_client_ca_file,
@@ -438,13 +443,7 @@ TEST_F(TokenTest, ARevokedTokenEndsAnOpenDecodeStream) {
   ATTN_ASSERT_OK(mine);
   const Tokens tokens = RandomTokens(spec, 2, 11);
   auto stream = alice_->OpenDecodeStream();
-  auto step = [&](int t) -> absl::StatusOr<v1::AttentionResult> {
-    ATTN_ASSIGN_OR_RETURN(
-        const v1::DecodeRequest request,
-        mine->MakeDecodeRequest(0, tokens.q_rows(t, 1), tokens.k_rows(t, 1),
-                                tokens.v_rows(t, 1)));
-    return stream->Step(request);
-  };
+  auto step = [&](int t) { return StepToken(*stream, *mine, tokens, t); };
   ATTN_ASSERT_OK(step(0));
   // Alice's line goes: her open stream must not outlive her token.
   ASSERT_TRUE(WriteFileAtomically(
