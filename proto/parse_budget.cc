@@ -3,11 +3,14 @@
 #include <grpcpp/impl/codegen/proto_buffer_reader.h>
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/wire_format.h"
@@ -292,25 +295,50 @@ int64_t ParseBudget(int64_t size) {
   return std::max(kParseBudgetFloor, kParseBudgetRatio * size);
 }
 
+namespace {
+
+// Why parsing `size` bytes of `input` as a `type` message is refused, or
+// nullopt when it is within its budget.
+std::optional<std::string> BudgetRefusal(
+    google::protobuf::io::ZeroCopyInputStream& input, int64_t size,
+    const Descriptor& type) {
+  const int64_t budget = ParseBudget(size);
+  const std::optional<int64_t> estimate =
+      EstimateParseBytes(input, size, type, budget);
+  if (!estimate.has_value()) {
+    return absl::StrCat("the bytes are not a well-formed ", type.full_name(),
+                        " message");
+  }
+  if (*estimate <= budget) return std::nullopt;
+  return absl::StrCat("these ", size, " bytes would take more than ", budget,
+                      " bytes of memory to parse as ", type.full_name());
+}
+
+}  // namespace
+
 grpc::Status CheckParseBudget(grpc::ByteBuffer& buffer,
                               const Descriptor& type) {
   const int64_t size = static_cast<int64_t>(buffer.Length());
   if (size <= SizesFor(type).never_over()) return grpc::Status::OK;
   grpc::ProtoBufferReader reader(&buffer);
   if (!reader.status().ok()) return reader.status();
-  const int64_t budget = ParseBudget(size);
-  const std::optional<int64_t> estimate =
-      EstimateParseBytes(reader, size, type, budget);
-  if (!estimate.has_value()) {
-    return grpc::Status(grpc::StatusCode::INTERNAL,
-                        absl::StrCat("the bytes are not a well-formed ",
-                                     type.full_name(), " message"));
+  std::optional<std::string> refusal = BudgetRefusal(reader, size, type);
+  if (!refusal.has_value()) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::INTERNAL, *std::move(refusal));
+}
+
+absl::Status CheckParseBudget(absl::string_view bytes, const Descriptor& type) {
+  const int64_t size = static_cast<int64_t>(bytes.size());
+  if (size <= SizesFor(type).never_over()) return absl::OkStatus();
+  if (size > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(size, " bytes are more than a message may hold"));
   }
-  if (*estimate <= budget) return grpc::Status::OK;
-  return grpc::Status(
-      grpc::StatusCode::INTERNAL,
-      absl::StrCat("parsing these ", size, " bytes as ", type.full_name(),
-                   " would take more than ", budget, " bytes of memory"));
+  google::protobuf::io::ArrayInputStream input(bytes.data(),
+                                               static_cast<int>(size));
+  std::optional<std::string> refusal = BudgetRefusal(input, size, type);
+  if (!refusal.has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(*std::move(refusal));
 }
 
 }  // namespace attention::proto

@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "attention/v1/attention.pb.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/zero_copy_stream.h"
@@ -56,6 +58,10 @@ int64_t ParseBudget(int64_t size);
 // a `type` message would take more than ParseBudget of its size, or when
 // its bytes are not well-formed.
 grpc::Status CheckParseBudget(grpc::ByteBuffer& buffer,
+                              const google::protobuf::Descriptor& type);
+
+// As above for bytes read elsewhere (a file): OK, or INVALID_ARGUMENT.
+absl::Status CheckParseBudget(absl::string_view bytes,
                               const google::protobuf::Descriptor& type);
 
 // gRPC serialization of `T` (as gRPC's own for protobuf) whose

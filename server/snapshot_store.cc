@@ -10,7 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,7 +19,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "proto/parse_budget.h"
 #include "server/log.h"
 #include "server/session_transfer.h"
@@ -106,25 +104,6 @@ absl::StatusOr<bool> ReadExactly(int fd, char* data, size_t size,
 
 bool HasSuffix(const std::string& name, absl::string_view suffix) {
   return absl::EndsWith(name, suffix);
-}
-
-// OK when parsing the record `bytes` takes no more memory than a request of
-// its size may (proto/parse_budget.h): a record of 64 MiB of empty
-// sub-messages would parse into gigabytes.
-absl::Status CheckRecordParseBudget(const std::string& bytes,
-                                    const std::string& path) {
-  const int64_t size = static_cast<int64_t>(bytes.size());
-  const int64_t budget = proto::ParseBudget(size);
-  google::protobuf::io::ArrayInputStream input(bytes.data(),
-                                               static_cast<int>(size));
-  const std::optional<int64_t> cost = proto::EstimateParseBytes(
-      input, size, *v1::SessionChunk::descriptor(), budget);
-  if (cost.has_value() && *cost <= budget) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "snapshot file ", path, " has a record of ", size, " bytes that ",
-      cost.has_value() ? absl::StrCat("would take more than ", budget,
-                                      " bytes of memory to parse")
-                       : std::string("is not a SessionChunk")));
 }
 
 }  // namespace
@@ -316,7 +295,17 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
               return absl::DataLossError(absl::StrCat("snapshot file ", path,
                                                       " ends inside a record"));
             }
-            ATTN_RETURN_IF_ERROR(CheckRecordParseBudget(bytes, path));
+            // A record may take no more memory than a request of its size
+            // (64 MiB of empty sub-messages would parse into gigabytes).
+            if (const absl::Status budget = proto::CheckParseBudget(
+                    bytes, *v1::SessionChunk::descriptor());
+                !budget.ok()) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("snapshot file ", path,
+                               " has a record the server refuses "
+                               "to parse (",
+                               budget.message(), ")"));
+            }
             if (!record->ParseFromString(bytes)) {
               return absl::InvalidArgumentError(
                   absl::StrCat("snapshot file ", path,
