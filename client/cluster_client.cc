@@ -66,15 +66,6 @@ bool CreationInDoubt(const absl::Status& status) {
   }
 }
 
-// Whether a CreateSession that failed with `status` was refused, creating
-// nothing, in a way another replica may not refuse (draining, overloaded,
-// out of KV memory or a quota, unreachable).
-bool RefusedCreation(const absl::Status& status) {
-  return (status.code() == absl::StatusCode::kUnavailable ||
-          status.code() == absl::StatusCode::kResourceExhausted) &&
-         !CreationInDoubt(status);
-}
-
 // Starts start(i, done) for every i < n, each an asynchronous call that
 // runs its `done` once with its answer (on a gRPC thread), and returns the
 // n answers in index order once all have come. No thread per call.
@@ -771,7 +762,13 @@ absl::StatusOr<v1::SessionInfo> ClusterClient::CreateSession(
                              " (the replica may have created the session: "
                              "unused, it expires after its idle timeout)"));
     }
-    if (!RefusedCreation(info.status())) return info.status();
+    // What is left of UNAVAILABLE and RESOURCE_EXHAUSTED is a refusal
+    // another replica may not give (draining, overloaded, out of KV memory
+    // or a quota, unreachable); other codes any replica would give.
+    if (code != absl::StatusCode::kUnavailable &&
+        code != absl::StatusCode::kResourceExhausted) {
+      return info.status();
+    }
     if (code == absl::StatusCode::kUnavailable) RequestRefresh();
     refusals.push_back(
         absl::StrCat(AddressOf(*replica), ": ", info.status().message()));
