@@ -748,10 +748,11 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     (*statuses)[i] = steps[i].status;
     if (!live(i)) continue;
     BatchStep& step = steps[i];
-    step.session->layer(step.request->layer).Commit(*std::move(step.pending));
+    step.session->layer(step.request->layer)
+        .Commit(*std::move(step.pending), &step.reservation);
     step.session.MarkUsed();
     step.pending.reset();
-    step.reservation = BlockReservation();  // the blocks now count as used
+    step.reservation = BlockReservation();
     (step.request->required_tokens.has_value() ? decode_tokens_total_
                                                : prefill_tokens_total_)
         .fetch_add(step.shape.num_queries, std::memory_order_relaxed);

@@ -85,16 +85,16 @@ int64_t LayerKvCache::RestoreBlocks(const KvBlockLayout& layout,
 
 absl::StatusOr<LayerKvCache> LayerKvCache::Restore(
     BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
-    int64_t length, int64_t first_position,
-    std::shared_ptr<TenantUsage> usage) {
+    int64_t length, int64_t first_position, std::shared_ptr<TenantUsage> usage,
+    BlockReservation* reservation) {
   const int64_t tpb = layout.tokens_per_block;
   const CarriedRanges ranges =
       CarriedPositions(length, mask.num_sink_tokens, first_position);
   std::vector<BlockId> blocks;
   ATTN_RETURN_IF_ERROR(pool->Allocate(
       RestoreBlocks(layout, mask, length, first_position), &blocks));
-  if (usage != nullptr) usage->RefAll(blocks);
   LayerKvCache layer(pool, layout, mask, std::move(usage));
+  layer.TakeReserved(blocks, reservation);
   layer.length_ = length;
   layer.first_held_ =
       ranges.window_start > ranges.sink_end ? ranges.window_start : 0;
@@ -227,10 +227,16 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
   return pending;
 }
 
-void LayerKvCache::Commit(PendingAppend pending) {
+void LayerKvCache::TakeReserved(absl::Span<const BlockId> ids,
+                                BlockReservation* reservation) {
+  if (usage_ != nullptr) reservation->Take(ids);
+}
+
+void LayerKvCache::Commit(PendingAppend pending,
+                          BlockReservation* reservation) {
   table_ = std::move(pending.table_);
   length_ = pending.new_length();
-  if (usage_ != nullptr) usage_->RefAll(pending.allocated_);
+  TakeReserved(pending.allocated_, reservation);
   Release(pending.replaced_);
   pending.committed_ = true;
   DropUnneededBlocks();

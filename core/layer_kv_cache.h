@@ -53,16 +53,19 @@ class LayerKvCache {
   // tokens holding blocks for the positions a snapshot carries,
   // CarriedPositions(length, mask.num_sink_tokens, first_position), with
   // unspecified contents. The caller writes every carried row through
-  // restore_blocks(), then calls CompleteRestore(). `usage` (the owning
-  // tenant's accounting, as in the constructor) is told of the blocks at
-  // once; checking them against the tenant's quota is the caller's
-  // (TenantUsage::Reserve before). RESOURCE_EXHAUSTED (nothing taken) when
-  // the pool cannot supply RestoreBlocks(...) blocks.
-  // REQUIRES: 0 <= first_position <= length.
+  // restore_blocks(), then calls CompleteRestore(). `usage` is the owning
+  // tenant's accounting, as in the constructor; `reservation` holds the
+  // tenant's reservation of the blocks (TenantUsage::Reserve, the caller's
+  // check against the quota), from which they move to `usage` at once
+  // (BlockReservation::Take). Both null for a cache without accounting.
+  // RESOURCE_EXHAUSTED (nothing taken) when the pool cannot supply
+  // RestoreBlocks(...) blocks.
+  // REQUIRES: 0 <= first_position <= length; reservation->usage() is
+  // usage and holds at least RestoreBlocks(...) blocks.
   static absl::StatusOr<LayerKvCache> Restore(
       BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
       int64_t length, int64_t first_position,
-      std::shared_ptr<TenantUsage> usage);
+      std::shared_ptr<TenantUsage> usage, BlockReservation* reservation);
   // Blocks Restore takes for those arguments.
   static int64_t RestoreBlocks(const KvBlockLayout& layout,
                                const LayerSpec& mask, int64_t length,
@@ -131,8 +134,11 @@ class LayerKvCache {
 
   // Publishes `pending`, which must come from this cache's latest
   // PrepareAppend with no other change in between, then drops the blocks a
-  // window layer no longer needs.
-  void Commit(PendingAppend pending);
+  // window layer no longer needs. The blocks it took move from
+  // `reservation` (the tenant's reservation of BlocksToStage blocks) to the
+  // tenant's usage in one step (BlockReservation::Take); null for a cache
+  // without accounting.
+  void Commit(PendingAppend pending, BlockReservation* reservation);
 
   // OK when Truncate(length) keeps every key a query at position `length`
   // could see; FAILED_PRECONDITION when a window layer already dropped one.
@@ -151,6 +157,10 @@ class LayerKvCache {
   void DropUnneededBlocks();
   // Drops one reference (pool and tenant) to each id that is not kNoBlock.
   void Release(absl::Span<const BlockId> ids);
+  // Counts `ids`, just taken from the pool, as the tenant's, moving them out
+  // of `reservation` (Commit, Restore).
+  void TakeReserved(absl::Span<const BlockId> ids,
+                    BlockReservation* reservation);
 
   BlockPool* pool_;
   std::shared_ptr<TenantUsage> usage_;

@@ -280,10 +280,11 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
         " sessions, limit ", *tenant.quota.max_sessions,
         "; delete sessions of the tenant before importing"));
   }
-  // Held while the layers take their blocks (they count them at once), so
-  // that concurrent appends of the tenant cannot pass max_kv_bytes with it.
+  // Held until the layers take their blocks (each layer's move from it to
+  // the tenant's usage in one step), so that concurrent appends of the
+  // tenant can neither pass max_kv_bytes with it nor see them counted twice.
   ATTN_RETURN_IF_ERROR(usage->Reserve(blocks, tenant.quota));
-  const BlockReservation reservation(usage.get(), blocks);
+  BlockReservation reservation(usage.get(), blocks);
   const BlockPoolStats stats = pool->stats();
   const int64_t free_blocks = stats.blocks_total - stats.blocks_used;
   if (blocks > free_blocks) {
@@ -304,7 +305,7 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
         LayerKvCache layer,
         LayerKvCache::Restore(pool, layer_layouts[i], spec.layers[i],
                               header.layer_lengths[i],
-                              header.first_positions[i], usage));
+                              header.first_positions[i], usage, &reservation));
     layers.push_back(std::move(layer));
   }
 

@@ -46,6 +46,18 @@ void TenantUsage::RefAll(absl::Span<const BlockId> ids) {
   }
 }
 
+int64_t TenantUsage::RefReserved(absl::Span<const BlockId> ids) {
+  TryFirstMutexLock lock(&mu_);
+  int64_t taken = 0;
+  for (BlockId id : ids) {
+    if (id == kNoBlock) continue;
+    ++refs_[id];
+    ++taken;
+  }
+  reserved_blocks_ -= taken;
+  return taken;
+}
+
 void TenantUsage::UnrefAll(absl::Span<const BlockId> ids) {
   TryFirstMutexLock lock(&mu_);
   for (BlockId id : ids) {

@@ -53,6 +53,11 @@ class TenantUsage {
   // As above for each id that is not kNoBlock.
   void RefAll(absl::Span<const BlockId> ids);
   void UnrefAll(absl::Span<const BlockId> ids);
+  // RefAll(ids) and Unreserve(n) in one step, n the ids that are not
+  // kNoBlock (blocks taken under a reservation): the tenant's usage never
+  // counts them twice, so a concurrent Reserve is not refused for it.
+  // Returns n. REQUIRES: at least n blocks reserved.
+  int64_t RefReserved(absl::Span<const BlockId> ids);
 
   // Reserves `blocks` new blocks for an append about to take them:
   // RESOURCE_EXHAUSTED, naming the quota, the usage and the limit (nothing
@@ -99,6 +104,15 @@ class BlockReservation {
     return *this;
   }
   ~BlockReservation() { Release(); }
+
+  // The blocks `ids` (not kNoBlock) were taken under this reservation: they
+  // now count as the tenant's (TenantUsage::RefReserved) and the
+  // reservation holds that many fewer. REQUIRES: the reservation is not
+  // empty and holds at least that many blocks.
+  void Take(absl::Span<const BlockId> ids) {
+    blocks_ -= usage_->RefReserved(ids);
+  }
+  TenantUsage* usage() const { return usage_; }
 
  private:
   void Release() {

@@ -40,7 +40,7 @@ class LayerKvCacheTest : public ::testing::Test {
     write.k = k.view();
     write.v = v.view();
     EXPECT_TRUE(backend_.WriteKv(write).ok());
-    cache.Commit(*std::move(pending));
+    cache.Commit(*std::move(pending), /*reservation=*/nullptr);
     return k;
   }
 
