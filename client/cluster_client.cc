@@ -190,8 +190,8 @@ struct ClusterReplica {
   // Guarded by the ClusterClient's mu_ (mutable: probes and failures update
   // it through const references).
   mutable ReplicaStatus status;
-  // When the probes started failing to reach it (none since it last
-  // answered), if they do.
+  // When probes or calls started failing to reach it (none since a probe
+  // last reached it), if they do.
   mutable std::optional<absl::Time> unreachable_since;
 };
 
@@ -408,11 +408,17 @@ void ClusterClient::MarkDraining(const Replica& replica) {
 
 void ClusterClient::MarkUnreachable(const Replica& replica,
                                     const absl::Status& why) {
+  const absl::Time now = Now();
   {
     absl::MutexLock lock(&mu_);
     ReplicaStatus& status = replica.status;
     status.state = ReplicaStatus::State::kUnreachable;
     status.error = std::string(why.message());
+    // As a failed probe: look-ups prefer a reachable entry of its name, and
+    // the time to forget it runs from here.
+    if (!replica.unreachable_since.has_value()) {
+      replica.unreachable_since = now;
+    }
   }
   RequestRefresh();
 }
