@@ -184,7 +184,7 @@ bool DecodeBatcher::ClaimIdle() {
   absl::MutexLock lock(&mu_);
   // Callbacks still on the reply thread run first (batch order).
   if (running_ || !queue_.empty() || expected_batch_ != 1 || stopping_ ||
-      deferred_batches_.load() > 0) {
+      deferred_batches_ > 0) {
     return false;
   }
   running_ = true;
@@ -198,9 +198,11 @@ void DecodeBatcher::FinishInline() {
 
 void DecodeBatcher::BatchThreadMain() {
   absl::MutexLock lock(&mu_);
-  // A step run inline finishes before the next batch starts.
+  // A step run inline finishes before the next batch starts, and so do the
+  // callbacks of all but the latest batch handed to the reply thread.
   auto work_or_stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !running_ && (!queue_.empty() || stopping_);
+    if (running_) return false;
+    return queue_.empty() ? stopping_ : deferred_batches_ <= 1;
   };
   while (true) {
     mu_.Await(absl::Condition(&work_or_stop));
@@ -340,22 +342,21 @@ void DecodeBatcher::Deliver(absl::AnyInvocable<void() &&> callbacks,
                             bool on_batch_thread, absl::Duration step_time) {
   bool defer = false;
   if (on_batch_thread) {
-    // Only this thread increments the count, so zero means every earlier
-    // batch's callbacks have run.
-    defer = deferred_batches_.load() > 0;
-    if (!defer && step_time >= options_.overlap_replies_step_time) {
-      absl::MutexLock lock(&mu_);
-      defer = !queue_.empty();
-    }
+    absl::MutexLock lock(&mu_);
+    // Zero: every earlier batch's callbacks have run.
+    defer =
+        deferred_batches_ > 0 ||
+        (step_time >= options_.overlap_replies_step_time && !queue_.empty());
+    if (defer) ++deferred_batches_;
   }
   if (!defer) {
     std::move(callbacks)();
     return;
   }
-  deferred_batches_.fetch_add(1);
   replies_.Schedule([this, callbacks = std::move(callbacks)]() mutable {
     std::move(callbacks)();
-    deferred_batches_.fetch_sub(1);
+    absl::MutexLock lock(&mu_);
+    --deferred_batches_;
   });
 }
 

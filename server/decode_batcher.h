@@ -27,7 +27,12 @@
 //     replies cost more than their engine work, are not all funneled
 //     through one reply thread. Either way the callbacks of all batches run
 //     in batch order (a batch's callbacks go to the reply thread also while
-//     an earlier batch's are still running there).
+//     an earlier batch's are still running there). The batch thread runs
+//     at most one batch ahead of the reply thread: it starts a batch only
+//     while the callbacks of at most one earlier batch wait there, so
+//     steps that ran but are not yet answered (each holding its request
+//     and reply) cannot pile up outside the queue's bounds; when replies
+//     fall behind, the queue fills and back-pressure refuses new steps.
 //   - Lone callers: a submission may allow running inline
 //     (RunInline::kWhenIdle, DecodeStep does). When the batcher is idle --
 //     nothing queued or running -- and its last batch was a lone step (no
@@ -72,7 +77,6 @@
 #ifndef ATTENTION_SERVER_DECODE_BATCHER_H_
 #define ATTENTION_SERVER_DECODE_BATCHER_H_
 
-#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -251,7 +255,7 @@ class DecodeBatcher {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Batches whose callbacks are queued or running on the reply thread
   // (incremented by the batch thread, decremented by the reply thread).
-  std::atomic<int> deferred_batches_{0};
+  int deferred_batches_ ABSL_GUARDED_BY(mu_) = 0;
   // The reply thread; before batch_thread_, whose batches use it.
   CallExecutor replies_{1};
   // Last: started once everything above is initialized.

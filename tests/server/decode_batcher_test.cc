@@ -1034,5 +1034,78 @@ TEST_F(DecodeBatcherTest, ShortBatchesAnswerOnTheBatchThread) {
   EXPECT_EQ(batches_seen, (std::vector<int64_t>{2, 3}));
 }
 
+// Replies that fall behind hold the batch thread back instead of piling up
+// answered steps outside the queue's bounds: while one batch's callbacks
+// are stuck on the reply thread, the batch thread runs one more batch and
+// then leaves the rest queued, so the queue fills and refuses new steps.
+TEST_F(DecodeBatcherTest, StuckRepliesHoldBackTheBatchesAfterTheNext) {
+  DecodeBatcherOptions options;
+  options.overlap_replies_step_time = absl::ZeroDuration();  // however short
+  options.max_queued_steps = 2;
+  MakeBatcher(options);
+  for (int s = 0; s < 3; ++s) AddSession(3 + s);
+  StartHeldFirstBatch(0);
+  // Four steps of one (session, layer) behind the held batch: four batches
+  // of one, each handed to the reply thread (the next step waits).
+  std::vector<Tokens> tokens;
+  for (int i = 0; i < 4; ++i) tokens.emplace_back(1, 120 + i);
+  std::vector<AppendRequest> requests;
+  for (const Tokens& t : tokens) {
+    requests.push_back(DecodeRequest(ids_[1], 0, t));
+  }
+  absl::Notification first_reply_started, release_first_reply;
+  absl::Mutex mu;
+  std::vector<absl::StatusOr<AttentionOutput>> results(requests.size());
+  int answered = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    batcher_->AppendAsync(requests[i],
+                          [&, i](absl::StatusOr<AttentionOutput> output) {
+                            if (i == 0) {
+                              first_reply_started.Notify();
+                              release_first_reply.WaitForNotification();
+                            }
+                            absl::MutexLock lock(&mu);
+                            results[i] = std::move(output);
+                            ++answered;
+                          });
+  }
+  recorder_->Release();
+  first_reply_started.WaitForNotification();
+  // The batch after the stuck one runs (its callbacks wait behind)...
+  ASSERT_TRUE(recorder_->WaitForBatches(3, kGenerous));
+  for (size_t i = 2; i < requests.size(); ++i) {
+    batcher_->AppendAsync(requests[i],
+                          [&, i](absl::StatusOr<AttentionOutput> output) {
+                            absl::MutexLock lock(&mu);
+                            results[i] = std::move(output);
+                            ++answered;
+                          });
+  }
+  // ...and no batch after it: the two steps stay queued, the queue is full
+  // and a step of another session is refused, changing nothing.
+  EXPECT_EQ(batcher_->queued_steps(), 2);
+  Tokens other(1, 130);
+  auto refused = batcher_->Append(DecodeRequest(ids_[2], 0, other));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(engine_->GetSession(ids_[2])->layer_lengths,
+            (std::vector<int64_t>{5, 5}));
+  EXPECT_EQ(recorder_->sizes().size(), 3u);
+  release_first_reply.Notify();
+  {
+    absl::MutexLock lock(&mu);
+    auto all = [&] { return answered == static_cast<int>(requests.size()); };
+    mu.Await(absl::Condition(&all));
+  }
+  FinishFirstBatch(0);
+  EXPECT_EQ(recorder_->sizes(), (std::vector<int64_t>{1, 1, 1, 1, 1}));
+  // In order and the same bits as plain Append calls.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    auto expected = ReferenceStep(1, 0, tokens[i]);
+    ASSERT_TRUE(expected.ok());
+    EXPECT_EQ(Bytes(results[i]->output), Bytes(expected->output)) << i;
+  }
+}
+
 }  // namespace
 }  // namespace attention::server
