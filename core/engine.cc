@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -571,9 +572,13 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
   }
 
   // 2. Lock each session once, in id order so concurrent batches never
-  // deadlock.
-  std::sort(to_lock.begin(), to_lock.end(),
-            [](Session* a, Session* b) { return a->id() < b->id(); });
+  // deadlock. Two sessions may share an id (one deleted and another created
+  // under its id while the batch looked them up): the address orders them,
+  // and keeps each one's copies adjacent for std::unique.
+  std::sort(to_lock.begin(), to_lock.end(), [](Session* a, Session* b) {
+    if (a->id() != b->id()) return a->id() < b->id();
+    return std::less<Session*>()(a, b);
+  });
   to_lock.erase(std::unique(to_lock.begin(), to_lock.end()), to_lock.end());
   const SessionLocks locks(std::move(to_lock));
 
