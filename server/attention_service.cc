@@ -479,7 +479,6 @@ grpc::Status AttentionServiceImpl::ImportSession(
   absl::Status status = [&]() -> absl::Status {
     ImportOptions options;
     ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
-    if (draining_.load(std::memory_order_acquire)) return Draining();
     ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
     const bool handover = options.keep_owner;
     // A replica handing a session over keeps its id; so may anyone where
@@ -502,6 +501,14 @@ grpc::Status AttentionServiceImpl::ImportSession(
             }
             watch.Progress();
             return more;
+          },
+          // A draining replica refuses an import once its header was
+          // checked, not before: a session it holds answers ALREADY_EXISTS,
+          // which tells a hand-over asking again after a lost answer that
+          // its first attempt created the session here.
+          [this]() -> absl::Status {
+            return draining_.load(std::memory_order_acquire) ? Draining()
+                                                             : absl::OkStatus();
           });
     }());
     // Not once the drain began: its hand-over may have listed the

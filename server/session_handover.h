@@ -29,7 +29,8 @@
 // trailer: the stream broke or was cancelled, timed out or failed oddly
 // after the whole snapshot was sent: the peer may have created the
 // session) the same peer is asked again; the peer then answers ALREADY_EXISTS
-// for its id if the earlier attempt created it, which counts as moved. Only
+// for its id if the earlier attempt created it (also when it has begun to
+// drain meanwhile), which counts as moved. Only
 // then: without such an attempt under the same seal, ALREADY_EXISTS is a
 // refusal (the peer holds another copy, e.g. one a client imported keeping the
 // id, or one an earlier seal left there before the session changed again).

@@ -124,7 +124,8 @@ absl::Status Truncated(absl::string_view what) {
 absl::StatusOr<ReadImport> ReadSessionImport(
     AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
     int64_t max_message_bytes,
-    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read) {
+    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read,
+    const std::function<absl::Status()>& admit) {
   v1::SessionChunk record;
   ATTN_ASSIGN_OR_RETURN(bool more, read(&record));
   if (!more) return Truncated("before its header");
@@ -156,6 +157,7 @@ absl::StatusOr<ReadImport> ReadSessionImport(
   ReadImport result;
   result.kv_bytes = header.kv_bytes;
   ATTN_ASSIGN_OR_RETURN(result.import, engine.BeginImport(header, options));
+  if (admit) ATTN_RETURN_IF_ERROR(admit());
   SessionImport& import = *result.import;
   SnapshotChunk chunk;
   while (true) {

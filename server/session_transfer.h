@@ -86,10 +86,14 @@ enum class KeepSessionId { kAllowed, kRefused };
 // the header when the session's SessionInfo or header could pass
 // `max_message_bytes` (CheckSessionMessageSize; a restore passes the largest
 // int64_t, never losing a session for it); nothing is left behind.
+// `admit`, when set, is asked once the header passed the engine's checks
+// (so a kept id that is held here has answered ALREADY_EXISTS) and before
+// any data is read: its error ends the import.
 absl::StatusOr<ReadImport> ReadSessionImport(
     AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
     int64_t max_message_bytes,
-    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read);
+    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read,
+    const std::function<absl::Status()>& admit = nullptr);
 
 }  // namespace attention::server
 

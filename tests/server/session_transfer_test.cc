@@ -649,6 +649,78 @@ TEST(DrainingImportTest, AnImportEndingAfterTheDrainBeganIsUnavailable) {
       << imported.status();
 }
 
+// A draining server still answers ALREADY_EXISTS for a kept id it holds
+// (a hand-over asking again after a lost answer learns that its first
+// attempt created the session there) and refuses any other import as
+// draining. An import held open after its header keeps the drain going.
+TEST(DrainingImportTest, AHeldIdIsStillAlreadyExistsWhileDraining) {
+  server::ServerOptions options = TestServerOptions();
+  options.drain_timeout = absl::Seconds(30);
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  client::AttentionClient& client = *(*server)->client;
+  auto held = client.OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(held);
+  Fill(*held, RandomTokens(held->spec(), 30, 9), 30);
+  auto records = Export(client, held->id());
+  ATTN_ASSERT_OK(records);
+  // The same records asking to keep the id, and asking for a new one.
+  std::vector<v1::SessionChunk> keep = *records;
+  keep[0].set_keep_session_id(true);
+  std::vector<v1::SessionChunk> fresh = *records;
+  fresh[0].set_keep_session_id(false);
+  const auto import = [&](const std::vector<v1::SessionChunk>& stream) {
+    size_t next = 0;
+    return client.ImportSession(
+        [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+          if (next == stream.size()) return false;
+          *record = stream[next++];
+          return true;
+        });
+  };
+  const auto used_bytes = [&] {
+    auto info = client.GetServerInfo();
+    return info.ok() ? info->kv_cache_used_bytes() : -1;
+  };
+  const int64_t before = used_bytes();
+  std::thread drain;
+  size_t next = 0;
+  bool importing = false;
+  bool draining = false;
+  absl::StatusOr<v1::SessionInfo> kept_while_draining, fresh_while_draining;
+  auto holding = client.ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == 1) {
+          // In its handler (its blocks are reserved) when the drain begins.
+          importing = Eventually([&] { return used_bytes() > before; },
+                                 absl::Seconds(20));
+          drain = std::thread([&] { (*server)->server->Shutdown(); });
+          draining = Eventually(
+              [&] {
+                auto info = client.GetServerInfo();
+                return info.ok() && info->draining();
+              },
+              absl::Seconds(20));
+          kept_while_draining = import(keep);
+          fresh_while_draining = import(fresh);
+        }
+        if (next == fresh.size()) return false;
+        *record = fresh[next++];
+        return true;
+      });
+  drain.join();
+  EXPECT_TRUE(importing);
+  EXPECT_TRUE(draining);
+  EXPECT_EQ(kept_while_draining.status().code(),
+            absl::StatusCode::kAlreadyExists)
+      << kept_while_draining.status();
+  EXPECT_EQ(fresh_while_draining.status().code(),
+            absl::StatusCode::kUnavailable)
+      << fresh_while_draining.status();
+  EXPECT_EQ(holding.status().code(), absl::StatusCode::kUnavailable)
+      << holding.status();
+}
+
 std::string TempDir(absl::string_view name) {
   const std::string dir =
       absl::StrCat(::testing::TempDir(), "/", name, "-", getpid());
