@@ -28,11 +28,12 @@ constexpr absl::Duration kPeerProbeInterval = absl::Seconds(1);
 constexpr absl::Duration kMinAnswerReserve = absl::Milliseconds(250);
 constexpr absl::Duration kMaxAnswerReserve = absl::Seconds(2);
 
-// Whether the peer's import handler itself refused the call (it then
-// created nothing, whatever the code).
-bool RefusedByTheImport(const grpc::ClientContext& context) {
+// Whether the peer's trailers set `key` (kImportRefusedMetadata: its import
+// handler itself refused the call, so it created nothing, whatever the
+// code; kImportIdCheckedMetadata: and it held no session of the id).
+bool TrailerSet(const grpc::ClientContext& context, const char* key) {
   const auto& trailers = context.GetServerTrailingMetadata();
-  auto it = trailers.find(kImportRefusedMetadata);
+  auto it = trailers.find(key);
   return it != trailers.end() && it->second == "1";
 }
 
@@ -199,9 +200,11 @@ absl::Status SessionHandover::MoveTo(
     if (attempt == 0) first = doubt;
     if (sent.ok()) return sent;
     if (doubt == Doubt::kNone) {
-      // Refused. A second attempt's refusal (say, the peer began draining)
-      // says nothing of what the first one left there.
-      *moved = first == Doubt::kUnknown;
+      // Refused. A second attempt's refusal (say, the peer ran out of
+      // memory) says nothing of what the first one left there, unless the
+      // peer looked the id up first (SendTo then took it out of *in_doubt).
+      *moved = first == Doubt::kUnknown &&
+               in_doubt->contains(peer.advertise_address);
       return sent;
     }
     const absl::Time now = absl::Now();
@@ -281,8 +284,15 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
         {{"to", peer.advertise_address}, {"error", status.error_message()}});
     return absl::OkStatus();
   }
-  *doubt = DoubtOf(status, all_sent, RefusedByTheImport(context));
-  if (*doubt != Doubt::kNone) in_doubt->insert(peer.advertise_address);
+  const bool refused = TrailerSet(context, kImportRefusedMetadata);
+  *doubt = DoubtOf(status, all_sent, refused);
+  if (*doubt != Doubt::kNone) {
+    in_doubt->insert(peer.advertise_address);
+  } else if (refused && TrailerSet(context, kImportIdCheckedMetadata)) {
+    // The peer looked the id up and does not hold it: no earlier attempt
+    // of this seal left it there.
+    in_doubt->erase(peer.advertise_address);
+  }
   if (!written.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {
     return written.status();
   }

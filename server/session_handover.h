@@ -37,7 +37,10 @@
 // Still in doubt, a session counts as moved unless both answers were broken
 // connections (what a peer that started to drain gives at once); a first
 // answer that may mean the peer created it counts even when the second
-// attempt is refused outright or cannot be exported again.
+// attempt is refused outright or cannot be exported again, unless that
+// refusal came after the peer looked the id up and found no session of it
+// (kImportIdCheckedMetadata): the session then goes on to the next peer or
+// stays here.
 // The hand-over's time has two ends (HandoverDeadlines): sessions are
 // started and their records sent until the first; an import whose records
 // all went before it may still be answered until the second, so that the
@@ -139,7 +142,8 @@ class SessionHandover {
   // a doubt (a peer that holds the session answers ALREADY_EXISTS). OK
   // when the peer holds it now; otherwise `*moved` says whether to count it
   // as moved all the same (a kUnknown answer, even if the second attempt
-  // was refused or its re-export failed: never live on two replicas).
+  // was refused or its re-export failed: never live on two replicas; not
+  // when the second attempt's refusal says the peer holds no such id).
   absl::Status MoveTo(const Peer& peer, SessionSeal& seal,
                       std::unique_ptr<SessionExport> session_export,
                       const HandoverDeadlines& deadlines, InDoubt* in_doubt,
@@ -148,7 +152,8 @@ class SessionHandover {
   // to `peer`. OK when the peer holds the session now (also when an
   // attempt of this seal left it there: ALREADY_EXISTS from a peer in
   // `*in_doubt`); `*doubt` qualifies a failure, which adds the peer to
-  // `*in_doubt` unless it is kNone.
+  // `*in_doubt` unless it is kNone; a refusal after the peer looked the id
+  // up (kImportIdCheckedMetadata) takes it out.
   absl::Status SendTo(const Peer& peer, SessionExport& session_export,
                       const HandoverDeadlines& deadlines, InDoubt* in_doubt,
                       Doubt* doubt);

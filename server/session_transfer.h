@@ -57,6 +57,14 @@ inline constexpr char kHandoverMetadata[] = "attention-handover-from";
 // from the backend included). A failure without it (the transport's
 // DEADLINE_EXCEEDED, a broken connection) may have come after the commit.
 inline constexpr char kImportRefusedMetadata[] = "attention-import-refused";
+// Trailing metadata of a refused ImportSession call (value "1", beside
+// kImportRefusedMetadata) whose header passed the server's checks before
+// the refusal: had the snapshot kept an id this server holds, the answer
+// would have been ALREADY_EXISTS, so the server held no session of that id
+// then (a hand-over asking again learns that its first attempt created
+// nothing there).
+inline constexpr char kImportIdCheckedMetadata[] =
+    "attention-import-id-checked";
 
 // A snapshot read to its trailer and checked as far as it can be before
 // the session exists.

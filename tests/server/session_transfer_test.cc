@@ -311,7 +311,9 @@ TEST_F(SessionSnapshotTest, KeepIdAndUnknownSession) {
 
 // An import the server refused says so in its trailers, whatever the
 // code (a replica handing a session over then knows nothing was created);
-// one that created the session does not.
+// one that created the session does not. A refusal after the header's
+// checks also says that no session of the id was held (a hand-over asking
+// again then knows its first attempt left nothing there).
 TEST_F(SessionSnapshotTest, ARefusedImportSaysSoInItsTrailers) {
   auto original = a_->client->OpenSession(HybridSpec());
   ATTN_ASSERT_OK(original);
@@ -319,6 +321,7 @@ TEST_F(SessionSnapshotTest, ARefusedImportSaysSoInItsTrailers) {
   auto records = Export(*a_->client, original->id());
   ATTN_ASSERT_OK(records);
   (*records)[0].set_keep_session_id(true);
+  bool id_checked = true;
   const auto import = [&](const Records& sent,
                           bool* refused) -> grpc::StatusCode {
     grpc::ClientContext context;
@@ -330,19 +333,32 @@ TEST_F(SessionSnapshotTest, ARefusedImportSaysSoInItsTrailers) {
     writer->WritesDone();
     const grpc::Status status = writer->Finish();
     const auto& trailers = context.GetServerTrailingMetadata();
-    auto it = trailers.find(server::kImportRefusedMetadata);
-    *refused = it != trailers.end() && it->second == "1";
+    const auto set = [&](const char* key) {
+      auto it = trailers.find(key);
+      return it != trailers.end() && it->second == "1";
+    };
+    *refused = set(server::kImportRefusedMetadata);
+    id_checked = set(server::kImportIdCheckedMetadata);
     return status.error_code();
   };
   bool refused = true;
   EXPECT_EQ(import(*records, &refused), grpc::StatusCode::OK);
   EXPECT_FALSE(refused);
+  EXPECT_FALSE(id_checked);
   EXPECT_EQ(import(*records, &refused), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_TRUE(refused);
+  EXPECT_FALSE(id_checked);
   Records cut(records->begin(), records->end() - 1);  // no trailer
   cut[0].mutable_header()->set_session_id("another-id");
   EXPECT_EQ(import(cut, &refused), grpc::StatusCode::DATA_LOSS);
   EXPECT_TRUE(refused);
+  EXPECT_TRUE(id_checked);
+  // Refused before the id was looked up: no news of it.
+  Records bad_id = cut;
+  bad_id[0].mutable_header()->set_session_id("bad id with spaces");
+  EXPECT_EQ(import(bad_id, &refused), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(refused);
+  EXPECT_FALSE(id_checked);
 }
 
 TEST_F(SessionSnapshotTest, MalformedStreamsLeaveNothingBehind) {
