@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -616,6 +617,46 @@ TEST(StalledTransferTest, IsCancelledAndFreesWhatItHeld) {
   }
 }
 
+// Imports `records` into `server`, beginning its drain once the import is
+// in its handler (the header's blocks are reserved) and calling
+// `while_draining` once the server says it drains; then sends the rest.
+// Returns the import's result; `*drain_began` whether both waits ended as
+// expected. Joins the drain.
+absl::StatusOr<v1::SessionInfo> ImportAcrossTheDrain(
+    TestServer& server, const Records& records,
+    const std::function<void()>& while_draining, bool* drain_began) {
+  client::AttentionClient& client = *server.client;
+  const auto used_bytes = [&] {
+    auto info = client.GetServerInfo();
+    return info.ok() ? info->kv_cache_used_bytes() : -1;
+  };
+  const int64_t before = used_bytes();
+  std::thread drain;
+  size_t next = 0;
+  *drain_began = false;
+  auto imported = client.ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == 1) {
+          const bool importing = Eventually(
+              [&] { return used_bytes() > before; }, absl::Seconds(20));
+          drain = std::thread([&] { server.server->Shutdown(); });
+          const bool draining = Eventually(
+              [&] {
+                auto info = client.GetServerInfo();
+                return info.ok() && info->draining();
+              },
+              absl::Seconds(20));
+          *drain_began = importing && draining;
+          while_draining();
+        }
+        if (next == records.size()) return false;
+        *record = records[next++];
+        return true;
+      });
+  if (drain.joinable()) drain.join();
+  return imported;
+}
+
 // An import still streaming when the drain begins is refused at its end:
 // the drain's hand-over or snapshot may have listed the sessions already,
 // so a session it created would be lost with the process.
@@ -630,37 +671,10 @@ TEST(DrainingImportTest, AnImportEndingAfterTheDrainBeganIsUnavailable) {
   Fill(*original, RandomTokens(original->spec(), 50, 8), 50);
   auto records = Export(client, original->id());
   ATTN_ASSERT_OK(records);
-  const auto used_bytes = [&] {
-    auto info = client.GetServerInfo();
-    return info.ok() ? info->kv_cache_used_bytes() : -1;
-  };
-  const int64_t before = used_bytes();
-  std::thread drain;
-  size_t next = 0;
-  bool importing = false;
-  bool draining = false;
-  auto imported = client.ImportSession(
-      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
-        if (next == 1) {
-          // The server has the header (its blocks are reserved): the
-          // import is in its handler when the drain begins.
-          importing = Eventually([&] { return used_bytes() > before; },
-                                 absl::Seconds(20));
-          drain = std::thread([&] { (*server)->server->Shutdown(); });
-          draining = Eventually(
-              [&] {
-                auto info = client.GetServerInfo();
-                return info.ok() && info->draining();
-              },
-              absl::Seconds(20));
-        }
-        if (next == records->size()) return false;
-        *record = (*records)[next++];
-        return true;
-      });
-  drain.join();
-  EXPECT_TRUE(importing);
-  EXPECT_TRUE(draining);
+  bool drain_began = false;
+  auto imported = ImportAcrossTheDrain(
+      **server, *records, [] {}, &drain_began);
+  EXPECT_TRUE(drain_began);
   EXPECT_EQ(imported.status().code(), absl::StatusCode::kUnavailable)
       << imported.status();
 }
@@ -668,7 +682,7 @@ TEST(DrainingImportTest, AnImportEndingAfterTheDrainBeganIsUnavailable) {
 // A draining server still answers ALREADY_EXISTS for a kept id it holds
 // (a hand-over asking again after a lost answer learns that its first
 // attempt created the session there) and refuses any other import as
-// draining. An import held open after its header keeps the drain going.
+// draining.
 TEST(DrainingImportTest, AHeldIdIsStillAlreadyExistsWhileDraining) {
   server::ServerOptions options = TestServerOptions();
   options.drain_timeout = absl::Seconds(30);
@@ -681,11 +695,11 @@ TEST(DrainingImportTest, AHeldIdIsStillAlreadyExistsWhileDraining) {
   auto records = Export(client, held->id());
   ATTN_ASSERT_OK(records);
   // The same records asking to keep the id, and asking for a new one.
-  std::vector<v1::SessionChunk> keep = *records;
+  Records keep = *records;
   keep[0].set_keep_session_id(true);
-  std::vector<v1::SessionChunk> fresh = *records;
+  Records fresh = *records;
   fresh[0].set_keep_session_id(false);
-  const auto import = [&](const std::vector<v1::SessionChunk>& stream) {
+  const auto import = [&](const Records& stream) {
     size_t next = 0;
     return client.ImportSession(
         [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
@@ -694,39 +708,16 @@ TEST(DrainingImportTest, AHeldIdIsStillAlreadyExistsWhileDraining) {
           return true;
         });
   };
-  const auto used_bytes = [&] {
-    auto info = client.GetServerInfo();
-    return info.ok() ? info->kv_cache_used_bytes() : -1;
-  };
-  const int64_t before = used_bytes();
-  std::thread drain;
-  size_t next = 0;
-  bool importing = false;
-  bool draining = false;
   absl::StatusOr<v1::SessionInfo> kept_while_draining, fresh_while_draining;
-  auto holding = client.ImportSession(
-      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
-        if (next == 1) {
-          // In its handler (its blocks are reserved) when the drain begins.
-          importing = Eventually([&] { return used_bytes() > before; },
-                                 absl::Seconds(20));
-          drain = std::thread([&] { (*server)->server->Shutdown(); });
-          draining = Eventually(
-              [&] {
-                auto info = client.GetServerInfo();
-                return info.ok() && info->draining();
-              },
-              absl::Seconds(20));
-          kept_while_draining = import(keep);
-          fresh_while_draining = import(fresh);
-        }
-        if (next == fresh.size()) return false;
-        *record = fresh[next++];
-        return true;
-      });
-  drain.join();
-  EXPECT_TRUE(importing);
-  EXPECT_TRUE(draining);
+  bool drain_began = false;
+  auto holding = ImportAcrossTheDrain(
+      **server, fresh,
+      [&] {
+        kept_while_draining = import(keep);
+        fresh_while_draining = import(fresh);
+      },
+      &drain_began);
+  EXPECT_TRUE(drain_began);
   EXPECT_EQ(kept_while_draining.status().code(),
             absl::StatusCode::kAlreadyExists)
       << kept_while_draining.status();
