@@ -476,7 +476,6 @@ grpc::Status AttentionServiceImpl::ImportSession(
     grpc::ServerContext* context, grpc::ServerReader<v1::SessionChunk>* reader,
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
-  bool id_checked = false;  // the header passed BeginImport's checks
   absl::Status status = [&]() -> absl::Status {
     ImportOptions options;
     ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
@@ -503,12 +502,16 @@ grpc::Status AttentionServiceImpl::ImportSession(
             watch.Progress();
             return more;
           },
-          // A draining replica refuses an import once its header was
-          // checked, not before: a session it holds answers ALREADY_EXISTS,
-          // which tells a hand-over asking again after a lost answer that
-          // its first attempt created the session here.
           [&]() -> absl::Status {
-            id_checked = true;
+            // The header passed BeginImport's checks (a kept id is not held
+            // here), said at once for a hand-over asking again after a lost
+            // answer: it then knows its first attempt created nothing here,
+            // even if this one is cut before its end.
+            context->AddInitialMetadata(kImportIdCheckedMetadata, "1");
+            reader->SendInitialMetadata();
+            // A draining replica refuses an import only now: a session it
+            // holds has answered ALREADY_EXISTS, which tells that hand-over
+            // its first attempt created the session here.
             return draining_.load(std::memory_order_acquire) ? Draining()
                                                              : absl::OkStatus();
           });
@@ -526,14 +529,7 @@ grpc::Status AttentionServiceImpl::ImportSession(
   }();
   // Nothing fails after the commit: every error here created nothing,
   // which a sender handing the session over must know (kUnknown doubts).
-  if (!status.ok()) {
-    context->AddTrailingMetadata(kImportRefusedMetadata, "1");
-    // An ALREADY_EXISTS from the commit (another import of the id committed
-    // first) is no news of an id not held.
-    if (id_checked && status.code() != absl::StatusCode::kAlreadyExists) {
-      context->AddTrailingMetadata(kImportIdCheckedMetadata, "1");
-    }
-  }
+  if (!status.ok()) context->AddTrailingMetadata(kImportRefusedMetadata, "1");
   return scope.Finish(ToGrpcStatus(std::move(status), context));
 }
 

@@ -1,8 +1,10 @@
 #include "server/session_handover.h"
 
 #include <grpcpp/client_context.h>
+#include <grpcpp/support/string_ref.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -28,13 +30,11 @@ constexpr absl::Duration kPeerProbeInterval = absl::Seconds(1);
 constexpr absl::Duration kMinAnswerReserve = absl::Milliseconds(250);
 constexpr absl::Duration kMaxAnswerReserve = absl::Seconds(2);
 
-// Whether the peer's trailers set `key` (kImportRefusedMetadata: its import
-// handler itself refused the call, so it created nothing, whatever the
-// code; kImportIdCheckedMetadata: and it held no session of the id).
-bool TrailerSet(const grpc::ClientContext& context, const char* key) {
-  const auto& trailers = context.GetServerTrailingMetadata();
-  auto it = trailers.find(key);
-  return it != trailers.end() && it->second == "1";
+// Whether `metadata` sets `key` to "1".
+bool Flagged(const std::multimap<grpc::string_ref, grpc::string_ref>& metadata,
+             const char* key) {
+  auto it = metadata.find(key);
+  return it != metadata.end() && it->second == "1";
 }
 
 }  // namespace
@@ -241,6 +241,10 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
   v1::SessionInfo reply;
   std::unique_ptr<grpc::ClientWriter<v1::SessionChunk>> writer =
       stub->ImportSession(&context, &reply);
+  // Asking again about an earlier attempt's doubt: the peer's word on the
+  // id (kImportIdCheckedMetadata) is awaited after the header, so that it
+  // settles the doubt even if this attempt is cut before its end.
+  const bool settling = in_doubt->contains(peer.advertise_address);
   bool all_sent = true;
   const absl::StatusOr<int64_t> written = WriteSessionExport(
       session_export,
@@ -255,6 +259,7 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
           all_sent = false;
           return absl::UnavailableError("the peer closed the import stream");
         }
+        if (settling && record.has_header()) writer->WaitForInitialMetadata();
         return absl::OkStatus();
       },
       peers_->options().client.max_send_message_bytes);
@@ -284,13 +289,15 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
         {{"to", peer.advertise_address}, {"error", status.error_message()}});
     return absl::OkStatus();
   }
-  const bool refused = TrailerSet(context, kImportRefusedMetadata);
-  *doubt = DoubtOf(status, all_sent, refused);
+  *doubt = DoubtOf(
+      status, all_sent,
+      Flagged(context.GetServerTrailingMetadata(), kImportRefusedMetadata));
   if (*doubt != Doubt::kNone) {
     in_doubt->insert(peer.advertise_address);
-  } else if (refused && TrailerSet(context, kImportIdCheckedMetadata)) {
-    // The peer looked the id up and does not hold it: no earlier attempt
-    // of this seal left it there.
+  } else if (Flagged(context.GetServerInitialMetadata(),
+                     kImportIdCheckedMetadata)) {
+    // The peer looked the id up and did not hold it, and this attempt
+    // created nothing: no earlier attempt of this seal left it there.
     in_doubt->erase(peer.advertise_address);
   }
   if (!written.ok() && status.error_code() == grpc::StatusCode::CANCELLED) {

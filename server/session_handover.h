@@ -37,10 +37,10 @@
 // Still in doubt, a session counts as moved unless both answers were broken
 // connections (what a peer that started to drain gives at once); a first
 // answer that may mean the peer created it counts even when the second
-// attempt is refused outright or cannot be exported again, unless that
-// refusal came after the peer looked the id up and found no session of it
-// (kImportIdCheckedMetadata): the session then goes on to the next peer or
-// stays here.
+// attempt is refused outright, cut or cannot be exported again, unless the
+// peer said in that attempt that it looked the id up and found no session
+// of it (kImportIdCheckedMetadata, which a second attempt waits for after
+// its header): the session then goes on to the next peer or stays here.
 // The hand-over's time has two ends (HandoverDeadlines): sessions are
 // started and their records sent until the first; an import whose records
 // all went before it may still be answered until the second, so that the
@@ -143,7 +143,7 @@ class SessionHandover {
   // when the peer holds it now; otherwise `*moved` says whether to count it
   // as moved all the same (a kUnknown answer, even if the second attempt
   // was refused or its re-export failed: never live on two replicas; not
-  // when the second attempt's refusal says the peer holds no such id).
+  // when the second attempt heard that the peer holds no such id).
   absl::Status MoveTo(const Peer& peer, SessionSeal& seal,
                       std::unique_ptr<SessionExport> session_export,
                       const HandoverDeadlines& deadlines, InDoubt* in_doubt,
@@ -152,8 +152,8 @@ class SessionHandover {
   // to `peer`. OK when the peer holds the session now (also when an
   // attempt of this seal left it there: ALREADY_EXISTS from a peer in
   // `*in_doubt`); `*doubt` qualifies a failure, which adds the peer to
-  // `*in_doubt` unless it is kNone; a refusal after the peer looked the id
-  // up (kImportIdCheckedMetadata) takes it out.
+  // `*in_doubt` unless it is kNone; a kNone failure after the peer said it
+  // looked the id up (kImportIdCheckedMetadata) takes it out.
   absl::Status SendTo(const Peer& peer, SessionExport& session_export,
                       const HandoverDeadlines& deadlines, InDoubt* in_doubt,
                       Doubt* doubt);

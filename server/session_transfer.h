@@ -57,12 +57,13 @@ inline constexpr char kHandoverMetadata[] = "attention-handover-from";
 // from the backend included). A failure without it (the transport's
 // DEADLINE_EXCEEDED, a broken connection) may have come after the commit.
 inline constexpr char kImportRefusedMetadata[] = "attention-import-refused";
-// Trailing metadata of a refused ImportSession call (value "1", beside
-// kImportRefusedMetadata) whose header passed the server's checks before
-// the refusal: had the snapshot kept an id this server holds, the answer
-// would have been ALREADY_EXISTS, so the server held no session of that id
-// then (a hand-over asking again learns that its first attempt created
-// nothing there).
+
+// Initial metadata of an ImportSession call (value "1"), sent as soon as
+// its header passed the server's checks, before any data is read: had the
+// snapshot kept an id this server holds, the answer would have been
+// ALREADY_EXISTS, so the server held no session of that id then (a
+// hand-over asking again after a lost answer learns that its first attempt
+// created nothing there, even if this attempt is cut later).
 inline constexpr char kImportIdCheckedMetadata[] =
     "attention-import-id-checked";
 

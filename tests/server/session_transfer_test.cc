@@ -312,9 +312,10 @@ TEST_F(SessionSnapshotTest, KeepIdAndUnknownSession) {
 
 // An import the server refused says so in its trailers, whatever the
 // code (a replica handing a session over then knows nothing was created);
-// one that created the session does not. A refusal after the header's
-// checks also says that no session of the id was held (a hand-over asking
-// again then knows its first attempt left nothing there).
+// one that created the session does not. One whose header passed the
+// checks says so in its initial metadata: no session of the id was held
+// (a hand-over asking again then knows its first attempt left nothing
+// there).
 TEST_F(SessionSnapshotTest, ARefusedImportSaysSoInItsTrailers) {
   auto original = a_->client->OpenSession(HybridSpec());
   ATTN_ASSERT_OK(original);
@@ -334,18 +335,19 @@ TEST_F(SessionSnapshotTest, ARefusedImportSaysSoInItsTrailers) {
     writer->WritesDone();
     const grpc::Status status = writer->Finish();
     const auto& trailers = context.GetServerTrailingMetadata();
-    const auto set = [&](const char* key) {
-      auto it = trailers.find(key);
-      return it != trailers.end() && it->second == "1";
+    const auto set = [](const auto& metadata, const char* key) {
+      auto it = metadata.find(key);
+      return it != metadata.end() && it->second == "1";
     };
-    *refused = set(server::kImportRefusedMetadata);
-    id_checked = set(server::kImportIdCheckedMetadata);
+    *refused = set(trailers, server::kImportRefusedMetadata);
+    id_checked = set(context.GetServerInitialMetadata(),
+                     server::kImportIdCheckedMetadata);
     return status.error_code();
   };
   bool refused = true;
   EXPECT_EQ(import(*records, &refused), grpc::StatusCode::OK);
   EXPECT_FALSE(refused);
-  EXPECT_FALSE(id_checked);
+  EXPECT_TRUE(id_checked);
   EXPECT_EQ(import(*records, &refused), grpc::StatusCode::ALREADY_EXISTS);
   EXPECT_TRUE(refused);
   EXPECT_FALSE(id_checked);
