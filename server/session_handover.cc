@@ -242,9 +242,9 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
   std::unique_ptr<grpc::ClientWriter<v1::SessionChunk>> writer =
       stub->ImportSession(&context, &reply);
   // Asking again about an earlier attempt's doubt: the peer's word on the
-  // id (kImportIdCheckedMetadata) is awaited after the header, so that it
-  // settles the doubt even if this attempt is cut before its end.
+  // id (kImportIdCheckedMetadata) settles it even if this attempt is cut.
   const bool settling = in_doubt->contains(peer.advertise_address);
+  bool header_sent = false;
   bool all_sent = true;
   const absl::StatusOr<int64_t> written = WriteSessionExport(
       session_export,
@@ -259,12 +259,16 @@ absl::Status SessionHandover::SendTo(const Peer& peer,
           all_sent = false;
           return absl::UnavailableError("the peer closed the import stream");
         }
-        if (settling && record.has_header()) writer->WaitForInitialMetadata();
+        header_sent = true;
         return absl::OkStatus();
       },
       peers_->options().client.max_send_message_bytes);
   if (!written.ok() && all_sent) {
-    // The export failed mid-way: end the import so the peer drops it.
+    // Out of time, or the export failed mid-way: end the import so the
+    // peer drops it. A second attempt first takes the peer's word on the
+    // id, which it sends right after the header (the call's deadline
+    // bounds the wait; an older peer sends none before its answer).
+    if (settling && header_sent) writer->WaitForInitialMetadata();
     context.TryCancel();
     all_sent = false;
   }

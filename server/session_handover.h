@@ -39,8 +39,9 @@
 // answer that may mean the peer created it counts even when the second
 // attempt is refused outright, cut or cannot be exported again, unless the
 // peer said in that attempt that it looked the id up and found no session
-// of it (kImportIdCheckedMetadata, which a second attempt waits for after
-// its header): the session then goes on to the next peer or stays here.
+// of it (kImportIdCheckedMetadata, sent right after the header's checks,
+// which a second attempt cut short waits for before it ends the call): the
+// session then goes on to the next peer or stays here.
 // The hand-over's time has two ends (HandoverDeadlines): sessions are
 // started and their records sent until the first; an import whose records
 // all went before it may still be answered until the second, so that the
