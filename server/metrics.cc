@@ -313,17 +313,17 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
         "Snapshot files that failed validation at start-up (moved aside as "
         "*.corrupt).",
         MetricType::Counter, load(corrupt_)));
-    families.push_back(Scalar(
-        "attention_snapshots_rejected_total",
-        "Valid snapshot files this server refuses at start-up (id taken, "
-        "spec or layout refused, not a regular file; moved aside as "
-        "*.rejected).",
-        MetricType::Counter, load(rejected_)));
+    families.push_back(
+        Scalar("attention_snapshots_rejected_total",
+               "Snapshot files this server refuses for good at start-up (id "
+               "taken, not a regular file; moved aside as *.rejected).",
+               MetricType::Counter, load(rejected_)));
     families.push_back(Scalar(
         "attention_snapshots_kept_total",
         "Snapshot files this server could not restore at start-up for now "
-        "(KV pool or --max_sessions full, an I/O error); left in place for "
-        "the next start.",
+        "(KV pool or --max_sessions full, an I/O error, a spec or layout "
+        "this configuration cannot hold); left in place for the next "
+        "start.",
         MetricType::Counter, load(kept_)));
 
     families.push_back(

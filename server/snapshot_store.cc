@@ -254,7 +254,7 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
   const int fd =
       ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0 && errno == ELOOP) {
-    return absl::FailedPreconditionError(
+    return absl::PermissionDeniedError(
         absl::StrCat(path, " is a symbolic link, not a snapshot file"));
   }
   if (fd < 0) return FileError("cannot open", path);
@@ -262,8 +262,8 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
   struct stat file;
   if (::fstat(fd, &file) != 0) return FileError("cannot stat", path);
   if (!S_ISREG(file.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path, " is not a regular file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, " is not a regular file, not a snapshot file"));
   }
   ImportOptions options;
   options.keep_session_id = true;
@@ -319,11 +319,15 @@ absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
 
 namespace {
 
-// What becomes of a file whose restore failed with `status`: corrupt and
-// refused files are moved aside (never restored again); a file that may
-// restore later (a full pool, an I/O error) stays for the next start, so
-// that no session is lost to a passing condition, or to forks, which share
-// their blocks while live but are restored one whole copy each.
+// What becomes of a file whose restore failed with `status`: corrupt files,
+// entries that are no snapshot file (PERMISSION_DENIED) and ids already
+// taken are moved aside
+// (never restored again); a file that may restore later stays for the next
+// start, so that no session is lost to a passing condition (a full pool,
+// an I/O error; forks, which share their blocks while live, are restored
+// one whole copy each) or to this start's configuration (a spec over
+// --max_session_tokens, blocks too small, a session kind the backend does
+// not serve: FAILED_PRECONDITION), which a later start may not share.
 void PutAsideOrKeep(const std::string& path, const absl::Status& status,
                     RestoreAllResult& result) {
   const absl::StatusCode code = status.code();
@@ -336,7 +340,6 @@ void PutAsideOrKeep(const std::string& path, const absl::Status& status,
     event = "snapshot_corrupt";
     count = &result.corrupt;
   } else if (code == absl::StatusCode::kAlreadyExists ||
-             code == absl::StatusCode::kFailedPrecondition ||
              code == absl::StatusCode::kPermissionDenied ||
              code == absl::StatusCode::kOutOfRange) {
     suffix = ".rejected";

@@ -81,12 +81,12 @@ absl::StatusOr<SnapshotDirectoryLock> PrepareSnapshotDirectory(
 struct RestoreAllResult {
   int64_t restored = 0;
   int64_t corrupt = 0;   // failed validation: moved aside as *.corrupt
-  int64_t rejected = 0;  // refused here for good (id taken, spec or
-                         // layout refused, not a regular file): moved
-                         // aside as *.rejected
+  int64_t rejected = 0;  // refused for good (id taken, not a regular
+                         // file): moved aside as *.rejected
   int64_t kept = 0;      // not restorable now (KV pool or --max_sessions
-                         // full, an I/O error): left as they are, for the
-                         // next start
+                         // full, an I/O error, a spec or layout this
+                         // configuration cannot hold): left as they are,
+                         // for the next start
   int64_t bytes = 0;
   // The files restored, still in the directory: the caller removes them
   // (RemoveRestoredFiles) once the server serves, so that a start that
@@ -112,8 +112,10 @@ void RemoveRestoredFiles(const std::string& dir,
 // Imports one snapshot file (with its id, idle deadline and owner tenant;
 // the sessions were admitted under their tenants' quotas before, so none is
 // applied again).
-// INVALID_ARGUMENT or DATA_LOSS for a malformed file; others as
-// ImportSession.
+// INVALID_ARGUMENT or DATA_LOSS for a malformed file, PERMISSION_DENIED
+// for an entry that is not a regular file (a link is not followed, a FIFO
+// not read); others as ImportSession (FAILED_PRECONDITION: a session this
+// server's configuration cannot hold).
 absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
                                        const std::string& path);
 

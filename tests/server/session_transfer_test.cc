@@ -1089,6 +1089,35 @@ TEST(SnapshotDirTest, FilesTheServerCannotTakeNowAreKeptForTheNextStart) {
   std::filesystem::remove_all(dir);
 }
 
+// Valid files this start's configuration cannot hold (here: a lower
+// --max_session_tokens than their sessions' max_tokens) are kept, not put
+// aside: a start with the configuration rolled back restores them.
+TEST(SnapshotDirTest, FilesAConfigurationCannotHoldAreKeptForTheNextStart) {
+  const std::string dir = TempDir("snapshot-config");
+  const std::vector<std::string> ids = SavedSessions(dir, 2);
+  ASSERT_EQ(ids.size(), 2u);
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  options.max_session_tokens = 16;
+  auto lowered = StartTestServer(options);
+  ATTN_ASSERT_OK(lowered);
+  const std::string metrics = (*lowered)->server->metrics().TextExposition();
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_sessions_restored_total 0"));
+  EXPECT_TRUE(absl::StrContains(metrics, "attention_snapshots_kept_total 2"));
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_snapshots_rejected_total 0"));
+  lowered->reset();
+  options.max_session_tokens = TestServerOptions().max_session_tokens;
+  auto restored = StartTestServer(options);
+  ATTN_ASSERT_OK(restored);
+  for (const std::string& id : ids) {
+    ATTN_EXPECT_OK((*restored)->client->GetSession(id));
+  }
+  restored->reset();
+  std::filesystem::remove_all(dir);
+}
+
 // Only regular files are snapshots: a FIFO does not hold up the start and
 // a link is not followed (both are moved aside as rejected); and a
 // directory serves one server at a time.
