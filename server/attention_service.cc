@@ -34,6 +34,50 @@ constexpr size_t kMaxPageTokenBytes = 64;
 // threads; more wait in the executor's queue.
 constexpr int kPrefillThreads = 4;
 
+// The caller of a long transfer (ExportSession, ImportSession): its tenant
+// is authenticated when it begins and again, at each record, once the
+// tenants changed since (Authenticator::generation), so that a revoked
+// token also ends the transfers it has open.
+class TransferCaller {
+ public:
+  // `authenticator` may be null (no authentication: the default tenant).
+  TransferCaller(const Authenticator* authenticator,
+                 const grpc::ServerContextBase& context)
+      : authenticator_(authenticator), context_(context) {}
+
+  // The tenant the transfer runs as, or UNAUTHENTICATED.
+  absl::StatusOr<Tenant> Begin() {
+    if (authenticator_ == nullptr) return DefaultTenant();
+    // The generation first: a reload after it is seen at the next record.
+    generation_ = authenticator_->generation();
+    ATTN_ASSIGN_OR_RETURN(Tenant tenant,
+                          authenticator_->Authenticate(context_));
+    name_ = tenant.name;
+    return tenant;
+  }
+
+  // OK while the call's token still names the tenant it began as;
+  // UNAUTHENTICATED otherwise.
+  absl::Status Check() {
+    if (authenticator_ == nullptr) return absl::OkStatus();
+    const uint64_t generation = authenticator_->generation();
+    if (generation == generation_) return absl::OkStatus();
+    generation_ = generation;
+    ATTN_ASSIGN_OR_RETURN(const Tenant tenant,
+                          authenticator_->Authenticate(context_));
+    if (tenant.name == name_) return absl::OkStatus();
+    return absl::UnauthenticatedError(
+        "the call's token was given to another tenant while the transfer "
+        "ran; start it again");
+  }
+
+ private:
+  const Authenticator* const authenticator_;
+  const grpc::ServerContextBase& context_;
+  uint64_t generation_ = 0;
+  std::string name_;
+};
+
 absl::Status Draining() {
   return absl::UnavailableError(
       "the server is draining (shutting down) and takes no new sessions; "
@@ -449,27 +493,31 @@ grpc::Status AttentionServiceImpl::ExportSession(
     grpc::ServerWriter<v1::SessionChunk>* writer) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kExportSession,
                      request->session_id());
-  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    ATTN_ASSIGN_OR_RETURN(
-        std::unique_ptr<SessionExport> session_export,
-        engine_->ExportSession(request->session_id(), tenant));
-    StallWatchdog::Watch watch = WatchTransfer(context);
-    ATTN_ASSIGN_OR_RETURN(
-        const int64_t bytes,
-        WriteSessionExport(
-            *session_export,
-            [&](v1::SessionChunk& record) -> absl::Status {
-              if (context->IsCancelled() || !writer->Write(record)) {
-                return TransferEnded(watch, "export");
-              }
-              watch.Progress();
-              return absl::OkStatus();
-            },
-            max_message_bytes_));
-    if (metrics_ != nullptr) metrics_->RecordExport(bytes);
-    return absl::OkStatus();
-  }(), context));
+  return scope.Finish(ToGrpcStatus(
+      [&]() -> absl::Status {
+        TransferCaller caller(authenticator_, *context);
+        ATTN_ASSIGN_OR_RETURN(const Tenant tenant, caller.Begin());
+        ATTN_ASSIGN_OR_RETURN(
+            std::unique_ptr<SessionExport> session_export,
+            engine_->ExportSession(request->session_id(), tenant));
+        StallWatchdog::Watch watch = WatchTransfer(context);
+        ATTN_ASSIGN_OR_RETURN(
+            const int64_t bytes,
+            WriteSessionExport(
+                *session_export,
+                [&](v1::SessionChunk& record) -> absl::Status {
+                  ATTN_RETURN_IF_ERROR(caller.Check());
+                  if (context->IsCancelled() || !writer->Write(record)) {
+                    return TransferEnded(watch, "export");
+                  }
+                  watch.Progress();
+                  return absl::OkStatus();
+                },
+                max_message_bytes_));
+        if (metrics_ != nullptr) metrics_->RecordExport(bytes);
+        return absl::OkStatus();
+      }(),
+      context));
 }
 
 grpc::Status AttentionServiceImpl::ImportSession(
@@ -478,7 +526,8 @@ grpc::Status AttentionServiceImpl::ImportSession(
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
   absl::Status status = [&]() -> absl::Status {
     ImportOptions options;
-    ATTN_ASSIGN_OR_RETURN(options.tenant, Caller(*context));
+    TransferCaller caller(authenticator_, *context);
+    ATTN_ASSIGN_OR_RETURN(options.tenant, caller.Begin());
     ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
     const bool handover = options.keep_owner;
     // A replica handing a session over keeps its id; so may anyone where
@@ -495,6 +544,7 @@ grpc::Status AttentionServiceImpl::ImportSession(
       return ReadSessionImport(
           *engine_, std::move(options), keep, max_message_bytes_,
           [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+            ATTN_RETURN_IF_ERROR(caller.Check());
             const bool more = !context->IsCancelled() && reader->Read(record);
             if (context->IsCancelled()) {
               return TransferEnded(watch, "import");
@@ -518,6 +568,8 @@ grpc::Status AttentionServiceImpl::ImportSession(
     }());
     // Not once the drain began: its hand-over may have listed the
     // sessions already, and this one would be lost.
+    // Nor once the caller's token was revoked (after its last record).
+    ATTN_RETURN_IF_ERROR(caller.Check());
     ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
                           UnlessDraining([&] { return read.Commit(); }));
     if (metrics_ != nullptr) {

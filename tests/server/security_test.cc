@@ -641,6 +641,60 @@ TEST_F(TokenTest, KeepingASessionIdCannotProbeOtherTenantsIds) {
   EXPECT_NE(copy->session_id(), bobs->id());
 }
 
+// A revoked token also ends the transfers it has open: an import is
+// refused at its next record and creates nothing, an export stops at its
+// next record.
+TEST_F(TokenTest, ARevokedTokenEndsOpenTransfers) {
+  // 8 layers of 4 KV heads of 128 float32 dims: 32 KiB a token (a 4 KiB
+  // block per layer), so the 512 tokens' export (16 MiB in 1 MiB records)
+  // cannot all be sent before the client reads.
+  const v1::SessionSpec spec = MakeSpec(8, 4, 4, 128);
+  auto bobs = bob_->OpenSession(spec);
+  ATTN_ASSERT_OK(bobs);
+  const Tokens tokens = RandomTokens(spec, 512, 13);
+  for (int layer = 0; layer < 8; ++layer) {
+    ATTN_ASSERT_OK(bobs->Prefill(layer, tokens.q_rows(0, 512),
+                                 tokens.k_rows(0, 512), tokens.v_rows(0, 512)));
+  }
+  auto records = Export(*bob_, bobs->id());
+  ATTN_ASSERT_OK(records);
+  ASSERT_GT(records->size(), 8u);
+  const auto revoke_bob = [&] {
+    EXPECT_TRUE(WriteFileAtomically(
+        tokens_file_,
+        absl::StrCat("alice ", server::DigestTokenHex("alice-token"),
+                     " - -\n")));
+    EXPECT_TRUE(server_->ReloadAuthTokens().ok());
+  };
+  const auto restore_bob = [&] {
+    EXPECT_TRUE(WriteFileAtomically(tokens_file_, TokensFile("bob-token")));
+    EXPECT_TRUE(server_->ReloadAuthTokens().ok());
+  };
+
+  size_t next = 0;
+  auto imported = bob_->ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == 2) revoke_bob();
+        if (next == records->size()) return false;
+        *record = (*records)[next++];
+        return true;
+      });
+  EXPECT_EQ(imported.status().code(), absl::StatusCode::kUnauthenticated)
+      << imported.status();
+  restore_bob();
+  EXPECT_EQ(bob_->GetServerInfo()->tenant_sessions(), 1);
+
+  size_t received = 0;
+  const absl::Status exported =
+      bob_->ExportSession(bobs->id(), [&](const v1::SessionChunk&) {
+        if (++received == 1) revoke_bob();
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(exported.code(), absl::StatusCode::kUnauthenticated) << exported;
+  EXPECT_LT(received, records->size());
+  restore_bob();
+}
+
 TEST_F(TokenTest, SnapshotsCarryTheirTenantAndCountTowardsTheImporter) {
   // 1 KV head of 64 dims: 512 bytes a token, 8 tokens a 4 KiB block.
   const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
