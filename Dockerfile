@@ -47,6 +47,6 @@ USER 10001:10001
 # gRPC (attention.v1 + grpc.health.v1 + reflection) and Prometheus /metrics.
 EXPOSE 50051 9464
 HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
-    CMD ["attnctl", "health", "--target=localhost:50051"]
+    CMD ["attnctl", "health", "--target=localhost:50051", "--timeout=2s"]
 ENTRYPOINT ["attention-server"]
 CMD ["--port=50051", "--metrics_port=9464"]

@@ -110,6 +110,16 @@ def main():
             problem(f"{dockerfile}: HEALTHCHECK passes --{flag}, unknown to attnctl")
         if '"attnctl", "health"' not in health:
             problem(f"{dockerfile}: HEALTHCHECK does not run attnctl health")
+        # attnctl health waits up to its --timeout (default 10 s) to
+        # connect, then up to --timeout for the check: docker must wait
+        # for both.
+        options = dockerfile_array(text, "HEALTHCHECK").split(" CMD ", 1)[0]
+        docker_wait = re.search(r"--timeout=(\d+)s", options)
+        attnctl_wait = re.search(r'"--timeout=(\d+)s"', health)
+        wait = int(attnctl_wait.group(1)) if attnctl_wait else 10
+        if not docker_wait or int(docker_wait.group(1)) < 2 * wait + 1:
+            problem(f"{dockerfile}: HEALTHCHECK --timeout is under twice "
+                    f"attnctl's --timeout ({wait} s) + 1")
     for source, flags in sources.items():
         if not flags:
             problem(f"{source}: no flags found")

@@ -375,7 +375,7 @@ function checkWiring(name, objects) {
     }
     const command = container[probe]?.exec?.command;
     if (command) {
-      healthProbes.push({ probe, command });
+      healthProbes.push({ probe, command, timeout: container[probe].timeoutSeconds ?? 1 });
       continue;
     }
     const port = container[probe]?.grpc?.port;
@@ -423,8 +423,15 @@ function checkWiring(name, objects) {
     problem(where, `--metrics_port=${flags.metrics_port} but the metrics container port is ${portNames.get("metrics")}`);
   }
   const tls = flags.tls_cert_file !== undefined;
-  for (const { probe, command } of healthProbes) {
+  for (const { probe, command, timeout } of healthProbes) {
     const target = command.find((arg) => arg.startsWith("--target="));
+    // attnctl health waits up to --timeout (default 10 s) to connect, then
+    // up to --timeout for the check: the kubelet must wait for both.
+    const waitArg = command.find((arg) => arg.startsWith("--timeout="));
+    const wait = waitArg ? durationSeconds(waitArg.slice("--timeout=".length)) : 10;
+    if (!(timeout >= 2 * wait + 1)) {
+      problem(where, `${probe}: timeoutSeconds ${timeout} is under twice attnctl's --timeout (${wait} s) + 1`);
+    }
     if (command[0] !== "attnctl" || command[1] !== "health") {
       problem(where, `${probe} runs ${command.join(" ")}, not attnctl health`);
     } else if (!target || Number(target.split(":").pop()) !== grpcPort) {
