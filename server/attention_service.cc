@@ -566,10 +566,10 @@ grpc::Status AttentionServiceImpl::ImportSession(
                                                              : absl::OkStatus();
           });
     }());
-    // Not once the drain began: its hand-over may have listed the
-    // sessions already, and this one would be lost.
-    // Nor once the caller's token was revoked (after its last record).
+    // Not once the caller's token was revoked (after its last record).
     ATTN_RETURN_IF_ERROR(caller.Check());
+    // Nor once the drain began: its hand-over may have listed the sessions
+    // already, and this one would be lost.
     ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
                           UnlessDraining([&] { return read.Commit(); }));
     if (metrics_ != nullptr) {

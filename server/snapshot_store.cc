@@ -321,13 +321,13 @@ namespace {
 
 // What becomes of a file whose restore failed with `status`: corrupt files,
 // entries that are no snapshot file (PERMISSION_DENIED) and ids already
-// taken are moved aside
-// (never restored again); a file that may restore later stays for the next
-// start, so that no session is lost to a passing condition (a full pool,
-// an I/O error; forks, which share their blocks while live, are restored
-// one whole copy each) or to this start's configuration (a spec over
-// --max_session_tokens, blocks too small, a session kind the backend does
-// not serve: FAILED_PRECONDITION), which a later start may not share.
+// taken are moved aside (never restored again); a file that may restore
+// later stays for the next start, so that no session is lost to a passing
+// condition (a full pool, an I/O error; forks, which share their blocks
+// while live, are restored one whole copy each) or to this start's
+// configuration (a spec over --max_session_tokens, blocks too small, a
+// session kind the backend does not serve: FAILED_PRECONDITION), which a
+// later start may not share.
 void PutAsideOrKeep(const std::string& path, const absl::Status& status,
                     RestoreAllResult& result) {
   const absl::StatusCode code = status.code();
