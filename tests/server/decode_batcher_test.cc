@@ -1081,8 +1081,10 @@ TEST_F(DecodeBatcherTest, StuckRepliesHoldBackTheBatchesAfterTheNext) {
                             ++answered;
                           });
   }
-  // ...and no batch after it: the two steps stay queued, the queue is full
+  // ...and no batch after it (the wait only gives a batcher that would run
+  // one the time to do so): the two steps stay queued, the queue is full
   // and a step of another session is refused, changing nothing.
+  EXPECT_FALSE(recorder_->WaitForBatches(4, absl::Milliseconds(200)));
   EXPECT_EQ(batcher_->queued_steps(), 2);
   Tokens other(1, 130);
   auto refused = batcher_->Append(DecodeRequest(ids_[2], 0, other));
