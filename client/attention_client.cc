@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -171,25 +172,30 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 absl::Status FromGrpcCall(const grpc::Status& status,
                           const grpc::ClientContext& context) {
   absl::Status converted = FromGrpcStatus(status);
-  const char* key = nullptr;
+  std::vector<const char*> keys;
   if (converted.code() == absl::StatusCode::kNotFound) {
-    key = kSessionOwnerMetadata;
+    keys = {kSessionOwnerMetadata};
   } else if (converted.code() == absl::StatusCode::kUnavailable) {
-    key = kSessionMovingMetadata;
-  } else {
-    return converted;
+    keys = {kSessionMovingMetadata, kStreamDrainedMetadata};
   }
   const auto& trailers = context.GetServerTrailingMetadata();
-  auto it = trailers.find(key);
-  if (it == trailers.end() || it->second.empty()) return converted;
-  converted.SetPayload(
-      key, absl::Cord(absl::string_view(it->second.data(), it->second.size())));
+  for (const char* key : keys) {
+    auto it = trailers.find(key);
+    if (it == trailers.end() || it->second.empty()) continue;
+    converted.SetPayload(key, absl::Cord(absl::string_view(it->second.data(),
+                                                           it->second.size())));
+  }
   return converted;
 }
 
 bool IsSessionMoving(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
          status.GetPayload(kSessionMovingMetadata).has_value();
+}
+
+bool IsStreamDrained(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         status.GetPayload(kStreamDrainedMetadata).has_value();
 }
 
 std::optional<std::string> MovedSessionOwner(const absl::Status& status) {

@@ -141,8 +141,14 @@ inline constexpr char kSessionOwnerMetadata[] = "attention-session-owner";
 // retried, it is redirected once the move ends), kept on the returned
 // status as a payload under this type URL. Other calls wait for the move.
 inline constexpr char kSessionMovingMetadata[] = "attention-session-moving";
-// As FromGrpcStatus, plus the new owner or the move in progress from
-// `context`'s trailing metadata.
+// A draining server ends a Decode stream that waits for its next request
+// when the drain's time for calls is up, with UNAVAILABLE and the trailing
+// metadata `attention-stream-drained: 1`: the requests sent after its last
+// reply were not applied (send them again on a new stream). Kept on the
+// returned status as a payload under this type URL.
+inline constexpr char kStreamDrainedMetadata[] = "attention-stream-drained";
+// As FromGrpcStatus, plus the new owner, the move in progress or the
+// drained stream from `context`'s trailing metadata.
 absl::Status FromGrpcCall(const grpc::Status& status,
                           const grpc::ClientContext& context);
 // The replica a moved session went to ("host:port"), when `status` is such a
@@ -150,6 +156,9 @@ absl::Status FromGrpcCall(const grpc::Status& status,
 std::optional<std::string> MovedSessionOwner(const absl::Status& status);
 // Whether `status` says the session was being moved (nothing applied).
 bool IsSessionMoving(const absl::Status& status);
+// Whether `status` ended a Decode stream drained as it waited for its next
+// request (nothing sent after the last reply applied).
+bool IsStreamDrained(const absl::Status& status);
 
 // grpc.health.v1 serving status.
 enum class ServingStatus { kUnknown, kServing, kNotServing, kServiceUnknown };

@@ -1154,6 +1154,15 @@ void ClusterDecodeStream::Pump(Lane* lane) {
   std::shared_ptr<ClusterReplica> replica = lane->replica;
   lanes_.erase(replica.get());
   absl::Status status = result.status();
+  if (IsStreamDrained(status) && front->moves < kMaxMoves) {
+    // The replica's drain ended the stream as it waited: it read none of
+    // `pending`. They go where their sessions are now (confirmed first, as
+    // on any replica known to drain).
+    cluster_->MarkDraining(*replica);
+    ++front->moves;
+    DispatchAll(pending);
+    return;
+  }
   if (status.code() == absl::StatusCode::kNotFound &&
       front->moves < kMaxMoves) {
     absl::StatusOr<std::shared_ptr<ClusterReplica>> next =

@@ -43,9 +43,12 @@
 // the caller sees no error. A decode step that reaches the session while it
 // is being moved answers UNAVAILABLE with `attention-session-moving` (also
 // changing nothing): the client waits for the move's end (GetSession) and
-// then sends it to wherever the session is. A Decode stream cut by either is
-// reopened at the new owner and its unanswered requests are re-sent in
-// order: results continue, bitwise as on one server. While a replica is
+// then sends it to wherever the session is. A Decode stream cut by either,
+// or ended by a draining replica as it waited for its next request when the
+// drain's time for calls was up (`attention-stream-drained`: the requests
+// sent after its last reply were not applied), is reopened where its
+// sessions are and its unanswered requests are re-sent in order: results
+// continue, bitwise as on one server. While a replica is
 // known to drain, the client confirms a session's owner (GetSession,
 // answered once the move is over) before sending it anything.
 //

@@ -490,8 +490,20 @@ void AttentionServer::Shutdown() {
        {"drain_timeout", absl::FormatDuration(options_.drain_timeout)},
        {"sessions", engine_->stats().active_sessions}});
   if (peers_ != nullptr) HandOverSessions(deadline);
-  while (service_->in_flight() > 0 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
+  const auto wait_for_calls = [this](absl::Time until) {
+    while (service_->in_flight() > 0 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  };
+  // Streams still open near the deadline end as they wait for their
+  // client, saying that nothing sent after their last reply was applied (a
+  // step in progress finishes first), where gRPC's cancel at the deadline
+  // would leave the client in doubt.
+  const absl::Duration grace = ShutdownGrace(options_.drain_timeout);
+  wait_for_calls(deadline - grace);
+  if (service_->in_flight() > 0) {
+    service_->EndIdleStreams();
+    wait_for_calls(deadline);
   }
   const int64_t left = service_->in_flight();
   // gRPC's shutdown cancels the calls left at the deadline, but may return
@@ -502,8 +514,8 @@ void AttentionServer::Shutdown() {
     server_->Shutdown(absl::ToChronoTime(std::max(deadline, absl::Now())));
     transport_stopped_.Notify();
   });
-  const bool stopped = transport_stopped_.WaitForNotificationWithDeadline(
-      deadline + ShutdownGrace(options_.drain_timeout));
+  const bool stopped =
+      transport_stopped_.WaitForNotificationWithDeadline(deadline + grace);
   Log(left > 0 || !stopped ? LogLevel::kWarning : LogLevel::kInfo,
       "drain_finished",
       {{"cancelled_calls", left},

@@ -123,8 +123,9 @@ class AttentionServer {
   // Stops every change to the sessions, then writes them all to
   // options_.snapshot_dir, until `deadline`.
   void WriteSnapshot(absl::Time deadline);
-  // How long past the calls' deadline the snapshot waits for gRPC's
-  // shutdown before it goes ahead.
+  // How long before the calls' deadline open Decode streams are told to
+  // end (OpenStreams::EndIdle), and how long past it the snapshot waits for
+  // gRPC's shutdown before it goes ahead.
   static absl::Duration ShutdownGrace(absl::Duration drain_timeout);
 
   const ServerOptions options_;

@@ -106,6 +106,9 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   // The server's tenants changed: open Decode streams authenticate again
   // (server/open_streams.h).
   void TenantsChanged() { open_streams_.TenantsChanged(); }
+  // The drain's time for calls is over: open Decode streams end as soon as
+  // they wait for their client (OpenStreams::EndIdle).
+  void EndIdleStreams() { open_streams_.EndIdle(); }
 
   grpc::Status CreateSession(grpc::ServerContext* context,
                              const v1::CreateSessionRequest* request,

@@ -62,8 +62,31 @@ void DecodeStreamReactor::ReadNext() {
     OnStepDone(auth);
     return;
   }
+  // EndIdle before this point is seen here; one after it, by OnEndIdle.
+  if (deps_.open_streams != nullptr && deps_.open_streams->ending_idle()) {
+    EndIdle();
+    return;
+  }
   reading_ = true;
   StartRead(&request_);
+}
+
+void DecodeStreamReactor::OnEndIdle() {
+  absl::MutexLock lock(&mu_);
+  // Otherwise a reaction runs or will, and the next ReadNext ends it.
+  if (!reading_ || ended_) return;
+  ended_ = true;
+  EndIdle();
+}
+
+void DecodeStreamReactor::EndIdle() {
+  scope_.Restart("");  // the request it would have read
+  context_->AddTrailingMetadata(kStreamDrainedMetadata, "1");
+  OnStepDone(absl::UnavailableError(
+      "the server is draining and ended this Decode stream as it waited for "
+      "the next request: it read no request after its last reply, so this "
+      "request and every later one were not applied; send them again on a "
+      "new stream (trailing metadata attention-stream-drained)"));
 }
 
 void DecodeStreamReactor::OnTenantsChanged() {

@@ -18,16 +18,20 @@
 // for its client (OpenStreams calls it), else before its next step or
 // read: a revoked token ends it with UNAUTHENTICATED, a token that now
 // names another tenant lets the old tenant's sessions go, and a changed
-// quota applies from the next step on. The stream counts as in flight
-// while open; each step is recorded as one Decode request (its own code
-// and latency).
+// quota applies from the next step on. At the end of a drain's time for
+// calls (OpenStreams::EndIdle) the stream ends as soon as it waits for its
+// client's next request, with UNAVAILABLE and the trailing metadata
+// `attention-stream-drained: 1`: it read nothing after its last reply, so
+// no request the client sent after it was applied. The stream counts as in
+// flight while open; each step is recorded as one Decode request (its own
+// code and latency).
 //
 // Threads: gRPC runs one reaction of the stream at a time; OpenStreams
-// may call OnTenantsChanged meanwhile, which acts only while a read or a
-// write is pending (reading_, writing_), when no reaction runs. mu_ orders
-// the two. A revocation found while a write is pending lets the stream's
-// sessions go at once (a client that stops reading holds the write) and
-// ends the stream when the write completes.
+// may call OnTenantsChanged or OnEndIdle meanwhile, which act only while a
+// read or a write is pending (reading_, writing_), when no reaction runs.
+// mu_ orders the two. A revocation found while a write is pending lets the
+// stream's sessions go at once (a client that stops reading holds the write)
+// and ends the stream when the write completes.
 #ifndef ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
 #define ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
 
@@ -55,7 +59,7 @@ namespace attention::server {
 
 class DecodeStreamReactor final
     : public grpc::ServerBidiReactor<v1::DecodeRequest, v1::AttentionResult>,
-      public TenantsChangedListener {
+      public OpenStreamListener {
  public:
   // What the stream runs on; everything must outlive the stream.
   struct Deps {
@@ -76,14 +80,19 @@ class DecodeStreamReactor final
   void OnWriteDone(bool ok) override;
   void OnDone() override;
   void OnTenantsChanged() override ABSL_LOCKS_EXCLUDED(mu_);
+  void OnEndIdle() override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   // The caller's tenant (again, when the tenants changed since it was last
   // found): UNAUTHENTICATED when its credentials no longer hold.
   absl::Status Authenticate();
   // Reads the next request, unless the tenants changed and the caller's
-  // credentials no longer hold (the stream then ends).
+  // credentials no longer hold, or streams end when idle (the stream then
+  // ends).
   void ReadNext() ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the stream as it waits for its client (OpenStreams::EndIdle), the
+  // read pending (reading_) or about to start.
+  void EndIdle() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // While a write is pending: when the caller's credentials no longer hold,
   // lets the held sessions go and sets revoked_.
   void RevokeWhileWriting() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -101,8 +110,8 @@ class DecodeStreamReactor final
   absl::Mutex mu_;
   // A read is pending: no reaction runs, and OnTenantsChanged may act.
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
-  // OnTenantsChanged ended the stream: the pending read's reaction does
-  // nothing.
+  // OnTenantsChanged or OnEndIdle ended the stream: the pending read's
+  // reaction does nothing.
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   // A reply is being written: no reaction runs until OnWriteDone.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

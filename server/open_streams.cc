@@ -2,19 +2,25 @@
 
 namespace attention::server {
 
-void OpenStreams::Add(TenantsChangedListener* stream) {
+void OpenStreams::Add(OpenStreamListener* stream) {
   absl::MutexLock lock(&mu_);
   streams_.insert(stream);
 }
 
-void OpenStreams::Remove(TenantsChangedListener* stream) {
+void OpenStreams::Remove(OpenStreamListener* stream) {
   absl::MutexLock lock(&mu_);
   streams_.erase(stream);
 }
 
 void OpenStreams::TenantsChanged() {
   absl::MutexLock lock(&mu_);
-  for (TenantsChangedListener* stream : streams_) stream->OnTenantsChanged();
+  for (OpenStreamListener* stream : streams_) stream->OnTenantsChanged();
+}
+
+void OpenStreams::EndIdle() {
+  ending_idle_.store(true, std::memory_order_release);
+  absl::MutexLock lock(&mu_);
+  for (OpenStreamListener* stream : streams_) stream->OnEndIdle();
 }
 
 }  // namespace attention::server

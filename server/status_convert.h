@@ -20,6 +20,10 @@ inline constexpr char kSessionOwnerMetadata[] = "attention-session-owner";
 // The trailing metadata key ("1") of the UNAVAILABLE a call gets on a
 // session being moved (core/moved_sessions.h, SessionMovingError).
 inline constexpr char kSessionMovingMetadata[] = "attention-session-moving";
+// The trailing metadata key ("1") of the UNAVAILABLE that ends a Decode
+// stream at the end of a drain, as it waited for its client: no request
+// sent after its last reply was applied (decode_stream_reactor.h).
+inline constexpr char kStreamDrainedMetadata[] = "attention-stream-drained";
 
 // The one conversion of a call's final status: ToGrpcStatus(status), and
 // for a moved session's redirect (MovedSessionOwner) the trailing metadata

@@ -709,6 +709,49 @@ TEST(ClusterClientTest, AnIdleLaneDoesNotHoldADrainUp) {
   ATTN_ASSERT_OK(stream->Finish());
 }
 
+// A stream's idle lane to a replica whose drain ran out of time for calls
+// (this client did not probe it meanwhile, so never closed the lane): the
+// replica ends the lane's stream saying nothing sent after its last reply
+// was applied, and exits. The stream's next request for a session that was
+// there goes where the drain moved it, unasked.
+TEST(ClusterClientTest, AStreamEndedByADrainsDeadlineCarriesOnElsewhere) {
+  Fleet fleet(2, {"--drain_timeout=3s"}, /*peers=*/true);
+  ASSERT_TRUE(fleet.ok()) << fleet.errors();
+  ClusterOptions options = TestClusterOptions();
+  options.refresh_interval = absl::Hours(1);
+  auto cluster = ClusterClient::Open(fleet.List(), options);
+  ATTN_ASSERT_OK(cluster);
+  Workload a = NewWorkloadOn(fleet.address(0), 0, kPrompt + 4);
+  Workload b = NewWorkloadOn(fleet.address(1), 1, kPrompt + 4);
+  PrefillAll(**cluster, a);
+  PrefillAll(**cluster, b);
+  auto stream = (*cluster)->OpenDecodeStream();
+  auto step = [&](Workload& w) {
+    for (int layer = 0; layer < w.spec.num_layers(); ++layer) {
+      auto result = stream->Step(NextStep(w, layer));
+      ATTN_ASSERT_OK(result);
+      EXPECT_EQ(result->position(), w.length);
+      w.out[layer] += result->output().data();
+    }
+    ++w.length;
+  };
+  step(a);  // opens the lane to replica 0, idle from now on
+  step(b);
+  fleet.replica(0).Signal(SIGTERM);
+  ASSERT_EQ(ExitCode(fleet.replica(0)), 0) << fleet.replica(0).output();
+  // The lane's stream ended before the deadline's cancel: the drain
+  // finished with no call cancelled.
+  EXPECT_TRUE(absl::StrContains(fleet.replica(0).output(),
+                                "level=info event=drain_finished"))
+      << fleet.replica(0).output();
+  step(a);
+  step(b);
+  ATTN_ASSERT_OK(stream->Finish());
+  EXPECT_EQ((*cluster)->OwnerOf(a.id), fleet.address(1));
+  ExpectOneShot(**cluster, a);
+  ExpectOneShot(**cluster, b);
+}
+
 TEST(ClusterClientTest, AKilledReplicasSessionsReportItOthersCarryOn) {
   Fleet fleet(3);
   ASSERT_TRUE(fleet.ok()) << fleet.errors();

@@ -10,10 +10,22 @@
 namespace attention::server {
 namespace {
 
-class CountingStream : public TenantsChangedListener {
+class CountingStream : public OpenStreamListener {
  public:
+  explicit CountingStream(const OpenStreams* streams = nullptr)
+      : streams_(streams) {}
   void OnTenantsChanged() override { calls.fetch_add(1); }
+  void OnEndIdle() override {
+    end_idle_calls.fetch_add(1);
+    // Set before any stream hears of it.
+    if (streams_ != nullptr && !streams_->ending_idle()) unset.fetch_add(1);
+  }
   std::atomic<int> calls{0};
+  std::atomic<int> end_idle_calls{0};
+  std::atomic<int> unset{0};
+
+ private:
+  const OpenStreams* streams_;
 };
 
 TEST(OpenStreamsTest, EveryRegisteredStreamHearsOfAChange) {
@@ -31,9 +43,27 @@ TEST(OpenStreamsTest, EveryRegisteredStreamHearsOfAChange) {
   EXPECT_EQ(b.calls.load(), 2);
 }
 
+// EndIdle sets ending_idle() for the streams still to come, then tells the
+// registered ones; tenant changes reach them apart.
+TEST(OpenStreamsTest, EndIdleIsSetBeforeTheStreamsHearOfIt) {
+  OpenStreams streams;
+  CountingStream a(&streams), b(&streams);
+  streams.Add(&a);
+  streams.Add(&b);
+  EXPECT_FALSE(streams.ending_idle());
+  streams.Remove(&b);
+  streams.EndIdle();
+  EXPECT_TRUE(streams.ending_idle());
+  EXPECT_EQ(a.end_idle_calls.load(), 1);
+  EXPECT_EQ(a.unset.load(), 0);
+  EXPECT_EQ(a.calls.load(), 0);
+  EXPECT_EQ(b.end_idle_calls.load(), 0);
+}
+
 // A stream that blocks in OnTenantsChanged until released.
-class BlockingStream : public TenantsChangedListener {
+class BlockingStream : public OpenStreamListener {
  public:
+  void OnEndIdle() override {}
   void OnTenantsChanged() override {
     entered.Notify();
     release.WaitForNotification();

@@ -114,5 +114,37 @@ TEST_F(OperationsTest, DrainRefusesNewSessionsAndLetsOpenStreamsFinish) {
   EXPECT_TRUE(stopped.HasBeenNotified());
 }
 
+// A drain whose time for calls runs out ends the Decode streams still open
+// as they wait for their next request: UNAVAILABLE naming the first request
+// they did not read, with attention-stream-drained (not gRPC's cancel,
+// which would leave the client in doubt).
+TEST(DrainDeadlineTest, OpenStreamsEndSayingWhatTheyDidNotRead) {
+  server::ServerOptions options = TestServerOptions();
+  options.drain_timeout = absl::Seconds(2);
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  client::AttentionClient& client = *(*server)->client;
+  auto session = client.OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(session->spec(), 1, 7);
+  auto stepped = client.OpenDecodeStream();
+  auto request = session->MakeDecodeRequest(
+      0, tokens.q_rows(0, 1), tokens.k_rows(0, 1), tokens.v_rows(0, 1));
+  ATTN_ASSERT_OK(request);
+  ATTN_ASSERT_OK(stepped->Step(*request));
+  auto unused = client.OpenDecodeStream();
+  ATTN_ASSERT_OK(client.GetServerInfo());  // both streams are open
+
+  std::thread shutdown([&] { (*server)->server->Shutdown(); });
+  const absl::Status first = stepped->Read().status();
+  const absl::Status second = unused->Read().status();
+  shutdown.join();
+  EXPECT_TRUE(client::IsStreamDrained(first)) << first;
+  EXPECT_TRUE(absl::StartsWith(first.message(), "requests[1]: ")) << first;
+  EXPECT_TRUE(client::IsStreamDrained(second)) << second;
+  EXPECT_TRUE(absl::StartsWith(second.message(), "requests[0]: ")) << second;
+  EXPECT_EQ(stepped->Finish(), first);
+}
+
 }  // namespace
 }  // namespace attention::testing
