@@ -241,8 +241,13 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
   // The id first: a session held here is ALREADY_EXISTS whatever else is
   // short (a hand-over asking again after a lost answer counts on it).
   std::string id;
+  std::optional<ImportIdClaim> id_claim;
   if (options.keep_session_id) {
     ATTN_RETURN_IF_ERROR(ValidateSessionId(header.session_id));
+    ATTN_ASSIGN_OR_RETURN(
+        ImportIdClaim claim,
+        manager->ClaimImportId(header.session_id, options.control));
+    id_claim.emplace(std::move(claim));
     if (manager->Contains(header.session_id)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "a session with id ", QuoteClientString(header.session_id),
@@ -325,7 +330,7 @@ absl::StatusOr<std::unique_ptr<SessionImport>> SessionImport::Begin(
   auto import = std::unique_ptr<SessionImport>(new SessionImport(
       manager, pool, backend, header, layout, std::move(id), idle_timeout,
       last_used, std::move(tenant), std::move(usage), std::move(metadata),
-      std::move(layers)));
+      std::move(layers), std::move(id_claim)));
   import->remaining_tokens_ = tokens;
   import->Advance();
   return import;
@@ -337,8 +342,10 @@ SessionImport::SessionImport(SessionManager* manager, BlockPool* pool,
                              absl::Duration idle_timeout, absl::Time last_used,
                              Tenant tenant, std::shared_ptr<TenantUsage> usage,
                              MetadataReservation metadata,
-                             std::vector<LayerKvCache> layers)
-    : manager_(manager),
+                             std::vector<LayerKvCache> layers,
+                             std::optional<ImportIdClaim> id_claim)
+    : id_claim_(std::move(id_claim)),
+      manager_(manager),
       pool_(pool),
       backend_(backend),
       header_(std::move(header)),
@@ -431,6 +438,7 @@ absl::StatusOr<SessionInfo> SessionImport::Finish(
                           last_used_, usage_, std::move(layers_));
   ATTN_RETURN_IF_ERROR(
       manager_->Adopt(session, tenant_.quota, std::move(metadata_)));
+  id_claim_.reset();  // an import of the id waiting now finds the session
   return session->Info();
 }
 

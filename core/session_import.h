@@ -17,6 +17,10 @@
 // a kept id that is live; RESOURCE_EXHAUSTED for the KV pool, the session
 // limits or the tenant's quotas.
 //
+// Imports that keep one id run one at a time: Begin waits while another
+// import of that id runs (until it is finished or dropped), then answers
+// ALREADY_EXISTS if that one created the session.
+//
 // Thread-safety: not thread-safe (one writer). Must be destroyed before the
 // engine it came from.
 #ifndef ATTENTION_CORE_SESSION_IMPORT_H_
@@ -26,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +39,7 @@
 #include "absl/time/time.h"
 #include "core/backend.h"
 #include "core/block_pool.h"
+#include "core/call_control.h"
 #include "core/layer_kv_cache.h"
 #include "core/session.h"
 #include "core/session_manager.h"
@@ -59,6 +65,9 @@ struct ImportOptions {
   // tenant.
   bool keep_owner = false;
   std::function<TenantQuota(const std::string& owner)> owner_quota;
+  // Optional: withdraws the call while Begin waits for another import of
+  // the same kept id (SessionManager::ClaimImportId). Must outlive Begin.
+  const CallControl* control = nullptr;
 };
 
 class SessionImport {
@@ -89,10 +98,14 @@ class SessionImport {
                 KvBlockLayout layout, std::string id,
                 absl::Duration idle_timeout, absl::Time last_used,
                 Tenant tenant, std::shared_ptr<TenantUsage> usage,
-                MetadataReservation metadata, std::vector<LayerKvCache> layers);
+                MetadataReservation metadata, std::vector<LayerKvCache> layers,
+                std::optional<ImportIdClaim> id_claim);
   // Moves the cursor to the next carried row (SeekCarriedRow).
   void Advance();
 
+  // A kept id's claim, until the session is added or the import dropped.
+  // First, so that a drop gives it back last, after the staged blocks.
+  std::optional<ImportIdClaim> id_claim_;
   SessionManager* const manager_;
   BlockPool* const pool_;
   AttentionBackend* const backend_;

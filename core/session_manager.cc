@@ -148,6 +148,30 @@ void SessionManager::ReleaseMetadata(int64_t bytes) {
   metadata_bytes_ -= bytes;
 }
 
+ImportIdClaim::~ImportIdClaim() {
+  if (manager_ != nullptr) manager_->ReleaseImportId(id_);
+}
+
+absl::StatusOr<ImportIdClaim> SessionManager::ClaimImportId(
+    const std::string& id, const CallControl* control) {
+  absl::MutexLock lock(&mu_);
+  const auto unclaimed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !importing_.contains(id);
+  };
+  // The other import ends with its stream; the control bounds the wait.
+  while (!unclaimed()) {
+    mu_.AwaitWithTimeout(absl::Condition(&unclaimed), absl::Milliseconds(50));
+    if (!unclaimed()) ATTN_RETURN_IF_ERROR(CheckCall(control));
+  }
+  importing_.insert(id);
+  return ImportIdClaim(this, id);
+}
+
+void SessionManager::ReleaseImportId(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  importing_.erase(id);
+}
+
 bool SessionManager::Contains(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   return sessions_.contains(id);

@@ -103,6 +103,27 @@ class MetadataReservation {
   int64_t bytes_;
 };
 
+// A kept session id an import holds while it runs (SessionManager::
+// ClaimImportId): another import of the id waits until it is given back.
+// Given back when destroyed. Move-only; the manager must outlive it.
+class ImportIdClaim {
+ public:
+  ImportIdClaim(ImportIdClaim&& other) noexcept
+      : manager_(other.manager_), id_(std::move(other.id_)) {
+    other.manager_ = nullptr;
+  }
+  ImportIdClaim& operator=(ImportIdClaim&&) = delete;
+  ~ImportIdClaim();
+
+ private:
+  friend class SessionManager;
+  ImportIdClaim(SessionManager* manager, std::string id)
+      : manager_(manager), id_(std::move(id)) {}
+
+  SessionManager* manager_;  // null once moved from
+  std::string id_;
+};
+
 // Every session belongs to the tenant that created it: the methods taking a
 // `tenant` only ever see that tenant's sessions, and answer another
 // tenant's session id exactly as an unknown one (NOT_FOUND, same message),
@@ -223,6 +244,14 @@ class SessionManager {
   // with UNAVAILABLE (a server that has saved its sessions).
   ChangeGate& changes() { return changes_; }
 
+  // Claims `id` for an import that keeps it, waiting while another import
+  // holds it: of two imports of one id (a hand-over asking again after a
+  // lost answer), the second then finds the first one's session or none,
+  // never one still on its way in. CANCELLED or DEADLINE_EXCEEDED when
+  // `control` (may be null: no bound) withdraws the call while it waits.
+  absl::StatusOr<ImportIdClaim> ClaimImportId(const std::string& id,
+                                              const CallControl* control);
+
   // Whether `id` names a live session (it may expire right after).
   bool Contains(const std::string& id) const;
   // A fresh unguessable id (128 random bits, hex).
@@ -249,12 +278,14 @@ class SessionManager {
  private:
   friend class SessionSeal;
   friend class MetadataReservation;
+  friend class ImportIdClaim;
 
   // Adds `session`; `reserved` bytes of metadata already counted (a
   // reservation it takes over) are part of its metadata_bytes().
   absl::Status Insert(std::shared_ptr<Session> session,
                       const TenantQuota& quota, int64_t reserved = 0);
   void ReleaseMetadata(int64_t bytes);
+  void ReleaseImportId(const std::string& id);
   // What a lookup of `id` by `tenant` that found nothing answers: the
   // redirect when `id` moved and was `tenant`'s, else plain NOT_FOUND.
   absl::Status NotFound(const std::string& id, const Tenant& tenant) const;
@@ -303,6 +334,8 @@ class SessionManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Ids of the sessions being moved now (Seal).
   absl::flat_hash_set<std::string> sealed_ ABSL_GUARDED_BY(mu_);
+  // Kept ids of the imports running now (ClaimImportId).
+  absl::flat_hash_set<std::string> importing_ ABSL_GUARDED_BY(mu_);
   ChangeGate changes_;
   MovedSessions moved_;
   mutable std::atomic<int64_t> redirects_total_{0};

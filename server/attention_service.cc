@@ -525,7 +525,10 @@ grpc::Status AttentionServiceImpl::ImportSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
   absl::Status status = [&]() -> absl::Status {
+    // Bounds the wait for another import of the same kept id.
+    const GrpcCallControl control(context);
     ImportOptions options;
+    options.control = &control;
     TransferCaller caller(authenticator_, *context);
     ATTN_ASSIGN_OR_RETURN(options.tenant, caller.Begin());
     ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));

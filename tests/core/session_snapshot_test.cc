@@ -9,10 +9,13 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "core/call_control.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/crc32c.h"
 #include "core/engine.h"
@@ -927,6 +930,93 @@ TEST(SessionImportTest, AnIdHeldHereIsAlreadyExistsBeforeTheMetadataBound) {
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists)
       << again.status();
   EXPECT_EQ((*engine)->stats().active_sessions, 1);
+}
+
+// A hand-over that asks a peer again after a lost answer must find the
+// lost attempt's outcome there, not race it: imports of one kept id run one
+// at a time. The second waits while the first runs, then finds its session
+// (ALREADY_EXISTS) or, if it was dropped, none; its control bounds the wait.
+TEST(SessionImportTest, ImportsOfOneKeptIdRunOneAtATime) {
+  const Shape4 shape{2, 2, 16, 8};
+  std::mt19937 rng(21);
+  auto source = MakeEngine(int64_t{16} << 20, 4096);
+  auto target = MakeEngine(int64_t{16} << 20, 4096);
+  const std::string id =
+      source->CreateSession(MakeSpec(shape, DType::kFloat32), absl::Minutes(3))
+          ->session_id;
+  Tokens t(40, shape, rng, DType::kFloat32);
+  for (int layer = 0; layer < 2; ++layer) Append(*source, id, layer, t, 0, 40);
+  const Snapshot snapshot = Export(*source, id);
+  ImportOptions keep;
+  keep.keep_session_id = true;
+  // Begins a second import of the id on another thread; `done` is notified
+  // when Begin returned, with its result in `result`.
+  struct Second {
+    absl::StatusOr<std::unique_ptr<SessionImport>> result =
+        absl::UnknownError("not yet");
+    absl::Notification done;
+    std::thread thread;
+  };
+  auto begin_second = [&](Second& second, const ImportOptions& options) {
+    second.thread = std::thread([&, options] {
+      second.result = target->BeginImport(snapshot.header, options);
+      second.done.Notify();
+    });
+  };
+
+  // The first finishes: the second finds its session.
+  auto first = target->BeginImport(snapshot.header, keep);
+  ASSERT_TRUE(first.ok()) << first.status();
+  for (const SnapshotChunk& chunk : snapshot.chunks) {
+    ASSERT_TRUE((*first)->AddChunk(chunk).ok());
+  }
+  Second after_finish;
+  begin_second(after_finish, keep);
+  // However long it is given, it cannot return while the first runs.
+  EXPECT_FALSE(
+      after_finish.done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  ASSERT_TRUE((*first)->Finish(snapshot.trailer).ok());
+  after_finish.thread.join();
+  EXPECT_EQ(after_finish.result.status().code(),
+            absl::StatusCode::kAlreadyExists)
+      << after_finish.result.status();
+  EXPECT_EQ(target->stats().active_sessions, 1);
+
+  // The first is dropped: the second goes ahead and creates it.
+  ASSERT_TRUE(target->DeleteSession(id).ok());
+  auto dropped = target->BeginImport(snapshot.header, keep);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  Second after_drop;
+  begin_second(after_drop, keep);
+  EXPECT_FALSE(
+      after_drop.done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  dropped->reset();
+  after_drop.thread.join();
+  ASSERT_TRUE(after_drop.result.ok()) << after_drop.result.status();
+  for (const SnapshotChunk& chunk : snapshot.chunks) {
+    ASSERT_TRUE((*after_drop.result)->AddChunk(chunk).ok());
+  }
+  auto info = (*after_drop.result)->Finish(snapshot.trailer);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->session_id, id);
+  after_drop.result->reset();
+
+  // A withdrawn call stops waiting, and takes nothing.
+  ASSERT_TRUE(target->DeleteSession(id).ok());
+  auto held = target->BeginImport(snapshot.header, keep);
+  ASSERT_TRUE(held.ok()) << held.status();
+  CancellationFlag cancel;
+  ImportOptions withdrawn = keep;
+  withdrawn.control = &cancel;
+  Second cancelled;
+  begin_second(cancelled, withdrawn);
+  cancel.Cancel();
+  cancelled.thread.join();
+  EXPECT_EQ(cancelled.result.status().code(), absl::StatusCode::kCancelled)
+      << cancelled.result.status();
+  held->reset();
+  EXPECT_EQ(target->stats().active_sessions, 0);
+  EXPECT_EQ(target->stats().pool.used_bytes, 0);
 }
 
 // A session whose token does not fit this server's KV blocks is a valid
