@@ -311,6 +311,7 @@ struct AttentionEngine::BatchStep {
   // until they are committed (or released).
   BlockReservation reservation;
   double flops = 0;  // AttentionFlops of the step
+  double reply_bytes = 0;  // ResultBytes of the step
   Tensor output;  // the float32 result, when returned as it is
   // The float32 result in the batch's scratch, when it is converted (or
   // copied) into the reply afterwards.
@@ -330,6 +331,37 @@ int64_t HeldBytes(const AppendRequest& request) {
          static_cast<int64_t>(request.output_destination.size());
 }
 
+double ResultBytes(const SessionSpec& spec, int32_t layer, int64_t tokens,
+                   DType output_dtype, bool return_lse,
+                   bool return_topk_indices) {
+  const double rows = static_cast<double>(tokens) * spec.num_q_heads;
+  double bytes = rows * spec.value_dim * DTypeSize(output_dtype);
+  if (return_lse) bytes += rows * sizeof(float);
+  if (return_topk_indices) {
+    bytes +=
+        static_cast<double>(tokens) * spec.layers[layer].topk * kTopKIndexBytes;
+  }
+  return bytes;
+}
+
+namespace {
+
+// RESOURCE_EXHAUSTED for `what` (a step, or a batch's steps) whose results
+// take `bytes`, over the `limit` their reply may take.
+absl::Status ReplyTooLarge(absl::string_view what, double bytes,
+                           int64_t limit) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the results of ", what, " would take ", absl::StrFormat("%.0f", bytes),
+      " bytes, over the ", limit,
+      " bytes their reply may take (the server's --max_message_bytes, less "
+      "framing); nothing was computed or applied. Send fewer tokens per call "
+      "(chunks give bitwise the same outputs) or fewer steps per batch, ask "
+      "for a narrower output_dtype, or drop return_lse or "
+      "return_topk_indices"));
+}
+
+}  // namespace
+
 // Floats of a validated step's output: [tokens, num_q_heads, value_dim].
 int64_t AttentionEngine::OutputFloats(const BatchStep& step) {
   const SessionSpec& spec = step.session->spec();
@@ -340,17 +372,18 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Append(
     const AppendRequest& request) {
   std::vector<absl::Status> statuses;
   std::vector<AttentionOutput> outputs;
-  ATTN_RETURN_IF_ERROR(RunBatch(
-      absl::MakeConstSpan(&request, 1),
-      /*atomic=*/true, SessionManager::SealWait::kWait, &statuses, &outputs));
+  ATTN_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&request, 1),
+                                /*atomic=*/true, /*max_batch_reply_bytes=*/-1,
+                                SessionManager::SealWait::kWait, &statuses,
+                                &outputs));
   return std::move(outputs[0]);
 }
 
 absl::StatusOr<std::vector<AttentionOutput>> AttentionEngine::AppendBatch(
-    absl::Span<const AppendRequest> requests) {
+    absl::Span<const AppendRequest> requests, int64_t max_reply_bytes) {
   std::vector<absl::Status> statuses;
   std::vector<AttentionOutput> outputs;
-  ATTN_RETURN_IF_ERROR(RunBatch(requests, /*atomic=*/true,
+  ATTN_RETURN_IF_ERROR(RunBatch(requests, /*atomic=*/true, max_reply_bytes,
                                 SessionManager::SealWait::kFail, &statuses,
                                 &outputs));
   return outputs;
@@ -360,8 +393,8 @@ std::vector<absl::StatusOr<AttentionOutput>> AttentionEngine::AppendEach(
     absl::Span<const AppendRequest> requests) {
   std::vector<absl::Status> statuses;
   std::vector<AttentionOutput> outputs;
-  RunBatch(requests, /*atomic=*/false, SessionManager::SealWait::kFail,
-           &statuses, &outputs)
+  RunBatch(requests, /*atomic=*/false, /*max_batch_reply_bytes=*/-1,
+           SessionManager::SealWait::kFail, &statuses, &outputs)
       .IgnoreError();
   std::vector<absl::StatusOr<AttentionOutput>> results;
   results.reserve(requests.size());
@@ -473,17 +506,6 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
     ATTN_RETURN_IF_ERROR(CheckRepresentable(
         request.index_k.dtype, request.index_k.data,
         request.index_k.num_elements(), spec.kv_dtype, "index_k"));
-    if (request.return_topk_indices && request.max_topk_indices_bytes >= 0 &&
-        static_cast<double>(tokens) * layer.topk * kTopKIndexBytes >
-            static_cast<double>(request.max_topk_indices_bytes)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "the selected positions of ", tokens, " tokens at top-",
-          layer.topk, " would take up to ", tokens * layer.topk *
-          kTopKIndexBytes, " reply bytes, over the ",
-          request.max_topk_indices_bytes,
-          " left under the message limit; send fewer tokens per call or "
-          "drop return_topk_indices"));
-    }
     step.flops = TopKAttentionFlops(
         tokens, spec.num_q_heads, spec.head_dim, spec.value_dim,
         spec.index_heads, spec.index_dim, layer.topk, mask, length + tokens);
@@ -498,11 +520,20 @@ absl::Status AttentionEngine::ValidateStep(BatchStep& step) {
     step.flops = AttentionFlops(tokens, spec.num_q_heads, spec.head_dim,
                                 spec.value_dim, mask, length + tokens);
   }
+  step.reply_bytes =
+      ResultBytes(spec, request.layer, tokens, request.output_dtype,
+                  request.return_lse, request.return_topk_indices);
+  if (request.max_reply_bytes >= 0 &&
+      step.reply_bytes > static_cast<double>(request.max_reply_bytes)) {
+    return ReplyTooLarge("this step", step.reply_bytes,
+                         request.max_reply_bytes);
+  }
   return CheckCallCost(step.flops);
 }
 
 absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
                                        bool atomic,
+                                       int64_t max_batch_reply_bytes,
                                        SessionManager::SealWait seal_wait,
                                        std::vector<absl::Status>* statuses,
                                        std::vector<AttentionOutput>* outputs) {
@@ -584,15 +615,22 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
 
   // 3. Validate every step before changing anything, then stage its blocks.
   double batch_flops = 0;
+  double batch_reply_bytes = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!live(i)) continue;
     if (absl::Status status = ValidateStep(steps[i]); !status.ok()) {
       ATTN_RETURN_IF_ERROR(fail(i, status));
     }
     batch_flops += steps[i].flops;
+    batch_reply_bytes += steps[i].reply_bytes;
   }
-  // An atomic batch is one call: its steps' work adds up.
+  // An atomic batch is one call: its steps' work and results add up.
   if (atomic && n > 1) ATTN_RETURN_IF_ERROR(CheckCallCost(batch_flops));
+  if (atomic && max_batch_reply_bytes >= 0 &&
+      batch_reply_bytes > static_cast<double>(max_batch_reply_bytes)) {
+    return ReplyTooLarge(absl::StrCat("this batch's ", n, " steps"),
+                         batch_reply_bytes, max_batch_reply_bytes);
+  }
   for (size_t i = 0; i < n; ++i) {
     if (!live(i)) continue;
     // The tenant's KV quota, before any block is taken.

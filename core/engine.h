@@ -114,9 +114,11 @@ struct AppendRequest {
   TensorView index_weights;
   // Also return the selected positions (AttentionOutput::topk_indices).
   bool return_topk_indices = false;
-  // Most bytes the selected positions may take in a reply (kTopKIndexBytes
-  // each); more is RESOURCE_EXHAUSTED before any work. < 0: no bound.
-  int64_t max_topk_indices_bytes = -1;
+  // Most bytes the step's result may take in its reply (ResultBytes: what
+  // the session's spec makes of the request); more is RESOURCE_EXHAUSTED
+  // once the request checked out against the session, before any work.
+  // < 0: no bound.
+  int64_t max_reply_bytes = -1;
 };
 
 // Memory a waiting request keeps: the tensors it views (or the whole
@@ -126,6 +128,15 @@ int64_t HeldBytes(const AppendRequest& request);
 
 // Reply bytes one selected position may take (a varint int64).
 inline constexpr int64_t kTopKIndexBytes = 10;
+
+// The bytes of an append's result tensors, as a reply carries them: the
+// output [T, num_q_heads, value_dim] in `output_dtype`, the lse [T,
+// num_q_heads] float32 when asked, and the selected positions of a top-k
+// layer (T * topk, kTopKIndexBytes each) when asked. A double: it is
+// checked before anything bounds T.
+double ResultBytes(const SessionSpec& spec, int32_t layer, int64_t tokens,
+                   DType output_dtype, bool return_lse,
+                   bool return_topk_indices);
 
 // Stateless attention (attention.v1.AttentionRequest).
 struct StatelessRequest {
@@ -292,9 +303,11 @@ class AttentionEngine {
   // are in request order and bitwise equal to running each request alone.
   // When steps fail in the backend (AttentionBackend::AttendEach: each
   // step's error is the one it would get alone), the error names the first
-  // of them.
+  // of them. `max_reply_bytes` (< 0: no bound) bounds the sum of the steps'
+  // ResultBytes, which one reply carries: RESOURCE_EXHAUSTED before any
+  // work when they pass it.
   absl::StatusOr<std::vector<AttentionOutput>> AppendBatch(
-      absl::Span<const AppendRequest> requests);
+      absl::Span<const AppendRequest> requests, int64_t max_reply_bytes = -1);
 
   // Several independent appends run as one backend batch (continuous
   // batching of concurrent decode steps): each request succeeds or fails on
@@ -318,8 +331,11 @@ class AttentionEngine {
   struct BatchStep;
   // Runs `requests` as one batch. Atomic: the first error fails every step
   // and is returned. Otherwise each step gets its own status in `statuses`.
-  // A step on a sealed session waits or fails as `seal_wait` says.
+  // A step on a sealed session waits or fails as `seal_wait` says. An
+  // atomic batch's steps' ResultBytes add up to at most
+  // `max_batch_reply_bytes` (< 0: no bound).
   absl::Status RunBatch(absl::Span<const AppendRequest> requests, bool atomic,
+                        int64_t max_batch_reply_bytes,
                         SessionManager::SealWait seal_wait,
                         std::vector<absl::Status>* statuses,
                         std::vector<AttentionOutput>* outputs);

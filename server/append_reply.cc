@@ -1,6 +1,5 @@
 #include "server/append_reply.h"
 
-#include <algorithm>
 #include <cstddef>
 #include <string>
 
@@ -29,11 +28,12 @@ void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
   const int64_t tokens = request.q.dim(0);
   const int64_t heads = request.q.dim(1);
   const int64_t value_dim = request.v.dim(2);
-  const int64_t bytes =
-      tokens * heads * value_dim * DTypeSize(request.output_dtype);
+  // A double: untrusted dimensions can multiply past 2^63.
+  const double bytes = static_cast<double>(tokens) * heads * value_dim *
+                       DTypeSize(request.output_dtype);
   const int64_t sent =
       request.q.size_bytes + request.k.size_bytes + request.v.size_bytes;
-  if (bytes > kMaxPresizedOutputFactor * sent) return;
+  if (bytes > static_cast<double>(kMaxPresizedOutputFactor * sent)) return;
   v1::Tensor* output = result->mutable_output();
   output->set_dtype(DTypeToProto(request.output_dtype));
   output->clear_shape();
@@ -48,39 +48,21 @@ void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
 
 }  // namespace
 
-absl::Status PrepareAppendReply(AppendRequest& append,
-                                int64_t max_message_bytes,
-                                v1::AttentionResult* response) {
-  const double reply_bytes = AppendReplyBytes(append);
-  ATTN_RETURN_IF_ERROR(CheckReplySize(reply_bytes, max_message_bytes));
-  // The selected positions of a top-k layer get what the message has left.
-  append.max_topk_indices_bytes = std::max<int64_t>(
-      0, max_message_bytes - static_cast<int64_t>(reply_bytes));
+void PrepareAppendReply(AppendRequest& append, int64_t max_message_bytes,
+                        v1::AttentionResult* response) {
+  append.max_reply_bytes = ResultBudget(max_message_bytes, 1);
   PrepareOutput(append, response);
-  return absl::OkStatus();
 }
 
-absl::Status PrepareBatchReply(absl::Span<AppendRequest> appends,
-                               int64_t max_message_bytes,
-                               v1::BatchDecodeResponse* response) {
-  double reply_bytes = 0;
-  int64_t index_steps = 0;
-  for (const AppendRequest& append : appends) {
-    reply_bytes += AppendReplyBytes(append);
-    index_steps += append.return_topk_indices ? 1 : 0;
-  }
-  ATTN_RETURN_IF_ERROR(CheckReplySize(reply_bytes, max_message_bytes));
-  // Steps returning top-k positions share what the message has left.
-  const int64_t index_budget = std::max<int64_t>(
-      0, (max_message_bytes - static_cast<int64_t>(reply_bytes)) /
-             std::max<int64_t>(1, index_steps));
+int64_t PrepareBatchReply(absl::Span<AppendRequest> appends,
+                          int64_t max_message_bytes,
+                          v1::BatchDecodeResponse* response) {
   // Result messages are allocated one by one by the repeated field, so
   // their buffers stay put while more are added.
   for (AppendRequest& append : appends) {
-    append.max_topk_indices_bytes = index_budget;
     PrepareOutput(append, response->add_results());
   }
-  return absl::OkStatus();
+  return ResultBudget(max_message_bytes, static_cast<int64_t>(appends.size()));
 }
 
 void FinishAppendReply(const AppendRequest& append,

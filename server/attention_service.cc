@@ -348,7 +348,8 @@ absl::Status AttentionServiceImpl::StartUnaryAppend(
   ATTN_ASSIGN_OR_RETURN(AppendRequest append, AppendRequestFromProto(request));
   call->appends.push_back(std::move(append));
   call->AdoptAppends();
-  return PrepareAppendReply(call->appends[0], max_message_bytes_, response);
+  PrepareAppendReply(call->appends[0], max_message_bytes_, response);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* AttentionServiceImpl::Prefill(
@@ -444,21 +445,22 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::BatchDecode(
     v1::BatchDecodeResponse* response) {
   auto* call = new AppendCall(context, metrics_, &in_flight_,
                               RpcMethod::kBatchDecode, "");
+  int64_t max_reply_bytes = 0;
   const absl::Status status = [&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(call->tenant, Caller(*context));
     ATTN_ASSIGN_OR_RETURN(call->appends, AppendRequestsFromProto(*request));
     call->AdoptAppends();
-    return PrepareBatchReply(absl::MakeSpan(call->appends), max_message_bytes_,
-                             response);
+    max_reply_bytes = PrepareBatchReply(absl::MakeSpan(call->appends),
+                                        max_message_bytes_, response);
+    return absl::OkStatus();
   }();
   if (!status.ok()) {
     call->Reply(status);
     return call;
   }
   batcher_->AppendAtomicAsync(
-      call->appends,
-      [call, response](
-          absl::StatusOr<std::vector<AttentionOutput>> outputs) {
+      call->appends, max_reply_bytes,
+      [call, response](absl::StatusOr<std::vector<AttentionOutput>> outputs) {
         if (outputs.ok()) {
           for (size_t i = 0; i < outputs->size(); ++i) {
             FinishAppendReply(call->appends[i], (*outputs)[i],

@@ -86,7 +86,8 @@ void DecodeBatcher::AppendAsync(const AppendRequest& request, StepDone done,
 }
 
 void DecodeBatcher::AppendAtomicAsync(absl::Span<const AppendRequest> requests,
-                                      GroupDone done, BatchTimes* times) {
+                                      int64_t max_reply_bytes, GroupDone done,
+                                      BatchTimes* times) {
   if (requests.empty()) {
     done(std::vector<AttentionOutput>());
     return;
@@ -94,6 +95,7 @@ void DecodeBatcher::AppendAtomicAsync(absl::Span<const AppendRequest> requests,
   auto entry = std::make_unique<Entry>();
   entry->requests = requests;
   entry->atomic = true;
+  entry->max_reply_bytes = max_reply_bytes;
   entry->group_done = std::move(done);
   entry->times = times;
   Submit(std::move(entry));
@@ -112,10 +114,10 @@ absl::StatusOr<AttentionOutput> DecodeBatcher::Append(
 }
 
 absl::StatusOr<std::vector<AttentionOutput>> DecodeBatcher::AppendAtomic(
-    absl::Span<const AppendRequest> requests) {
+    absl::Span<const AppendRequest> requests, int64_t max_reply_bytes) {
   absl::StatusOr<std::vector<AttentionOutput>> result;
   absl::Notification done;
-  AppendAtomicAsync(requests,
+  AppendAtomicAsync(requests, max_reply_bytes,
                     [&](absl::StatusOr<std::vector<AttentionOutput>> outputs) {
                       result = std::move(outputs);
                       done.Notify();
@@ -308,7 +310,7 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
   if (batch.size() == 1 && batch[0]->atomic) {
     Entry& group = *batch[0];
     absl::StatusOr<std::vector<AttentionOutput>> results =
-        engine_->AppendBatch(group.requests);
+        engine_->AppendBatch(group.requests, group.max_reply_bytes);
     const int64_t steps = static_cast<int64_t>(group.requests.size());
     const absl::Duration step_time = record_times() / steps;
     if (options_.on_batch) options_.on_batch(steps);

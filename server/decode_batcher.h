@@ -178,17 +178,19 @@ class DecodeBatcher {
                    RunInline run_inline = RunInline::kNo);
 
   // Queues `requests` to run as one all-or-nothing
-  // AttentionEngine::AppendBatch call (BatchDecode), ordered with the other
-  // steps of the same sessions and layers. `done` runs exactly once, as for
-  // AppendAsync, with AppendBatch's results and codes (or UNAVAILABLE).
+  // AttentionEngine::AppendBatch call (BatchDecode) with `max_reply_bytes`,
+  // ordered with the other steps of the same sessions and layers. `done`
+  // runs exactly once, as for AppendAsync, with AppendBatch's results and
+  // codes (or UNAVAILABLE).
   void AppendAtomicAsync(absl::Span<const AppendRequest> requests,
-                         GroupDone done, BatchTimes* times = nullptr);
+                         int64_t max_reply_bytes, GroupDone done,
+                         BatchTimes* times = nullptr);
 
   // Blocking forms of the above: submit, then wait for the result. Not on
   // the batch thread (not from a callback or on_batch).
   absl::StatusOr<AttentionOutput> Append(const AppendRequest& request);
   absl::StatusOr<std::vector<AttentionOutput>> AppendAtomic(
-      absl::Span<const AppendRequest> requests);
+      absl::Span<const AppendRequest> requests, int64_t max_reply_bytes = -1);
 
   const DecodeBatcherOptions& options() const { return options_; }
 
@@ -200,6 +202,7 @@ class DecodeBatcher {
   struct Entry {
     absl::Span<const AppendRequest> requests;
     bool atomic = false;
+    int64_t max_reply_bytes = -1;  // atomic: AppendBatch's bound
     StepDone step_done;    // !atomic
     GroupDone group_done;  // atomic
     BatchTimes* times = nullptr;

@@ -145,7 +145,8 @@ void DecodeStreamReactor::StartStep() {
     ATTN_ASSIGN_OR_RETURN(append_, AppendRequestFromProto(request_));
     append_.control = &control_;
     append_.tenant = &tenant_;
-    return PrepareAppendReply(append_, deps_.max_message_bytes, &result_);
+    PrepareAppendReply(append_, deps_.max_message_bytes, &result_);
+    return absl::OkStatus();
   }();
   if (!status.ok()) {
     OnStepDone(status);

@@ -18,40 +18,16 @@
 namespace attention::server {
 namespace {
 
-// Upper bound of an AttentionResult's encoding beyond its tensors' bytes:
-// field tags, lengths, shapes, dtypes and the position.
-constexpr double kResultFramingBytes = 256;
-
 // Longest session id (generated or kept by an import) and owner address a
 // SessionInfo reply carries.
 constexpr size_t kSessionIdBytes = 64;
 constexpr double kOwnerBytes = 1024;
 
-double ResultBytes(double tokens, double heads, double value_dim,
-                   DType output_dtype, bool lse, double weights) {
-  double bytes = kResultFramingBytes +
-                 tokens * heads * value_dim * DTypeSize(output_dtype);
-  if (lse) bytes += tokens * heads * 4;
-  return bytes + weights;
-}
-
 }  // namespace
 
-double AppendReplyBytes(const AppendRequest& request) {
-  if (request.q.rank() != 3) return 0;
-  // Without v (a shared-latent session) the output is at most head_dim
-  // wide: its value_dim is a prefix of the keys.
-  double value_dim = 0;
-  if (request.v.rank() == 3) {
-    value_dim = static_cast<double>(request.v.dim(2));
-  } else if (request.v.shape.empty()) {
-    value_dim = static_cast<double>(request.q.dim(2));
-  } else {
-    return 0;
-  }
-  return ResultBytes(static_cast<double>(request.q.dim(0)),
-                     static_cast<double>(request.q.dim(1)), value_dim,
-                     request.output_dtype, request.return_lse, 0);
+int64_t ResultBudget(int64_t max_message_bytes, int64_t results) {
+  return std::max<int64_t>(0,
+                           max_message_bytes - results * kResultFramingBytes);
 }
 
 double StatelessReplyBytes(const StatelessRequest& request) {
@@ -61,12 +37,14 @@ double StatelessReplyBytes(const StatelessRequest& request) {
   }
   const double tokens = static_cast<double>(request.q.dim(0));
   const double heads = static_cast<double>(request.q.dim(1));
-  const double weights =
-      request.return_weights
-          ? heads * tokens * static_cast<double>(request.k.dim(0)) * 4
-          : 0;
-  return ResultBytes(tokens, heads, static_cast<double>(request.v.dim(2)),
-                     request.output_dtype, request.return_lse, weights);
+  double bytes = kResultFramingBytes +
+                 tokens * heads * static_cast<double>(request.v.dim(2)) *
+                     DTypeSize(request.output_dtype);
+  if (request.return_lse) bytes += tokens * heads * 4;
+  if (request.return_weights) {
+    bytes += heads * tokens * static_cast<double>(request.k.dim(0)) * 4;
+  }
+  return bytes;
 }
 
 absl::Status CheckReplySize(double bytes, int64_t max_message_bytes) {

@@ -11,16 +11,22 @@
 
 namespace attention::server {
 
-// Bytes of the AttentionResult an append (Prefill, decode step) sends:
-// output [T, H, value_dim] in its output_dtype, lse [T, H] float32 when
-// asked, plus framing. Taken from the shapes of q and v, which the engine
-// checks against the session before any work (a request whose q or v is
-// not rank 3 counts as 0: the engine rejects it). A double: untrusted
-// dimensions can multiply past 2^63.
-double AppendReplyBytes(const AppendRequest& request);
+// Upper bound of an AttentionResult's encoding beyond its tensors' bytes
+// (ResultBytes, core/engine.h): field tags, lengths, shapes, dtypes and the
+// position.
+inline constexpr int64_t kResultFramingBytes = 256;
 
-// The same for stateless attention: output, lse and weights
-// [H, T_q, T_k] float32 when asked.
+// The most an append's result tensors may take (AppendRequest::
+// max_reply_bytes) when each of `results` AttentionResults in one reply of
+// at most `max_message_bytes` has its framing; at least 0.
+int64_t ResultBudget(int64_t max_message_bytes, int64_t results);
+
+// Bytes of the AttentionResult stateless attention sends: output
+// [T_q, H, value_dim] in its output_dtype, lse [T_q, H] float32 and weights
+// [H, T_q, T_k] float32 when asked, plus framing. Taken from the shapes of
+// q, k and v (a request whose q, k or v is not rank 3 counts as 0: the
+// engine rejects it). A double: untrusted dimensions can multiply past
+// 2^63.
 double StatelessReplyBytes(const StatelessRequest& request);
 
 // RESOURCE_EXHAUSTED, naming the size, the limit and what to change, when a

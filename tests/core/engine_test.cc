@@ -1006,6 +1006,46 @@ TEST_F(EngineTest, CallsOverTheFlopLimitAreRefusedBeforeAnyWork) {
   EXPECT_TRUE((*engine)->Attend(stateless).ok());
 }
 
+// A step's result is bounded by what the session's spec makes of it
+// (value_dim, not the request's widths), once the request checked out
+// against the session and before any work; an atomic batch's results add
+// up. A request that does not fit the session is INVALID_ARGUMENT first.
+TEST_F(EngineTest, RepliesAreBoundedExactlyBeforeAnyWork) {
+  const std::string id = NewSession();
+  Tokens t(10, rng_);
+  // 5 tokens x 4 heads x (8 values x 4 bytes + a float32 lse).
+  EXPECT_EQ(ResultBytes(TestSpec(), 0, 5, DType::kFloat32,
+                        /*return_lse=*/true, /*return_topk_indices=*/false),
+            720);
+  AppendRequest fits = Request(id, 0, t, 0, 5);
+  fits.return_lse = true;
+  fits.max_reply_bytes = 720;
+  ASSERT_TRUE(engine_->Append(fits).ok());
+  AppendRequest over = Request(id, 0, t, 5, 10);
+  over.return_lse = true;
+  over.max_reply_bytes = 719;
+  auto refused = engine_->Append(over);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("720 bytes"), std::string::npos)
+      << refused.status();
+  AppendRequest malformed = Request(id, 0, t, 5, 10);
+  malformed.q = t.k.rows(5, 10);  // 2 heads where the session has 4
+  malformed.max_reply_bytes = 0;
+  EXPECT_EQ(engine_->Append(malformed).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Two steps of 720 bytes: one reply of 1440.
+  const std::vector<AppendRequest> batch = {Request(id, 0, t, 5, 10),
+                                            Request(id, 1, t, 0, 5)};
+  EXPECT_EQ(engine_->AppendBatch(batch, 1439).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto info = engine_->GetSession(id);
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->layer_lengths, (std::vector<int64_t>{5, 0, 0}));
+  auto accepted = engine_->AppendBatch(batch, 1440);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+}
+
 TEST_F(EngineTest, Float16StorageRejectsUnrepresentableKeys) {
   SessionSpec spec = TestSpec();
   spec.kv_dtype = DType::kFloat16;

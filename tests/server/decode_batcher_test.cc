@@ -767,7 +767,8 @@ TEST_F(DecodeBatcherTest, AsyncStepsFromOneThreadShareABatchViaCallbacks) {
                           });
   }
   batcher_->AppendAtomicAsync(
-      group, [&](absl::StatusOr<std::vector<AttentionOutput>> outputs) {
+      group, /*max_reply_bytes=*/-1,
+      [&](absl::StatusOr<std::vector<AttentionOutput>> outputs) {
         absl::MutexLock lock(&mu);
         group_result = std::move(outputs);
         callback_threads.push_back(std::this_thread::get_id());

@@ -7,6 +7,7 @@
 #include <grpcpp/create_channel.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -310,6 +311,46 @@ TEST_F(RobustnessTest, AReplyOverTheLimitAppliesNothingAndTheRetryOnce) {
   client::DecodeStream stream(client().stub());
   ATTN_EXPECT_CODE(stream.Step(*request), StatusCode::kResourceExhausted);
   ExpectUnchanged(wide_session.id(), *wide_before, "decode, reply too large");
+}
+
+// Row 1 again: a reply is sized from the session's shapes, not guessed from
+// the request's. A shared-latent (MLA) prefill sends no v: its output was
+// once counted head_dim (576) wide instead of value_dim (512) and refused
+// up to 12.5 % under the limit; and a request that does not fit its session
+// was refused as too large instead of INVALID_ARGUMENT.
+TEST_F(RobustnessTest, AReplyIsSizedFromTheSessionsShapes) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_message_bytes = 1100000;
+  Start(options);
+  v1::SessionSpec spec = MakeSpec(1, 16, 1, 576, {}, v1::DTYPE_FLOAT16);
+  spec.set_value_dim(512);
+  spec.set_kv_layout(v1::KV_LAYOUT_SHARED_LATENT);
+  spec.set_scale(1.0f / std::sqrt(192.0f));  // DeepSeek-V3's 128 + 64
+  client::SessionHandle session = Open(spec);
+  auto before = Snapshot(client(), session.id());
+  ATTN_ASSERT_OK(before);
+  const Tokens tokens = RandomTokens(session.spec(), 34, 6);
+  client::StepOptions fp16_in;  // float32 output
+  fp16_in.input_dtype = v1::DTYPE_FLOAT16;
+  // 34 x 16 x 512 x 4 bytes = 1114112: over.
+  ATTN_EXPECT_CODE(session.Prefill(0, tokens.q_rows(0, 34),
+                                   tokens.k_rows(0, 34), {}, fp16_in),
+                   StatusCode::kResourceExhausted);
+  ExpectUnchanged(session.id(), *before, "latent prefill, reply too large");
+  // q with 24 heads where the session has 16: it does not fit the session.
+  auto malformed = session.MakePrefillRequest(
+      0, tokens.q_rows(0, 34), tokens.k_rows(0, 34), {}, fp16_in);
+  ATTN_ASSERT_OK(malformed);
+  malformed->mutable_q()->set_shape(1, 24);
+  malformed->mutable_q()->mutable_data()->assign(34 * 24 * 576 * 2, '\0');
+  ATTN_EXPECT_CODE(client().Prefill(*malformed), StatusCode::kInvalidArgument);
+  ExpectUnchanged(session.id(), *before, "latent prefill, 24 heads");
+  // 33 x 16 x 512 x 4 bytes = 1081344: fits (576 wide it would not).
+  ATTN_ASSERT_OK(session.Prefill(0, tokens.q_rows(0, 33), tokens.k_rows(0, 33),
+                                 {}, fp16_in));
+  auto info = session.Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 33);
 }
 
 // Row 4: an abandoned call once kept both cores busy, was applied, and was

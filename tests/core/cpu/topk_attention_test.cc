@@ -454,7 +454,7 @@ TEST(TopKAttentionTest, BadIndexInputsFailAndChangeNothing) {
             absl::StatusCode::kInvalidArgument);
   // Selected positions that would not fit the reply.
   AppendRequest big = Request(info->session_id, 0, t, 0, 4, true);
-  big.max_topk_indices_bytes = 8;
+  big.max_reply_bytes = 8;
   EXPECT_EQ(engine->Append(big).status().code(),
             absl::StatusCode::kResourceExhausted);
   auto after = engine->GetSession(info->session_id);
