@@ -132,8 +132,8 @@ inline constexpr int64_t kTopKIndexBytes = 10;
 // The bytes of an append's result tensors, as a reply carries them: the
 // output [T, num_q_heads, value_dim] in `output_dtype`, the lse [T,
 // num_q_heads] float32 when asked, and the selected positions of a top-k
-// layer (T * topk, kTopKIndexBytes each) when asked. A double: it is
-// checked before anything bounds T.
+// layer (T * topk, kTopKIndexBytes each) when asked. A double, as the
+// other bounds on a call.
 double ResultBytes(const SessionSpec& spec, int32_t layer, int64_t tokens,
                    DType output_dtype, bool return_lse,
                    bool return_topk_indices);

@@ -15,7 +15,8 @@
 // inconsistent with the header (or a spec this server does not accept);
 // DATA_LOSS for a missing record or a checksum mismatch; ALREADY_EXISTS for
 // a kept id that is live; RESOURCE_EXHAUSTED for the KV pool, the session
-// limits or the tenant's quotas.
+// limits or the tenant's quotas; CANCELLED or DEADLINE_EXCEEDED when
+// ImportOptions::control withdraws the call while Begin waits (below).
 //
 // Imports that keep one id run one at a time: Begin waits while another
 // import of that id runs (until it is finished or dropped), then answers
@@ -67,6 +68,8 @@ struct ImportOptions {
   std::function<TenantQuota(const std::string& owner)> owner_quota;
   // Optional: withdraws the call while Begin waits for another import of
   // the same kept id (SessionManager::ClaimImportId). Must outlive Begin.
+  // Without one Begin waits as long as that import lives: never begin a
+  // second import of an id while holding the first.
   const CallControl* control = nullptr;
 };
 

@@ -19,12 +19,15 @@ namespace {
 constexpr int64_t kMaxPresizedOutputFactor = 8;
 
 // Sizes `result`'s output tensor for `request`'s [T, H, value_dim] output
-// and makes it the request's output destination. Leaves the request without
-// a destination (the engine then allocates the output once the step is
-// checked, and FinishAppendReply copies it) when q or v is not rank 3 (the
-// engine rejects it anyway) or the output would pass the factor above.
-void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
-  if (request.q.rank() != 3 || request.v.rank() != 3) return;
+// and makes it the request's output destination; returns its bytes. Leaves
+// the request without a destination, and returns 0 (the engine then
+// allocates the output once the step is checked, and FinishAppendReply
+// copies it), when q or v is not rank 3 (the engine rejects it anyway) or
+// the output would pass the factor above or `max_bytes` (what the reply may
+// take: the engine refuses the step then).
+int64_t PrepareOutput(AppendRequest& request, int64_t max_bytes,
+                      v1::AttentionResult* result) {
+  if (request.q.rank() != 3 || request.v.rank() != 3) return 0;
   const int64_t tokens = request.q.dim(0);
   const int64_t heads = request.q.dim(1);
   const int64_t value_dim = request.v.dim(2);
@@ -33,7 +36,10 @@ void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
                        DTypeSize(request.output_dtype);
   const int64_t sent =
       request.q.size_bytes + request.k.size_bytes + request.v.size_bytes;
-  if (bytes > static_cast<double>(kMaxPresizedOutputFactor * sent)) return;
+  if (bytes > static_cast<double>(kMaxPresizedOutputFactor * sent) ||
+      bytes > static_cast<double>(max_bytes)) {
+    return 0;
+  }
   v1::Tensor* output = result->mutable_output();
   output->set_dtype(DTypeToProto(request.output_dtype));
   output->clear_shape();
@@ -44,6 +50,7 @@ void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
   data->resize(static_cast<size_t>(bytes));
   request.output_destination =
       absl::MakeSpan(reinterpret_cast<std::byte*>(data->data()), data->size());
+  return static_cast<int64_t>(bytes);
 }
 
 }  // namespace
@@ -51,18 +58,22 @@ void PrepareOutput(AppendRequest& request, v1::AttentionResult* result) {
 void PrepareAppendReply(AppendRequest& append, int64_t max_message_bytes,
                         v1::AttentionResult* response) {
   append.max_reply_bytes = ResultBudget(max_message_bytes, 1);
-  PrepareOutput(append, response);
+  PrepareOutput(append, append.max_reply_bytes, response);
 }
 
 int64_t PrepareBatchReply(absl::Span<AppendRequest> appends,
                           int64_t max_message_bytes,
                           v1::BatchDecodeResponse* response) {
+  const int64_t budget =
+      ResultBudget(max_message_bytes, static_cast<int64_t>(appends.size()));
   // Result messages are allocated one by one by the repeated field, so
-  // their buffers stay put while more are added.
+  // their buffers stay put while more are added. Together they take at
+  // most the budget.
+  int64_t left = budget;
   for (AppendRequest& append : appends) {
-    PrepareOutput(append, response->add_results());
+    left -= PrepareOutput(append, left, response->add_results());
   }
-  return ResultBudget(max_message_bytes, static_cast<int64_t>(appends.size()));
+  return budget;
 }
 
 void FinishAppendReply(const AppendRequest& append,

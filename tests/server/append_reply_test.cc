@@ -9,10 +9,12 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "core/cpu/cpu_backend.h"
 #include "core/engine.h"
 #include "gtest/gtest.h"
+#include "server/reply_size.h"
 #include "tests/core/test_tensors.h"
 
 namespace attention::server {
@@ -79,6 +81,38 @@ TEST(AppendReplyTest, ShapesClaimingAHugeOutputGetNoBuffer) {
   PrepareAppendReply(empty, kLargeLimit, &reply);
   EXPECT_TRUE(empty.output_destination.empty());
   EXPECT_TRUE(reply.output().data().empty());
+}
+
+// Nor is an output larger than the reply may take (the engine refuses the
+// step then), however much the request carries; a batch's outputs take
+// the message together.
+TEST(AppendReplyTest, OutputsPastTheMessageLimitGetNoBuffer) {
+  std::mt19937 rng(4);
+  const HostTensor q = RandomTensor({1, 32, 128}, rng, DType::kFloat16);
+  const HostTensor k = RandomTensor({1, 8, 128}, rng, DType::kFloat16);
+  const HostTensor v = RandomTensor({1, 8, 128}, rng, DType::kFloat16);
+  // 16 KiB of float32 output, one result's framing on top.
+  const int64_t fits = 32 * 128 * 4 + kResultFramingBytes;
+  AppendRequest over = Step(q, k, v, DType::kFloat32);
+  v1::AttentionResult reply;
+  PrepareAppendReply(over, fits - 1, &reply);
+  EXPECT_EQ(over.max_reply_bytes, 32 * 128 * 4 - 1);
+  EXPECT_TRUE(over.output_destination.empty());
+  AppendRequest at = Step(q, k, v, DType::kFloat32);
+  PrepareAppendReply(at, fits, &reply);
+  EXPECT_EQ(at.output_destination.size(), 32u * 128 * 4);
+  // Two such steps in a message for one and a half: the first gets its
+  // buffer, the second none.
+  std::vector<AppendRequest> batch = {Step(q, k, v, DType::kFloat32),
+                                      Step(q, k, v, DType::kFloat32)};
+  v1::BatchDecodeResponse replies;
+  const int64_t budget = PrepareBatchReply(
+      absl::MakeSpan(batch), 3 * 32 * 128 * 4 / 2 + 2 * kResultFramingBytes,
+      &replies);
+  EXPECT_EQ(budget, 3 * 32 * 128 * 4 / 2);
+  ASSERT_EQ(replies.results_size(), 2);
+  EXPECT_EQ(batch[0].output_destination.size(), 32u * 128 * 4);
+  EXPECT_TRUE(batch[1].output_destination.empty());
 }
 
 // A real step past the factor (head_dim 8, value_dim 128, GQA 8/1, fp16
