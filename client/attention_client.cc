@@ -367,6 +367,9 @@ absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
 absl::Status DecodeStream::EndStatus() {
   absl::Status status = FromGrpcCall(stream_->Status(), context_);
   const int64_t sent = sent_.load(std::memory_order_relaxed);
+  // A draining server ended it with every request answered: it lost
+  // nothing, as a clean end.
+  if (IsStreamDrained(status) && answered_ == sent) return absl::OkStatus();
   if (status.ok() && answered_ < sent) {
     // The server ends a stream with an error of its own, except when gRPC
     // could not parse a request for it (see the proto's Decode).

@@ -255,7 +255,9 @@ class DecodeStream {
   // The next result. When the stream has ended: its error, or OUT_OF_RANGE
   // when it ended cleanly. A stream the server ended with OK before it
   // answered every request sent (gRPC could not parse one for it) ends with
-  // INVALID_ARGUMENT naming the first unanswered request.
+  // INVALID_ARGUMENT naming the first unanswered request; one a draining
+  // server ended (IsStreamDrained) after it answered every request sent
+  // ended cleanly.
   absl::StatusOr<v1::AttentionResult> Read();
   // Write then Read.
   absl::StatusOr<v1::AttentionResult> Step(const v1::DecodeRequest& request);

@@ -1154,17 +1154,19 @@ void ClusterDecodeStream::Pump(Lane* lane) {
   std::shared_ptr<ClusterReplica> replica = lane->replica;
   lanes_.erase(replica.get());
   absl::Status status = result.status();
-  if (IsStreamDrained(status) && front->moves < kMaxMoves) {
-    // The replica's drain ended the stream as it waited: it read none of
-    // `pending`. They go where their sessions are now (confirmed first, as
-    // on any replica known to drain).
+  if (IsStreamDrained(status)) {
+    // The replica's drain ended the stream as it waited: it applied none
+    // of `pending`. They go where their sessions are now (confirmed first,
+    // as on any replica known to drain); past the bound they fail with
+    // that status, which says so.
     cluster_->MarkDraining(*replica);
-    ++front->moves;
-    DispatchAll(pending);
-    return;
-  }
-  if (status.code() == absl::StatusCode::kNotFound &&
-      front->moves < kMaxMoves) {
+    if (front->moves < kMaxMoves) {
+      ++front->moves;
+      DispatchAll(pending);
+      return;
+    }
+  } else if (status.code() == absl::StatusCode::kNotFound &&
+             front->moves < kMaxMoves) {
     absl::StatusOr<std::shared_ptr<ClusterReplica>> next =
         cluster_->Recover(front->request.session_id(), "Decode", *replica,
                           status, ClusterClient::Resend::kNever);
@@ -1241,8 +1243,8 @@ absl::Status ClusterDecodeStream::Finish() {
       return result.status();
     }
   }
-  // Every request is answered: how a lane's stream ends (a drained
-  // replica cancels an idle one at its deadline) loses nothing.
+  // Every request is answered: how a lane's stream ends (a draining
+  // replica ends an idle one near its deadline) loses nothing.
   for (auto& [replica, lane] : lanes_) lane->stream->Finish().IgnoreError();
   for (auto& lane : closing_) lane->stream->Finish().IgnoreError();
   lanes_.clear();

@@ -81,12 +81,7 @@ void DecodeStreamReactor::OnEndIdle() {
 
 void DecodeStreamReactor::EndIdle() {
   scope_.Restart("");  // the request it would have read
-  context_->AddTrailingMetadata(kStreamDrainedMetadata, "1");
-  OnStepDone(absl::UnavailableError(
-      "the server is draining and ended this Decode stream as it waited for "
-      "the next request: it read no request after its last reply, so this "
-      "request and every later one were not applied; send them again on a "
-      "new stream (trailing metadata attention-stream-drained)"));
+  OnStepDone(StreamDrainedError());
 }
 
 void DecodeStreamReactor::OnTenantsChanged() {

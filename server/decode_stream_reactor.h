@@ -21,17 +21,18 @@
 // quota applies from the next step on. At the end of a drain's time for
 // calls (OpenStreams::EndIdle) the stream ends as soon as it waits for its
 // client's next request, with UNAVAILABLE and the trailing metadata
-// `attention-stream-drained: 1`: it read nothing after its last reply, so
-// no request the client sent after it was applied. The stream counts as in
+// `attention-stream-drained: 1`: it applied no request the client sent
+// after its last reply. The stream counts as in
 // flight while open; each step is recorded as one Decode request (its own
 // code and latency).
 //
 // Threads: gRPC runs one reaction of the stream at a time; OpenStreams
-// may call OnTenantsChanged or OnEndIdle meanwhile, which act only while a
-// read or a write is pending (reading_, writing_), when no reaction runs.
-// mu_ orders the two. A revocation found while a write is pending lets the
-// stream's sessions go at once (a client that stops reading holds the write)
-// and ends the stream when the write completes.
+// may call OnTenantsChanged meanwhile, which acts only while a read or a
+// write is pending (reading_, writing_), when no reaction runs, and
+// OnEndIdle, which acts only while a read is pending. mu_ orders them. A
+// revocation found while a write is pending lets the stream's sessions go at
+// once (a client that stops reading holds the write) and ends the stream when
+// the write completes.
 #ifndef ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
 #define ATTENTION_SERVER_DECODE_STREAM_REACTOR_H_
 
@@ -108,7 +109,8 @@ class DecodeStreamReactor final
   grpc::CallbackServerContext* const context_;
   const Deps deps_;
   absl::Mutex mu_;
-  // A read is pending: no reaction runs, and OnTenantsChanged may act.
+  // A read is pending: no reaction runs, and OnTenantsChanged and
+  // OnEndIdle may act.
   bool reading_ ABSL_GUARDED_BY(mu_) = false;
   // OnTenantsChanged or OnEndIdle ended the stream: the pending read's
   // reaction does nothing.

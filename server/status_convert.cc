@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "core/moved_sessions.h"
 
 namespace attention::server {
@@ -63,9 +64,21 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
       context->AddTrailingMetadata(kSessionOwnerMetadata, *owner);
     } else if (IsSessionMoving(status)) {
       context->AddTrailingMetadata(kSessionMovingMetadata, "1");
+    } else if (status.GetPayload(kStreamDrainedPayload).has_value()) {
+      context->AddTrailingMetadata(kStreamDrainedMetadata, "1");
     }
   }
   return ToGrpcStatus(status);
+}
+
+absl::Status StreamDrainedError() {
+  absl::Status status = absl::UnavailableError(
+      "the server is draining and ended this Decode stream as it waited for "
+      "the next request: it applied no request sent after its last reply, "
+      "neither this one nor any later one; send them again on a new stream "
+      "(trailing metadata attention-stream-drained)");
+  status.SetPayload(kStreamDrainedPayload, absl::Cord("1"));
+  return status;
 }
 
 }  // namespace attention::server

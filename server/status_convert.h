@@ -24,11 +24,19 @@ inline constexpr char kSessionMovingMetadata[] = "attention-session-moving";
 // stream at the end of a drain, as it waited for its client: no request
 // sent after its last reply was applied (decode_stream_reactor.h).
 inline constexpr char kStreamDrainedMetadata[] = "attention-stream-drained";
+// The payload type URL of that UNAVAILABLE (StreamDrainedError).
+inline constexpr char kStreamDrainedPayload[] =
+    "type.googleapis.com/attention.v1.StreamDrained";
+
+// UNAVAILABLE, carrying kStreamDrainedPayload, for a Decode stream the
+// drain ends as it waits for its client's next request.
+absl::Status StreamDrainedError();
 
 // The one conversion of a call's final status: ToGrpcStatus(status), and
 // for a moved session's redirect (MovedSessionOwner) the trailing metadata
 // kSessionOwnerMetadata, for a session being moved (IsSessionMoving)
-// kSessionMovingMetadata, on `context` (a sync or callback server context;
+// kSessionMovingMetadata, for a drained stream (StreamDrainedError)
+// kStreamDrainedMetadata, on `context` (a sync or callback server context;
 // null adds nothing).
 grpc::Status ToGrpcStatus(const absl::Status& status,
                           grpc::ServerContextBase* context);

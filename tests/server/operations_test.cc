@@ -1,5 +1,7 @@
 // Operations of a running server: Prometheus metrics recorded per RPC, and
 // the graceful drain (NOT_SERVING, no new sessions, open streams finish).
+#include <grpcpp/client_context.h>
+
 #include <memory>
 #include <string>
 #include <thread>
@@ -116,9 +118,10 @@ TEST_F(OperationsTest, DrainRefusesNewSessionsAndLetsOpenStreamsFinish) {
 
 // A drain whose time for calls runs out ends the Decode streams still open
 // as they wait for their next request: UNAVAILABLE naming the first request
-// they did not read, with attention-stream-drained (not gRPC's cancel,
-// which would leave the client in doubt).
-TEST(DrainDeadlineTest, OpenStreamsEndSayingWhatTheyDidNotRead) {
+// they did not apply, with attention-stream-drained (not gRPC's cancel,
+// which would leave the client in doubt). The client library reports a
+// stream ended so with every request answered as a clean end.
+TEST(DrainDeadlineTest, OpenStreamsEndSayingWhatTheyDidNotApply) {
   server::ServerOptions options = TestServerOptions();
   options.drain_timeout = absl::Seconds(2);
   auto server = StartTestServer(options);
@@ -127,23 +130,34 @@ TEST(DrainDeadlineTest, OpenStreamsEndSayingWhatTheyDidNotRead) {
   auto session = client.OpenSession(MakeSpec(1, 2, 1, 8));
   ATTN_ASSERT_OK(session);
   const Tokens tokens = RandomTokens(session->spec(), 1, 7);
-  auto stepped = client.OpenDecodeStream();
   auto request = session->MakeDecodeRequest(
       0, tokens.q_rows(0, 1), tokens.k_rows(0, 1), tokens.v_rows(0, 1));
   ATTN_ASSERT_OK(request);
-  ATTN_ASSERT_OK(stepped->Step(*request));
+  // On the wire (gRPC's own stream): one step, then the drain.
+  grpc::ClientContext context;
+  auto raw = client.stub()->Decode(&context);
+  ASSERT_TRUE(raw->Write(*request));
+  v1::AttentionResult result;
+  ASSERT_TRUE(raw->Read(&result));
+  // Through the client library: a stream with nothing sent.
   auto unused = client.OpenDecodeStream();
   ATTN_ASSERT_OK(client.GetServerInfo());  // both streams are open
 
   std::thread shutdown([&] { (*server)->server->Shutdown(); });
-  const absl::Status first = stepped->Read().status();
-  const absl::Status second = unused->Read().status();
+  EXPECT_FALSE(raw->Read(&result));
+  const grpc::Status status = raw->Finish();
+  const absl::Status ended = unused->Read().status();
   shutdown.join();
-  EXPECT_TRUE(client::IsStreamDrained(first)) << first;
-  EXPECT_TRUE(absl::StartsWith(first.message(), "requests[1]: ")) << first;
-  EXPECT_TRUE(client::IsStreamDrained(second)) << second;
-  EXPECT_TRUE(absl::StartsWith(second.message(), "requests[0]: ")) << second;
-  EXPECT_EQ(stepped->Finish(), first);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "requests[1]: "))
+      << status.error_message();
+  const auto& trailers = context.GetServerTrailingMetadata();
+  const auto drained = trailers.find("attention-stream-drained");
+  ASSERT_NE(drained, trailers.end());
+  EXPECT_EQ(drained->second, "1");
+  EXPECT_EQ(ended.code(), absl::StatusCode::kOutOfRange) << ended;
+  ATTN_EXPECT_OK(unused->Finish());
 }
 
 }  // namespace
