@@ -495,16 +495,14 @@ void AttentionServer::Shutdown() {
       absl::SleepFor(absl::Milliseconds(5));
     }
   };
-  // Streams still open near the deadline end as they wait for their
-  // client, saying that nothing sent after their last reply was applied (a
-  // step in progress finishes first), where gRPC's cancel at the deadline
-  // would leave the client in doubt.
+  // Streams still open near the deadline (or opened after it) end as they
+  // wait for their client, saying that nothing sent after their last reply
+  // was applied (a step in progress finishes first), where gRPC's cancel
+  // at the deadline would leave the client in doubt.
   const absl::Duration grace = ShutdownGrace(options_.drain_timeout);
   wait_for_calls(deadline - grace);
-  if (service_->in_flight() > 0) {
-    service_->EndIdleStreams();
-    wait_for_calls(deadline);
-  }
+  service_->EndIdleStreams();
+  wait_for_calls(deadline);
   const int64_t left = service_->in_flight();
   // gRPC's shutdown cancels the calls left at the deadline, but may return
   // long after it: a client that stops reading keeps its reply, and the
