@@ -367,9 +367,12 @@ absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
 absl::Status DecodeStream::EndStatus() {
   absl::Status status = FromGrpcCall(stream_->Status(), context_);
   const int64_t sent = sent_.load(std::memory_order_relaxed);
-  // A draining server ended it with every request answered: it lost
-  // nothing, as a clean end.
-  if (IsStreamDrained(status) && answered_ == sent) return absl::OkStatus();
+  // A draining server ended it after the last request, every one answered:
+  // it lost nothing, as a clean end. (Before WritesDone the caller may
+  // still mean to write: it needs the reason the stream is over.)
+  if (IsStreamDrained(status) && writes_done_.load() && answered_ == sent) {
+    return absl::OkStatus();
+  }
   if (status.ok() && answered_ < sent) {
     // The server ends a stream with an error of its own, except when gRPC
     // could not parse a request for it (see the proto's Decode).
@@ -399,8 +402,8 @@ absl::StatusOr<v1::AttentionResult> DecodeStream::Step(
 }
 
 void DecodeStream::WritesDone() {
-  if (writes_done_) return;
-  writes_done_ = true;
+  if (writes_done_.load()) return;
+  writes_done_.store(true);
   stream_->WritesDone();
 }
 

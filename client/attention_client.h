@@ -256,8 +256,8 @@ class DecodeStream {
   // when it ended cleanly. A stream the server ended with OK before it
   // answered every request sent (gRPC could not parse one for it) ends with
   // INVALID_ARGUMENT naming the first unanswered request; one a draining
-  // server ended (IsStreamDrained) after it answered every request sent
-  // ended cleanly.
+  // server ended (IsStreamDrained) after WritesDone and an answer to every
+  // request sent ended cleanly.
   absl::StatusOr<v1::AttentionResult> Read();
   // Write then Read.
   absl::StatusOr<v1::AttentionResult> Step(const v1::DecodeRequest& request);
@@ -275,7 +275,8 @@ class DecodeStream {
   // The stream's status once it has ended (see Read).
   absl::Status EndStatus();
 
-  bool writes_done_ = false;
+  // Set by the writer; the reader reads it (EndStatus).
+  std::atomic<bool> writes_done_{false};
   std::atomic<int64_t> sent_{0};  // requests written (the writer's count)
   int64_t answered_ = 0;          // results read (the reader's count)
   std::optional<absl::Status> final_status_;
