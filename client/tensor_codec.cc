@@ -59,19 +59,17 @@ absl::StatusOr<v1::Tensor> MakeTensor(absl::Span<const float> values,
         absl::StrCat("shape [", absl::StrJoin(shape, ", "), "] needs ", count,
                      " values but ", values.size(), " were given"));
   }
-  const auto* src = reinterpret_cast<const std::byte*>(values.data());
-  if (absl::Status status = CheckRepresentable(DType::kFloat32, src, count,
-                                               *core_dtype, "tensor values");
-      !status.ok()) {
-    return status;
-  }
   v1::Tensor tensor;
   tensor.set_dtype(dtype);
   tensor.mutable_shape()->Add(shape.begin(), shape.end());
   std::string* data = tensor.mutable_data();
   data->resize(static_cast<size_t>(count * DTypeSize(*core_dtype)));
-  ConvertFromFloat(values.data(), count, *core_dtype,
-                   reinterpret_cast<std::byte*>(data->data()));
+  if (absl::Status status = ConvertFromFloatChecked(
+          values.data(), count, *core_dtype,
+          reinterpret_cast<std::byte*>(data->data()), "tensor values");
+      !status.ok()) {
+    return status;
+  }
   return tensor;
 }
 

@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -223,36 +224,71 @@ absl::Status CheckFinite(DType dtype, const std::byte* src, int64_t count,
       "; send only finite values"));
 }
 
-absl::Status CheckRepresentable(DType dtype, const std::byte* src,
-                                int64_t count, DType target,
-                                absl::string_view what) {
+namespace {
+
+// Index of the first finite element of `src` that becomes infinite when
+// rounded to `target`, or -1.
+int64_t FirstUnrepresentable(DType dtype, const std::byte* src, int64_t count,
+                             DType target) {
   // Widening conversions always fit: float16's range lies inside
   // bfloat16's and float32's.
   if (target == dtype || target == DType::kFloat32 ||
       (dtype == DType::kFloat16 && target == DType::kBFloat16)) {
-    return absl::OkStatus();
+    return -1;
   }
   const dtype_internal::DTypeKernels& kernels = dtype_internal::ActiveKernels();
-  int64_t bad = -1;
-  if (dtype == DType::kFloat32) {
-    bad = kernels.first_overflow(src, count, target);
-  } else {
-    // bfloat16 -> float16: widen in small batches, then check the floats.
-    constexpr int64_t kBatch = 256;
-    float buffer[kBatch];
-    for (int64_t begin = 0; begin < count && bad < 0; begin += kBatch) {
-      const int64_t n = count - begin < kBatch ? count - begin : kBatch;
-      ConvertToFloat(dtype, src + begin * DTypeSize(dtype), n, buffer);
-      const int64_t in_batch = kernels.first_overflow(
-          reinterpret_cast<const std::byte*>(buffer), n, target);
-      if (in_batch >= 0) bad = begin + in_batch;
-    }
+  if (dtype == DType::kFloat32)
+    return kernels.first_overflow(src, count, target);
+  // bfloat16 -> float16: widen in small batches, then check the floats.
+  constexpr int64_t kBatch = 256;
+  float buffer[kBatch];
+  for (int64_t begin = 0; begin < count; begin += kBatch) {
+    const int64_t n = count - begin < kBatch ? count - begin : kBatch;
+    ConvertToFloat(dtype, src + begin * DTypeSize(dtype), n, buffer);
+    const int64_t in_batch = kernels.first_overflow(
+        reinterpret_cast<const std::byte*>(buffer), n, target);
+    if (in_batch >= 0) return begin + in_batch;
   }
-  if (bad < 0) return absl::OkStatus();
+  return -1;
+}
+
+absl::Status UnrepresentableError(DType dtype, const std::byte* src,
+                                  int64_t bad, DType target,
+                                  absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(
       what, " element ", bad, " (flat index) = ", LoadElement(dtype, src, bad),
       " overflows ", DTypeName(target), " (largest finite magnitude ",
       MaxMagnitudeText(target), "); rescale the values or use a wider dtype"));
+}
+
+}  // namespace
+
+absl::Status CheckRepresentable(DType dtype, const std::byte* src,
+                                int64_t count, DType target,
+                                absl::string_view what) {
+  const int64_t bad = FirstUnrepresentable(dtype, src, count, target);
+  if (bad < 0) return absl::OkStatus();
+  return UnrepresentableError(dtype, src, bad, target, what);
+}
+
+absl::Status ConvertFromFloatChecked(const float* src, int64_t count,
+                                     DType dtype, std::byte* dst,
+                                     absl::string_view what) {
+  // Chunks small enough that the conversion reads what the check just
+  // brought into the L1 cache.
+  constexpr int64_t kChunk = 1024;
+  const auto* bytes = reinterpret_cast<const std::byte*>(src);
+  for (int64_t begin = 0; begin < count; begin += kChunk) {
+    const int64_t n = std::min(kChunk, count - begin);
+    const int64_t bad =
+        FirstUnrepresentable(DType::kFloat32, bytes + 4 * begin, n, dtype);
+    if (bad >= 0) {
+      return UnrepresentableError(DType::kFloat32, bytes, begin + bad, dtype,
+                                  what);
+    }
+    ConvertFromFloat(src + begin, n, dtype, dst + begin * DTypeSize(dtype));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace attention

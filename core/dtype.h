@@ -62,6 +62,14 @@ absl::Status CheckRepresentable(DType dtype, const std::byte* src,
                                 int64_t count, DType target,
                                 absl::string_view what);
 
+// CheckRepresentable(kFloat32, src, count, dtype, what) and then
+// ConvertFromFloat(src, count, dtype, dst), in one pass over `src`. On
+// INVALID_ARGUMENT (the same status CheckRepresentable gives) `dst` holds
+// an unspecified part of the conversion.
+absl::Status ConvertFromFloatChecked(const float* src, int64_t count,
+                                     DType dtype, std::byte* dst,
+                                     absl::string_view what);
+
 }  // namespace attention
 
 #endif  // ATTENTION_CORE_DTYPE_H_

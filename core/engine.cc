@@ -35,10 +35,9 @@ absl::Status AtStep(const absl::Status& status, size_t step, size_t steps) {
 absl::StatusOr<Tensor> ConvertOutput(const float* result, Shape shape,
                                      DType dtype) {
   Tensor converted(dtype, std::move(shape));
-  ATTN_RETURN_IF_ERROR(CheckRepresentable(
-      DType::kFloat32, reinterpret_cast<const std::byte*>(result),
-      converted.num_elements(), dtype, "attention output"));
-  ConvertFromFloat(result, converted.num_elements(), dtype, converted.data());
+  ATTN_RETURN_IF_ERROR(ConvertFromFloatChecked(result, converted.num_elements(),
+                                               dtype, converted.data(),
+                                               "attention output"));
   return converted;
 }
 
@@ -85,11 +84,8 @@ absl::Status ToOutputDestination(const float* scratch, int64_t count,
     std::memcpy(destination, scratch, static_cast<size_t>(count) * 4);
     return absl::OkStatus();
   }
-  ATTN_RETURN_IF_ERROR(CheckRepresentable(
-      DType::kFloat32, reinterpret_cast<const std::byte*>(scratch), count,
-      request.output_dtype, "attention output"));
-  ConvertFromFloat(scratch, count, request.output_dtype, destination);
-  return absl::OkStatus();
+  return ConvertFromFloatChecked(scratch, count, request.output_dtype,
+                                 destination, "attention output");
 }
 
 // Up to this many floats of a batch's scratch results stay allocated for

@@ -1,9 +1,11 @@
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -295,6 +297,36 @@ TEST(DTypeTest, CheckRepresentable) {
                                  reinterpret_cast<const std::byte*>(inf.data()),
                                  1, DType::kFloat16, "v")
                   .ok());
+}
+
+// The one-pass check and conversion gives what the two calls give, past
+// its internal chunks (1024 elements), and the same error.
+TEST(DTypeTest, ConvertFromFloatCheckedIsCheckThenConvert) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-70000.0f, 70000.0f);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kFloat32}) {
+    std::vector<float> values(2500);
+    for (float& x : values) x = std::clamp(dist(rng), -65504.0f, 65504.0f);
+    const int64_t n = static_cast<int64_t>(values.size());
+    std::vector<std::byte> want(values.size() * DTypeSize(dtype));
+    std::vector<std::byte> got(want.size());
+    ConvertFromFloat(values.data(), n, dtype, want.data());
+    ASSERT_TRUE(
+        ConvertFromFloatChecked(values.data(), n, dtype, got.data(), "o").ok())
+        << DTypeName(dtype);
+    EXPECT_EQ(got, want) << DTypeName(dtype);
+  }
+  std::vector<float> values(2500, 1.0f);
+  values[1700] = 1e5f;
+  values[2400] = 2e5f;
+  const absl::Status want = CheckRepresentable(
+      DType::kFloat32, reinterpret_cast<const std::byte*>(values.data()), 2500,
+      DType::kFloat16, "attention output");
+  std::vector<std::byte> out(2 * values.size());
+  const absl::Status got = ConvertFromFloatChecked(
+      values.data(), 2500, DType::kFloat16, out.data(), "attention output");
+  EXPECT_EQ(got, want);
+  EXPECT_THAT(got.message(), HasSubstr("element 1700"));
 }
 
 }  // namespace
