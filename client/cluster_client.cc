@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <tuple>
@@ -105,32 +106,56 @@ std::string_view View(absl::string_view text) {
   return std::string_view(text.data(), text.size());
 }
 
+// `status` with the index its message begins with (`open`, the index,
+// `close`: "steps[2]", "step 2:") replaced by renumber(index); nullopt when
+// the message does not begin so or renumber gives -1. Payloads are kept.
+std::optional<absl::Status> Renumbered(
+    const absl::Status& status, absl::string_view open, char close,
+    absl::FunctionRef<int64_t(int64_t)> renumber) {
+  absl::string_view message = status.message();
+  if (!absl::ConsumePrefix(&message, open)) return std::nullopt;
+  const size_t end = message.find(close);
+  int64_t index = -1;
+  if (end == absl::string_view::npos ||
+      !absl::SimpleAtoi(message.substr(0, end), &index) || index < 0) {
+    return std::nullopt;
+  }
+  const int64_t renumbered_index = renumber(index);
+  if (renumbered_index < 0) return std::nullopt;
+  absl::Status renumbered(
+      status.code(), absl::StrCat(open, renumbered_index, message.substr(end)));
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    renumbered.SetPayload(url, payload);
+  });
+  return renumbered;
+}
+
 // `status` from a replica that got steps `steps` of the caller's
 // BatchDecode (in that order) as its own steps 0, 1, ...: the step its
 // message begins with ("steps[j]" or "step j:", as the server names them),
-// renumbered as the caller's request counts it. Payloads are kept.
+// renumbered as the caller's request counts it.
 absl::Status InRequestNumbering(const absl::Status& status,
                                 const std::vector<int>& steps) {
+  auto caller_step = [&](int64_t j) -> int64_t {
+    return j < static_cast<int64_t>(steps.size()) ? steps[j] : -1;
+  };
   for (const auto& [open, close] :
        {std::pair{"steps[", ']'}, std::pair{"step ", ':'}}) {
-    absl::string_view message = status.message();
-    if (!absl::ConsumePrefix(&message, open)) continue;
-    const size_t end = message.find(close);
-    int j = -1;
-    if (end == absl::string_view::npos ||
-        !absl::SimpleAtoi(message.substr(0, end), &j) || j < 0 ||
-        j >= static_cast<int>(steps.size())) {
-      return status;
+    if (std::optional<absl::Status> renumbered =
+            Renumbered(status, open, close, caller_step)) {
+      return *std::move(renumbered);
     }
-    absl::Status renumbered(status.code(),
-                            absl::StrCat(open, steps[j], message.substr(end)));
-    status.ForEachPayload(
-        [&](absl::string_view url, const absl::Cord& payload) {
-          renumbered.SetPayload(url, payload);
-        });
-    return renumbered;
   }
   return status;
+}
+
+// `status` that ended a lane's Decode stream at its oldest unanswered
+// request, the cluster stream's request `index`: the lane numbers its
+// requests itself ("requests[i]: ", from the server or the DecodeStream),
+// which means nothing to the cluster stream's caller.
+absl::Status InStreamNumbering(const absl::Status& status, int64_t index) {
+  return Renumbered(status, "requests[", ']', [&](int64_t) { return index; })
+      .value_or(status);
 }
 
 bool Unreachable(const absl::Status& status) {
@@ -1189,6 +1214,7 @@ void ClusterDecodeStream::Pump(Lane* lane) {
     }
     if (!next.ok()) status = next.status();
   }
+  status = InStreamNumbering(status, front->index);
   for (Entry* entry : pending) Fail(entry, status);
 }
 

@@ -179,7 +179,9 @@ class ClusterDecodeStream {
   bool Write(const v1::DecodeRequest& request);
   // The result of the oldest request not yet read. FAILED_PRECONDITION
   // when every written request has been read; after the end, the error
-  // that ended the stream, or OUT_OF_RANGE after WritesDone.
+  // that ended the stream, or OUT_OF_RANGE after WritesDone. A replica's
+  // error names the request as this stream counts its writes
+  // ("requests[i]: ", from 0), whichever replica it went to.
   absl::StatusOr<v1::AttentionResult> Read();
   // Write then Read.
   absl::StatusOr<v1::AttentionResult> Step(const v1::DecodeRequest& request);

@@ -1000,8 +1000,6 @@ TEST(ClusterClientTest, AFailedStreamRequestStopsTheOnesAfterIt) {
   EXPECT_EQ(info->layer_lengths(0), w.length);
 }
 
-// A replica that does not answer (a partition) may hold sessions: the
-// listing says so instead of leaving them out.
 // A BatchDecode split by replica: a part's error names the step as the
 // caller's request counts it, not as the part sent to its replica does.
 TEST(ClusterClientTest, ASplitBatchDecodeErrorNamesTheCallersStep) {
@@ -1025,6 +1023,32 @@ TEST(ClusterClientTest, ASplitBatchDecodeErrorNamesTheCallersStep) {
       << results.status();
 }
 
+// The same for a Decode stream split over replicas: its error names the
+// request as the caller wrote it, not as the replica's lane counted it.
+TEST(ClusterClientTest, ASplitStreamErrorNamesTheCallersRequest) {
+  Fleet fleet(2);
+  ASSERT_TRUE(fleet.ok()) << fleet.errors();
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  Workload a = NewWorkloadOn(fleet.address(0), 0, kPrompt + 1);
+  Workload b = NewWorkloadOn(fleet.address(1), 1, kPrompt + 1);
+  auto stream = (*cluster)->OpenDecodeStream();
+  ASSERT_TRUE(stream->Write(NextStep(a, 0)));
+  ASSERT_TRUE(stream->Write(NextStep(b, 0)));
+  v1::DecodeRequest bad = NextStep(b, 0);
+  bad.mutable_k()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  ASSERT_TRUE(stream->Write(bad));
+  ATTN_EXPECT_OK(stream->Read());
+  ATTN_EXPECT_OK(stream->Read());
+  auto failed = stream->Read();
+  ATTN_EXPECT_CODE(failed, absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(failed.status().message(), "requests[2]: "))
+      << failed.status();
+  EXPECT_EQ(stream->Finish(), failed.status());
+}
+
+// A replica that does not answer (a partition) may hold sessions: the
+// listing says so instead of leaving them out.
 TEST(ClusterClientTest, ListingWithAnUnreachableReplicaIsUnavailable) {
   Fleet fleet(2);
   ASSERT_TRUE(fleet.ok()) << fleet.errors();
