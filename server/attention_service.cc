@@ -34,6 +34,26 @@ constexpr size_t kMaxPageTokenBytes = 64;
 // threads; more wait in the executor's queue.
 constexpr int kPrefillThreads = 4;
 
+// What withdraws an import while it waits for another import of its kept
+// id (ImportOptions::control): the call's own control. Each look at it
+// counts as progress for the stall watchdog: the caller is not stalled,
+// and the wait is bounded by the other import (watched itself) and by this
+// call's deadline.
+class ImportWaitControl final : public CallControl {
+ public:
+  ImportWaitControl(const CallControl& call, StallWatchdog::Watch& watch)
+      : call_(call), watch_(watch) {}
+
+  absl::Status Check() const override {
+    watch_.Progress();
+    return call_.Check();
+  }
+
+ private:
+  const CallControl& call_;
+  StallWatchdog::Watch& watch_;
+};
+
 // The caller of a long transfer (ExportSession, ImportSession): its tenant
 // is authenticated when it begins and again, at each record, once the
 // tenants changed since (Authenticator::generation), so that a revoked
@@ -527,10 +547,8 @@ grpc::Status AttentionServiceImpl::ImportSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kImportSession, "");
   absl::Status status = [&]() -> absl::Status {
-    // Bounds the wait for another import of the same kept id.
     const GrpcCallControl control(context);
     ImportOptions options;
-    options.control = &control;
     TransferCaller caller(authenticator_, *context);
     ATTN_ASSIGN_OR_RETURN(options.tenant, caller.Begin());
     ATTN_RETURN_IF_ERROR(HandoverImportOptions(*context, options));
@@ -546,6 +564,10 @@ grpc::Status AttentionServiceImpl::ImportSession(
     // a session that was created.
     ATTN_ASSIGN_OR_RETURN(ReadImport read, [&]() -> absl::StatusOr<ReadImport> {
       StallWatchdog::Watch watch = WatchTransfer(context);
+      // Bounds the wait for another import of the same kept id (which only
+      // reading the header waits for: the control goes with the watch).
+      const ImportWaitControl wait_control(control, watch);
+      options.control = &wait_control;
       return ReadSessionImport(
           *engine_, std::move(options), keep, max_message_bytes_,
           [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {

@@ -619,6 +619,61 @@ TEST(StalledTransferTest, IsCancelledAndFreesWhatItHeld) {
   }
 }
 
+// An import waiting for another import of its kept id is not stalled: the
+// stall watchdog leaves it waiting (the other import is watched itself),
+// and it then finds the session that one created.
+TEST(StalledTransferTest, WaitingForAnotherImportOfTheIdIsNoStall) {
+  server::ServerOptions options = TestServerOptions();
+  options.transfer_stall_timeout = absl::Seconds(2);
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  client::AttentionClient& client = *(*server)->client;
+  const auto used_bytes = [&] {
+    auto info = client.GetServerInfo();
+    return info.ok() ? info->kv_cache_used_bytes() : -1;
+  };
+  auto original = client.OpenSession(HybridSpec());
+  ATTN_ASSERT_OK(original);
+  Fill(*original, RandomTokens(original->spec(), 200, 5), 200);
+  auto records = Export(client, original->id());
+  ATTN_ASSERT_OK(records);
+  ATTN_ASSERT_OK(client.DeleteSession(original->id()));
+  Records keep = *records;
+  keep[0].set_keep_session_id(true);
+  // The first import holds the id for about 4 s, longer than the stall
+  // timeout, moving its records well within it.
+  ASSERT_GE(keep.size(), 2u);
+  const absl::Duration gap = absl::Seconds(4) / (keep.size() - 1);
+  ASSERT_LE(gap, absl::Seconds(1)) << keep.size() << " records";
+  const int64_t before = used_bytes();
+  absl::StatusOr<v1::SessionInfo> first;
+  std::thread slow([&] {
+    size_t next = 0;
+    first = client.ImportSession(
+        [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+          if (next == keep.size()) return false;
+          if (next > 0) absl::SleepFor(gap);
+          *record = keep[next++];
+          return true;
+        });
+  });
+  // Its header has claimed the id and reserved its blocks.
+  EXPECT_TRUE(
+      Eventually([&] { return used_bytes() > before; }, absl::Seconds(50)));
+  size_t next = 0;
+  auto second = client.ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == keep.size()) return false;
+        *record = keep[next++];
+        return true;
+      });
+  slow.join();
+  ATTN_ASSERT_OK(first);
+  EXPECT_EQ(first->session_id(), original->id());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists)
+      << second.status();
+}
+
 // Imports `records` into `server`, beginning its drain once the import is
 // in its handler (the header's blocks are reserved) and calling
 // `while_draining` once the server says it drains; then sends the rest.
