@@ -2,23 +2,13 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <string>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/string_view.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define ATTN_DTYPE_HAVE_AVX2 1
-// GCC 12 reports its own `__Y = __Y` idiom inside the AVX-512 intrinsic
-// headers as uninitialized (GCC bug 105593); silence it for those headers
-// only (clang, used for fuzzing, has neither the bug nor the warning).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#if !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include <immintrin.h>
-#pragma GCC diagnostic pop
 
 #include "core/cpu_has_f16c.h"
 #endif
@@ -257,155 +247,6 @@ constexpr DTypeKernels kAvx2 = {
 };
 #endif  // ATTN_DTYPE_HAVE_AVX2
 
-// --- The AVX-512 path. ------------------------------------------------------
-// Full 64-byte vectors and masked tails, so no element takes the portable
-// path; a scan's first bad lane is the lowest set bit of its mask.
-#if defined(ATTN_DTYPE_HAVE_AVX2)
-#define ATTN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,f16c")))
-
-// Lanes [0, n) of a vector of `lanes` lanes, n < lanes.
-ATTN_AVX512 __mmask32 TailMask(int64_t n) {
-  return static_cast<__mmask32>((uint64_t{1} << n) - 1);
-}
-
-ATTN_AVX512 void Avx512HalfToFloat(const std::byte* src, int64_t count,
-                                   float* dst) {
-  int64_t i = 0;
-  for (; i + 16 <= count; i += 16) {
-    const __m256i half =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i));
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(half));
-  }
-  if (i == count) return;
-  const __mmask16 tail = static_cast<__mmask16>(TailMask(count - i));
-  const __m256i half = _mm256_maskz_loadu_epi16(tail, src + 2 * i);
-  _mm512_mask_storeu_ps(dst + i, tail, _mm512_cvtph_ps(half));
-}
-
-ATTN_AVX512 void Avx512FloatToHalf(const float* src, int64_t count,
-                                   std::byte* dst) {
-  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  int64_t i = 0;
-  for (; i + 16 <= count; i += 16) {
-    const __m256i half = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRound);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), half);
-  }
-  if (i == count) return;
-  const __mmask16 tail = static_cast<__mmask16>(TailMask(count - i));
-  const __m256i half =
-      _mm512_cvtps_ph(_mm512_maskz_loadu_ps(tail, src + i), kRound);
-  _mm256_mask_storeu_epi16(dst + 2 * i, tail, half);
-}
-
-// Bad-lane tests for Avx512Scan: a mask of the bad lanes among `valid`.
-struct Float32NonFinite512 {
-  static constexpr int64_t kLanes = 16;
-  ATTN_AVX512 uint32_t operator()(__m512i v, __mmask32 valid) const {
-    const __m512i e = _mm512_set1_epi32(static_cast<int>(kFloatExponent));
-    return _mm512_mask_cmpeq_epi32_mask(static_cast<__mmask16>(valid),
-                                        _mm512_and_si512(v, e), e);
-  }
-};
-
-struct HalfNonFinite512 {  // float16 or bfloat16, by their exponent bits
-  static constexpr int64_t kLanes = 32;
-  uint16_t exponent;
-  ATTN_AVX512 uint32_t operator()(__m512i v, __mmask32 valid) const {
-    const __m512i e = _mm512_set1_epi16(static_cast<short>(exponent));
-    return _mm512_mask_cmpeq_epi16_mask(valid, _mm512_and_si512(v, e), e);
-  }
-};
-
-// Sign-cleared float bits compare correctly as signed integers: a lane
-// overflows when above `below_overflow` and below the exponent (finite).
-struct Float16Overflow512 {
-  static constexpr int64_t kLanes = 16;
-  ATTN_AVX512 uint32_t operator()(__m512i v, __mmask32 valid) const {
-    const __m512i a = _mm512_and_si512(v, _mm512_set1_epi32(0x7fffffff));
-    const __mmask16 finite = _mm512_mask_cmpgt_epi32_mask(
-        static_cast<__mmask16>(valid),
-        _mm512_set1_epi32(static_cast<int>(kFloatExponent)), a);
-    return _mm512_mask_cmpgt_epi32_mask(
-        finite, a, _mm512_set1_epi32(static_cast<int>(kHalfOverflowBits - 1)));
-  }
-};
-
-struct BFloat16Overflow512 {  // BFloat16Overflows(), sixteen lanes at a time
-  static constexpr int64_t kLanes = 16;
-  ATTN_AVX512 uint32_t operator()(__m512i v, __mmask32 valid) const {
-    const __m512i a = _mm512_and_si512(v, _mm512_set1_epi32(0x7fffffff));
-    const __mmask16 finite = _mm512_mask_cmpgt_epi32_mask(
-        static_cast<__mmask16>(valid),
-        _mm512_set1_epi32(static_cast<int>(kFloatExponent)), a);
-    const __m512i rounded = _mm512_add_epi32(
-        _mm512_add_epi32(a, _mm512_set1_epi32(0x7fff)),
-        _mm512_and_si512(_mm512_srli_epi32(a, 16), _mm512_set1_epi32(1)));
-    return _mm512_mask_cmpgt_epi32_mask(
-        finite, rounded,
-        _mm512_set1_epi32(static_cast<int>(kFloatExponent - 1)));
-  }
-};
-
-// Index of the first lane `bad_lanes` flags in `count` elements at `src`,
-// or -1.
-template <typename BadLanes>
-ATTN_AVX512 int64_t Avx512Scan(const std::byte* src, int64_t count,
-                               BadLanes bad_lanes) {
-  constexpr int64_t kLanes = BadLanes::kLanes;
-  constexpr int64_t kElementSize = 64 / kLanes;
-  constexpr __mmask32 kAll =
-      static_cast<__mmask32>((uint64_t{1} << kLanes) - 1);
-  int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) {
-    const __m512i v = _mm512_loadu_si512(src + i * kElementSize);
-    const uint32_t bad = bad_lanes(v, kAll);
-    if (bad != 0) return i + __builtin_ctz(bad);
-  }
-  if (i == count) return -1;
-  // Masked-off lanes are neither loaded nor flagged.
-  const __mmask32 tail = TailMask(count - i);
-  const __m512i v = _mm512_maskz_loadu_epi8(
-      static_cast<__mmask64>((uint64_t{1} << ((count - i) * kElementSize)) - 1),
-      src + i * kElementSize);
-  const uint32_t bad = bad_lanes(v, tail);
-  return bad != 0 ? i + __builtin_ctz(bad) : -1;
-}
-
-ATTN_AVX512 int64_t Avx512FirstNonFinite(DType dtype, const std::byte* src,
-                                         int64_t count) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return Avx512Scan(src, count, Float32NonFinite512());
-    case DType::kFloat16:
-      return Avx512Scan(src, count, HalfNonFinite512{kHalfExponent});
-    case DType::kBFloat16:
-      return Avx512Scan(src, count, HalfNonFinite512{kBFloat16Exponent});
-  }
-  return -1;
-}
-
-ATTN_AVX512 int64_t Avx512FirstOverflow(const std::byte* src, int64_t count,
-                                        DType target) {
-  switch (target) {
-    case DType::kFloat16:
-      return Avx512Scan(src, count, Float16Overflow512());
-    case DType::kBFloat16:
-      return Avx512Scan(src, count, BFloat16Overflow512());
-    case DType::kFloat32:
-      return -1;
-  }
-  return -1;
-}
-
-constexpr DTypeKernels kAvx512 = {
-    "avx512",
-    Avx512HalfToFloat,
-    Avx512FloatToHalf,
-    Avx512FirstNonFinite,
-    Avx512FirstOverflow,
-};
-#endif  // ATTN_DTYPE_HAVE_AVX2
-
 }  // namespace
 
 const DTypeKernels& PortableKernels() { return kPortable; }
@@ -423,30 +264,13 @@ const DTypeKernels* Avx2Kernels() {
 #endif
 }
 
-const DTypeKernels* Avx512Kernels() {
-#if defined(ATTN_DTYPE_HAVE_AVX2)
-  static const bool supported = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && CpuHasF16c();
-  }();
-  return supported ? &kAvx512 : nullptr;
-#else
-  return nullptr;
-#endif
-}
-
 const DTypeKernels& ActiveKernels() {
   static const DTypeKernels* const active = [] {
     const char* isa = std::getenv("ATTN_CPU_ISA");
-    const std::string requested =
-        isa == nullptr ? "" : absl::AsciiStrToLower(isa);
-    if (requested == "scalar") return &kPortable;
-    const DTypeKernels* avx512 = Avx512Kernels();
-    if (requested != "avx2" && avx512 != nullptr) return avx512;
+    const bool portable_requested =
+        isa != nullptr && absl::AsciiStrToLower(isa) == "scalar";
     const DTypeKernels* avx2 = Avx2Kernels();
-    return avx2 != nullptr ? avx2 : &kPortable;
+    return portable_requested || avx2 == nullptr ? &kPortable : avx2;
   }();
   return *active;
 }

@@ -1,8 +1,7 @@
 // Bulk element kernels behind dtype.h's conversions and checks: a portable
-// path and, on x86-64 CPUs with F16C, an AVX2 and an AVX-512 vector path,
-// the best one chosen at run time. All give bitwise the same results (F16C
-// rounds to nearest even, like FloatToHalf), which
-// tests/core/dtype_kernels_test.cc checks.
+// path and, on x86-64 CPUs with AVX2 and F16C, a vector path chosen at run
+// time. Both give bitwise the same results (F16C rounds to nearest even,
+// like FloatToHalf), which tests/core/dtype_test.cc checks.
 //
 // Internal to attention_dtype; exposed so that tests can compare the paths.
 // Every function is thread-safe and takes unaligned pointers.
@@ -37,13 +36,8 @@ const DTypeKernels& PortableKernels();
 // (or OS) lacks it.
 const DTypeKernels* Avx2Kernels();
 
-// The AVX-512 (F, BW, VL) + F16C path, or nullptr when it was not compiled
-// in or this CPU (or OS) lacks it.
-const DTypeKernels* Avx512Kernels();
-
-// The path dtype.h uses: the fastest this CPU has, unless ATTN_CPU_ISA
-// asks for a slower one ("scalar": the portable path, "avx2": AVX2 where
-// available), as it does for the attention kernels (read once).
+// The path dtype.h uses: AVX2 when available, unless ATTN_CPU_ISA=scalar
+// asks for the portable path (read once).
 const DTypeKernels& ActiveKernels();
 
 }  // namespace attention::dtype_internal
