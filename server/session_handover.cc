@@ -52,6 +52,10 @@ SessionHandover::Doubt SessionHandover::DoubtOf(const grpc::Status& status,
     // trailer is lost with the call: asked again, it answers.
     case grpc::StatusCode::CANCELLED:
     case grpc::StatusCode::UNAVAILABLE:
+    // Not the handler's refusal (that says so in its trailer): gRPC's own,
+    // either the peer's transport refusing a record (nothing created) or
+    // this side refusing the peer's answer as too large (created).
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
       return Doubt::kBroken;
     default:
       return Doubt::kNone;
