@@ -280,8 +280,8 @@ absl::Status ConvertFromFloatChecked(const float* src, int64_t count,
   const auto* bytes = reinterpret_cast<const std::byte*>(src);
   for (int64_t begin = 0; begin < count; begin += kChunk) {
     const int64_t n = std::min(kChunk, count - begin);
-    const int64_t bad =
-        FirstUnrepresentable(DType::kFloat32, bytes + 4 * begin, n, dtype);
+    const int64_t bad = FirstUnrepresentable(
+        DType::kFloat32, bytes + sizeof(float) * begin, n, dtype);
     if (bad >= 0) {
       return UnrepresentableError(DType::kFloat32, bytes, begin + bad, dtype,
                                   what);

@@ -567,9 +567,10 @@ grpc::Status AttentionServiceImpl::ImportSession(
       // Bounds the wait for another import of the same kept id (which only
       // reading the header waits for: the control goes with the watch).
       const ImportWaitControl wait_control(control, watch);
-      options.control = &wait_control;
+      ImportOptions watched = std::move(options);
+      watched.control = &wait_control;
       return ReadSessionImport(
-          *engine_, std::move(options), keep, max_message_bytes_,
+          *engine_, std::move(watched), keep, max_message_bytes_,
           [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
             ATTN_RETURN_IF_ERROR(caller.Check());
             const bool more = !context->IsCancelled() && reader->Read(record);

@@ -117,9 +117,10 @@ class SessionHandover {
   // What a failed import may have left on the peer.
   enum class Doubt {
     kNone,     // a refusal: the peer created nothing
-    kBroken,   // the connection failed or the call was cancelled after the
-               // whole snapshot was sent (the peer may have created it, or
-               // refused it): asking again settles it
+    kBroken,   // the connection failed, the call was cancelled, or gRPC
+               // itself refused a message, after the whole snapshot was
+               // sent (the peer may have created it, or refused it):
+               // asking again settles it
     kUnknown,  // the peer may have created it (timed out, or an error no
                // import refusal gives)
   };
