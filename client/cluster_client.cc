@@ -158,6 +158,36 @@ absl::Status InStreamNumbering(const absl::Status& status, int64_t index) {
       .value_or(status);
 }
 
+// The status of request `index` (on session `session_id`) that went to a
+// lane again after its session moved, behind request `front` written after
+// it, when that lane's stream ended at `front` with `status`. A server ends
+// a stream at the request it names ("requests[i]: ", `ended_at_front`):
+// nothing behind it was applied. Otherwise (the connection failed) this
+// one may have been. Either way it is not `front`'s failure.
+absl::Status BehindAFailedRequest(int64_t index, absl::string_view session_id,
+                                  int64_t front, const absl::Status& status,
+                                  bool ended_at_front) {
+  const std::string cause = absl::StrCat(
+      absl::StatusCodeToString(status.code()), ": ", status.message());
+  if (ended_at_front) {
+    return absl::AbortedError(
+        absl::StrCat("requests[", index, "]: not applied: after session ",
+                     QuoteClientString(session_id),
+                     " moved it was sent again behind requests[", front,
+                     "], which ended that replica's stream (", cause,
+                     "); it may be sent again"));
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrCat("requests[", index,
+                   "]: may or may not have been applied: after session ",
+                   QuoteClientString(session_id),
+                   " moved it was sent again behind requests[", front,
+                   "] on a stream that then failed (", cause,
+                   "); read GetSession's layer_lengths for it before sending "
+                   "it again"));
+}
+
 bool Unreachable(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded;
@@ -1179,6 +1209,7 @@ void ClusterDecodeStream::Pump(Lane* lane) {
   std::shared_ptr<ClusterReplica> replica = lane->replica;
   lanes_.erase(replica.get());
   absl::Status status = result.status();
+  const bool ended_at_front = absl::StartsWith(status.message(), "requests[");
   if (IsStreamDrained(status)) {
     // The replica's drain ended the stream as it waited: it applied none
     // of `pending`. They go where their sessions are now (confirmed first,
@@ -1215,7 +1246,15 @@ void ClusterDecodeStream::Pump(Lane* lane) {
     if (!next.ok()) status = next.status();
   }
   status = InStreamNumbering(status, front->index);
-  for (Entry* entry : pending) Fail(entry, status);
+  for (Entry* entry : pending) {
+    // Written before `front`, it waited behind it after a move (Dispatch
+    // queues a moved request behind what waits at its new owner).
+    Fail(entry,
+         entry->index < front->index
+             ? BehindAFailedRequest(entry->index, entry->request.session_id(),
+                                    front->index, status, ended_at_front)
+             : status);
+  }
 }
 
 bool ClusterDecodeStream::Write(const v1::DecodeRequest& request) {

@@ -167,7 +167,11 @@ struct ClusterReplica;
 // returns false. With several, requests written to OTHER replicas before
 // the failure was known may have been applied: GetSession's layer_lengths
 // tells. A session's requests reach it in the order written, also when it
-// moves while some of them wait.
+// moves while some of them wait. A request sent again after its session
+// moved waits behind what the stream sent to the new owner since; when one
+// of those ends that replica's stream, the moved request fails ABORTED
+// (not applied; after a broken connection, with that status and "may or
+// may not have been applied"), naming the request that failed.
 class ClusterDecodeStream {
  public:
   ~ClusterDecodeStream();  // cancels whatever is still open

@@ -674,6 +674,64 @@ TEST(ClusterClientTest, ARequestBeforeAFailedOneStillFollowsItsSession) {
   keeper.reset();
 }
 
+// A request that follows its moved session to a replica where a later
+// request of the stream already waits goes behind it; when that one fails,
+// the earlier one is reported as not applied, not with the later one's
+// error (which would let the caller take it as applied).
+TEST(ClusterClientTest, ARequestSentAgainBehindAFailedOneIsNotBlamedForIt) {
+  Fleet fleet(2, {}, /*peers=*/true);
+  ASSERT_TRUE(fleet.ok()) << fleet.errors();
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  Workload w = NewWorkload(**cluster, 0, kPrompt + 2);
+  PrefillAll(**cluster, w);
+  const std::string victim = (*cluster)->OwnerOf(w.id);
+  const int index = fleet.IndexOf(victim);
+  ASSERT_GE(index, 0) << victim;
+  Workload other = NewWorkloadOn(fleet.address(1 - index), 2, kPrompt + 1);
+  // A client that knows both owners and does not probe during the drain.
+  ClusterOptions options = TestClusterOptions();
+  options.refresh_interval = absl::Hours(1);
+  auto late = ClusterClient::Open(fleet.List(), options);
+  ATTN_ASSERT_OK(late);
+  ATTN_ASSERT_OK((*late)->GetSession(w.id));
+  ATTN_ASSERT_OK((*late)->GetSession(other.id));
+  ASSERT_EQ((*late)->OwnerOf(w.id), victim);
+  // The replica hands the session over and stays up (an idle stream holds
+  // its drain) to redirect.
+  auto keeper = client::AttentionClient::Connect(victim);
+  auto idle = keeper->OpenDecodeStream();
+  ATTN_ASSERT_OK(keeper->GetServerInfo());
+  fleet.replica(index).Signal(SIGTERM);
+  ASSERT_TRUE(Eventually(
+      [&] {
+        auto info = keeper->GetServerInfo();
+        return info.ok() && info->draining() && info->active_sessions() == 0;
+      },
+      absl::Seconds(60)));
+
+  auto stream = (*late)->OpenDecodeStream();
+  ASSERT_TRUE(stream->Write(NextStep(w, 0)));  // meets the redirect
+  v1::DecodeRequest bad = NextStep(other, 0);  // fails where `w` moved
+  bad.mutable_k()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  ASSERT_TRUE(stream->Write(bad));
+  auto first = stream->Read();
+  ATTN_EXPECT_CODE(first, absl::StatusCode::kAborted);
+  EXPECT_TRUE(
+      absl::StartsWith(first.status().message(), "requests[0]: not applied"))
+      << first.status();
+  EXPECT_TRUE(absl::StrContains(first.status().message(), "requests[1]: k"))
+      << first.status();
+  EXPECT_EQ(stream->Finish(), first.status());
+  auto info = (*late)->GetSession(w.id);
+  ATTN_ASSERT_OK(info);
+  EXPECT_NE(info->owner(), victim);
+  EXPECT_EQ(info->layer_lengths(0), w.length);
+  idle->WritesDone();
+  idle.reset();
+  keeper.reset();
+}
+
 // A stream's idle lane to a replica known to drain is closed at its next
 // write, so the replica's drain does not wait for it (nor ends it at its
 // deadline), and the stream finishes OK.
