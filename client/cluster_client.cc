@@ -106,6 +106,16 @@ std::string_view View(absl::string_view text) {
   return std::string_view(text.data(), text.size());
 }
 
+// `status` with `message` instead of its own: same code, same payloads.
+absl::Status WithMessage(const absl::Status& status,
+                         absl::string_view message) {
+  absl::Status changed(status.code(), message);
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    changed.SetPayload(url, payload);
+  });
+  return changed;
+}
+
 // `status` with the index its message begins with (`open`, the index,
 // `close`: "steps[2]", "step 2:") replaced by renumber(index); nullopt when
 // the message does not begin so or renumber gives -1. Payloads are kept.
@@ -122,12 +132,8 @@ std::optional<absl::Status> Renumbered(
   }
   const int64_t renumbered_index = renumber(index);
   if (renumbered_index < 0) return std::nullopt;
-  absl::Status renumbered(
-      status.code(), absl::StrCat(open, renumbered_index, message.substr(end)));
-  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
-    renumbered.SetPayload(url, payload);
-  });
-  return renumbered;
+  return WithMessage(status,
+                     absl::StrCat(open, renumbered_index, message.substr(end)));
 }
 
 // `status` from a replica that got steps `steps` of the caller's
@@ -150,20 +156,26 @@ absl::Status InRequestNumbering(const absl::Status& status,
 }
 
 // `status` that ended a lane's Decode stream at its oldest unanswered
-// request, the cluster stream's request `index`: the lane numbers its
-// requests itself ("requests[i]: ", from the server or the DecodeStream),
-// which means nothing to the cluster stream's caller.
+// request, the cluster stream's request `index`, naming it as the cluster
+// stream counts its writes: the lane's own number ("requests[i]: ", from
+// the server or the DecodeStream) replaced, or "requests[index]: " put
+// before a message that names none. Payloads are kept.
 absl::Status InStreamNumbering(const absl::Status& status, int64_t index) {
-  return Renumbered(status, "requests[", ']', [&](int64_t) { return index; })
-      .value_or(status);
+  if (std::optional<absl::Status> renumbered = Renumbered(
+          status, "requests[", ']', [&](int64_t) { return index; })) {
+    return *std::move(renumbered);
+  }
+  return WithMessage(status,
+                     absl::StrCat("requests[", index, "]: ", status.message()));
 }
 
 // The status of request `index` (on session `session_id`) that went to a
 // lane again after its session moved, behind request `front` written after
 // it, when that lane's stream ended at `front` with `status`. A server ends
 // a stream at the request it names ("requests[i]: ", `ended_at_front`):
-// nothing behind it was applied. Otherwise (the connection failed) this
-// one may have been. Either way it is not `front`'s failure.
+// nothing behind it was applied. Otherwise (a broken connection, a
+// deadline, a cancel) this one may have been. Either way it is not
+// `front`'s failure.
 absl::Status BehindAFailedRequest(int64_t index, absl::string_view session_id,
                                   int64_t front, const absl::Status& status,
                                   bool ended_at_front) {
@@ -1208,8 +1220,11 @@ void ClusterDecodeStream::Pump(Lane* lane) {
   std::deque<Entry*> pending = std::move(lane->unanswered);
   std::shared_ptr<ClusterReplica> replica = lane->replica;
   lanes_.erase(replica.get());
-  absl::Status status = result.status();
-  const bool ended_at_front = absl::StartsWith(status.message(), "requests[");
+  // The server names the request it ended its stream at ("requests[i]: "):
+  // nothing after it there was applied.
+  const bool ended_at_front =
+      absl::StartsWith(result.status().message(), "requests[");
+  absl::Status status = InStreamNumbering(result.status(), front->index);
   if (IsStreamDrained(status)) {
     // The replica's drain ended the stream as it waited: it applied none
     // of `pending`. They go where their sessions are now (confirmed first,

@@ -170,8 +170,9 @@ struct ClusterReplica;
 // moves while some of them wait. A request sent again after its session
 // moved waits behind what the stream sent to the new owner since; when one
 // of those ends that replica's stream, the moved request fails ABORTED
-// (not applied; after a broken connection, with that status and "may or
-// may not have been applied"), naming the request that failed.
+// (not applied) naming the request that failed; when the stream ended
+// without the server naming a request (a broken connection, a deadline, a
+// cancel), with that status and "may or may not have been applied".
 class ClusterDecodeStream {
  public:
   ~ClusterDecodeStream();  // cancels whatever is still open
@@ -183,9 +184,9 @@ class ClusterDecodeStream {
   bool Write(const v1::DecodeRequest& request);
   // The result of the oldest request not yet read. FAILED_PRECONDITION
   // when every written request has been read; after the end, the error
-  // that ended the stream, or OUT_OF_RANGE after WritesDone. A replica's
-  // error names the request as this stream counts its writes
-  // ("requests[i]: ", from 0), whichever replica it went to.
+  // that ended the stream, or OUT_OF_RANGE after WritesDone. An error
+  // from a replica's stream names the request as this stream counts its
+  // writes ("requests[i]: ", from 0), whichever replica it went to.
   absl::StatusOr<v1::AttentionResult> Read();
   // Write then Read.
   absl::StatusOr<v1::AttentionResult> Step(const v1::DecodeRequest& request);

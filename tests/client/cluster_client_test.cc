@@ -621,6 +621,38 @@ TEST(ClusterClientTest, ADrainingReplicaHandsItsSessionsOverWithoutAnError) {
   for (const Workload& w : workloads) ExpectOneShot(**cluster, w);
 }
 
+// A draining replica kept up by an idle Decode stream (which holds its
+// drain), so that it answers with redirects once its sessions moved.
+struct HeldDrain {
+  std::unique_ptr<client::AttentionClient> keeper;
+  std::unique_ptr<client::DecodeStream> idle;
+  bool handed_over = false;  // it holds no session any more
+  // Closes the stream: the drain ends.
+  void Release() {
+    idle->WritesDone();
+    idle.reset();
+    keeper.reset();
+  }
+};
+
+// SIGTERM to replica `index` (at `address`), held up as above, then waits
+// until it has handed all its sessions over.
+HeldDrain DrainHandingOver(Fleet& fleet, int index,
+                           const std::string& address) {
+  HeldDrain held;
+  held.keeper = client::AttentionClient::Connect(address);
+  held.idle = held.keeper->OpenDecodeStream();
+  EXPECT_TRUE(held.keeper->GetServerInfo().ok());
+  fleet.replica(index).Signal(SIGTERM);
+  held.handed_over = Eventually(
+      [&] {
+        auto info = held.keeper->GetServerInfo();
+        return info.ok() && info->draining() && info->active_sessions() == 0;
+      },
+      absl::Seconds(60));
+  return held;
+}
+
 // A stream request written before one that fails still follows its
 // session when the replica it went to answers with the move's redirect:
 // only what was written after the failure is left unsent.
@@ -641,18 +673,9 @@ TEST(ClusterClientTest, ARequestBeforeAFailedOneStillFollowsItsSession) {
   ATTN_ASSERT_OK(late);
   ATTN_ASSERT_OK((*late)->GetSession(w.id));
   ASSERT_EQ((*late)->OwnerOf(w.id), victim);
-  // The replica hands the session over and stays up (an idle stream holds
-  // its drain) to redirect.
-  auto keeper = client::AttentionClient::Connect(victim);
-  auto idle = keeper->OpenDecodeStream();
-  ATTN_ASSERT_OK(keeper->GetServerInfo());
-  fleet.replica(index).Signal(SIGTERM);
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto info = keeper->GetServerInfo();
-        return info.ok() && info->draining() && info->active_sessions() == 0;
-      },
-      absl::Seconds(60)));
+  // The replica hands the session over and stays up to redirect.
+  HeldDrain held = DrainHandingOver(fleet, index, victim);
+  ASSERT_TRUE(held.handed_over);
 
   auto stream = (*late)->OpenDecodeStream();
   ASSERT_TRUE(stream->Write(NextStep(w, 0)));  // meets the redirect
@@ -669,9 +692,7 @@ TEST(ClusterClientTest, ARequestBeforeAFailedOneStillFollowsItsSession) {
       << second.status();
   EXPECT_TRUE(absl::StrContains(second.status().message(), "no-such-session"))
       << second.status();
-  idle->WritesDone();
-  idle.reset();
-  keeper.reset();
+  held.Release();
 }
 
 // A request that follows its moved session to a replica where a later
@@ -697,18 +718,9 @@ TEST(ClusterClientTest, ARequestSentAgainBehindAFailedOneIsNotBlamedForIt) {
   ATTN_ASSERT_OK((*late)->GetSession(w.id));
   ATTN_ASSERT_OK((*late)->GetSession(other.id));
   ASSERT_EQ((*late)->OwnerOf(w.id), victim);
-  // The replica hands the session over and stays up (an idle stream holds
-  // its drain) to redirect.
-  auto keeper = client::AttentionClient::Connect(victim);
-  auto idle = keeper->OpenDecodeStream();
-  ATTN_ASSERT_OK(keeper->GetServerInfo());
-  fleet.replica(index).Signal(SIGTERM);
-  ASSERT_TRUE(Eventually(
-      [&] {
-        auto info = keeper->GetServerInfo();
-        return info.ok() && info->draining() && info->active_sessions() == 0;
-      },
-      absl::Seconds(60)));
+  // The replica hands the session over and stays up to redirect.
+  HeldDrain held = DrainHandingOver(fleet, index, victim);
+  ASSERT_TRUE(held.handed_over);
 
   auto stream = (*late)->OpenDecodeStream();
   ASSERT_TRUE(stream->Write(NextStep(w, 0)));  // meets the redirect
@@ -727,9 +739,7 @@ TEST(ClusterClientTest, ARequestSentAgainBehindAFailedOneIsNotBlamedForIt) {
   ATTN_ASSERT_OK(info);
   EXPECT_NE(info->owner(), victim);
   EXPECT_EQ(info->layer_lengths(0), w.length);
-  idle->WritesDone();
-  idle.reset();
-  keeper.reset();
+  held.Release();
 }
 
 // A stream's idle lane to a replica known to drain is closed at its next
@@ -1103,6 +1113,22 @@ TEST(ClusterClientTest, ASplitStreamErrorNamesTheCallersRequest) {
   EXPECT_TRUE(absl::StartsWith(failed.status().message(), "requests[2]: "))
       << failed.status();
   EXPECT_EQ(stream->Finish(), failed.status());
+
+  // Also when the client's look-up after the replica's error gives the
+  // status: `a`, known at replica 0, is gone from every replica.
+  ATTN_ASSERT_OK((*cluster)->GetSession(a.id));
+  ATTN_ASSERT_OK(
+      client::AttentionClient::Connect(fleet.address(0))->DeleteSession(a.id));
+  auto again = (*cluster)->OpenDecodeStream();
+  ASSERT_TRUE(again->Write(NextStep(b, 0)));
+  ASSERT_TRUE(again->Write(NextStep(a, 0)));
+  ATTN_EXPECT_OK(again->Read());
+  auto gone = again->Read();
+  ATTN_EXPECT_CODE(gone, absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StartsWith(gone.status().message(), "requests[1]: "))
+      << gone.status();
+  EXPECT_FALSE(absl::StrContains(gone.status().message(), "requests[0]"))
+      << gone.status();
 }
 
 // A replica that does not answer (a partition) may hold sessions: the
