@@ -237,8 +237,9 @@ int64_t FirstUnrepresentable(DType dtype, const std::byte* src, int64_t count,
     return -1;
   }
   const dtype_internal::DTypeKernels& kernels = dtype_internal::ActiveKernels();
-  if (dtype == DType::kFloat32)
+  if (dtype == DType::kFloat32) {
     return kernels.first_overflow(src, count, target);
+  }
   // bfloat16 -> float16: widen in small batches, then check the floats.
   constexpr int64_t kBatch = 256;
   float buffer[kBatch];
