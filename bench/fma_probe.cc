@@ -44,12 +44,27 @@ double FmaPeak(ThreadPool& pool, const cpu::KernelTable& kernels,
          seconds;
 }
 
+namespace {
+
+double OneThreadRate(float (*probe)(int64_t), int flops_per_round,
+                     int64_t rounds, float* sink) {
+  const Clock::time_point start = Clock::now();
+  *sink += probe(rounds);
+  return static_cast<double>(rounds) * flops_per_round / SecondsSince(start);
+}
+
+}  // namespace
+
 double OneThreadFmaPeak(const cpu::KernelTable& kernels, int64_t rounds,
                         float* sink) {
-  const Clock::time_point start = Clock::now();
-  *sink += kernels.fma_probe(rounds);
-  return static_cast<double>(rounds) * kernels.fma_probe_flops /
-         SecondsSince(start);
+  return OneThreadRate(kernels.fma_probe, kernels.fma_probe_flops, rounds,
+                       sink);
+}
+
+double OneThreadFmaWidenPeak(const cpu::KernelTable& kernels, int64_t rounds,
+                             float* sink) {
+  return OneThreadRate(kernels.fma_widen_probe, kernels.fma_widen_probe_flops,
+                       rounds, sink);
 }
 
 }  // namespace attention::bench

@@ -1,7 +1,7 @@
 // The multiply-add probe: the peak fp32 multiply-add rate of the CPU
 // backend's kernel ISA (KernelTable::fma_probe: independent multiply-add
 // chains in registers, nothing read from memory), on one thread or on a
-// pool's threads. attn-bench's roofline and its small-step bound divide by
+// pool's threads. attn-bench's roofline and its small-step bounds divide by
 // it.
 #ifndef ATTENTION_BENCH_FMA_PROBE_H_
 #define ATTENTION_BENCH_FMA_PROBE_H_
@@ -31,6 +31,12 @@ double FmaPeak(ThreadPool& pool, const cpu::KernelTable& kernels,
 // second.
 double OneThreadFmaPeak(const cpu::KernelTable& kernels, int64_t rounds,
                         float* sink);
+
+// The same for the probe whose multiply-adds also widen float16 values
+// (KernelTable::fma_widen_probe): the fastest a float16 GQA 32/8 decode's
+// multiply-adds can run on this thread with their widenings.
+double OneThreadFmaWidenPeak(const cpu::KernelTable& kernels, int64_t rounds,
+                             float* sink);
 
 }  // namespace attention::bench
 

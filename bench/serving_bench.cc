@@ -64,6 +64,14 @@
 //                       ratio if a served step cost the echo's CPU plus
 //                       that: the ceiling set by the transport and the
 //                       arithmetic alone.
+//   widening_floor_cpu_us_per_step_ctx16,
+//   stream64_vs_callback_echo_ctx16_widening_bound
+//                       the same with each multiply-add paying its share of
+//                       the float16 K/V widenings the float32 numerics
+//                       need (the widening probe: one vector widened from
+//                       L1 per 4 multiply-adds, as in GQA 32/8): the
+//                       ceiling the transport and the instructions a step
+//                       cannot skip set on this core.
 //   shared_prompt_engine_speedup, shared_prompt_batchdecode_speedup
 //                       tokens/s of decode steps of 64 forks of ONE
 //                       2048-token context / of 64 forks of 64 distinct
@@ -1104,8 +1112,12 @@ absl::Status MeasureSharedPrompt(const Harness& h,
 // the CPU of an echo message plus nothing but its attention's multiply-adds
 // at one thread's peak rate (the multiply-add probe): a step at message m
 // of a round (0-based) attends over kShortContext + m + 1 keys, each a
-// head_dim multiply-add for Q.K and one for P.V per query head. Only for
-// the CPU backend (its kernel ISA's probe).
+// head_dim multiply-add for Q.K and one for P.V per query head. And the
+// most it could be if those multiply-adds also paid for the widening of
+// the float16 K and V they read (the widening probe: one widened vector
+// per 4 multiply-adds, as GQA 32/8 shares each among 4 query heads), which
+// the documented float32 numerics over float16 KV cannot skip. Only for
+// the CPU backend (its kernel ISA's probes), alternately 5 times each.
 void ReportFmaBound(const Harness& h, const SideCost& echo, int messages) {
   const auto* cpu_backend =
       dynamic_cast<const CpuBackend*>(&h.server->engine().backend());
@@ -1113,14 +1125,18 @@ void ReportFmaBound(const Harness& h, const SideCost& echo, int messages) {
   const cpu::KernelTable& kernels = KernelsOf(*cpu_backend);
   float sink = 0;
   const int64_t rounds = 8 * FmaProbeRounds(kernels, &sink);
-  std::vector<double> peaks;
+  std::vector<double> peaks, widen_peaks;
   for (int rep = 0; rep < 5; ++rep) {
     peaks.push_back(OneThreadFmaPeak(kernels, rounds, &sink));
+    widen_peaks.push_back(OneThreadFmaWidenPeak(kernels, rounds, &sink));
   }
   const double mean_keys = kShortContext + (messages + 1) / 2.0;
   const double flops_per_step = mean_keys * kQHeads * 4.0 * kHeadDim;
+  const double echo_us = echo.CpuPerUnit();
   const double fma_us = flops_per_step / Median(peaks) * 1e6;
-  const double bound = echo.CpuPerUnit() / (echo.CpuPerUnit() + fma_us);
+  const double widen_us = flops_per_step / Median(widen_peaks) * 1e6;
+  const double bound = echo_us / (echo_us + fma_us);
+  const double widen_bound = echo_us / (echo_us + widen_us);
   BenchReport& r = *h.report;
   r.AddRow(kSection,
            absl::StrCat("CPU per step of its multiply-adds at one thread's "
@@ -1129,8 +1145,17 @@ void ReportFmaBound(const Harness& h, const SideCost& echo, int messages) {
   r.AddRow(kSection,
            "stream64_vs_callback_echo_ctx16 if a step cost echo CPU + those",
            bound, "x");
+  r.AddRow(kSection,
+           "same multiply-adds with their float16 widenings, at one "
+           "thread's peak",
+           widen_us, "us");
+  r.AddRow(kSection,
+           "stream64_vs_callback_echo_ctx16 if a step cost echo CPU + those",
+           widen_bound, "x");
   r.AddFigure("fma_floor_cpu_us_per_step_ctx16", fma_us);
   r.AddFigure("stream64_vs_callback_echo_ctx16_fma_bound", bound);
+  r.AddFigure("widening_floor_cpu_us_per_step_ctx16", widen_us);
+  r.AddFigure("stream64_vs_callback_echo_ctx16_widening_bound", widen_bound);
   if (sink == 42.0f) std::printf(" ");  // keeps the probe's results alive
 }
 

@@ -136,6 +136,15 @@ struct KernelTable {
   float (*fma_probe)(int64_t rounds);
   int fma_probe_flops;
 
+  // The same probe with the widening a decode over float16 KV cannot do
+  // without under these numerics: every round widens vectors of float16
+  // values read from L1 (LoadHalf) and feeds each one to 4 multiply-add
+  // chains, as a GQA 32/8 decode shares each widened K or V vector among
+  // the 4 query heads of its KV head. Each round is fma_widen_probe_flops
+  // floating-point operations (a multiply-add counts 2).
+  float (*fma_widen_probe)(int64_t rounds);
+  int fma_widen_probe_flops;
+
   // Streaming-read probe, for benchmarks: the maximum of data[0, count)
   // (no NaNs), read with full-vector loads into several independent
   // running maxima, nothing else in the loop, so that it runs at the rate a

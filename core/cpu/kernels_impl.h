@@ -738,6 +738,48 @@ float FmaProbe(int64_t rounds) {
   return total;
 }
 
+// FmaProbe's chains, in groups of kWidenProbeHeads fed by one float16
+// vector widened from L1 per round. The halves' address passes through an
+// empty asm statement every round, so the compiler cannot hoist their
+// loads and widenings out of the loop.
+constexpr int kWidenProbeHeads = 4;
+constexpr int kWidenProbeVectors = kFmaProbeChains / kWidenProbeHeads > 0
+                                       ? kFmaProbeChains / kWidenProbeHeads
+                                       : 1;
+float FmaWidenProbe(int64_t rounds) {
+  // 0x3BFE is 0.99902 in float16: the chains converge, as FmaProbe's do.
+  alignas(64) uint16_t halves[kWidenProbeVectors * kLanes];
+  for (uint16_t& h : halves) h = 0x3BFE;
+  V chain[kWidenProbeVectors][kWidenProbeHeads];
+  for (int v = 0; v < kWidenProbeVectors; ++v) {
+    for (int h = 0; h < kWidenProbeHeads; ++h) {
+      chain[v][h] = Splat(V{}, 0.5f + 0.01f * static_cast<float>(v * 4 + h));
+    }
+  }
+  const V y = Splat(V{}, 0.001f);
+  const uint16_t* from = halves;
+  for (int64_t r = 0; r < rounds; ++r) {
+    asm volatile("" : "+r"(from));
+#pragma GCC unroll 8
+    for (int v = 0; v < kWidenProbeVectors; ++v) {
+      const V w = LoadHalf(from + v * kLanes);
+#pragma GCC unroll 4
+      for (int h = 0; h < kWidenProbeHeads; ++h) {
+        chain[v][h] = Fma(chain[v][h], w, y);
+      }
+    }
+  }
+  V sum = Zero();
+  for (const auto& group : chain) {
+    for (const V& c : group) sum = Add(sum, c);
+  }
+  alignas(64) float lanes[kLanes];
+  Store(lanes, sum);
+  float total = 0.0f;
+  for (float lane : lanes) total += lane;
+  return total;
+}
+
 // Eight vectors of running maxima per iteration: a whole 512-byte stretch
 // in flight per loop turn on AVX-512.
 float ReadProbe(const float* data, int64_t count) {
@@ -762,10 +804,13 @@ float ReadProbe(const float* data, int64_t count) {
 }
 
 constexpr KernelTable kKernelTable = {
-    ATTN_KERNEL_NAME, &ConvertRows, &UpdateTile,
-    &TileLogits,      &TileWeights, &MergeState,
-    &DivideRow,       &ScalarExp,   &FmaProbe,
-    kFmaProbeChains * kLanes * 2,   &ReadProbe,
+    ATTN_KERNEL_NAME, &ConvertRows,
+    &UpdateTile,      &TileLogits,
+    &TileWeights,     &MergeState,
+    &DivideRow,       &ScalarExp,
+    &FmaProbe,        kFmaProbeChains* kLanes * 2,
+    &FmaWidenProbe,   kWidenProbeVectors* kWidenProbeHeads* kLanes * 2,
+    &ReadProbe,
 };
 
 }  // namespace attention::cpu::ATTN_KERNEL_NAMESPACE

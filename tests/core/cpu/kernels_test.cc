@@ -271,6 +271,26 @@ TEST_P(KernelTableTest, FmaProbeComputesItsChains) {
   }
 }
 
+TEST_P(KernelTableTest, FmaWidenProbeComputesItsChains) {
+  // Chain i starts at 0.5 + 0.01 i in every lane and becomes
+  // f + (start - f) w^r after r rounds of fma(x, w, 0.001), where w is
+  // the float16 0x3BFE widened (exactly 0.9990234375) and
+  // f = 0.001 / (1 - w) the fixed point.
+  const int lanes_times_chains = table_->fma_widen_probe_flops / 2;
+  ASSERT_EQ(lanes_times_chains % kLanes, 0);
+  const int chains = lanes_times_chains / kLanes;
+  ASSERT_EQ(chains % 4, 0);  // 4 chains per widened vector
+  const double w = 0.9990234375;
+  const double f = 0.001 / (1 - w);
+  for (int64_t rounds : {0, 1, 1000}) {
+    double want = 0;
+    for (int i = 0; i < chains; ++i) {
+      want += kLanes * (f + (0.5 + 0.01 * i - f) * std::pow(w, rounds));
+    }
+    EXPECT_NEAR(table_->fma_widen_probe(rounds), want, 1e-4 * want) << rounds;
+  }
+}
+
 TEST_P(KernelTableTest, DivideRowIsCorrectlyRoundedDivision) {
   std::mt19937 rng(6);
   std::uniform_real_distribution<float> uniform(-1e3f, 1e3f);
