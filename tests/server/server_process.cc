@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,18 +34,25 @@ ServerProcess::ServerProcess(std::vector<std::string> flags, std::string binary)
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  // stdout and stderr go to one file, read by output().
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO,
-                                   output_file_.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  if (posix_spawn(&pid_, binary_.c_str(), &actions, nullptr, argv.data(),
-                  environ) != 0) {
-    pid_ = -1;
+  // stdout and stderr go to one file, read by output(). fork + exec rather
+  // than posix_spawn, to set PR_SET_PDEATHSIG: a test process that dies
+  // (an abort, a ctest timeout) takes its servers with it instead of
+  // leaving them running. Only async-signal-safe calls run in the child.
+  const int output = open(output_file_.c_str(),
+                          O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (output < 0) return;
+  const pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);  // the test died before prctl
+    if (dup2(output, STDOUT_FILENO) < 0 || dup2(output, STDERR_FILENO) < 0) {
+      _exit(126);
+    }
+    execve(binary_.c_str(), argv.data(), environ);
+    _exit(127);
   }
-  posix_spawn_file_actions_destroy(&actions);
+  close(output);
 }
 
 ServerProcess::~ServerProcess() {

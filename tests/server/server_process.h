@@ -15,7 +15,9 @@ namespace attention::testing {
 class ServerProcess {
  public:
   // Starts `binary` (default: the attention-server this test was built
-  // with) with --port_file and `flags`.
+  // with) with --port_file and `flags`. The server is killed when the
+  // thread that started it exits (so, when the test process dies), so
+  // start it on the thread that runs the test.
   explicit ServerProcess(std::vector<std::string> flags,
                          std::string binary = DefaultBinary());
   ~ServerProcess();
