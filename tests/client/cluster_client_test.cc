@@ -1416,7 +1416,9 @@ TEST(ClusterClientTest, ALookUpPastUnreachableReplicasFindsTheOwner) {
   auto cluster = ClusterClient::Open("membership-from-resolver:1", options);
   ATTN_ASSERT_OK(cluster);
   for (int i = 0; i < fleet.size(); ++i) {
-    if (i != owner) ASSERT_TRUE(fleet.replica(i).Freeze());
+    if (i != owner) {
+      ASSERT_TRUE(fleet.replica(i).Freeze());
+    }
   }
   members.Set({fleet.address(owner)});
   (*cluster)->Refresh();
