@@ -380,8 +380,8 @@ absl::Status DecodeStream::EndStatus() {
         "requests[", answered_,
         "]: the server ended the Decode stream "
         "without an answer to it (",
-        sent,
-        " requests sent): its bytes did not parse as a DecodeRequest or "
+        sent - answered_ - 1,
+        " more sent after it): its bytes did not parse as a DecodeRequest or "
         "passed the server's parse budget; the requests before it were "
         "applied, it and those after it were not"));
   }
