@@ -213,8 +213,10 @@ void Authenticator::WatcherMain() {
       mu_.AwaitWithTimeout(absl::Condition(&stopping_),
                            options_.reload_interval);
       if (stopping_) return;
+      // A file gone (deleted, or a mount swapping it) is read too, so that
+      // its failure is logged, once until the file changes.
       struct stat info = {};
-      if (stat(options_.tokens_file.c_str(), &info) != 0 ||
+      if (stat(options_.tokens_file.c_str(), &info) == 0 &&
           SameFile(info, file_)) {
         continue;
       }

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -153,6 +154,37 @@ TEST_F(AuthenticatorTest, AReadThatFailsIsTriedAgainAtTheNextPoll) {
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
   ASSERT_TRUE(renamed);
   EXPECT_TRUE(old_in_force);
+  bool reloaded = false;
+  for (int i = 0; i < 1000 && !reloaded; ++i) {  // generous: 10 s
+    reloaded = WithAuthorization(**authenticator, "Bearer new-token").ok();
+    if (!reloaded) absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(reloaded);
+  EXPECT_FALSE(WithAuthorization(**authenticator, "Bearer good-token").ok());
+}
+
+// A tokens file deleted under a running server keeps the tokens loaded in
+// force (as a file that does not parse does) and says so in the log, once,
+// not at every poll; the file put back is read again.
+TEST_F(AuthenticatorTest, ADeletedFileKeepsItsTokensAndIsLoggedOnce) {
+  auto authenticator = Authenticator::Create(
+      {.tokens_file = file_, .reload_interval = absl::Milliseconds(10)});
+  ASSERT_TRUE(authenticator.ok()) << authenticator.status();
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(std::remove(file_.c_str()), 0);
+  absl::SleepFor(absl::Milliseconds(300));  // about 30 polls
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(WithAuthorization(**authenticator, "Bearer good-token").ok());
+  int failures = 0;
+  for (size_t at = log.find("auth_tokens_reload_failed");
+       at != std::string::npos;
+       at = log.find("auth_tokens_reload_failed", at + 1)) {
+    ++failures;
+  }
+  EXPECT_EQ(failures, 1) << log;
+  EXPECT_NE(log.find("tenants_in_force=1"), std::string::npos) << log;
+  ASSERT_TRUE(testing::WriteFileAtomically(
+      file_, absl::StrCat("team ", DigestTokenHex("new-token"), " 3 -\n")));
   bool reloaded = false;
   for (int i = 0; i < 1000 && !reloaded; ++i) {  // generous: 10 s
     reloaded = WithAuthorization(**authenticator, "Bearer new-token").ok();
