@@ -20,7 +20,7 @@ LayerKvCache::LayerKvCache(BlockPool* pool, const KvBlockLayout& layout,
                            std::shared_ptr<TenantUsage> usage)
     : pool_(pool), usage_(std::move(usage)), layout_(layout), mask_(mask) {}
 
-LayerKvCache::~LayerKvCache() { Release(table_); }
+LayerKvCache::~LayerKvCache() { Release(table_.stored()); }
 
 void LayerKvCache::Release(absl::Span<const BlockId> ids) {
   pool_->UnrefAll(ids);
@@ -35,7 +35,7 @@ LayerKvCache::LayerKvCache(LayerKvCache&& other) noexcept
       length_(other.length_),
       first_held_(other.first_held_),
       table_(std::move(other.table_)) {
-  other.table_.clear();
+  other.table_.Clear();
   other.length_ = 0;
   other.first_held_ = 0;
 }
@@ -45,10 +45,10 @@ LayerKvCache LayerKvCache::Fork() const {
   copy.length_ = length_;
   copy.first_held_ = first_held_;
   copy.table_ = table_;
-  for (BlockId id : table_) {
+  for (BlockId id : table_.stored()) {
     if (id != kNoBlock) pool_->Ref(id);
   }
-  if (usage_ != nullptr) usage_->RefAll(table_);
+  if (usage_ != nullptr) usage_->RefAll(table_.stored());
   return copy;
 }
 
@@ -104,13 +104,15 @@ absl::StatusOr<LayerKvCache> LayerKvCache::Restore(
     layer.table_.push_back(BlockCarried(b, tpb, ranges) ? blocks[next++]
                                                         : kNoBlock);
   }
+  layer.table_.Compact();
   return layer;
 }
 
 std::vector<std::byte*> LayerKvCache::restore_blocks() const {
   std::vector<std::byte*> blocks;
   blocks.reserve(table_.size());
-  for (BlockId id : table_) {
+  for (int64_t b = 0; b < table_.size(); ++b) {
+    const BlockId id = table_.at(b);
     blocks.push_back(id == kNoBlock ? nullptr : pool_->data(id));
   }
   return blocks;
@@ -118,13 +120,14 @@ std::vector<std::byte*> LayerKvCache::restore_blocks() const {
 
 int64_t LayerKvCache::FirstHeldPosition() const {
   // The rows from the start of the last run of blocks still held.
-  int64_t b = static_cast<int64_t>(table_.size());
-  while (b > 0 && table_[b - 1] != kNoBlock) --b;
+  int64_t b = table_.size();
+  while (b > 0 && table_.at(b - 1) != kNoBlock) --b;
   return std::max(first_held_, b * layout_.tokens_per_block);
 }
 
 int64_t LayerKvCache::referenced_blocks() const {
-  return std::count_if(table_.begin(), table_.end(),
+  const absl::Span<const BlockId> stored = table_.stored();
+  return std::count_if(stored.begin(), stored.end(),
                        [](BlockId id) { return id != kNoBlock; });
 }
 
@@ -167,7 +170,7 @@ KvWrite LayerKvCache::PendingAppend::write_target() const {
 }
 
 KvView LayerKvCache::PendingAppend::view() const {
-  const size_t n = table_.size();
+  const size_t n = static_cast<size_t>(table_.size());
   return PagedKvView(layout_, new_length(),
                      absl::Span<const std::byte* const>(bases_.data(), n),
                      absl::Span<const std::byte* const>(bases_.data() + n, n));
@@ -175,10 +178,9 @@ KvView LayerKvCache::PendingAppend::view() const {
 
 int64_t LayerKvCache::BlocksToStage(int64_t count) const {
   const int64_t tpb = layout_.tokens_per_block;
-  const bool copy_tail = length_ % tpb != 0 &&
-                         pool_->RefCount(table_[length_ / tpb]) > 1;
-  return CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size()) +
-         (copy_tail ? 1 : 0);
+  const bool copy_tail =
+      length_ % tpb != 0 && pool_->RefCount(table_.at(length_ / tpb)) > 1;
+  return CeilDiv(length_ + count, tpb) - table_.size() + (copy_tail ? 1 : 0);
 }
 
 absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
@@ -191,10 +193,9 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
   // The block holding the current end is written in place unless another
   // session shares it, in which case the new tokens go to a private copy.
   const int64_t tail = length_ / tpb;
-  const int64_t new_blocks =
-      CeilDiv(length_ + count, tpb) - static_cast<int64_t>(table_.size());
+  const int64_t new_blocks = CeilDiv(length_ + count, tpb) - table_.size();
+  pending.table_ = table_;
   pending.table_.reserve(table_.size() + std::max<int64_t>(new_blocks, 0));
-  pending.table_.assign(table_.begin(), table_.end());
   const bool copy_tail = BlocksToStage(count) > new_blocks;
   if (absl::Status status = pool_->Allocate(new_blocks + (copy_tail ? 1 : 0),
                                             &pending.allocated_);
@@ -204,22 +205,22 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
   int64_t next = 0;
   if (copy_tail) {
     const BlockId copy = pending.allocated_[next++];
-    if (absl::Status status = pool_->CopyBlock(table_[tail], copy);
+    if (absl::Status status = pool_->CopyBlock(table_.at(tail), copy);
         !status.ok()) {
       return status;  // `pending` releases what it allocated
     }
-    pending.replaced_.push_back(table_[tail]);
-    pending.table_[tail] = copy;
+    pending.replaced_.push_back(table_.at(tail));
+    pending.table_.mutable_at(tail) = copy;
   }
   while (next < static_cast<int64_t>(pending.allocated_.size())) {
     pending.table_.push_back(pending.allocated_[next++]);
   }
 
   const int64_t value_offset = layout_.value_offset_bytes();
-  const size_t n = pending.table_.size();
+  const int64_t n = pending.table_.size();
   pending.bases_.resize(2 * n);
-  for (size_t i = 0; i < n; ++i) {
-    const BlockId id = pending.table_[i];
+  for (int64_t i = 0; i < n; ++i) {
+    const BlockId id = pending.table_.at(i);
     std::byte* base = id == kNoBlock ? nullptr : pool_->data(id);
     pending.bases_[i] = base;
     pending.bases_[n + i] = base == nullptr ? nullptr : base + value_offset;
@@ -246,15 +247,20 @@ void LayerKvCache::DropUnneededBlocks() {
   if (mask_.window <= 0) return;
   const int64_t tpb = layout_.tokens_per_block;
   const int64_t first_needed = FirstNeededPosition(length_);
-  for (int64_t b = 0; b < static_cast<int64_t>(table_.size()); ++b) {
+  // Blocks dropped earlier are folded into the table's skipped run: the
+  // walk jumps over it.
+  for (int64_t b = table_.SkipGap(0); b < table_.size();
+       b = table_.SkipGap(b + 1)) {
     const bool holds_sink = b * tpb < mask_.num_sink_tokens;
     const bool before_window = (b + 1) * tpb <= first_needed;
     if (!before_window) break;
-    if (!holds_sink && table_[b] != kNoBlock) {
-      Release(absl::MakeConstSpan(&table_[b], 1));
-      table_[b] = kNoBlock;
+    BlockId& id = table_.mutable_at(b);
+    if (!holds_sink && id != kNoBlock) {
+      Release(absl::MakeConstSpan(&id, 1));
+      id = kNoBlock;
     }
   }
+  table_.Compact();
 }
 
 absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
@@ -277,12 +283,11 @@ absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
                      std::min(first_held_ + mask_.window - 1, length_)));
   }
   for (int64_t b = first_visible / tpb; b <= (length - 1) / tpb; ++b) {
-    if (table_[b] != kNoBlock) continue;
+    if (table_.at(b) != kNoBlock) continue;
     // Keys from the first retained block on are still here.
-    int64_t retained = b + 1;
-    while (retained < static_cast<int64_t>(table_.size()) &&
-           table_[retained] == kNoBlock) {
-      ++retained;
+    int64_t retained = table_.SkipGap(b + 1);
+    while (retained < table_.size() && table_.at(retained) == kNoBlock) {
+      retained = table_.SkipGap(retained + 1);
     }
     const int64_t shortest = retained * tpb + mask_.window - 1;
     return absl::FailedPreconditionError(absl::StrCat(
@@ -297,8 +302,9 @@ absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
 void LayerKvCache::Truncate(int64_t length) {
   if (length >= length_) return;
   const int64_t keep = CeilDiv(length, layout_.tokens_per_block);
-  Release(absl::MakeConstSpan(table_).subspan(keep));
-  table_.resize(keep);
+  std::vector<BlockId> released;
+  table_.Truncate(keep, &released);
+  Release(released);
   length_ = length;
   first_held_ = std::min(first_held_, length);
   // Cut back inside the sinks, the layer misses no row any more.
@@ -310,7 +316,8 @@ KvView LayerKvCache::view(std::vector<const std::byte*>* k_storage,
   k_storage->clear();
   v_storage->clear();
   const int64_t value_offset = layout_.value_offset_bytes();
-  for (BlockId id : table_) {
+  for (int64_t b = 0; b < table_.size(); ++b) {
+    const BlockId id = table_.at(b);
     const std::byte* base = id == kNoBlock ? nullptr : pool_->data(id);
     k_storage->push_back(base);
     v_storage->push_back(base == nullptr ? nullptr : base + value_offset);

@@ -3,7 +3,9 @@
 // A block table maps logical block b (positions [b*T_b, (b+1)*T_b), T_b =
 // tokens per block) to a pool block. Sliding-window layers drop blocks no
 // future query can see (kNoBlock entries), keeping window + sink tokens plus
-// one block of slack for rollbacks.
+// one block of slack for rollbacks; the table stores no entry for the run
+// of dropped blocks (BlockTable), so its memory follows the window, not the
+// layer's length.
 //
 // Appends are staged: PrepareAppend allocates (and copies on write) every
 // block the new tokens need without touching the cache; the caller writes
@@ -22,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/block_pool.h"
+#include "core/block_table.h"
 #include "core/kv_view.h"
 #include "core/session_spec.h"
 #include "core/tenant_usage.h"
@@ -86,10 +89,9 @@ class LayerKvCache {
   const LayerSpec& mask() const { return mask_; }
   // Blocks this layer references (shared blocks included).
   int64_t referenced_blocks() const;
-  // Host memory of its block table (one entry per block of its length).
-  int64_t table_bytes() const {
-    return static_cast<int64_t>(table_.size()) * kBlockTableEntryBytes;
-  }
+  // Host memory of its block table (one entry per block it holds, plus
+  // dropped ones not yet folded into the table's skipped run).
+  int64_t table_bytes() const { return table_.bytes(); }
 
   // A staged append of `count` tokens at positions [start, start + count).
   class PendingAppend {
@@ -113,12 +115,13 @@ class LayerKvCache {
     KvBlockLayout layout_;
     int64_t start_ = 0;
     int64_t count_ = 0;
-    std::vector<BlockId> table_;      // the staged block table
+    BlockTable table_;                // the staged block table
     std::vector<BlockId> allocated_;  // owned until commit
     std::vector<BlockId> replaced_;   // originals replaced by COW copies
     // Per logical block of table_ (n of them): the keys' base address in
     // [0, n), the values' in [n, 2n); nullptr where the table has no block.
-    // One buffer, so a step allocates it once.
+    // One buffer, so a step allocates it once. (n follows the layer's
+    // length: attention's views index blocks from position 0.)
     std::vector<std::byte*> bases_;
     bool committed_ = false;
   };
@@ -171,7 +174,7 @@ class LayerKvCache {
   // their block exists (a restored window layer carries only what it
   // still needs); 0 for a layer built by appends.
   int64_t first_held_ = 0;
-  std::vector<BlockId> table_;
+  BlockTable table_;
 };
 
 }  // namespace attention

@@ -142,6 +142,61 @@ TEST_F(LayerKvCacheTest, TruncateRespectsDroppedWindowKeys) {
   EXPECT_EQ(cache.referenced_blocks(), 3);  // [36, 48)
 }
 
+// The table of a window layer stores no entry for the blocks it dropped:
+// its memory follows the window, however long the layer grows, while views
+// still index blocks from position 0.
+TEST_F(LayerKvCacheTest, AWindowLayersTableFollowsItsWindowNotItsLength) {
+  LayerSpec mask;
+  mask.window = 8;
+  mask.num_sink_tokens = 2;
+  LayerKvCache cache(pool_.get(), layout_, mask);
+  HostTensor sinks = Append(cache, 2);
+  HostTensor last;
+  for (int i = 2; i < 400; ++i) last = Append(cache, 1);  // 100 blocks
+  // Sinks (block 0) and keys >= 400 - 8 + 1 - 4 = 389 (blocks 97..99).
+  EXPECT_EQ(cache.referenced_blocks(), 1 + 3);
+  EXPECT_EQ(cache.table_bytes(), 4 * kBlockTableEntryBytes);
+  EXPECT_EQ(cache.FirstHeldPosition(), 97 * 4);
+  std::vector<const std::byte*> ks, vs;
+  const KvView view = cache.view(&ks, &vs);
+  ASSERT_EQ(view.k_blocks.size(), 100u);
+  EXPECT_NE(view.k_blocks[0], nullptr);
+  EXPECT_EQ(view.k_blocks[1], nullptr);
+  EXPECT_EQ(view.k_blocks[96], nullptr);
+  EXPECT_NE(view.k_blocks[97], nullptr);
+  EXPECT_EQ(KeyAt(cache, 1, 1, 3), sinks.values[(1 * kHeads + 1) * kDim + 3]);
+  EXPECT_EQ(KeyAt(cache, 399, 0, 2), last.values[2]);
+  // A fork shares the compact table; writing its tail copies that block.
+  LayerKvCache child = cache.Fork();
+  EXPECT_EQ(child.table_bytes(), cache.table_bytes());
+  HostTensor child_keys = Append(child, 1);
+  EXPECT_EQ(KeyAt(child, 400, 1, 1), child_keys.values[kDim + 1]);
+  EXPECT_EQ(KeyAt(cache, 399, 0, 2), last.values[2]);
+}
+
+// With a window of 1 a layer may be cut back to a block boundary inside
+// the blocks it dropped: the next append starts a new block there.
+TEST_F(LayerKvCacheTest, ACutInsideTheDroppedBlocksTakesNewOnes) {
+  LayerSpec mask;
+  mask.window = 1;
+  LayerKvCache cache(pool_.get(), layout_, mask);
+  for (int i = 0; i < 40; ++i) Append(cache, 1);  // blocks 0..9, 0..7 gone
+  ASSERT_TRUE(cache.CheckTruncate(20).ok());
+  cache.Truncate(20);  // logical blocks 0..4, all dropped
+  EXPECT_EQ(cache.length(), 20);
+  EXPECT_EQ(cache.referenced_blocks(), 0);
+  EXPECT_EQ(pool_->stats().blocks_used, 0);
+  HostTensor next = Append(cache, 3);
+  EXPECT_EQ(cache.referenced_blocks(), 1);
+  EXPECT_EQ(KeyAt(cache, 22, 1, 0), next.values[(2 * kHeads + 1) * kDim]);
+  std::vector<const std::byte*> ks, vs;
+  EXPECT_EQ(cache.view(&ks, &vs).k_blocks.size(), 6u);
+  cache.Truncate(0);
+  EXPECT_EQ(pool_->stats().blocks_used, 0);
+  Append(cache, 5);
+  EXPECT_EQ(cache.referenced_blocks(), 2);
+}
+
 TEST_F(LayerKvCacheTest, TruncateReleasesBlocksPastTheEnd) {
   LayerKvCache cache(pool_.get(), layout_, LayerSpec{});
   Append(cache, 17);
