@@ -53,6 +53,17 @@ absl::StatusOr<Tenant> WithAuthorization(const Authenticator& authenticator,
   return authenticator.Authenticate(metadata, nullptr);
 }
 
+// Whether the watcher (polling every 10 ms in these tests) puts `value` in
+// force within a generous 10 s.
+bool AcceptedSoon(const Authenticator& authenticator,
+                  const std::string& value) {
+  for (int i = 0; i < 1000; ++i) {
+    if (WithAuthorization(authenticator, value).ok()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
 TEST_F(AuthenticatorTest, TokensNameTheirTenant) {
   auto authenticator = Authenticator::Create({.tokens_file = file_});
   ASSERT_TRUE(authenticator.ok()) << authenticator.status();
@@ -119,12 +130,7 @@ TEST_F(AuthenticatorTest, TheWatcherSeesAnEditThatKeepsSizeAndTime) {
   ASSERT_EQ(stat(file_.c_str(), &after), 0);
   ASSERT_EQ(after.st_size, before.st_size);
   ASSERT_EQ(after.st_mtim.tv_nsec, before.st_mtim.tv_nsec);
-  bool reloaded = false;
-  for (int i = 0; i < 1000 && !reloaded; ++i) {  // generous: 10 s
-    reloaded = WithAuthorization(**authenticator, "Bearer newt-token").ok();
-    if (!reloaded) absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_TRUE(reloaded);
+  EXPECT_TRUE(AcceptedSoon(**authenticator, "Bearer newt-token"));
   EXPECT_FALSE(WithAuthorization(**authenticator, "Bearer good-token").ok());
 }
 
@@ -154,12 +160,7 @@ TEST_F(AuthenticatorTest, AReadThatFailsIsTriedAgainAtTheNextPoll) {
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &before), 0);
   ASSERT_TRUE(renamed);
   EXPECT_TRUE(old_in_force);
-  bool reloaded = false;
-  for (int i = 0; i < 1000 && !reloaded; ++i) {  // generous: 10 s
-    reloaded = WithAuthorization(**authenticator, "Bearer new-token").ok();
-    if (!reloaded) absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_TRUE(reloaded);
+  EXPECT_TRUE(AcceptedSoon(**authenticator, "Bearer new-token"));
   EXPECT_FALSE(WithAuthorization(**authenticator, "Bearer good-token").ok());
 }
 
@@ -185,12 +186,7 @@ TEST_F(AuthenticatorTest, ADeletedFileKeepsItsTokensAndIsLoggedOnce) {
   EXPECT_NE(log.find("tenants_in_force=1"), std::string::npos) << log;
   ASSERT_TRUE(testing::WriteFileAtomically(
       file_, absl::StrCat("team ", DigestTokenHex("new-token"), " 3 -\n")));
-  bool reloaded = false;
-  for (int i = 0; i < 1000 && !reloaded; ++i) {  // generous: 10 s
-    reloaded = WithAuthorization(**authenticator, "Bearer new-token").ok();
-    if (!reloaded) absl::SleepFor(absl::Milliseconds(10));
-  }
-  EXPECT_TRUE(reloaded);
+  EXPECT_TRUE(AcceptedSoon(**authenticator, "Bearer new-token"));
   EXPECT_FALSE(WithAuthorization(**authenticator, "Bearer good-token").ok());
 }
 
