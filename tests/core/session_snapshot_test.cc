@@ -746,11 +746,16 @@ TEST_F(MalformedSnapshotTest, Oversized) {
   EXPECT_EQ(big->stats().active_sessions, 1);
 }
 
+// A later version is a newer server's valid snapshot: FAILED_PRECONDITION
+// (kept by --snapshot_dir), not INVALID_ARGUMENT (put aside as corrupt).
 TEST_F(MalformedSnapshotTest, UnknownVersion) {
   Snapshot s = good_;
   s.header.format_version = 3;
   Reseal(s);
-  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "version 3");
+  ExpectRejected(s, absl::StatusCode::kFailedPrecondition, "version 3");
+  s.header.format_version = 0;
+  Reseal(s);
+  ExpectRejected(s, absl::StatusCode::kInvalidArgument, "version 0");
 }
 
 // Dense sessions are written in version 1 (readable by servers that know

@@ -404,7 +404,7 @@ TEST_F(SessionSnapshotTest, MalformedStreamsLeaveNothingBehind) {
   expect_refused(records, absl::StatusCode::kInvalidArgument, "header");
   records = *good;
   records[0].mutable_header()->set_format_version(7);
-  expect_refused(records, absl::StatusCode::kInvalidArgument, "version 7");
+  expect_refused(records, absl::StatusCode::kFailedPrecondition, "version 7");
   records = *good;
   records[0].mutable_header()->set_kv_bytes(1);
   expect_refused(records, absl::StatusCode::kInvalidArgument, "kv_bytes");
@@ -1025,6 +1025,36 @@ TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
 // is moved aside as corrupt like any other malformed file; the start goes
 // on. (Sizing the session's reply from that num_layers once threw from the
 // restore at every start.)
+// Rewrites the snapshot file at `path` as its header record alone, changed
+// by `change`.
+void RewriteHeaderAlone(
+    const std::string& path,
+    const std::function<void(v1::SessionSnapshotHeader*)>& change) {
+  v1::SessionChunk header;
+  {
+    std::ifstream in(path, std::ios::binary);
+    unsigned char size_bytes[4];
+    ASSERT_TRUE(in.read(reinterpret_cast<char*>(size_bytes), 4));
+    const uint32_t size = size_bytes[0] | size_bytes[1] << 8 |
+                          size_bytes[2] << 16 | uint32_t{size_bytes[3]} << 24;
+    std::string bytes(size, '\0');
+    ASSERT_TRUE(in.read(bytes.data(), size));
+    ASSERT_TRUE(header.ParseFromString(bytes));
+    ASSERT_TRUE(header.has_header());
+  }
+  change(header.mutable_header());
+  const std::string bytes = header.SerializeAsString();
+  const uint32_t size = static_cast<uint32_t>(bytes.size());
+  const char size_bytes[4] = {static_cast<char>(size & 0xff),
+                              static_cast<char>(size >> 8 & 0xff),
+                              static_cast<char>(size >> 16 & 0xff),
+                              static_cast<char>(size >> 24 & 0xff)};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(size_bytes, 4);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good());
+}
+
 TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
   const std::string dir = TempDir("snapshot-layers");
   server::ServerOptions options = TestServerOptions();
@@ -1038,34 +1068,11 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
                 .written,
             2);
   first->reset();
-  // Rewrite the first file as its header record alone, num_layers -1.
   const std::string path = dir + "/" + ids[0] + ".session";
-  v1::SessionChunk header;
-  {
-    std::ifstream in(path, std::ios::binary);
-    unsigned char size_bytes[4];
-    ASSERT_TRUE(in.read(reinterpret_cast<char*>(size_bytes), 4));
-    const uint32_t size = size_bytes[0] | size_bytes[1] << 8 |
-                          size_bytes[2] << 16 | uint32_t{size_bytes[3]} << 24;
-    std::string bytes(size, '\0');
-    ASSERT_TRUE(in.read(bytes.data(), size));
-    ASSERT_TRUE(header.ParseFromString(bytes));
-    ASSERT_TRUE(header.has_header());
-  }
-  header.mutable_header()->mutable_spec()->set_num_layers(-1);
-  header.mutable_header()->mutable_spec()->clear_layers();
-  {
-    const std::string bytes = header.SerializeAsString();
-    const uint32_t size = static_cast<uint32_t>(bytes.size());
-    const char size_bytes[4] = {static_cast<char>(size & 0xff),
-                                static_cast<char>(size >> 8 & 0xff),
-                                static_cast<char>(size >> 16 & 0xff),
-                                static_cast<char>(size >> 24 & 0xff)};
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(size_bytes, 4);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    ASSERT_TRUE(out.good());
-  }
+  RewriteHeaderAlone(path, [](v1::SessionSnapshotHeader* header) {
+    header->mutable_spec()->set_num_layers(-1);
+    header->mutable_spec()->clear_layers();
+  });
   options.snapshot_dir = dir;
   auto second = StartTestServer(options);
   ATTN_ASSERT_OK(second);
@@ -1076,6 +1083,34 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
   EXPECT_TRUE(absl::StrContains((*second)->server->metrics().TextExposition(),
                                 "attention_snapshots_corrupt_total 1"));
   second->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A file in a later format version than this server reads (written by a
+// newer server before a rollback) is kept for a start that reads it, not
+// put aside as corrupt.
+TEST(SnapshotDirTest, ANewerServersFileIsKeptNotPutAside) {
+  const std::string dir = TempDir("snapshot-newer");
+  const std::vector<std::string> ids = SavedSessions(dir, 2);
+  ASSERT_EQ(ids.size(), 2u);
+  const std::string path = dir + "/" + ids[0] + ".session";
+  RewriteHeaderAlone(path, [](v1::SessionSnapshotHeader* header) {
+    header->set_format_version(3);
+  });
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  ATTN_EXPECT_CODE((*server)->client->GetSession(ids[0]),
+                   absl::StatusCode::kNotFound);
+  ATTN_EXPECT_OK((*server)->client->GetSession(ids[1]));
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(path + ".corrupt"));
+  const std::string metrics = (*server)->server->metrics().TextExposition();
+  EXPECT_TRUE(absl::StrContains(metrics, "attention_snapshots_kept_total 1"));
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_snapshots_corrupt_total 0"));
+  server->reset();
   std::filesystem::remove_all(dir);
 }
 
