@@ -16,6 +16,8 @@ void BlockTable::Compact() {
                                 [](BlockId id) { return id != kNoBlock; });
   gap_ += end - begin;
   stored_.erase(begin, end);
+  // A table built whole (a restore) gives its memory back.
+  if (stored_.capacity() > 2 * stored_.size() + 64) stored_.shrink_to_fit();
 }
 
 void BlockTable::Truncate(int64_t blocks, std::vector<BlockId>* released) {
