@@ -1025,6 +1025,20 @@ TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
 // is moved aside as corrupt like any other malformed file; the start goes
 // on. (Sizing the session's reply from that num_layers once threw from the
 // restore at every start.)
+// Writes a snapshot file at `path` holding `record` alone, with its
+// length prefix (the file form's framing).
+void WriteRecordFile(const std::string& path, const std::string& record) {
+  const uint32_t size = static_cast<uint32_t>(record.size());
+  const char size_bytes[4] = {static_cast<char>(size & 0xff),
+                              static_cast<char>(size >> 8 & 0xff),
+                              static_cast<char>(size >> 16 & 0xff),
+                              static_cast<char>(size >> 24 & 0xff)};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(size_bytes, 4);
+  out.write(record.data(), static_cast<std::streamsize>(record.size()));
+  ASSERT_TRUE(out.good());
+}
+
 // Rewrites the snapshot file at `path` as its header record alone, changed
 // by `change`.
 void RewriteHeaderAlone(
@@ -1043,16 +1057,7 @@ void RewriteHeaderAlone(
     ASSERT_TRUE(header.has_header());
   }
   change(header.mutable_header());
-  const std::string bytes = header.SerializeAsString();
-  const uint32_t size = static_cast<uint32_t>(bytes.size());
-  const char size_bytes[4] = {static_cast<char>(size & 0xff),
-                              static_cast<char>(size >> 8 & 0xff),
-                              static_cast<char>(size >> 16 & 0xff),
-                              static_cast<char>(size >> 24 & 0xff)};
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(size_bytes, 4);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good());
+  WriteRecordFile(path, header.SerializeAsString());
 }
 
 TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
@@ -1260,17 +1265,7 @@ TEST(SnapshotDirTest, ARecordOverItsParseBudgetIsRefusedUnparsed) {
   const std::string path = dir + "/0123456789abcdef.session";
   std::string record;
   for (int i = 0; i < (4 << 20); ++i) record += "\x7b\x7c";  // field 15
-  {
-    const uint32_t size = static_cast<uint32_t>(record.size());
-    const char size_bytes[4] = {static_cast<char>(size & 0xff),
-                                static_cast<char>(size >> 8 & 0xff),
-                                static_cast<char>(size >> 16 & 0xff),
-                                static_cast<char>(size >> 24 & 0xff)};
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out.write(size_bytes, 4);
-    out.write(record.data(), static_cast<std::streamsize>(record.size()));
-    ASSERT_TRUE(out.good());
-  }
+  WriteRecordFile(path, record);
   const absl::StatusOr<int64_t> restored =
       server::RestoreSession((*server)->server->engine(), path);
   ATTN_EXPECT_CODE(restored, absl::StatusCode::kInvalidArgument);
