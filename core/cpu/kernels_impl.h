@@ -803,13 +803,16 @@ float ReadProbe(const float* data, int64_t count) {
   return result;
 }
 
+// Floating-point operations of one round of each probe (a multiply-add
+// counts 2).
+constexpr int kFmaProbeFlops = kFmaProbeChains * kLanes * 2;
+constexpr int kFmaWidenProbeFlops =
+    kWidenProbeVectors * kWidenProbeHeads * kLanes * 2;
+
 constexpr KernelTable kKernelTable = {
-    ATTN_KERNEL_NAME, &ConvertRows,
-    &UpdateTile,      &TileLogits,
-    &TileWeights,     &MergeState,
-    &DivideRow,       &ScalarExp,
-    &FmaProbe,        kFmaProbeChains* kLanes * 2,
-    &FmaWidenProbe,   kWidenProbeVectors* kWidenProbeHeads* kLanes * 2,
+    ATTN_KERNEL_NAME, &ConvertRows,   &UpdateTile,    &TileLogits,
+    &TileWeights,     &MergeState,    &DivideRow,     &ScalarExp,
+    &FmaProbe,        kFmaProbeFlops, &FmaWidenProbe, kFmaWidenProbeFlops,
     &ReadProbe,
 };
 
