@@ -112,28 +112,40 @@ float* BatchScratch(int64_t floats, std::unique_ptr<float[]>* large) {
 }
 
 // Holds the mutexes of a batch's sessions, taken in id order (so that
-// concurrent batches never deadlock) and released in reverse.
+// concurrent batches never deadlock) and released in reverse. With
+// BusySessions::kSkip a session another call holds is left alone (busy())
+// instead of waited for; trying never blocks, so that cannot deadlock either.
 class SessionLocks {
  public:
   // `sessions` must be sorted by id, without duplicates.
-  explicit SessionLocks(std::vector<Session*> sessions)
-      : sessions_(std::move(sessions)) {
-    // As TryFirstMutexLock: taking the n-th by Lock would check it against
-    // the n - 1 held before it (quadratic in the batch).
-    for (Session* session : sessions_) {
-      if (!session->mu().TryLock()) session->mu().Lock();
+  SessionLocks(absl::Span<Session* const> sessions, BusySessions busy) {
+    locked_.reserve(sessions.size());
+    for (Session* session : sessions) {
+      // As TryFirstMutexLock: taking the n-th by Lock would check it
+      // against the n - 1 held before it (quadratic in the batch).
+      if (!session->mu().TryLock()) {
+        if (busy == BusySessions::kSkip) {
+          busy_.insert(session);
+          continue;
+        }
+        session->mu().Lock();
+      }
+      locked_.push_back(session);
     }
   }
   ~SessionLocks() {
-    for (auto it = sessions_.rbegin(); it != sessions_.rend(); ++it) {
+    for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) {
       (*it)->mu().Unlock();
     }
   }
   SessionLocks(const SessionLocks&) = delete;
   SessionLocks& operator=(const SessionLocks&) = delete;
 
+  bool busy(const Session* session) const { return busy_.contains(session); }
+
  private:
-  const std::vector<Session*> sessions_;
+  std::vector<Session*> locked_;
+  absl::flat_hash_set<const Session*> busy_;
 };
 
 const Tenant& TenantOf(const AppendRequest& request) {
@@ -370,27 +382,28 @@ absl::StatusOr<AttentionOutput> AttentionEngine::Append(
   std::vector<AttentionOutput> outputs;
   ATTN_RETURN_IF_ERROR(RunBatch(absl::MakeConstSpan(&request, 1),
                                 /*atomic=*/true, /*max_batch_reply_bytes=*/-1,
-                                SessionManager::SealWait::kWait, &statuses,
-                                &outputs));
+                                SessionManager::SealWait::kWait,
+                                BusySessions::kWait, &statuses, &outputs));
   return std::move(outputs[0]);
 }
 
 absl::StatusOr<std::vector<AttentionOutput>> AttentionEngine::AppendBatch(
-    absl::Span<const AppendRequest> requests, int64_t max_reply_bytes) {
+    absl::Span<const AppendRequest> requests, int64_t max_reply_bytes,
+    BusySessions busy) {
   std::vector<absl::Status> statuses;
   std::vector<AttentionOutput> outputs;
   ATTN_RETURN_IF_ERROR(RunBatch(requests, /*atomic=*/true, max_reply_bytes,
-                                SessionManager::SealWait::kFail, &statuses,
-                                &outputs));
+                                SessionManager::SealWait::kFail, busy,
+                                &statuses, &outputs));
   return outputs;
 }
 
 std::vector<absl::StatusOr<AttentionOutput>> AttentionEngine::AppendEach(
-    absl::Span<const AppendRequest> requests) {
+    absl::Span<const AppendRequest> requests, BusySessions busy) {
   std::vector<absl::Status> statuses;
   std::vector<AttentionOutput> outputs;
   RunBatch(requests, /*atomic=*/false, /*max_batch_reply_bytes=*/-1,
-           SessionManager::SealWait::kFail, &statuses, &outputs)
+           SessionManager::SealWait::kFail, busy, &statuses, &outputs)
       .IgnoreError();
   std::vector<absl::StatusOr<AttentionOutput>> results;
   results.reserve(requests.size());
@@ -531,6 +544,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
                                        bool atomic,
                                        int64_t max_batch_reply_bytes,
                                        SessionManager::SealWait seal_wait,
+                                       BusySessions busy,
                                        std::vector<absl::Status>* statuses,
                                        std::vector<AttentionOutput>* outputs) {
   const size_t n = requests.size();
@@ -607,7 +621,14 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     return std::less<Session*>()(a, b);
   });
   to_lock.erase(std::unique(to_lock.begin(), to_lock.end()), to_lock.end());
-  const SessionLocks locks(std::move(to_lock));
+  const SessionLocks locks(to_lock, busy);
+  for (size_t i = 0; i < n; ++i) {
+    if (!live(i) || !locks.busy(steps[i].session.get())) continue;
+    // Left out (kSkip), unless its caller has withdrawn it: then it ends.
+    absl::Status status = CheckCall(requests[i].control);
+    if (status.ok()) status = SessionBusyError(requests[i].session_id);
+    ATTN_RETURN_IF_ERROR(fail(i, status));
+  }
 
   // 3. Validate every step before changing anything, then stage its blocks.
   double batch_flops = 0;

@@ -45,6 +45,7 @@
 #include "core/block_pool.h"
 #include "core/call_control.h"
 #include "core/session.h"
+#include "core/session_busy.h"
 #include "core/session_export.h"
 #include "core/session_import.h"
 #include "core/session_manager.h"
@@ -298,6 +299,11 @@ class AttentionEngine {
   // for a move: a step on a sealed session fails with UNAVAILABLE at once
   // (nothing applied; a retry after the move gets the redirect).
 
+  // Both wait for a session another call holds (a Prefill computing over
+  // it), unless `busy` is BusySessions::kSkip (core/session_busy.h): then
+  // they never wait, and a step on such a session applies nothing and fails
+  // with SessionBusyError (AppendBatch: the whole batch).
+
   // Several appends validated together and applied all or nothing (the
   // BatchDecode RPC). A (session, layer) may appear at most once. Results
   // are in request order and bitwise equal to running each request alone.
@@ -307,7 +313,8 @@ class AttentionEngine {
   // ResultBytes, which one reply carries: RESOURCE_EXHAUSTED before any
   // work when they pass it.
   absl::StatusOr<std::vector<AttentionOutput>> AppendBatch(
-      absl::Span<const AppendRequest> requests, int64_t max_reply_bytes = -1);
+      absl::Span<const AppendRequest> requests, int64_t max_reply_bytes = -1,
+      BusySessions busy = BusySessions::kWait);
 
   // Several independent appends run as one backend batch (continuous
   // batching of concurrent decode steps): each request succeeds or fails on
@@ -315,7 +322,8 @@ class AttentionEngine {
   // Append. A (session, layer) appearing twice fails its later occurrences
   // with ABORTED (retry them in a later batch).
   std::vector<absl::StatusOr<AttentionOutput>> AppendEach(
-      absl::Span<const AppendRequest> requests);
+      absl::Span<const AppendRequest> requests,
+      BusySessions busy = BusySessions::kWait);
 
   // Stateless attention over the request's own keys and values.
   absl::StatusOr<AttentionOutput> Attend(const StatelessRequest& request);
@@ -331,12 +339,12 @@ class AttentionEngine {
   struct BatchStep;
   // Runs `requests` as one batch. Atomic: the first error fails every step
   // and is returned. Otherwise each step gets its own status in `statuses`.
-  // A step on a sealed session waits or fails as `seal_wait` says. An
-  // atomic batch's steps' ResultBytes add up to at most
-  // `max_batch_reply_bytes` (< 0: no bound).
+  // A step on a sealed session waits or fails as `seal_wait` says, one on
+  // a session another call holds as `busy` says. An atomic batch's steps'
+  // ResultBytes add up to at most `max_batch_reply_bytes` (< 0: no bound).
   absl::Status RunBatch(absl::Span<const AppendRequest> requests, bool atomic,
                         int64_t max_batch_reply_bytes,
-                        SessionManager::SealWait seal_wait,
+                        SessionManager::SealWait seal_wait, BusySessions busy,
                         std::vector<absl::Status>* statuses,
                         std::vector<AttentionOutput>* outputs);
   absl::Status ValidateStep(BatchStep& step);

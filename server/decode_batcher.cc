@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "core/session_busy.h"
 
 namespace attention::server {
 namespace {
@@ -75,6 +76,7 @@ void DecodeBatcher::AppendAsync(const AppendRequest& request, StepDone done,
   entry->requests = absl::MakeConstSpan(&request, 1);
   entry->step_done = std::move(done);
   entry->times = times;
+  entry->bytes = HeldBytes(request);
   if (run_inline == RunInline::kWhenIdle && ClaimIdle()) {
     std::vector<std::unique_ptr<Entry>> batch;
     batch.push_back(std::move(entry));
@@ -98,6 +100,9 @@ void DecodeBatcher::AppendAtomicAsync(absl::Span<const AppendRequest> requests,
   entry->max_reply_bytes = max_reply_bytes;
   entry->group_done = std::move(done);
   entry->times = times;
+  for (const AppendRequest& request : requests) {
+    entry->bytes += HeldBytes(request);
+  }
   Submit(std::move(entry));
 }
 
@@ -133,9 +138,6 @@ int64_t DecodeBatcher::queued_steps() const {
 
 void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
   const int64_t steps = static_cast<int64_t>(entry->requests.size());
-  for (const AppendRequest& request : entry->requests) {
-    entry->bytes += HeldBytes(request);
-  }
   int64_t queued = 0;
   int64_t queued_bytes = 0;
   {
@@ -157,6 +159,7 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
       queued_bytes_ += entry->bytes;
       queue_.push_back(std::move(entry));
       last_arrival_ = absl::Now();
+      ++arrivals_;
       return;
     }
   }
@@ -210,7 +213,12 @@ void DecodeBatcher::BatchThreadMain() {
     mu_.Await(absl::Condition(&work_or_stop));
     if (queue_.empty()) return;  // stopping, nothing left
     WaitForBatch();
-    std::vector<std::unique_ptr<Entry>> batch = TakeBatch();
+    const absl::Time now = absl::Now();
+    std::vector<std::unique_ptr<Entry>> batch = TakeBatch(now);
+    if (batch.empty()) {
+      WaitForRetry(now);
+      continue;
+    }
     running_ = true;
     mu_.Unlock();
     RunBatch(std::move(batch), /*on_batch_thread=*/true);
@@ -220,10 +228,15 @@ void DecodeBatcher::BatchThreadMain() {
 }
 
 void DecodeBatcher::WaitForBatch() {
-  // An atomic group at the front runs alone: nothing to gather.
-  if (options_.batch_wait <= absl::ZeroDuration() || queue_.front()->atomic) {
-    return;
-  }
+  if (options_.batch_wait <= absl::ZeroDuration()) return;
+  // Nothing to gather when the first entry that may run is an atomic group
+  // (it runs alone), or when every entry waits for a busy session.
+  const absl::Time now = absl::Now();
+  auto first = std::find_if(queue_.begin(), queue_.end(),
+                            [now](const std::unique_ptr<Entry>& entry) {
+                              return !entry->waiting(now);
+                            });
+  if (first == queue_.end() || (*first)->atomic) return;
   const int64_t target =
       std::min<int64_t>(options_.max_batch_size, expected_batch_);
   auto ready = [this, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -240,8 +253,22 @@ void DecodeBatcher::WaitForBatch() {
   }
 }
 
-std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch() {
-  std::vector<std::unique_ptr<Entry>> batch = SelectBatch();
+void DecodeBatcher::WaitForRetry(absl::Time now) {
+  // Entries not waiting themselves wait behind one that does.
+  absl::Time due = absl::InfiniteFuture();
+  for (const std::unique_ptr<Entry>& entry : queue_) {
+    if (entry->waiting(now)) due = std::min(due, entry->retry_at);
+  }
+  const int64_t arrivals = arrivals_;
+  auto arrived = [this, arrivals]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return arrivals_ != arrivals;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&arrived), due);
+}
+
+std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch(
+    absl::Time now) {
+  std::vector<std::unique_ptr<Entry>> batch = SelectBatch(now);
   for (const std::unique_ptr<Entry>& entry : batch) {
     queued_steps_ -= static_cast<int64_t>(entry->requests.size());
     queued_bytes_ -= entry->bytes;
@@ -249,59 +276,79 @@ std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch() {
   return batch;
 }
 
-std::vector<std::unique_ptr<DecodeBatcher::Entry>>
-DecodeBatcher::SelectBatch() {
+std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::SelectBatch(
+    absl::Time now) {
   std::vector<std::unique_ptr<Entry>> batch;
-  if (queue_.front()->atomic) {
+  if (queue_.size() == 1 && !queue_.front()->waiting(now)) {
+    // A lone submission: nothing to sort out.
+    if (!queue_.front()->atomic) expected_batch_ = 1;
     batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
-    return batch;
-  }
-  if (queue_.size() == 1) {  // a lone step: nothing to sort out
-    batch.push_back(std::move(queue_.front()));
-    queue_.pop_front();
-    expected_batch_ = 1;
     return batch;
   }
   // Keys of steps taken, and of steps left behind: a step may not overtake
   // a queued step of the same (session, layer).
   absl::flat_hash_set<StepKey> taken;
   absl::flat_hash_set<StepKey> blocked;
+  auto held_back = [&blocked](const Entry& entry) {
+    for (const AppendRequest& request : entry.requests) {
+      if (blocked.contains(KeyOf(request))) return true;
+    }
+    return false;
+  };
+  bool group = false;  // an atomic group was taken: it runs alone
   auto keep = queue_.begin();
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
     Entry& entry = **it;
     bool take = false;
-    if (entry.atomic) {
-      for (const AppendRequest& request : entry.requests) {
-        blocked.insert(KeyOf(request));
-      }
-    } else if (static_cast<int>(batch.size()) < options_.max_batch_size) {
+    if (group) {
+      // The rest waits for the next batch.
+    } else if (entry.atomic) {
+      take = group = batch.empty() && !entry.waiting(now) && !held_back(entry);
+    } else if (!entry.waiting(now) &&
+               static_cast<int>(batch.size()) < options_.max_batch_size) {
       const StepKey key = KeyOf(entry.requests[0]);
-      if (!blocked.contains(key) && taken.insert(key).second) {
-        take = true;
-      } else {
-        blocked.insert(key);
-      }
+      take = !blocked.contains(key) && taken.insert(key).second;
     }
     if (take) {
       batch.push_back(std::move(*it));
-    } else {
-      *keep++ = std::move(*it);
+      continue;
     }
+    for (const AppendRequest& request : entry.requests) {
+      blocked.insert(KeyOf(request));
+    }
+    *keep++ = std::move(*it);
   }
   queue_.erase(keep, queue_.end());
-  expected_batch_ = static_cast<int64_t>(batch.size());
+  if (!group && !batch.empty()) {
+    expected_batch_ = static_cast<int64_t>(batch.size());
+  }
   return batch;
+}
+
+void DecodeBatcher::Requeue(std::vector<std::unique_ptr<Entry>> entries) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+    Entry& entry = **it;
+    entry.retry_at =
+        now + std::min(kFirstBusyRetry *
+                           (int64_t{1} << std::min(entry.busy_tries, 16)),
+                       kMaxBusyRetry);
+    ++entry.busy_tries;
+    queued_steps_ += static_cast<int64_t>(entry.requests.size());
+    queued_bytes_ += entry.bytes;
+    queue_.push_front(std::move(*it));
+  }
 }
 
 void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
                              bool on_batch_thread) {
   const std::chrono::steady_clock::time_point start =
       std::chrono::steady_clock::now();
-  // Records when the batch ran; returns how long the engine took.
-  auto record_times = [&] {
-    const std::chrono::steady_clock::time_point end =
-        std::chrono::steady_clock::now();
+  // Records when the batch's entries that ran did; returns how long the
+  // engine took.
+  auto record_times = [&](std::chrono::steady_clock::time_point end) {
     for (const std::unique_ptr<Entry>& entry : batch) {
       if (entry->times != nullptr) *entry->times = {start, end};
     }
@@ -309,10 +356,15 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
   };
   if (batch.size() == 1 && batch[0]->atomic) {
     Entry& group = *batch[0];
-    absl::StatusOr<std::vector<AttentionOutput>> results =
-        engine_->AppendBatch(group.requests, group.max_reply_bytes);
+    absl::StatusOr<std::vector<AttentionOutput>> results = engine_->AppendBatch(
+        group.requests, group.max_reply_bytes, BusySessions::kSkip);
+    if (!results.ok() && IsSessionBusy(results.status())) {
+      Requeue(std::move(batch));
+      return;
+    }
     const int64_t steps = static_cast<int64_t>(group.requests.size());
-    const absl::Duration step_time = record_times() / steps;
+    const absl::Duration step_time =
+        record_times(std::chrono::steady_clock::now()) / steps;
     if (options_.on_batch) options_.on_batch(steps);
     Deliver(
         [entry = std::move(batch[0]), results = std::move(results)]() mutable {
@@ -327,9 +379,26 @@ void DecodeBatcher::RunBatch(std::vector<std::unique_ptr<Entry>> batch,
     requests.push_back(entry->requests[0]);
   }
   std::vector<absl::StatusOr<AttentionOutput>> results =
-      engine_->AppendEach(requests);
+      engine_->AppendEach(requests, BusySessions::kSkip);
+  const std::chrono::steady_clock::time_point end =
+      std::chrono::steady_clock::now();
+  // The steps left out go back to the queue; the others are answered.
+  std::vector<std::unique_ptr<Entry>> busy;
+  size_t ran = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!results[i].ok() && IsSessionBusy(results[i].status())) {
+      busy.push_back(std::move(batch[i]));
+    } else {
+      batch[ran] = std::move(batch[i]);
+      results[ran++] = std::move(results[i]);
+    }
+  }
+  batch.resize(ran);
+  results.resize(ran);
+  if (!busy.empty()) Requeue(std::move(busy));
+  if (batch.empty()) return;
   const absl::Duration step_time =
-      record_times() / static_cast<int64_t>(batch.size());
+      record_times(end) / static_cast<int64_t>(batch.size());
   if (options_.on_batch) options_.on_batch(static_cast<int64_t>(batch.size()));
   Deliver(
       [batch = std::move(batch), results = std::move(results)]() mutable {

@@ -11,9 +11,9 @@
 //   - The batcher's own thread forms the batches: it waits (bounded, see
 //     below) for more steps, takes a batch off the queue, runs it
 //     with AttentionEngine::AppendEach (the engine parallelizes it over its
-//     backend threads, this thread included), then calls every entry's
-//     callback, in queue order, and repeats. Only one batch runs at a time;
-//     steps arriving meanwhile queue up and form the next batch, so the
+//     backend threads, this thread included), then calls the callback of
+//     every entry that ran, in queue order, and repeats. Only one batch runs at
+//     a time; steps arriving meanwhile queue up and form the next batch, so the
 //     engine is never idle while work waits (continuous batching). A lone
 //     step pays one thread wake-up over a direct engine call; the gRPC
 //     thread that received it is free meanwhile.
@@ -38,8 +38,9 @@
 //     nothing queued or running -- and its last batch was a lone step (no
 //     concurrency lately), such a step runs at once on the submitting
 //     thread as a batch of its own, saving the wake-up; it holds that
-//     thread for the engine step, as a direct engine call would. Steps
-//     arriving meanwhile queue as behind any running batch.
+//     thread for the engine step, as a direct engine call would (unless
+//     its session is busy: then it queues, see below). Steps arriving
+//     meanwhile queue as behind any running batch.
 //   - The wait ends once as many steps are queued as the previous batch
 //     held (the recent concurrency), so a lone client never waits and a
 //     steady group of N streams is gathered N at a time. Otherwise it lasts
@@ -55,10 +56,20 @@
 //     duplicate is deferred to a later batch, together with every step of
 //     that (session, layer) queued behind it.
 //   - Atomic groups (BatchDecode) go through the same queue and run, when
-//     they reach its front, as one all-or-nothing AttentionEngine::AppendBatch
+//     they reach its front (or only entries waiting for busy sessions, see
+//     below, and none of the group's (session, layer)s, are before them),
+//     as one all-or-nothing AttentionEngine::AppendBatch
 //     call of their own (however many steps: one engine batch), so they keep
 //     their all-or-nothing semantics and the per-(session, layer) order
 //     relative to the other steps.
+//   - Busy sessions: a step whose session another call holds when its
+//     batch starts (a Prefill computing over it) does not hold up the
+//     batch: the engine leaves it out (BusySessions::kSkip, nothing
+//     applied) and it goes back to the front of the queue, to be tried
+//     again after a back-off (kFirstBusyRetry, doubling up to
+//     kMaxBusyRetry) in a later batch, still ahead of the later steps of
+//     its (session, layer). Meanwhile the other steps run; so does an
+//     atomic group, once none of its (session, layer)s waits before it.
 //   - Back-pressure: when `max_queued_steps` steps are waiting, or the
 //     tensors of those waiting (request and reply buffers) would pass
 //     `max_queued_bytes`, a new submission fails at once with UNAVAILABLE
@@ -107,7 +118,9 @@ struct DecodeBatcherOptions {
   int max_batch_size = 256;
   // Most steps waiting in the queue; beyond it submissions fail with
   // UNAVAILABLE. A submission of more steps on its own is accepted while
-  // fewer are queued (so the queue may hold up to one such submission more).
+  // fewer are queued (so the queue may hold up to one such submission more,
+  // and the steps of one batch sent back because their sessions were
+  // busy).
   int64_t max_queued_steps = 4096;
   // Most bytes the waiting steps may hold (their request messages, or the
   // tensors they view when AppendRequest::message_bytes is not set, and
@@ -123,8 +136,9 @@ struct DecodeBatcherOptions {
   // 64 streams) raised the served rate, handing off context-16 steps
   // (about 7 us) lowered it.
   absl::Duration overlap_replies_step_time = absl::Microseconds(50);
-  // Called once per engine call with its number of steps (e.g. for the
-  // attention_decode_batch_size histogram). Runs on the thread that ran the
+  // Called once per engine call with its number of steps that ran (e.g.
+  // for the attention_decode_batch_size histogram; not when every step was
+  // left out for a busy session). Runs on the thread that ran the
   // batch (the batch thread, or the submitter of a step run inline), after
   // the engine call and before the entries' callbacks; never concurrently
   // with itself. Must be cheap and must not call the batcher.
@@ -136,6 +150,10 @@ class DecodeBatcher {
   // The longest wait for a batch, in units of DecodeBatcherOptions::
   // batch_wait.
   static constexpr int kMaxWaitGaps = 8;
+  // The back-off of a step left out of a batch because its session was
+  // busy: the first, doubled at every further try up to the last.
+  static constexpr absl::Duration kFirstBusyRetry = absl::Microseconds(50);
+  static constexpr absl::Duration kMaxBusyRetry = absl::Milliseconds(5);
 
   // Whether a step may run on the submitting thread (see the design note).
   enum class RunInline { kNo, kWhenIdle };
@@ -172,7 +190,8 @@ class DecodeBatcher {
   // stay valid until `done` runs. When `times` is not null, it receives when
   // the step's batch ran, before `done` runs. With RunInline::kWhenIdle and
   // an idle batcher the step instead runs on this thread, and `done` with
-  // it, before AppendAsync returns.
+  // it, before AppendAsync returns (unless its session is busy: then it
+  // queues, as without RunInline).
   void AppendAsync(const AppendRequest& request, StepDone done,
                    BatchTimes* times = nullptr,
                    RunInline run_inline = RunInline::kNo);
@@ -207,6 +226,12 @@ class DecodeBatcher {
     GroupDone group_done;  // atomic
     BatchTimes* times = nullptr;
     int64_t bytes = 0;  // what its requests hold (max_queued_bytes)
+    // Left out of batches because a session was busy: how often, and when
+    // it may be tried again.
+    int busy_tries = 0;
+    absl::Time retry_at = absl::InfinitePast();
+
+    bool waiting(absl::Time now) const { return retry_at > now; }
   };
 
   // Queues `entry`, or answers it with UNAVAILABLE when the queue is full.
@@ -222,17 +247,30 @@ class DecodeBatcher {
   void BatchThreadMain();
   // The bounded wait for more steps before a batch is taken.
   void WaitForBatch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes the next batch from the queue: the front atomic group alone, or
-  // up to max_batch_size independent steps with distinct (session, layer)
-  // that no earlier queued step of the same (session, layer) precedes.
-  std::vector<std::unique_ptr<Entry>> TakeBatch()
+  // When TakeBatch(now) took nothing (every queued entry waits, see
+  // Entry::retry_at, or is held back by one that does): sleeps until the
+  // first may be tried again or another step arrives.
+  void WaitForRetry(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the next batch from the queue, passing over entries waiting
+  // at `now`: the first atomic group alone, when no entry before it is
+  // taken and none of its (session, layer)s waits before it; or up to
+  // max_batch_size independent steps with distinct (session, layer) that no
+  // earlier queued step of the same (session, layer) precedes. Empty when
+  // every entry waits or is held back by one that waits.
+  std::vector<std::unique_ptr<Entry>> TakeBatch(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TakeBatch's choice, before the queue's counts are updated.
-  std::vector<std::unique_ptr<Entry>> SelectBatch()
+  std::vector<std::unique_ptr<Entry>> SelectBatch(absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs a batch taken by TakeBatch (without holding mu_) and has every
-  // entry's callback called with its result (Deliver; `on_batch_thread`:
-  // whether this is the batch thread, which may hand them off).
+  // Puts entries of a batch that the engine left out (their sessions were
+  // busy; in batch order) back at the front of the queue, each waiting for
+  // its back-off.
+  void Requeue(std::vector<std::unique_ptr<Entry>> entries);
+  // Runs a batch taken by TakeBatch (without holding mu_), sends the
+  // entries left out for busy sessions back to the queue (Requeue) and has
+  // every other entry's callback called with its result (Deliver;
+  // `on_batch_thread`: whether this is the batch thread, which may hand
+  // them off).
   void RunBatch(std::vector<std::unique_ptr<Entry>> batch,
                 bool on_batch_thread);
   // Runs a finished batch's `callbacks` here, or queues them on the reply
@@ -253,8 +291,9 @@ class DecodeBatcher {
   int64_t expected_batch_ ABSL_GUARDED_BY(mu_) = 1;
   // A batch is running (on the batch thread or inline): no other may start.
   bool running_ ABSL_GUARDED_BY(mu_) = false;
-  // When the latest step was queued.
+  // When the latest step was queued, and how many submissions were.
   absl::Time last_arrival_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t arrivals_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Batches whose callbacks are queued or running on the reply thread
   // (incremented by the batch thread, decremented by the reply thread).

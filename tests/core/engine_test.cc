@@ -15,12 +15,14 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/cpu/cpu_backend.h"
 #include "core/kv_size.h"
 #include "gtest/gtest.h"
+#include "tests/core/hold_at_first_check.h"
 #include "tests/core/test_tensors.h"
 #include "tests/core/withdraw_at.h"
 
@@ -810,6 +812,55 @@ TEST_F(EngineTest, BatchedAppendsDoNotWaitForASeal) {
   EXPECT_EQ(Info(staying).layer_lengths, (std::vector<int64_t>{1, 0, 0}));
   EXPECT_EQ(ToFloats(engine_->Append(Request(moving, 0, t, 1, 2))->output),
             Stateless(t, 0, 1, 2));
+}
+
+TEST_F(EngineTest, BatchedAppendsCanSkipASessionAnotherCallHolds) {
+  const std::string busy = NewSession();
+  const std::string free = NewSession();
+  const Tokens prompt(4, rng_);
+  const Tokens t(1, rng_);
+  testing::HoldAtFirstCheck hold;
+  AppendRequest prefill = Request(busy, 1, prompt, 0, 4);
+  prefill.control = &hold;
+  absl::Status prefill_status;
+  std::thread prefill_thread(
+      [&] { prefill_status = engine_->Append(prefill).status(); });
+  hold.WaitUntilHeld();
+
+  // The prefill holds `busy`: skipped steps on it apply nothing, a
+  // withdrawn one ends as withdrawn, the others run.
+  const testing::WithdrawAt withdrawn(0, absl::StatusCode::kCancelled);
+  AppendRequest withdrawn_step = Request(busy, 2, t, 0, 1);
+  withdrawn_step.control = &withdrawn;
+  const auto each = engine_->AppendEach(
+      {Request(busy, 0, t, 0, 1), Request(free, 0, t, 0, 1), withdrawn_step},
+      BusySessions::kSkip);
+  const absl::Status atomic =
+      engine_
+          ->AppendBatch({Request(free, 1, t, 0, 1), Request(busy, 0, t, 0, 1)},
+                        -1, BusySessions::kSkip)
+          .status();
+  hold.Release();
+  prefill_thread.join();
+  ASSERT_TRUE(prefill_status.ok()) << prefill_status;
+
+  ASSERT_EQ(each.size(), 3u);
+  EXPECT_TRUE(IsSessionBusy(each[0].status())) << each[0].status();
+  EXPECT_EQ(each[0].status().code(), absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(each[1].ok()) << each[1].status();
+  EXPECT_EQ(ToFloats(each[1]->output), Stateless(t, 0, 0, 1));
+  EXPECT_EQ(each[2].status().code(), absl::StatusCode::kCancelled)
+      << each[2].status();
+  EXPECT_TRUE(absl::StrContains(each[0].status().message(), busy))
+      << each[0].status();
+  EXPECT_TRUE(IsSessionBusy(atomic)) << atomic;
+  EXPECT_TRUE(absl::StartsWith(atomic.message(), "step 1: ")) << atomic;
+  EXPECT_EQ(Info(busy).layer_lengths, (std::vector<int64_t>{0, 4, 0}));
+  EXPECT_EQ(Info(free).layer_lengths, (std::vector<int64_t>{1, 0, 0}));
+  // Once free, the same steps run as if nothing had happened (and `free`
+  // was left unlocked).
+  EXPECT_EQ(Append(busy, 0, t, 0, 1), Stateless(t, 0, 0, 1));
+  EXPECT_EQ(Append(free, 1, t, 0, 1), Stateless(t, 1, 0, 1));
 }
 
 // An engine whose sessions' clock reads `*now` (no reaper).

@@ -27,6 +27,7 @@
 #include "core/cpu/cpu_backend.h"
 #include "core/engine.h"
 #include "gtest/gtest.h"
+#include "tests/core/hold_at_first_check.h"
 
 namespace attention::server {
 namespace {
@@ -158,6 +159,21 @@ class BatchRecorder {
 void WaitForQueued(const DecodeBatcher& batcher, int64_t steps) {
   while (batcher.queued_steps() < steps) absl::SleepFor(absl::Microseconds(50));
 }
+
+// One asynchronous submission's result.
+template <class Result>
+struct Answer {
+  absl::Notification done;
+  Result result;
+
+  auto callback() {
+    return [this](Result r) {
+      result = std::move(r);
+      done.Notify();
+    };
+  }
+  bool Arrives() { return done.WaitForNotificationWithTimeout(kGenerous); }
+};
 
 class DecodeBatcherTest : public ::testing::Test {
  protected:
@@ -1107,6 +1123,103 @@ TEST_F(DecodeBatcherTest, StuckRepliesHoldBackTheBatchesAfterTheNext) {
     auto expected = ReferenceStep(1, 0, tokens[i]);
     ASSERT_TRUE(expected.ok());
     EXPECT_EQ(Bytes(results[i]->output), Bytes(expected->output)) << i;
+  }
+}
+
+TEST_F(DecodeBatcherTest, StepsOnABusySessionWaitWithoutHoldingUpOthers) {
+  MakeBatcher(DecodeBatcherOptions(), /*hold_first=*/false);
+  AddSession(5);  // 0: busy with a long prefill of its layer 1
+  AddSession(6);  // 1
+  testing::HoldAtFirstCheck gate;
+  Tokens prompt(3, 140);
+  AppendRequest prefill = Request(ids_[0], 1, prompt);
+  prefill.control = &gate;
+  absl::Status prefill_status;
+  std::thread prefill_thread(
+      [&] { prefill_status = engine_->Append(prefill).status(); });
+  gate.WaitUntilHeld();
+
+  // Two steps of session 0 (in this order), a step of session 1, an atomic
+  // group on session 1 alone and one on both sessions.
+  Tokens a1(1, 141), a2(1, 142), b(1, 143), free1(1, 144), busy0(1, 145),
+      busy1(1, 146);
+  const AppendRequest ra1 = DecodeRequest(ids_[0], 0, a1);
+  const AppendRequest ra2 = DecodeRequest(ids_[0], 0, a2);
+  const AppendRequest rb = DecodeRequest(ids_[1], 0, b);
+  const std::vector<AppendRequest> free_group = {
+      DecodeRequest(ids_[1], 1, free1)};
+  const std::vector<AppendRequest> busy_group = {
+      DecodeRequest(ids_[0], 1, busy0), DecodeRequest(ids_[1], 0, busy1)};
+  Answer<absl::StatusOr<AttentionOutput>> step1, step2, other;
+  Answer<absl::StatusOr<std::vector<AttentionOutput>>> free_answer, busy_answer;
+  // The first finds the batcher idle: it runs on its submitting thread,
+  // which must not wait for the prefill either.
+  absl::Notification submitted;
+  std::thread submitter([&] {
+    batcher_->AppendAsync(ra1, step1.callback(), nullptr,
+                          DecodeBatcher::RunInline::kWhenIdle);
+    submitted.Notify();
+  });
+  const bool inline_returned =
+      submitted.WaitForNotificationWithTimeout(kGenerous);
+  EXPECT_TRUE(inline_returned);
+  if (!inline_returned) {
+    gate.Release();
+    submitter.join();
+    prefill_thread.join();
+    batcher_.reset();  // answers what is queued while it is still here
+    return;
+  }
+  submitter.join();
+  batcher_->AppendAsync(ra2, step2.callback());
+  batcher_->AppendAsync(rb, other.callback());
+  batcher_->AppendAtomicAsync(free_group, -1, free_answer.callback());
+  batcher_->AppendAtomicAsync(busy_group, -1, busy_answer.callback());
+
+  // What does not involve session 0 runs while the prefill holds it.
+  const bool others_ran = other.Arrives() && free_answer.Arrives();
+  EXPECT_TRUE(others_ran);
+  EXPECT_FALSE(step1.done.HasBeenNotified());
+  EXPECT_FALSE(step2.done.HasBeenNotified());
+  EXPECT_FALSE(busy_answer.done.HasBeenNotified());
+  EXPECT_EQ(engine_->GetSession(ids_[1])->layer_lengths,
+            (std::vector<int64_t>{7, 7}));
+  gate.Release();
+  prefill_thread.join();
+  const bool rest_ran =
+      step1.Arrives() && step2.Arrives() && busy_answer.Arrives();
+  batcher_.reset();  // nothing queued may outlive this test's requests
+  ASSERT_TRUE(prefill_status.ok()) << prefill_status;
+  ASSERT_TRUE(rest_ran);
+
+  // Each in its place, the same bits as plain Append calls in that order.
+  ASSERT_TRUE(other.result.ok()) << other.result.status();
+  ASSERT_TRUE(free_answer.result.ok()) << free_answer.result.status();
+  ASSERT_TRUE(step1.result.ok()) << step1.result.status();
+  ASSERT_TRUE(step2.result.ok()) << step2.result.status();
+  ASSERT_TRUE(busy_answer.result.ok()) << busy_answer.result.status();
+  EXPECT_EQ(step1.result->position, 5);
+  EXPECT_EQ(step2.result->position, 6);
+  EXPECT_EQ((*busy_answer.result)[0].position, 8);
+  EXPECT_EQ((*busy_answer.result)[1].position, 7);
+  ASSERT_TRUE(reference_->Append(Request(reference_ids_[0], 1, prompt)).ok());
+  auto ref1 = ReferenceStep(0, 0, a1);
+  auto ref2 = ReferenceStep(0, 0, a2);
+  auto ref_other = ReferenceStep(1, 0, b);
+  auto ref_free = ReferenceStep(1, 1, free1);
+  auto ref_busy = reference_->AppendBatch(
+      std::vector<AppendRequest>{DecodeRequest(reference_ids_[0], 1, busy0),
+                                 DecodeRequest(reference_ids_[1], 0, busy1)});
+  ASSERT_TRUE(ref1.ok() && ref2.ok() && ref_other.ok() && ref_free.ok() &&
+              ref_busy.ok());
+  EXPECT_EQ(Bytes(step1.result->output), Bytes(ref1->output));
+  EXPECT_EQ(Bytes(step2.result->output), Bytes(ref2->output));
+  EXPECT_EQ(Bytes(other.result->output), Bytes(ref_other->output));
+  EXPECT_EQ(Bytes((*free_answer.result)[0].output), Bytes(ref_free->output));
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(Bytes((*busy_answer.result)[i].output),
+              Bytes((*ref_busy)[i].output))
+        << i;
   }
 }
 
