@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -103,6 +104,51 @@ grpc::ChannelArguments ChannelArguments(const ClientOptions& options) {
   }
   return arguments;
 }
+
+// The shape the proto gives an ExportSession stream: one header, its data
+// records, then one trailer that counts them, and nothing after it. A
+// stream that ends OK without it (a misbehaving server or proxy) would
+// otherwise pass for a whole snapshot, found cut only at the import.
+class SnapshotShape {
+ public:
+  absl::Status Add(const v1::SessionChunk& record) {
+    if (trailer_) return Broken("a record after its trailer");
+    if (!header_) {
+      if (!record.has_header()) return Broken("no header first");
+      header_ = true;
+    } else if (record.has_header()) {
+      return Broken("a second header");
+    } else if (record.has_trailer()) {
+      trailer_ = true;
+      if (record.trailer().num_chunks() != data_) {
+        return Broken(absl::StrCat("a trailer counting ",
+                                   record.trailer().num_chunks(),
+                                   " data records after ", data_));
+      }
+    } else if (record.has_data()) {
+      ++data_;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Complete() const {
+    if (trailer_) return absl::OkStatus();
+    return Broken(header_ ? absl::StrCat("it ended after ", data_,
+                                         " data records, without a trailer")
+                          : "it ended without a record");
+  }
+
+ private:
+  static absl::Status Broken(absl::string_view what) {
+    return absl::DataLossError(
+        absl::StrCat("the server's ExportSession stream is not a whole "
+                     "snapshot (",
+                     what, "); nothing it sent is a usable snapshot"));
+  }
+
+  bool header_ = false;
+  bool trailer_ = false;
+  int64_t data_ = 0;
+};
 
 }  // namespace
 
@@ -351,11 +397,23 @@ bool DecodeStream::Write(const v1::DecodeRequest& request) {
   return stream_->Write(request);
 }
 
+absl::Status DecodeStream::SurplusAnswers(int64_t sent) {
+  context_.TryCancel();
+  return absl::InternalError(absl::StrCat(
+      "the server sent ", answered_, " results on a Decode stream of ", sent,
+      " requests: the stream was cancelled, and its results may belong to "
+      "other requests than they were read for"));
+}
+
 absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
   if (!final_status_.has_value()) {
     v1::AttentionResult result;
     if (stream_->Read(&result)) {
-      ++answered_;
+      // A result for no request sent (a reader may run ahead of nothing).
+      if (++answered_ > sent_.load()) {
+        final_status_ = SurplusAnswers(sent_.load());
+        return *final_status_;
+      }
       return result;
     }
     final_status_ = EndStatus();
@@ -366,11 +424,15 @@ absl::StatusOr<v1::AttentionResult> DecodeStream::Read() {
 
 absl::Status DecodeStream::EndStatus() {
   absl::Status status = FromGrpcCall(stream_->Status(), context_);
-  const int64_t sent = sent_.load(std::memory_order_relaxed);
+  // writes_done_ first: the writer counts a request before it marks the
+  // writes done, so a request written meanwhile is counted in `sent`.
+  const bool writes_done = writes_done_.load();
+  const int64_t sent = sent_.load();
+  if (answered_ > sent) return SurplusAnswers(sent);
   // A draining server ended it after the last request, every one answered:
   // it lost nothing, as a clean end. (Before WritesDone the caller may
   // still mean to write: it needs the reason the stream is over.)
-  if (IsStreamDrained(status) && writes_done_.load() && answered_ == sent) {
+  if (IsStreamDrained(status) && writes_done && answered_ == sent) {
     return absl::OkStatus();
   }
   if (status.ok() && answered_ < sent) {
@@ -450,14 +512,18 @@ absl::Status AttentionClient::ExportSession(
   std::unique_ptr<grpc::ClientReader<v1::SessionChunk>> reader =
       stub_->ExportSession(&context, request);
   v1::SessionChunk record;
+  SnapshotShape shape;
   while (reader->Read(&record)) {
-    if (absl::Status status = sink(record); !status.ok()) {
+    absl::Status status = shape.Add(record);
+    if (status.ok()) status = sink(record);
+    if (!status.ok()) {
       context.TryCancel();
       (void)reader->Finish();
       return status;
     }
   }
-  return FromGrpcCall(reader->Finish(), context);
+  ATTN_RETURN_IF_ERROR(FromGrpcCall(reader->Finish(), context));
+  return shape.Complete();
 }
 
 absl::StatusOr<v1::SessionInfo> AttentionClient::ImportSession(
@@ -612,20 +678,21 @@ void AttentionClient::GetSessionAsync(
 absl::StatusOr<std::vector<v1::SessionInfo>> AttentionClient::ListSessions() {
   std::vector<v1::SessionInfo> sessions;
   v1::ListSessionsRequest request;
+  absl::flat_hash_set<std::string> tokens;  // page tokens already followed
   do {
     grpc::ClientContext context;
     PrepareContext(&context);
     v1::ListSessionsResponse response;
     grpc::Status status = stub_->ListSessions(&context, request, &response);
     if (!status.ok()) return FromGrpcCall(status, context);
-    // A page token that comes back unchanged, or with an empty page,
-    // would loop for ever.
+    // A page token seen before, or an empty page with a next one, would
+    // loop for ever.
     if (!response.next_page_token().empty() &&
         (response.sessions().empty() ||
-         response.next_page_token() == request.page_token())) {
+         !tokens.insert(response.next_page_token()).second)) {
       return absl::InternalError(
-          "the server's ListSessions pages do not advance (the same page "
-          "token, or an empty page with a next one)");
+          "the server's ListSessions pages do not advance (a page token "
+          "seen before, or an empty page with a next one)");
     }
     for (v1::SessionInfo& info : *response.mutable_sessions()) {
       sessions.push_back(std::move(info));

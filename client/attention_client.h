@@ -257,7 +257,10 @@ class DecodeStream {
   // answered every request sent (gRPC could not parse one for it) ends with
   // INVALID_ARGUMENT naming the first unanswered request; one a draining
   // server ended (IsStreamDrained) after WritesDone and an answer to every
-  // request sent ended cleanly.
+  // request sent ended cleanly. A result for no request sent (a server that
+  // breaks the protocol) cancels the stream and ends it with INTERNAL (at
+  // the latest in Finish: a result read by Step may then be another
+  // request's).
   absl::StatusOr<v1::AttentionResult> Read();
   // Write then Read.
   absl::StatusOr<v1::AttentionResult> Step(const v1::DecodeRequest& request);
@@ -274,6 +277,9 @@ class DecodeStream {
       stream_;
   // The stream's status once it has ended (see Read).
   absl::Status EndStatus();
+  // INTERNAL, after cancelling the stream: the server sent more results
+  // (answered_) than the `sent` requests.
+  absl::Status SurplusAnswers(int64_t sent);
 
   // Set by the writer; the reader reads it (EndStatus).
   std::atomic<bool> writes_done_{false};
@@ -337,7 +343,10 @@ class AttentionClient {
       absl::AnyInvocable<void(absl::StatusOr<v1::ServerInfo>) &&> done);
   // Streams session `session_id`'s snapshot (attention.proto, SessionChunk)
   // to `sink`, record by record; the first error of `sink` cancels the
-  // export and is returned.
+  // export and is returned. DATA_LOSS when the records are not a whole
+  // snapshot (a header, its data, a trailer counting them; a server that
+  // ends the stream early without an error), with the records before that
+  // already given to `sink`.
   absl::Status ExportSession(
       absl::string_view session_id,
       const std::function<absl::Status(const v1::SessionChunk&)>& sink);
