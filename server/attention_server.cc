@@ -97,6 +97,14 @@ absl::Status ValidateOptions(const ServerOptions& options) {
           name, " ", absl::FormatDuration(duration), " must be positive"));
     }
   }
+  // The drain's deadlines come from it: an infinite one would never end a
+  // drain that a client holds up (an idle stream, a reply it does not
+  // read), and the orchestrator's kill would then lose every session.
+  if (options.drain_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "drain_timeout inf must be finite (keep it below the orchestrator's "
+        "grace period, e.g. 25s of Kubernetes' 30s)");
+  }
   if (options.max_connection_age < absl::Seconds(1)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_connection_age ", absl::FormatDuration(options.max_connection_age),

@@ -29,10 +29,13 @@ StepKey KeyOf(const AppendRequest& request) {
 
 absl::Status DecodeBatcher::ValidateOptions(
     const DecodeBatcherOptions& options) {
-  if (options.batch_wait < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_wait ", absl::FormatDuration(options.batch_wait),
-                     " must be >= 0 (0 = do not wait for more steps)"));
+  if (options.batch_wait < absl::ZeroDuration() ||
+      options.batch_wait == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch_wait ", absl::FormatDuration(options.batch_wait),
+        " must be >= 0 and finite (0 = do not wait for more steps; each "
+        "batch waits at most ",
+        kMaxWaitGaps, " times it)"));
   }
   if (options.max_batch_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -257,6 +257,9 @@ TEST(DecodeBatcherOptionsTest, RejectsBadOptions) {
   options.batch_wait = -absl::Microseconds(1);
   EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
             absl::StatusCode::kInvalidArgument);
+  options.batch_wait = absl::InfiniteDuration();  // would wait for ever
+  EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
+            absl::StatusCode::kInvalidArgument);
   options = DecodeBatcherOptions();
   options.max_batch_size = 0;
   EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),

@@ -149,8 +149,9 @@ TEST(ServerBinaryTest, BadFlagsFailToStart) {
         "--cpu_spin=1s", "--tls_cert_file=/nonexistent/server.crt",
         "--tls_client_ca_file=/nonexistent/ca.crt",
         "--auth_tokens_file=/nonexistent/tokens", "--metrics_linger=-1s",
-        "--drain_timeout=0s", "--snapshot_dir=/dev/null/snapshots",
-        "--metrics_port=-2", "--metrics_port=65536"}) {
+        "--drain_timeout=0s", "--drain_timeout=inf", "--batch_wait=inf",
+        "--snapshot_dir=/dev/null/snapshots", "--metrics_port=-2",
+        "--metrics_port=65536"}) {
     std::vector<std::string> flags = kSmallServer;
     flags.push_back(flag);
     ServerProcess server(flags);
