@@ -783,12 +783,16 @@ std::vector<std::shared_ptr<ClusterReplica>> ClusterClient::PlacementCandidates(
       ReplicaLoad& load = loads.emplace_back();
       load.address = status.address;
       load.accepting = status.state == ReplicaStatus::State::kServing;
-      load.kv_capacity_bytes = status.info.kv_cache_capacity_bytes();
       // kv_cache_free_bytes is capacity - used; servers before fleets
-      // leave it 0.
-      load.kv_free_bytes = std::max(status.info.kv_cache_free_bytes(),
-                                    status.info.kv_cache_capacity_bytes() -
-                                        status.info.kv_cache_used_bytes());
+      // leave it 0. Each figure is taken inside [0, capacity], so that none
+      // a replica sends can overflow this arithmetic.
+      const int64_t capacity =
+          std::max<int64_t>(0, status.info.kv_cache_capacity_bytes());
+      load.kv_capacity_bytes = capacity;
+      load.kv_free_bytes = std::max(
+          std::clamp<int64_t>(status.info.kv_cache_free_bytes(), 0, capacity),
+          capacity - std::clamp<int64_t>(status.info.kv_cache_used_bytes(), 0,
+                                         capacity));
     }
   }
   std::vector<std::shared_ptr<Replica>> candidates;

@@ -39,19 +39,26 @@ std::vector<std::string> PlacementOrder(absl::Span<const ReplicaLoad> replicas,
   std::vector<const ReplicaLoad*> accepting;
   int64_t most_free = 0;
   int64_t largest_capacity = 0;
+  // Free bytes as a replica reported them, but at least 0 (so that no
+  // difference or negation below can overflow, whatever it sent).
+  auto free_bytes = [](const ReplicaLoad& replica) {
+    return std::max<int64_t>(0, replica.kv_free_bytes);
+  };
   for (const ReplicaLoad& replica : replicas) {
     if (!replica.accepting) continue;
     accepting.push_back(&replica);
-    most_free = std::max(most_free, replica.kv_free_bytes);
+    most_free = std::max(most_free, free_bytes(replica));
     largest_capacity = std::max(largest_capacity, replica.kv_capacity_bytes);
   }
-  const int64_t tie_bytes = static_cast<int64_t>(
-      std::llround(std::max(0.0, tie_fraction) * largest_capacity));
+  const double tie_bytes =
+      std::max(0.0, tie_fraction) * static_cast<double>(largest_capacity);
   // Sort key: (not tied, -free bytes for the untied, -weight). Keyed
   // placement treats every replica as tied.
   auto rank = [&](const ReplicaLoad* replica) {
-    const bool tied = keyed || replica->kv_free_bytes >= most_free - tie_bytes;
-    return std::make_tuple(!tied, tied ? 0 : -replica->kv_free_bytes,
+    const bool tied =
+        keyed ||
+        static_cast<double>(most_free - free_bytes(*replica)) <= tie_bytes;
+    return std::make_tuple(!tied, tied ? 0 : -free_bytes(*replica),
                            ~RendezvousWeight(key, replica->address),
                            replica->address);
   };

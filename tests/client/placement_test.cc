@@ -2,6 +2,8 @@
 // syntax (client/cluster_target.h).
 #include "client/placement.h"
 
+#include <algorithm>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -45,6 +47,21 @@ TEST(PlacementOrderTest, MostFreeReplicaFirstThenByFreeBytes) {
     EXPECT_EQ(PlacementOrder(replicas, absl::StrCat(nonce), false, 1.0 / 32),
               (std::vector<std::string>{"b:1", "c:1", "a:1"}));
   }
+}
+
+TEST(PlacementOrderTest, ExtremeReportsAreOrderedWithoutOverflow) {
+  // Whatever replicas report (run under UBSan in CI): negative free bytes
+  // count as none, a fraction over 1 ties every replica.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const std::vector<ReplicaLoad> replicas = {
+      ReplicaLoad{"a:1", true, kMax, kMax},
+      ReplicaLoad{"b:1", true, std::numeric_limits<int64_t>::min(), kMax},
+      ReplicaLoad{"c:1", true, kMax / 2, -1}};
+  EXPECT_EQ(PlacementOrder(replicas, "k", false, 0.0),
+            (std::vector<std::string>{"a:1", "c:1", "b:1"}));
+  std::vector<std::string> tied = PlacementOrder(replicas, "k", false, 5.0);
+  std::sort(tied.begin(), tied.end());
+  EXPECT_EQ(tied, (std::vector<std::string>{"a:1", "b:1", "c:1"}));
 }
 
 TEST(PlacementOrderTest, NeverDrainingOrNotServing) {
