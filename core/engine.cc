@@ -118,9 +118,11 @@ float* BatchScratch(int64_t floats, std::unique_ptr<float[]>* large) {
 class SessionLocks {
  public:
   // `sessions` must be sorted by id, without duplicates.
-  SessionLocks(absl::Span<Session* const> sessions, BusySessions busy) {
-    locked_.reserve(sessions.size());
-    for (Session* session : sessions) {
+  SessionLocks(std::vector<Session*> sessions, BusySessions busy)
+      : locked_(std::move(sessions)) {
+    // Keeps the locked ones in place (no allocation per batch).
+    auto keep = locked_.begin();
+    for (Session* session : locked_) {
       // As TryFirstMutexLock: taking the n-th by Lock would check it
       // against the n - 1 held before it (quadratic in the batch).
       if (!session->mu().TryLock()) {
@@ -130,8 +132,9 @@ class SessionLocks {
         }
         session->mu().Lock();
       }
-      locked_.push_back(session);
+      *keep++ = session;
     }
+    locked_.erase(keep, locked_.end());
   }
   ~SessionLocks() {
     for (auto it = locked_.rbegin(); it != locked_.rend(); ++it) {
@@ -621,7 +624,7 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
     return std::less<Session*>()(a, b);
   });
   to_lock.erase(std::unique(to_lock.begin(), to_lock.end()), to_lock.end());
-  const SessionLocks locks(to_lock, busy);
+  const SessionLocks locks(std::move(to_lock), busy);
   for (size_t i = 0; i < n; ++i) {
     if (!live(i) || !locks.busy(steps[i].session.get())) continue;
     // Left out (kSkip), unless its caller has withdrawn it: then it ends.
