@@ -1,11 +1,15 @@
 #include "server/peers.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,9 +21,20 @@
 namespace attention::server {
 namespace {
 
-// The addresses `host` resolves to, as gRPC targets with `port`; a
-// bracketed IPv6 literal stays as it is.
-std::vector<std::string> Resolve(const HostPort& entry) {
+// The service whose health a probe asks for.
+constexpr char kServiceName[] = "attention.v1.AttentionService";
+
+// Whether `host` is an address rather than a name: resolving it asks no
+// DNS server, so it never blocks.
+bool IsAddressLiteral(const std::string& host) {
+  in_addr ipv4;
+  return (!host.empty() && host.front() == '[') ||
+         inet_pton(AF_INET, host.c_str(), &ipv4) == 1;
+}
+
+// The addresses `entry`'s host resolves to, as gRPC targets with its port;
+// a bracketed IPv6 literal stays as it is. Blocks on DNS for a name.
+absl::StatusOr<std::vector<std::string>> Resolve(const HostPort& entry) {
   std::vector<std::string> targets;
   if (!entry.host.empty() && entry.host.front() == '[') {
     targets.push_back(absl::StrCat(entry.host, ":", entry.port));
@@ -30,11 +45,7 @@ std::vector<std::string> Resolve(const HostPort& entry) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   const int error = getaddrinfo(entry.host.c_str(), nullptr, &hints, &found);
-  if (error != 0) {
-    Log(LogLevel::kWarning, "peer_unresolved",
-        {{"host", entry.host}, {"error", gai_strerror(error)}});
-    return targets;
-  }
+  if (error != 0) return absl::NotFoundError(gai_strerror(error));
   std::set<std::string> seen;
   for (addrinfo* address = found; address != nullptr;
        address = address->ai_next) {
@@ -53,7 +64,26 @@ std::vector<std::string> Resolve(const HostPort& entry) {
   return targets;
 }
 
+// What the probes of ProbeAll answered, filled in by gRPC's threads.
+struct ProbeAnswers {
+  explicit ProbeAnswers(size_t count) : infos(count), health(count) {}
+  bool Done() const ABSL_SHARED_LOCKS_REQUIRED(mu) { return pending == 0; }
+
+  absl::Mutex mu;
+  int pending ABSL_GUARDED_BY(mu) = 0;
+  std::vector<absl::StatusOr<v1::ServerInfo>> infos ABSL_GUARDED_BY(mu);
+  std::vector<absl::StatusOr<client::ServingStatus>> health ABSL_GUARDED_BY(mu);
+};
+
 }  // namespace
+
+// A name's look-up on a thread of its own, which outlives a Serving() that
+// stops waiting for it (and the Peers, if need be).
+struct Peers::PendingLookup {
+  absl::Mutex mu;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::StatusOr<std::vector<std::string>> targets ABSL_GUARDED_BY(mu);
+};
 
 absl::StatusOr<std::unique_ptr<Peers>> Peers::Create(PeerOptions options) {
   std::vector<HostPort> entries;
@@ -85,23 +115,119 @@ std::shared_ptr<client::AttentionClient> Peers::ClientFor(
   return client;
 }
 
-absl::StatusOr<v1::ServerInfo> Peers::Probe(const std::string& target,
-                                            const std::string& server_name) {
+std::vector<Peers::Candidate> Peers::Resolved(absl::Time deadline,
+                                              bool* unanswered) {
+  // Every name's look-up starts at once (or is still running from an
+  // earlier call); addresses need none.
+  std::vector<std::shared_ptr<PendingLookup>> lookups(entries_.size());
   {
     absl::MutexLock lock(&mu_);
-    auto failed = failed_.find(target);
-    if (failed != failed_.end() &&
-        absl::Now() - failed->second.when < options_.failure_backoff) {
-      return absl::Status(failed->second.error.code(),
-                          absl::StrCat("did not answer recently: ",
-                                       failed->second.error.message()));
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (IsAddressLiteral(entries_[i].host)) continue;
+      if (lookups_[i] == nullptr) {
+        auto lookup = std::make_shared<PendingLookup>();
+        std::thread([lookup, entry = entries_[i]] {
+          absl::StatusOr<std::vector<std::string>> targets = Resolve(entry);
+          absl::MutexLock done(&lookup->mu);
+          lookup->targets = std::move(targets);
+          lookup->done = true;
+        }).detach();
+        lookups_[i] = std::move(lookup);
+      }
+      lookups[i] = lookups_[i];
     }
   }
-  std::shared_ptr<client::AttentionClient> client =
-      ClientFor(target, server_name);
-  absl::StatusOr<v1::ServerInfo> info = client->GetServerInfo();
-  absl::StatusOr<client::ServingStatus> health =
-      client->CheckHealth("attention.v1.AttentionService");
+  std::vector<Candidate> candidates;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const HostPort& entry = entries_[i];
+    absl::StatusOr<std::vector<std::string>> targets;
+    if (lookups[i] == nullptr) {
+      targets = Resolve(entry);
+    } else {
+      PendingLookup& lookup = *lookups[i];
+      const bool done = lookup.mu.LockWhenWithDeadline(
+          absl::Condition(&lookup.done), deadline);
+      if (done) targets = lookup.targets;
+      lookup.mu.Unlock();
+      if (!done) {
+        Log(LogLevel::kWarning, "peer_lookup_slow", {{"host", entry.host}});
+        *unanswered = true;
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      if (lookups_[i] == lookups[i]) lookups_[i] = nullptr;
+    }
+    if (!targets.ok()) {
+      Log(LogLevel::kWarning, "peer_unresolved",
+          {{"host", entry.host}, {"error", targets.status().message()}});
+      continue;
+    }
+    for (std::string& target : *targets) {
+      candidates.push_back(
+          Candidate{.target = std::move(target), .server_name = entry.host});
+    }
+  }
+  return candidates;
+}
+
+std::optional<absl::Status> Peers::RecentFailure(const std::string& target) {
+  absl::MutexLock lock(&mu_);
+  auto failed = failed_.find(target);
+  if (failed == failed_.end() ||
+      absl::Now() - failed->second.when >= options_.failure_backoff) {
+    return std::nullopt;
+  }
+  return absl::Status(failed->second.error.code(),
+                      absl::StrCat("did not answer recently: ",
+                                   failed->second.error.message()));
+}
+
+std::vector<absl::StatusOr<v1::ServerInfo>> Peers::ProbeAll(
+    const std::vector<Candidate>& candidates) {
+  auto answers = std::make_shared<ProbeAnswers>(candidates.size());
+  std::vector<std::optional<absl::Status>> recent(candidates.size());
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    recent[i] = RecentFailure(candidates[i].target);
+    if (recent[i].has_value()) continue;
+    std::shared_ptr<client::AttentionClient> client =
+        ClientFor(candidates[i].target, candidates[i].server_name);
+    {
+      absl::MutexLock lock(&answers->mu);
+      answers->pending += 2;
+    }
+    // Each call ends within probe_timeout (the client's call timeout).
+    client->GetServerInfoAsync(
+        [answers, i](absl::StatusOr<v1::ServerInfo> info) {
+          absl::MutexLock lock(&answers->mu);
+          answers->infos[i] = std::move(info);
+          --answers->pending;
+        });
+    client->CheckHealthAsync(
+        kServiceName,
+        [answers, i](absl::StatusOr<client::ServingStatus> health) {
+          absl::MutexLock lock(&answers->mu);
+          answers->health[i] = std::move(health);
+          --answers->pending;
+        });
+  }
+  answers->mu.LockWhen(absl::Condition(answers.get(), &ProbeAnswers::Done));
+  std::vector<absl::StatusOr<v1::ServerInfo>> infos = std::move(answers->infos);
+  std::vector<absl::StatusOr<client::ServingStatus>> health =
+      std::move(answers->health);
+  answers->mu.Unlock();
+  std::vector<absl::StatusOr<v1::ServerInfo>> probed;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    probed.push_back(recent[i].has_value()
+                         ? absl::StatusOr<v1::ServerInfo>(*recent[i])
+                         : Judge(candidates[i].target, std::move(infos[i]),
+                                 std::move(health[i])));
+  }
+  return probed;
+}
+
+absl::StatusOr<v1::ServerInfo> Peers::Judge(
+    const std::string& target, absl::StatusOr<v1::ServerInfo> info,
+    absl::StatusOr<client::ServingStatus> health) {
   absl::MutexLock lock(&mu_);
   if (!info.ok() || !health.ok()) {
     const absl::Status error = info.ok() ? health.status() : info.status();
@@ -117,42 +243,48 @@ absl::StatusOr<v1::ServerInfo> Peers::Probe(const std::string& target,
   return info;
 }
 
-std::vector<Peer> Peers::Serving(bool* unanswered) {
+std::vector<Peer> Peers::Serving(absl::Time deadline, bool* unanswered) {
   std::vector<Peer> serving;
-  if (unanswered != nullptr) *unanswered = false;
-  for (const HostPort& entry : entries_) {
-    for (const std::string& target : Resolve(entry)) {
-      absl::StatusOr<v1::ServerInfo> info = Probe(target, entry.host);
-      if (unanswered != nullptr &&
-          info.status().code() == absl::StatusCode::kDeadlineExceeded) {
-        *unanswered = true;
-      }
-      if (!info.ok() || info->draining() || info->advertise_address().empty() ||
-          info->advertise_address() == options_.self_address) {
-        continue;
-      }
-      // Where clients are sent (redirects, trailing metadata): a peer's
-      // address that is not host:port is not followed.
-      if (absl::Status usable = ParseHostPort(info->advertise_address(),
-                                              "the peer's advertise_address")
-                                    .status();
-          !usable.ok()) {
-        Log(LogLevel::kWarning, "peer_unusable",
-            {{"peer", target}, {"error", usable.ToString()}});
-        continue;
-      }
-      // One replica reachable under several addresses counts once.
-      if (std::any_of(serving.begin(), serving.end(), [&](const Peer& peer) {
-            return peer.advertise_address == info->advertise_address();
-          })) {
-        continue;
-      }
-      serving.push_back(Peer{.target = target,
-                             .advertise_address = info->advertise_address(),
-                             .kv_cache_free_bytes = info->kv_cache_free_bytes(),
-                             .client = ClientFor(target, entry.host)});
+  bool late = false;
+  const std::vector<Candidate> candidates = Resolved(deadline, &late);
+  // No probe starts after the deadline.
+  const std::vector<absl::StatusOr<v1::ServerInfo>> infos =
+      absl::Now() < deadline ? ProbeAll(candidates)
+                             : std::vector<absl::StatusOr<v1::ServerInfo>>();
+  if (infos.size() < candidates.size()) late = true;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const std::string& target = candidates[i].target;
+    const absl::StatusOr<v1::ServerInfo>& info = infos[i];
+    if (info.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      late = true;
     }
+    if (!info.ok() || info->draining() || info->advertise_address().empty() ||
+        info->advertise_address() == options_.self_address) {
+      continue;
+    }
+    // Where clients are sent (redirects, trailing metadata): a peer's
+    // address that is not host:port is not followed.
+    if (absl::Status usable = ParseHostPort(info->advertise_address(),
+                                            "the peer's advertise_address")
+                                  .status();
+        !usable.ok()) {
+      Log(LogLevel::kWarning, "peer_unusable",
+          {{"peer", target}, {"error", usable.ToString()}});
+      continue;
+    }
+    // One replica reachable under several addresses counts once.
+    if (std::any_of(serving.begin(), serving.end(), [&](const Peer& peer) {
+          return peer.advertise_address == info->advertise_address();
+        })) {
+      continue;
+    }
+    serving.push_back(
+        Peer{.target = target,
+             .advertise_address = info->advertise_address(),
+             .kv_cache_free_bytes = info->kv_cache_free_bytes(),
+             .client = ClientFor(target, candidates[i].server_name)});
   }
+  if (unanswered != nullptr) *unanswered = late;
   std::stable_sort(serving.begin(), serving.end(),
                    [](const Peer& a, const Peer& b) {
                      return a.kv_cache_free_bytes > b.kv_cache_free_bytes;

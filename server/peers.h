@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,19 +68,43 @@ class Peers {
   // than this replica, most kv_cache_free_bytes first. Empty when none is
   // (or names do not resolve); failures are logged. `*unanswered` (when
   // given) says whether some address did not answer within probe_timeout
-  // (now, or when last probed within failure_backoff): a peer too busy or
-  // paused to answer, or a dead pod's address, as opposed to a refused
+  // (now, or when last probed within failure_backoff), or some name was
+  // not resolved by `deadline`: a peer too busy or paused to answer, a
+  // dead pod's address or a slow DNS server, as opposed to a refused
   // connection or a peer that answered draining.
-  std::vector<Peer> Serving(bool* unanswered = nullptr);
+  //
+  // Bounded: the names are looked up at once, each on a thread of its own
+  // (a name still being looked up at `deadline` is left to that thread
+  // and counts as unresolved now), and the addresses are probed at once
+  // (no probe starts after `deadline`; each ends within probe_timeout).
+  // So it returns by `deadline` + probe_timeout however many addresses
+  // hang.
+  std::vector<Peer> Serving(absl::Time deadline, bool* unanswered = nullptr);
 
   const PeerOptions& options() const { return options_; }
 
  private:
   Peers(PeerOptions options, std::vector<HostPort> entries)
-      : options_(std::move(options)), entries_(std::move(entries)) {}
-  // Probes `target`: its ServerInfo when it is SERVING.
-  absl::StatusOr<v1::ServerInfo> Probe(const std::string& target,
-                                       const std::string& server_name);
+      : options_(std::move(options)),
+        entries_(std::move(entries)),
+        lookups_(entries_.size()) {}
+  // An address to probe, and the name its TLS certificate must carry.
+  struct Candidate {
+    std::string target;
+    std::string server_name;
+  };
+  // The entries' addresses, looked up until `deadline` (see Serving).
+  std::vector<Candidate> Resolved(absl::Time deadline, bool* unanswered);
+  // Probes the candidates all at once: each one's ServerInfo when it is
+  // SERVING, in the same order.
+  std::vector<absl::StatusOr<v1::ServerInfo>> ProbeAll(
+      const std::vector<Candidate>& candidates);
+  // The error of a probe of `target` that failed within failure_backoff.
+  std::optional<absl::Status> RecentFailure(const std::string& target);
+  // Records a probe's answers: its ServerInfo when it is SERVING.
+  absl::StatusOr<v1::ServerInfo> Judge(
+      const std::string& target, absl::StatusOr<v1::ServerInfo> info,
+      absl::StatusOr<client::ServingStatus> health);
   // The client for `target`, created on first use.
   std::shared_ptr<client::AttentionClient> ClientFor(
       const std::string& target, const std::string& server_name);
@@ -95,6 +120,10 @@ class Peers {
     absl::Status error;
   };
   absl::flat_hash_map<std::string, Failure> failed_ ABSL_GUARDED_BY(mu_);
+  // Per entry, its name's look-up still running on its own thread (one at
+  // a time; the next Serving() waits for it instead of starting another).
+  struct PendingLookup;  // peers.cc
+  std::vector<std::shared_ptr<PendingLookup>> lookups_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attention::server

@@ -130,9 +130,10 @@ HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
   return result;
 }
 
-const std::vector<Peer>& SessionHandover::ServingPeers(bool refresh) {
+const std::vector<Peer>& SessionHandover::ServingPeers(bool refresh,
+                                                       absl::Time deadline) {
   if (refresh || absl::Now() - probed_ >= kPeerProbeInterval) {
-    serving_ = peers_->Serving(&unanswered_);
+    serving_ = peers_->Serving(deadline, &unanswered_);
     probed_ = absl::Now();
   }
   return serving_;
@@ -140,7 +141,8 @@ const std::vector<Peer>& SessionHandover::ServingPeers(bool refresh) {
 
 SessionHandover::Outcome SessionHandover::HandOver(
     const std::string& id, const HandoverDeadlines& deadlines) {
-  const std::vector<Peer> peers = ServingPeers(std::exchange(refresh_, false));
+  const std::vector<Peer> peers =
+      ServingPeers(std::exchange(refresh_, false), deadlines.send);
   if (peers.empty()) return Outcome::kNoPeer;
   absl::StatusOr<SessionSeal> seal = engine_->SealSession(
       id, std::min(deadlines.send, absl::Now() + kSealWait));

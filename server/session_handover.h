@@ -160,9 +160,10 @@ class SessionHandover {
                       const HandoverDeadlines& deadlines, InDoubt* in_doubt,
                       Doubt* doubt);
 
-  // The SERVING peers, probed again when the last probe is a second old or
-  // `refresh` is set.
-  const std::vector<Peer>& ServingPeers(bool refresh);
+  // The SERVING peers, probed again (looked up and probed until `deadline`,
+  // see Peers::Serving) when the last probe is a second old or `refresh`
+  // is set.
+  const std::vector<Peer>& ServingPeers(bool refresh, absl::Time deadline);
 
   AttentionEngine* const engine_;
   Peers* const peers_;
