@@ -497,19 +497,27 @@ void AttentionServer::Shutdown() {
       {{"in_flight", service_->in_flight()},
        {"drain_timeout", absl::FormatDuration(options_.drain_timeout)},
        {"sessions", engine_->stats().active_sessions}});
+  // Streams still open near the deadline (or opened after it) end as they
+  // wait for their client, saying that nothing sent after their last reply
+  // was applied (a step in progress finishes first), where gRPC's cancel
+  // at the deadline would leave the client in doubt. A timer of its own
+  // does it: a hand-over still running then (an import's answer awaited
+  // past the deadline) does not delay it.
+  const absl::Duration grace = ShutdownGrace(options_.drain_timeout);
+  absl::Notification calls_done;
+  std::thread end_idle_streams([this, &calls_done, at = deadline - grace] {
+    calls_done.WaitForNotificationWithDeadline(at);
+    service_->EndIdleStreams();
+  });
   if (peers_ != nullptr) HandOverSessions(deadline);
   const auto wait_for_calls = [this](absl::Time until) {
     while (service_->in_flight() > 0 && absl::Now() < until) {
       absl::SleepFor(absl::Milliseconds(5));
     }
   };
-  // Streams still open near the deadline (or opened after it) end as they
-  // wait for their client, saying that nothing sent after their last reply
-  // was applied (a step in progress finishes first), where gRPC's cancel
-  // at the deadline would leave the client in doubt.
-  const absl::Duration grace = ShutdownGrace(options_.drain_timeout);
   wait_for_calls(deadline - grace);
-  service_->EndIdleStreams();
+  calls_done.Notify();
+  end_idle_streams.join();
   wait_for_calls(deadline);
   const int64_t left = service_->in_flight();
   // gRPC's shutdown cancels the calls left at the deadline, but may return

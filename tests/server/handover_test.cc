@@ -37,6 +37,9 @@
 #include "attention/v1/attention.grpc.pb.h"
 #include "client/attention_client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/tokens_file.h"
 #include "tests/server/http_get.h"
@@ -527,6 +530,82 @@ TEST(HandoverTest, PeersThatNeverAnswerLeaveTheDrainItsSnapshot) {
   EXPECT_THAT(RestoredIds(dir), ::testing::ElementsAre(session->session_id()))
       << a->process->output();
   std::filesystem::remove_all(dir);
+}
+
+// A stand-in peer (not the project's server): it answers its probes as a
+// SERVING peer with room, takes an import's records and never answers it,
+// so that each import runs until its deadline, as on a peer too loaded to
+// finish one.
+class SilentImportPeer final : public v1::AttentionService::Service {
+ public:
+  SilentImportPeer() {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    address_ = absl::StrCat("127.0.0.1:", port);
+    server_->GetHealthCheckService()->SetServingStatus(
+        "attention.v1.AttentionService", true);
+  }
+  ~SilentImportPeer() override { server_->Shutdown(); }
+
+  const std::string& address() const { return address_; }
+
+  grpc::Status GetServerInfo(grpc::ServerContext*,
+                             const v1::GetServerInfoRequest*,
+                             v1::ServerInfo* info) override {
+    info->set_advertise_address(address_);
+    info->set_kv_cache_free_bytes(int64_t{1} << 30);
+    return grpc::Status::OK;
+  }
+  grpc::Status ImportSession(grpc::ServerContext* context,
+                             grpc::ServerReader<v1::SessionChunk>* reader,
+                             v1::SessionInfo*) override {
+    v1::SessionChunk record;
+    while (reader->Read(&record)) {
+    }
+    while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(10));
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  }
+
+ private:
+  std::string address_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// An idle Decode stream ends before the drain's deadline, saying that
+// nothing after its last reply was applied, also while the hand-over
+// still waits for an import's answer past that deadline (a peer that
+// never answers: the import is cut at the deadline, then asked again
+// once with 2.5 s more), instead of being cut by the shutdown.
+TEST(HandoverTest, IdleStreamsEndInTimeWhileAnImportRunsLate) {
+  SilentImportPeer peer;
+  std::unique_ptr<Replica> a = StartReplica(
+      {absl::StrCat("--peers=", peer.address()), "--drain_timeout=10s"});
+  ASSERT_NE(a, nullptr);
+  auto session = a->client->OpenSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  const Tokens tokens = RandomTokens(session->spec(), 1, 7);
+  auto step = session->MakeDecodeRequest(0, tokens.q, tokens.k, tokens.v);
+  ATTN_ASSERT_OK(step);
+  grpc::ClientContext context;
+  auto stream = a->client->stub()->Decode(&context);
+  ASSERT_TRUE(stream->Write(*step));
+  v1::AttentionResult result;
+  ASSERT_TRUE(stream->Read(&result));
+  const absl::Time drain_start = absl::Now();
+  a->process->Signal(SIGTERM);
+  EXPECT_FALSE(stream->Read(&result));
+  const absl::Duration ended = absl::Now() - drain_start;
+  const grpc::Status status = stream->Finish();
+  // The streams end a second (the grace) before the deadline.
+  EXPECT_LT(ended, absl::Seconds(10)) << a->process->output();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+  ExpectExitedZero(*a);
 }
 
 // A drain of many sessions probes its peers about once a second, not once
