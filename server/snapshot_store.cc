@@ -350,7 +350,10 @@ void PutAsideOrKeep(const std::string& path, const absl::Status& status,
   std::string moved_to = "(kept for the next start)";
   if (suffix != nullptr) {
     moved_to = absl::StrCat(path, suffix);
-    ::rename(path.c_str(), moved_to.c_str());
+    if (::rename(path.c_str(), moved_to.c_str()) != 0) {
+      // Still there: the next start reports it again.
+      moved_to = absl::StrCat("(not moved: ", std::strerror(errno), ")");
+    }
   }
   Log(LogLevel::kError, event,
       {{"file", path},

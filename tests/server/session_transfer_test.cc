@@ -1091,6 +1091,33 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
   std::filesystem::remove_all(dir);
 }
 
+// A corrupt file that cannot be moved aside (here its .corrupt name is
+// taken by a directory) stays where it is, and the log says so rather
+// than naming a file that does not exist.
+TEST(SnapshotDirTest, ACorruptFileThatCannotMoveIsReportedInPlace) {
+  const std::string dir = TempDir("snapshot-unmovable");
+  const std::vector<std::string> ids = SavedSessions(dir, 2);
+  ASSERT_EQ(ids.size(), 2u);
+  const std::string path = dir + "/" + ids[0] + ".session";
+  RewriteHeaderAlone(path, [](v1::SessionSnapshotHeader* header) {
+    header->mutable_spec()->set_num_layers(-1);
+    header->mutable_spec()->clear_layers();
+  });
+  std::filesystem::create_directories(path + ".corrupt/taken");
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  ::testing::internal::CaptureStderr();
+  auto server = StartTestServer(options);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ATTN_ASSERT_OK(server);
+  ATTN_EXPECT_OK((*server)->client->GetSession(ids[1]));
+  EXPECT_TRUE(std::filesystem::is_regular_file(path));
+  EXPECT_TRUE(absl::StrContains(log, "event=snapshot_corrupt")) << log;
+  EXPECT_TRUE(absl::StrContains(log, "moved_to=\"(not moved: ")) << log;
+  server->reset();
+  std::filesystem::remove_all(dir);
+}
+
 // A file in a later format version than this server reads (written by a
 // newer server before a rollback) is kept for a start that reads it, not
 // put aside as corrupt.
