@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -85,6 +86,26 @@ struct Peers::PendingLookup {
   absl::StatusOr<std::vector<std::string>> targets ABSL_GUARDED_BY(mu);
 };
 
+std::shared_ptr<Peers::PendingLookup> Peers::StartLookup(
+    const HostPort& entry) {
+  auto lookup = std::make_shared<PendingLookup>();
+  try {
+    std::thread([lookup, entry] {
+      absl::StatusOr<std::vector<std::string>> targets = Resolve(entry);
+      absl::MutexLock done(&lookup->mu);
+      lookup->targets = std::move(targets);
+      lookup->done = true;
+    }).detach();
+  } catch (const std::system_error& error) {
+    // No thread to spare (a process limit): the name is unresolved now.
+    absl::MutexLock done(&lookup->mu);
+    lookup->targets = absl::ResourceExhaustedError(
+        absl::StrCat("no thread for the look-up: ", error.what()));
+    lookup->done = true;
+  }
+  return lookup;
+}
+
 absl::StatusOr<std::unique_ptr<Peers>> Peers::Create(PeerOptions options) {
   std::vector<HostPort> entries;
   for (absl::string_view entry :
@@ -124,29 +145,24 @@ std::vector<Peers::Candidate> Peers::Resolved(absl::Time deadline,
     absl::MutexLock lock(&mu_);
     for (size_t i = 0; i < entries_.size(); ++i) {
       if (IsAddressLiteral(entries_[i].host)) continue;
-      if (lookups_[i] == nullptr) {
-        auto lookup = std::make_shared<PendingLookup>();
-        std::thread([lookup, entry = entries_[i]] {
-          absl::StatusOr<std::vector<std::string>> targets = Resolve(entry);
-          absl::MutexLock done(&lookup->mu);
-          lookup->targets = std::move(targets);
-          lookup->done = true;
-        }).detach();
-        lookups_[i] = std::move(lookup);
-      }
+      if (lookups_[i] == nullptr) lookups_[i] = StartLookup(entries_[i]);
       lookups[i] = lookups_[i];
     }
   }
+  // A name not resolved within a probe's time is left for a later call, so
+  // that one slow name does not hold up the others' probes.
+  const absl::Time wait_until =
+      std::min(deadline, absl::Now() + options_.probe_timeout);
   std::vector<Candidate> candidates;
   for (size_t i = 0; i < entries_.size(); ++i) {
     const HostPort& entry = entries_[i];
     absl::StatusOr<std::vector<std::string>> targets;
-    if (lookups[i] == nullptr) {
+    if (IsAddressLiteral(entry.host)) {
       targets = Resolve(entry);
     } else {
       PendingLookup& lookup = *lookups[i];
       const bool done = lookup.mu.LockWhenWithDeadline(
-          absl::Condition(&lookup.done), deadline);
+          absl::Condition(&lookup.done), wait_until);
       if (done) targets = lookup.targets;
       lookup.mu.Unlock();
       if (!done) {

@@ -2,7 +2,7 @@
 // draining replica to hand its sessions over to (server/session_handover.h).
 //
 // --peers is a comma-separated list of host:port; each host is an address
-// or a DNS name, re-resolved on every Serving() call (the headless Service
+// or a DNS name, looked up again for every Serving() call (the headless Service
 // of a StatefulSet resolves to every ready pod). Every address found is a
 // candidate; this replica itself is recognised by ServerInfo.
 // advertise_address and left out. A candidate is SERVING when its
@@ -74,11 +74,12 @@ class Peers {
   // connection or a peer that answered draining.
   //
   // Bounded: the names are looked up at once, each on a thread of its own
-  // (a name still being looked up at `deadline` is left to that thread
-  // and counts as unresolved now), and the addresses are probed at once
-  // (no probe starts after `deadline`; each ends within probe_timeout).
-  // So it returns by `deadline` + probe_timeout however many addresses
-  // hang.
+  // (a name still being looked up after probe_timeout, or at `deadline`,
+  // is left to that thread and counts as unresolved now; a later call
+  // takes its answer), and the addresses are probed at once (no probe
+  // starts after `deadline`; each ends within probe_timeout). So it
+  // returns within two probe_timeouts, and by `deadline` + probe_timeout,
+  // however many names are slow or addresses hang.
   std::vector<Peer> Serving(absl::Time deadline, bool* unanswered = nullptr);
 
   const PeerOptions& options() const { return options_; }
@@ -93,6 +94,9 @@ class Peers {
     std::string target;
     std::string server_name;
   };
+  struct PendingLookup;  // peers.cc
+  // Looks `entry`'s name up on a thread of its own.
+  static std::shared_ptr<PendingLookup> StartLookup(const HostPort& entry);
   // The entries' addresses, looked up until `deadline` (see Serving).
   std::vector<Candidate> Resolved(absl::Time deadline, bool* unanswered);
   // Probes the candidates all at once: each one's ServerInfo when it is
@@ -122,7 +126,6 @@ class Peers {
   absl::flat_hash_map<std::string, Failure> failed_ ABSL_GUARDED_BY(mu_);
   // Per entry, its name's look-up still running on its own thread (one at
   // a time; the next Serving() waits for it instead of starting another).
-  struct PendingLookup;  // peers.cc
   std::vector<std::shared_ptr<PendingLookup>> lookups_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -143,7 +143,8 @@ SessionHandover::Outcome SessionHandover::HandOver(
     const std::string& id, const HandoverDeadlines& deadlines) {
   const std::vector<Peer> peers =
       ServingPeers(std::exchange(refresh_, false), deadlines.send);
-  if (peers.empty()) return Outcome::kNoPeer;
+  // A probe may end past the time to send (see Peers::Serving).
+  if (peers.empty() || absl::Now() >= deadlines.send) return Outcome::kNoPeer;
   absl::StatusOr<SessionSeal> seal = engine_->SealSession(
       id, std::min(deadlines.send, absl::Now() + kSealWait));
   if (!seal.ok()) {
