@@ -243,23 +243,26 @@ absl::StatusOr<SessionInfo> AttentionEngine::ForkSession(
   return fork->Info();
 }
 
-std::vector<SessionInfo> AttentionEngine::ListAllSessions(
-    const std::string& after, int64_t page_size) const {
-  std::vector<SessionInfo> infos;
+std::vector<AttentionEngine::SessionOwner>
+AttentionEngine::ListAllSessionOwners(const std::string& after,
+                                      int64_t page_size) const {
+  std::vector<SessionOwner> owners;
   for (const std::shared_ptr<Session>& session :
        sessions_.ListAllTenants(after, page_size)) {
-    infos.push_back(session->Info());
+    owners.push_back(
+        SessionOwner{.session_id = session->id(), .owner = session->owner()});
   }
-  return infos;
+  return owners;
 }
 
 absl::StatusOr<std::unique_ptr<SessionExport>> AttentionEngine::ExportSession(
-    const std::string& id, const Tenant& tenant) {
+    const std::string& id, const Tenant& tenant, absl::Time wait_until) {
   // Not a use of the session: the snapshot keeps its idle deadline.
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                         sessions_.Find(id, tenant));
   return SessionExport::Start(backend_.get(), *session, options_.version,
-                              (*sessions_.clock())(), /*sealed=*/false);
+                              (*sessions_.clock())(), /*sealed=*/false,
+                              wait_until);
 }
 
 absl::Status AttentionEngine::StopChanges(absl::Time deadline) {

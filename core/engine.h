@@ -254,10 +254,17 @@ class AttentionEngine {
       const Tenant& tenant = DefaultTenant(),
       const CallControl* control = nullptr);
 
+  // A session's id and its owner tenant's name.
+  struct SessionOwner {
+    std::string session_id;
+    std::string owner;
+  };
   // Every tenant's sessions, paged as ListSessions: what the server itself
-  // snapshots when it drains (SessionInfo::owner says whose each is).
-  std::vector<SessionInfo> ListAllSessions(const std::string& after,
-                                           int64_t page_size) const;
+  // hands over or snapshots when it drains. Only ids and owners: it reads
+  // nothing a running call holds, so a long call on one session does not
+  // hold up the listing.
+  std::vector<SessionOwner> ListAllSessionOwners(const std::string& after,
+                                                 int64_t page_size) const;
 
   // A consistent snapshot of `tenant`'s session `id` (see
   // core/session_export.h for what it costs); its header names the owner.
@@ -265,9 +272,11 @@ class AttentionEngine {
   // not restart its idle clock: the snapshot records its idle deadline.
   // Every session kind exports (MLA shared-latent and top-k sessions in
   // snapshot format version 2). The export must be destroyed before the
-  // engine.
+  // engine. A call running on the session is waited for, but not past
+  // `wait_until` (SessionBusyError, see core/session_busy.h).
   absl::StatusOr<std::unique_ptr<SessionExport>> ExportSession(
-      const std::string& id, const Tenant& tenant = DefaultTenant());
+      const std::string& id, const Tenant& tenant = DefaultTenant(),
+      absl::Time wait_until = absl::InfiniteFuture());
   // From now on every call that would change a session (create, fork,
   // import, delete, truncate, append) fails with UNAVAILABLE; waits until
   // those already running have finished, but not past `deadline`

@@ -5,22 +5,32 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "core/session_busy.h"
 #include "core/status_macros.h"
 
 namespace attention {
 
-std::unique_ptr<SessionExport> SessionExport::Start(
+absl::StatusOr<std::unique_ptr<SessionExport>> SessionExport::Start(
     AttentionBackend* backend, Session& session,
-    absl::string_view server_version, absl::Time now, bool sealed) {
+    absl::string_view server_version, absl::Time now, bool sealed,
+    absl::Time wait_until) {
   const SessionSpec& spec = session.spec();
-  std::vector<LayerKvCache> layers;
-  layers.reserve(spec.num_layers);
-  {
-    absl::MutexLock lock(&session.mu());
-    for (int i = 0; i < spec.num_layers; ++i) {
-      layers.push_back(session.layer(i).Fork());
+  if (wait_until == absl::InfiniteFuture()) {
+    session.mu().Lock();
+  } else {
+    // A timed wait: LockWhenWithDeadline would still wait for the lock.
+    while (!session.mu().TryLock()) {
+      if (absl::Now() >= wait_until) return SessionBusyError(session.id());
+      absl::SleepFor(absl::Milliseconds(1));
     }
   }
+  std::vector<LayerKvCache> layers;
+  layers.reserve(spec.num_layers);
+  for (int i = 0; i < spec.num_layers; ++i) {
+    layers.push_back(session.layer(i).Fork());
+  }
+  session.mu().Unlock();
   SnapshotHeader header;
   header.session_id = session.id();
   header.owner = session.owner();

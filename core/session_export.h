@@ -52,11 +52,13 @@ class SessionExport {
   // use (a running call, an open Decode stream) or `sealed` for a move
   // counts from it, since such a session cannot expire meanwhile (however
   // long ago its clock restarted; calls waiting for a move would have
-  // restarted it), and the copy must not arrive expired.
-  static std::unique_ptr<SessionExport> Start(AttentionBackend* backend,
-                                              Session& session,
-                                              absl::string_view server_version,
-                                              absl::Time now, bool sealed);
+  // restarted it), and the copy must not arrive expired. A call running on
+  // the session holds its lock: the export waits for it, but not past
+  // `wait_until` (SessionBusyError, see core/session_busy.h).
+  static absl::StatusOr<std::unique_ptr<SessionExport>> Start(
+      AttentionBackend* backend, Session& session,
+      absl::string_view server_version, absl::Time now, bool sealed,
+      absl::Time wait_until = absl::InfiniteFuture());
 
   SessionExport(const SessionExport&) = delete;
   SessionExport& operator=(const SessionExport&) = delete;

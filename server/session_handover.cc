@@ -90,9 +90,10 @@ HandoverResult SessionHandover::HandOverAll(absl::Time deadline) {
   HandoverResult result;
   std::vector<std::string> queue;
   for (std::string after;;) {
-    std::vector<SessionInfo> page = engine_->ListAllSessions(after, 1000);
+    std::vector<AttentionEngine::SessionOwner> page =
+        engine_->ListAllSessionOwners(after, 1000);
     if (page.empty()) break;
-    for (SessionInfo& info : page) queue.push_back(std::move(info.session_id));
+    for (auto& session : page) queue.push_back(std::move(session.session_id));
     after = queue.back();
   }
   // A session that may move later (busy, or refused by every peer) goes

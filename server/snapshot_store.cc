@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/session_busy.h"
 #include "core/status_macros.h"
 #include "proto/parse_budget.h"
 #include "server/log.h"
@@ -155,9 +157,11 @@ absl::StatusOr<SnapshotDirectoryLock> PrepareSnapshotDirectory(
 absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
                                     const std::string& id,
                                     const std::string& path,
-                                    absl::Time deadline, const Tenant& owner) {
-  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SessionExport> session_export,
-                        engine.ExportSession(id, owner));
+                                    absl::Time deadline, const Tenant& owner,
+                                    absl::Time wait_until) {
+  ATTN_ASSIGN_OR_RETURN(
+      std::unique_ptr<SessionExport> session_export,
+      engine.ExportSession(id, owner, std::min(wait_until, deadline)));
   const std::string temporary = absl::StrCat(path, kTemporarySuffix);
   const int fd =
       ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -201,6 +205,24 @@ absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
   return bytes;
 }
 
+namespace {
+
+// Adds one session's save to `result` (logging a failure).
+void Count(const std::string& id, const absl::StatusOr<int64_t>& bytes,
+           SaveAllResult& result) {
+  if (bytes.ok()) {
+    ++result.written;
+    result.bytes += *bytes;
+  } else if (bytes.status().code() != absl::StatusCode::kNotFound) {
+    // A session deleted or expired meanwhile is simply gone.
+    ++result.failed;
+    Log(LogLevel::kError, "snapshot_session_failed",
+        {{"session", id}, {"message", bytes.status().message()}});
+  }
+}
+
+}  // namespace
+
 SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
                               absl::Time deadline) {
   const absl::Time start = absl::Now();
@@ -208,11 +230,12 @@ SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
   // (id, owner) of every tenant's sessions.
   std::vector<std::pair<std::string, Tenant>> ids;
   for (std::string after;;) {
-    std::vector<SessionInfo> page = engine.ListAllSessions(after, 1000);
+    std::vector<AttentionEngine::SessionOwner> page =
+        engine.ListAllSessionOwners(after, 1000);
     if (page.empty()) break;
-    for (const SessionInfo& info : page) {
-      ids.emplace_back(info.session_id,
-                       Tenant{.name = info.owner, .quota = {}});
+    for (const auto& session : page) {
+      ids.emplace_back(session.session_id,
+                       Tenant{.name = session.owner, .quota = {}});
     }
     after = page.back().session_id;
   }
@@ -225,19 +248,28 @@ SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
     result.duration = absl::Now() - start;
     return result;
   }
-  for (const auto& [id, owner] : ids) {
+  // Sessions a call holds now wait for the second pass.
+  std::vector<std::pair<std::string, Tenant>> busy;
+  for (auto& [id, owner] : ids) {
+    const std::string path = absl::StrCat(dir, "/", id, kSessionSuffix);
+    absl::StatusOr<int64_t> bytes =
+        SaveSession(engine, id, path, deadline, owner, absl::Now());
+    if (IsSessionBusy(bytes.status())) {
+      busy.emplace_back(std::move(id), std::move(owner));
+      continue;
+    }
+    Count(id, bytes, result);
+  }
+  for (const auto& [id, owner] : busy) {
     const std::string path = absl::StrCat(dir, "/", id, kSessionSuffix);
     absl::StatusOr<int64_t> bytes =
         SaveSession(engine, id, path, deadline, owner);
-    if (bytes.ok()) {
-      ++result.written;
-      result.bytes += *bytes;
-    } else if (bytes.status().code() != absl::StatusCode::kNotFound) {
-      // A session deleted or expired meanwhile is simply gone.
-      ++result.failed;
-      Log(LogLevel::kError, "snapshot_session_failed",
-          {{"session", id}, {"message", bytes.status().message()}});
+    if (IsSessionBusy(bytes.status())) {
+      bytes = absl::DeadlineExceededError(
+          "a call on the session still ran when the snapshot ran out of "
+          "--drain_timeout");
     }
+    Count(id, bytes, result);
   }
   if (absl::Status status = SyncDirectory(dir); !status.ok()) {
     Log(LogLevel::kError, "snapshot_failed",

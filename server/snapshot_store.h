@@ -37,7 +37,9 @@ struct SaveAllResult {
 
 // Writes every live session of `engine`, of every tenant, to `dir` (created
 // if missing), stopping at `deadline`: the sessions left are counted as
-// failed.
+// failed. A session that a call still holds (a long prefill that outlived
+// StopChanges' wait) is written after the others, so that the wait for it
+// costs no other session its file.
 SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
                               absl::Time deadline);
 
@@ -45,12 +47,12 @@ SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
 // fsync, rename; the caller fsyncs the directory). Returns the K/V bytes
 // written. NOT_FOUND for an unknown session (or another tenant's);
 // INTERNAL for a file system error; DEADLINE_EXCEEDED (no file left) when
-// `deadline` passes.
-absl::StatusOr<int64_t> SaveSession(AttentionEngine& engine,
-                                    const std::string& id,
-                                    const std::string& path,
-                                    absl::Time deadline,
-                                    const Tenant& owner = DefaultTenant());
+// `deadline` passes; SessionBusyError when a call holds the session past
+// `wait_until` (at most `deadline`).
+absl::StatusOr<int64_t> SaveSession(
+    AttentionEngine& engine, const std::string& id, const std::string& path,
+    absl::Time deadline, const Tenant& owner = DefaultTenant(),
+    absl::Time wait_until = absl::InfiniteFuture());
 
 // An exclusive lock on a snapshot directory (flock(2) on its `.lock`
 // file), held until destroyed: one server per directory, so that two

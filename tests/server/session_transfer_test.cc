@@ -22,8 +22,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "server/snapshot_store.h"
+#include "tests/core/hold_at_first_check.h"
 #include "tests/server/frozen_reader.h"
 #include "tests/server/test_server.h"
 
@@ -1088,6 +1090,63 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
   EXPECT_TRUE(absl::StrContains((*second)->server->metrics().TextExposition(),
                                 "attention_snapshots_corrupt_total 1"));
   second->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A session that a call holds through the drain (a long prefill that
+// outlived StopChanges' wait) costs only its own file: the snapshot writes
+// the other sessions first, then waits for it until its deadline. (Before,
+// the snapshot waited for it in list order, and the sessions after it ran
+// out of time.)
+TEST(SnapshotDirTest, ASessionACallHoldsCostsOnlyItsOwnFile) {
+  const std::string dir = TempDir("snapshot-busy");
+  auto server = StartTestServer();
+  ATTN_ASSERT_OK(server);
+  AttentionEngine& engine = (*server)->server->engine();
+  SessionSpec spec;
+  spec.num_layers = 1;
+  spec.num_q_heads = 1;
+  spec.num_kv_heads = 1;
+  spec.head_dim = 8;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    auto info = engine.CreateSession(spec, absl::Hours(1));
+    ATTN_ASSERT_OK(info);
+    ids.push_back(info->session_id);
+  }
+  std::sort(ids.begin(), ids.end());  // the order the snapshot lists them in
+  // A prefill held inside the engine on the first one.
+  const std::vector<float> values(4 * 8, 0.5f);
+  AppendRequest prefill;
+  prefill.session_id = ids[0];
+  prefill.q = FloatView(values, {4, 1, 8});
+  prefill.k = prefill.q;
+  prefill.v = prefill.q;
+  testing::HoldAtFirstCheck hold;
+  prefill.control = &hold;
+  absl::Status prefill_status;
+  std::thread prefill_thread(
+      [&] { prefill_status = engine.Append(prefill).status(); });
+  hold.WaitUntilHeld();
+  // Let go a second after the snapshot's deadline whatever happens (the
+  // old snapshot waited for it).
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  absl::Notification saved;
+  std::thread release([&] {
+    saved.WaitForNotificationWithDeadline(deadline + absl::Seconds(1));
+    hold.Release();
+  });
+  const server::SaveAllResult result =
+      server::SaveAllSessions(engine, dir, deadline);
+  saved.Notify();
+  release.join();
+  prefill_thread.join();
+  ATTN_EXPECT_OK(prefill_status);
+  EXPECT_EQ(result.written, 1);
+  EXPECT_EQ(result.failed, 1);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + ids[1] + ".session"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/" + ids[0] + ".session"));
+  server->reset();
   std::filesystem::remove_all(dir);
 }
 
