@@ -208,18 +208,22 @@ std::vector<std::string> Authenticator::tenant_names() const {
 
 void Authenticator::WatcherMain() {
   while (true) {
+    struct stat loaded = {};
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&stopping_),
                            options_.reload_interval);
       if (stopping_) return;
-      // A file gone (deleted, or a mount swapping it) is read too, so that
-      // its failure is logged, once until the file changes.
-      struct stat info = {};
-      if (stat(options_.tokens_file.c_str(), &info) == 0 &&
-          SameFile(info, file_)) {
-        continue;
-      }
+      loaded = file_;
+    }
+    // Outside mu_, which every call's authentication takes: a tokens file
+    // on a mount that hangs must not hold those up. A file gone (deleted,
+    // or a mount swapping it) is read too, so that its failure is logged,
+    // once until the file changes.
+    struct stat info = {};
+    if (stat(options_.tokens_file.c_str(), &info) == 0 &&
+        SameFile(info, loaded)) {
+      continue;
     }
     Reload().IgnoreError();  // logged; the previous tenants stay in force
   }
