@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "server/log.h"
 
@@ -64,17 +65,6 @@ absl::StatusOr<std::vector<std::string>> Resolve(const HostPort& entry) {
   freeaddrinfo(found);
   return targets;
 }
-
-// What the probes of ProbeAll answered, filled in by gRPC's threads.
-struct ProbeAnswers {
-  explicit ProbeAnswers(size_t count) : infos(count), health(count) {}
-  bool Done() const ABSL_SHARED_LOCKS_REQUIRED(mu) { return pending == 0; }
-
-  absl::Mutex mu;
-  int pending ABSL_GUARDED_BY(mu) = 0;
-  std::vector<absl::StatusOr<v1::ServerInfo>> infos ABSL_GUARDED_BY(mu);
-  std::vector<absl::StatusOr<client::ServingStatus>> health ABSL_GUARDED_BY(mu);
-};
 
 }  // namespace
 
@@ -200,39 +190,38 @@ std::optional<absl::Status> Peers::RecentFailure(const std::string& target) {
 
 std::vector<absl::StatusOr<v1::ServerInfo>> Peers::ProbeAll(
     const std::vector<Candidate>& candidates) {
-  auto answers = std::make_shared<ProbeAnswers>(candidates.size());
-  std::vector<std::optional<absl::Status>> recent(candidates.size());
-  for (size_t i = 0; i < candidates.size(); ++i) {
+  const size_t count = candidates.size();
+  std::vector<std::optional<absl::Status>> recent(count);
+  int asked = 0;
+  for (size_t i = 0; i < count; ++i) {
     recent[i] = RecentFailure(candidates[i].target);
+    if (!recent[i].has_value()) ++asked;
+  }
+  // Every address probed at once, on gRPC's callback API; each call ends
+  // within probe_timeout (the client's call timeout), and each writes
+  // only its own slot.
+  std::vector<absl::StatusOr<v1::ServerInfo>> infos(count);
+  std::vector<absl::StatusOr<client::ServingStatus>> health(count);
+  absl::BlockingCounter pending(2 * asked);
+  for (size_t i = 0; i < count; ++i) {
     if (recent[i].has_value()) continue;
     std::shared_ptr<client::AttentionClient> client =
         ClientFor(candidates[i].target, candidates[i].server_name);
-    {
-      absl::MutexLock lock(&answers->mu);
-      answers->pending += 2;
-    }
-    // Each call ends within probe_timeout (the client's call timeout).
     client->GetServerInfoAsync(
-        [answers, i](absl::StatusOr<v1::ServerInfo> info) {
-          absl::MutexLock lock(&answers->mu);
-          answers->infos[i] = std::move(info);
-          --answers->pending;
+        [&infos, &pending, i](absl::StatusOr<v1::ServerInfo> info) {
+          infos[i] = std::move(info);
+          pending.DecrementCount();
         });
     client->CheckHealthAsync(
         kServiceName,
-        [answers, i](absl::StatusOr<client::ServingStatus> health) {
-          absl::MutexLock lock(&answers->mu);
-          answers->health[i] = std::move(health);
-          --answers->pending;
+        [&health, &pending, i](absl::StatusOr<client::ServingStatus> serving) {
+          health[i] = std::move(serving);
+          pending.DecrementCount();
         });
   }
-  answers->mu.LockWhen(absl::Condition(answers.get(), &ProbeAnswers::Done));
-  std::vector<absl::StatusOr<v1::ServerInfo>> infos = std::move(answers->infos);
-  std::vector<absl::StatusOr<client::ServingStatus>> health =
-      std::move(answers->health);
-  answers->mu.Unlock();
+  pending.Wait();
   std::vector<absl::StatusOr<v1::ServerInfo>> probed;
-  for (size_t i = 0; i < candidates.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
     probed.push_back(recent[i].has_value()
                          ? absl::StatusOr<v1::ServerInfo>(*recent[i])
                          : Judge(candidates[i].target, std::move(infos[i]),

@@ -221,49 +221,45 @@ void Count(const std::string& id, const absl::StatusOr<int64_t>& bytes,
   }
 }
 
-}  // namespace
+// (id, owner) of every tenant's sessions.
+using SessionsToSave = std::vector<std::pair<std::string, Tenant>>;
 
-SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
-                              absl::Time deadline) {
-  const absl::Time start = absl::Now();
-  SaveAllResult result;
-  // (id, owner) of every tenant's sessions.
-  std::vector<std::pair<std::string, Tenant>> ids;
+SessionsToSave ListSessionsToSave(const AttentionEngine& engine) {
+  SessionsToSave sessions;
   for (std::string after;;) {
     std::vector<AttentionEngine::SessionOwner> page =
         engine.ListAllSessionOwners(after, 1000);
     if (page.empty()) break;
     for (const auto& session : page) {
-      ids.emplace_back(session.session_id,
-                       Tenant{.name = session.owner, .quota = {}});
+      sessions.emplace_back(session.session_id,
+                            Tenant{.name = session.owner, .quota = {}});
     }
     after = page.back().session_id;
   }
-  if (absl::Status status = EnsureDirectory(dir); !status.ok()) {
-    Log(LogLevel::kError, "snapshot_failed",
-        {{"dir", dir},
-         {"sessions", static_cast<int64_t>(ids.size())},
-         {"message", status.message()}});
-    result.failed = static_cast<int64_t>(ids.size());
-    result.duration = absl::Now() - start;
-    return result;
-  }
-  // Sessions a call holds now wait for the second pass.
-  std::vector<std::pair<std::string, Tenant>> busy;
-  for (auto& [id, owner] : ids) {
-    const std::string path = absl::StrCat(dir, "/", id, kSessionSuffix);
-    absl::StatusOr<int64_t> bytes =
-        SaveSession(engine, id, path, deadline, owner, absl::Now());
+  return sessions;
+}
+
+// Saves `sessions` into `dir`, counting them in `result`: first those no
+// call holds, then the others, each waited for until `deadline`.
+void SaveInTurn(AttentionEngine& engine, const std::string& dir,
+                SessionsToSave sessions, absl::Time deadline,
+                SaveAllResult& result) {
+  const auto save = [&](const std::string& id, const Tenant& owner,
+                        absl::Time wait_until) {
+    return SaveSession(engine, id, absl::StrCat(dir, "/", id, kSessionSuffix),
+                       deadline, owner, wait_until);
+  };
+  SessionsToSave busy;
+  for (auto& [id, owner] : sessions) {
+    absl::StatusOr<int64_t> bytes = save(id, owner, absl::Now());
     if (IsSessionBusy(bytes.status())) {
       busy.emplace_back(std::move(id), std::move(owner));
-      continue;
+    } else {
+      Count(id, bytes, result);
     }
-    Count(id, bytes, result);
   }
   for (const auto& [id, owner] : busy) {
-    const std::string path = absl::StrCat(dir, "/", id, kSessionSuffix);
-    absl::StatusOr<int64_t> bytes =
-        SaveSession(engine, id, path, deadline, owner);
+    absl::StatusOr<int64_t> bytes = save(id, owner, deadline);
     if (IsSessionBusy(bytes.status())) {
       bytes = absl::DeadlineExceededError(
           "a call on the session still ran when the snapshot ran out of "
@@ -271,6 +267,25 @@ SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
     }
     Count(id, bytes, result);
   }
+}
+
+}  // namespace
+
+SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
+                              absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  SaveAllResult result;
+  SessionsToSave sessions = ListSessionsToSave(engine);
+  if (absl::Status status = EnsureDirectory(dir); !status.ok()) {
+    Log(LogLevel::kError, "snapshot_failed",
+        {{"dir", dir},
+         {"sessions", static_cast<int64_t>(sessions.size())},
+         {"message", status.message()}});
+    result.failed = static_cast<int64_t>(sessions.size());
+    result.duration = absl::Now() - start;
+    return result;
+  }
+  SaveInTurn(engine, dir, std::move(sessions), deadline, result);
   if (absl::Status status = SyncDirectory(dir); !status.ok()) {
     Log(LogLevel::kError, "snapshot_failed",
         {{"dir", dir}, {"message", status.message()}});
