@@ -584,14 +584,19 @@ absl::Status AttentionClient::WaitForConnected(absl::Duration timeout) {
       "; is attention-server running at this address?"));
 }
 
-void AttentionClient::PrepareContext(grpc::ClientContext* context) const {
+void AttentionClient::PrepareContext(grpc::ClientContext* context,
+                                     absl::Time deadline) const {
   if (!options_.auth_token.empty()) {
     context->AddMetadata("authorization", Authorization());
   }
-  if (options_.call_timeout != absl::InfiniteDuration()) {
-    // gRPC reads a deadline before 1970 (a far negative timeout) as none.
-    context->set_deadline(absl::ToChronoTime(
-        absl::Now() + std::max(options_.call_timeout, absl::ZeroDuration())));
+  const absl::Time now = absl::Now();
+  // gRPC reads a deadline before 1970 (a far negative timeout) as none, so
+  // one already past is now.
+  const absl::Time end =
+      std::max(now, std::min(deadline, now + std::max(options_.call_timeout,
+                                                      absl::ZeroDuration())));
+  if (end != absl::InfiniteFuture()) {
+    context->set_deadline(absl::ToChronoTime(end));
   }
 }
 
@@ -628,7 +633,8 @@ void AttentionClient::CallAsync(
                            std::function<void(grpc::Status)>)>
         start,
     Result (*convert)(Response&&),
-    absl::AnyInvocable<void(absl::StatusOr<Result>) &&> done) {
+    absl::AnyInvocable<void(absl::StatusOr<Result>) &&> done,
+    absl::Time deadline) {
   // What the call needs until it completes; its callback owns it.
   struct Call {
     grpc::ClientContext context;
@@ -639,7 +645,7 @@ void AttentionClient::CallAsync(
   auto call = std::make_unique<Call>();
   call->request = std::move(request);
   call->done = std::move(done);
-  PrepareContext(&call->context);
+  PrepareContext(&call->context, deadline);
   Call* raw = call.release();
   start(&raw->context, &raw->request, &raw->response,
         [raw, convert](grpc::Status status) {
@@ -661,7 +667,8 @@ void AttentionClient::CallAsync(
 
 void AttentionClient::GetSessionAsync(
     absl::string_view session_id,
-    absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done) {
+    absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done,
+    absl::Time deadline) {
   v1::GetSessionRequest request;
   request.set_session_id(std::string(session_id));
   CallAsync<v1::GetSessionRequest, v1::SessionInfo, v1::SessionInfo>(
@@ -672,7 +679,8 @@ void AttentionClient::GetSessionAsync(
         stub_->async()->GetSession(context, request, response,
                                    std::move(on_done));
       },
-      [](v1::SessionInfo&& info) { return std::move(info); }, std::move(done));
+      [](v1::SessionInfo&& info) { return std::move(info); }, std::move(done),
+      deadline);
 }
 
 absl::StatusOr<std::vector<v1::SessionInfo>> AttentionClient::ListSessions() {
@@ -774,7 +782,8 @@ void AttentionClient::BatchDecodeAsync(
     v1::BatchDecodeRequest request,
     absl::AnyInvocable<
         void(absl::StatusOr<std::vector<v1::AttentionResult>>) &&>
-        done) {
+        done,
+    absl::Time deadline) {
   const int steps = request.steps_size();
   CallAsync<v1::BatchDecodeRequest, v1::BatchDecodeResponse,
             std::vector<v1::AttentionResult>>(
@@ -801,7 +810,8 @@ void AttentionClient::BatchDecodeAsync(
           }
         }
         std::move(done)(std::move(results));
-      });
+      },
+      deadline);
 }
 
 absl::StatusOr<v1::AttentionResult> AttentionClient::Attention(
@@ -825,7 +835,8 @@ absl::StatusOr<v1::ServerInfo> AttentionClient::GetServerInfo() {
 }
 
 void AttentionClient::GetServerInfoAsync(
-    absl::AnyInvocable<void(absl::StatusOr<v1::ServerInfo>) &&> done) {
+    absl::AnyInvocable<void(absl::StatusOr<v1::ServerInfo>) &&> done,
+    absl::Time deadline) {
   CallAsync<v1::GetServerInfoRequest, v1::ServerInfo, v1::ServerInfo>(
       v1::GetServerInfoRequest(),
       [this](grpc::ClientContext* context,
@@ -834,7 +845,8 @@ void AttentionClient::GetServerInfoAsync(
         stub_->async()->GetServerInfo(context, request, response,
                                       std::move(on_done));
       },
-      [](v1::ServerInfo&& info) { return std::move(info); }, std::move(done));
+      [](v1::ServerInfo&& info) { return std::move(info); }, std::move(done),
+      deadline);
 }
 
 namespace {
@@ -869,7 +881,8 @@ absl::StatusOr<ServingStatus> AttentionClient::CheckHealth(
 
 void AttentionClient::CheckHealthAsync(
     const std::string& service,
-    absl::AnyInvocable<void(absl::StatusOr<ServingStatus>) &&> done) {
+    absl::AnyInvocable<void(absl::StatusOr<ServingStatus>) &&> done,
+    absl::Time deadline) {
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(service);
   CallAsync<grpc::health::v1::HealthCheckRequest,
@@ -882,7 +895,7 @@ void AttentionClient::CheckHealthAsync(
         health_->stub->async()->Check(context, request, response,
                                       std::move(on_done));
       },
-      &ServingStatusOf, std::move(done));
+      &ServingStatusOf, std::move(done), deadline);
 }
 
 std::unique_ptr<DecodeStream> AttentionClient::OpenDecodeStream() {

@@ -310,10 +310,13 @@ class AttentionClient {
   absl::StatusOr<v1::SessionInfo> GetSession(absl::string_view session_id);
   // GetSession without blocking: returns at once, and `done` runs exactly
   // once, on one of gRPC's threads, with what GetSession would have
-  // returned. The client must outlive the call; `done` must not block.
+  // returned. The call ends by `deadline` or by the options' call_timeout,
+  // whichever comes first (DEADLINE_EXCEEDED). The client must outlive the
+  // call; `done` must not block.
   void GetSessionAsync(
       absl::string_view session_id,
-      absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done);
+      absl::AnyInvocable<void(absl::StatusOr<v1::SessionInfo>) &&> done,
+      absl::Time deadline = absl::InfiniteFuture());
   // Every live session: follows the server's pages (next_page_token).
   absl::StatusOr<std::vector<v1::SessionInfo>> ListSessions();
   absl::Status DeleteSession(absl::string_view session_id);
@@ -334,13 +337,15 @@ class AttentionClient {
       v1::BatchDecodeRequest request,
       absl::AnyInvocable<
           void(absl::StatusOr<std::vector<v1::AttentionResult>>) &&>
-          done);
+          done,
+      absl::Time deadline = absl::InfiniteFuture());
   absl::StatusOr<v1::AttentionResult> Attention(
       const v1::AttentionRequest& request);
   absl::StatusOr<v1::ServerInfo> GetServerInfo();
   // GetServerInfo without blocking, as GetSessionAsync.
   void GetServerInfoAsync(
-      absl::AnyInvocable<void(absl::StatusOr<v1::ServerInfo>) &&> done);
+      absl::AnyInvocable<void(absl::StatusOr<v1::ServerInfo>) &&> done,
+      absl::Time deadline = absl::InfiniteFuture());
   // Streams session `session_id`'s snapshot (attention.proto, SessionChunk)
   // to `sink`, record by record; the first error of `sink` cancels the
   // export and is returned. DATA_LOSS when the records are not a whole
@@ -362,7 +367,8 @@ class AttentionClient {
   // CheckHealth without blocking, as GetSessionAsync.
   void CheckHealthAsync(
       const std::string& service,
-      absl::AnyInvocable<void(absl::StatusOr<ServingStatus>) &&> done);
+      absl::AnyInvocable<void(absl::StatusOr<ServingStatus>) &&> done,
+      absl::Time deadline = absl::InfiniteFuture());
 
   std::unique_ptr<DecodeStream> OpenDecodeStream();
 
@@ -375,14 +381,17 @@ class AttentionClient {
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
-  // Applies options_.call_timeout and options_.auth_token.
-  void PrepareContext(grpc::ClientContext* context) const;
+  // Applies options_.auth_token, and options_.call_timeout or `deadline`,
+  // whichever ends first.
+  void PrepareContext(grpc::ClientContext* context,
+                      absl::Time deadline = absl::InfiniteFuture()) const;
   // "Bearer <token>", or empty without a token.
   std::string Authorization() const;
   // The asynchronous unary calls: `start` starts the call on stub_->async()
   // with the context, request and response it is given (they live until
   // the call completes); `done` then gets convert(response), or the call's
-  // error. Defined in the .cc file, the only one that uses it.
+  // error. The call ends by `deadline` (see PrepareContext). Defined in the
+  // .cc file, the only one that uses it.
   template <typename Request, typename Response, typename Result>
   void CallAsync(
       Request request,
@@ -390,7 +399,8 @@ class AttentionClient {
                              std::function<void(grpc::Status)>)>
           start,
       Result (*convert)(Response&&),
-      absl::AnyInvocable<void(absl::StatusOr<Result>) &&> done);
+      absl::AnyInvocable<void(absl::StatusOr<Result>) &&> done,
+      absl::Time deadline);
 
   // grpc.health.v1.Health's stub on channel_ (defined in the .cc file, so
   // that this header does not need the health service's).

@@ -189,7 +189,7 @@ std::optional<absl::Status> Peers::RecentFailure(const std::string& target) {
 }
 
 std::vector<absl::StatusOr<v1::ServerInfo>> Peers::ProbeAll(
-    const std::vector<Candidate>& candidates) {
+    const std::vector<Candidate>& candidates, absl::Time deadline) {
   const size_t count = candidates.size();
   std::vector<std::optional<absl::Status>> recent(count);
   int asked = 0;
@@ -198,8 +198,8 @@ std::vector<absl::StatusOr<v1::ServerInfo>> Peers::ProbeAll(
     if (!recent[i].has_value()) ++asked;
   }
   // Every address probed at once, on gRPC's callback API; each call ends
-  // within probe_timeout (the client's call timeout), and each writes
-  // only its own slot.
+  // within probe_timeout (the client's call timeout) and by `deadline`,
+  // and each writes only its own slot.
   std::vector<absl::StatusOr<v1::ServerInfo>> infos(count);
   std::vector<absl::StatusOr<client::ServingStatus>> health(count);
   absl::BlockingCounter pending(2 * asked);
@@ -211,31 +211,38 @@ std::vector<absl::StatusOr<v1::ServerInfo>> Peers::ProbeAll(
         [&infos, &pending, i](absl::StatusOr<v1::ServerInfo> info) {
           infos[i] = std::move(info);
           pending.DecrementCount();
-        });
+        },
+        deadline);
     client->CheckHealthAsync(
         kServiceName,
         [&health, &pending, i](absl::StatusOr<client::ServingStatus> serving) {
           health[i] = std::move(serving);
           pending.DecrementCount();
-        });
+        },
+        deadline);
   }
   pending.Wait();
+  // A probe the caller's deadline cut is no fault of the peer's.
+  const bool cut = absl::Now() >= deadline;
   std::vector<absl::StatusOr<v1::ServerInfo>> probed;
   for (size_t i = 0; i < count; ++i) {
     probed.push_back(recent[i].has_value()
                          ? absl::StatusOr<v1::ServerInfo>(*recent[i])
                          : Judge(candidates[i].target, std::move(infos[i]),
-                                 std::move(health[i])));
+                                 std::move(health[i]), cut));
   }
   return probed;
 }
 
 absl::StatusOr<v1::ServerInfo> Peers::Judge(
     const std::string& target, absl::StatusOr<v1::ServerInfo> info,
-    absl::StatusOr<client::ServingStatus> health) {
+    absl::StatusOr<client::ServingStatus> health, bool cut) {
   absl::MutexLock lock(&mu_);
   if (!info.ok() || !health.ok()) {
     const absl::Status error = info.ok() ? health.status() : info.status();
+    if (cut && error.code() == absl::StatusCode::kDeadlineExceeded) {
+      return error;  // not answered in the caller's time: asked again later
+    }
     Log(LogLevel::kWarning, "peer_unreachable",
         {{"peer", target}, {"error", error.ToString()}});
     failed_[target] = Failure{.when = absl::Now(), .error = error};
@@ -254,7 +261,7 @@ std::vector<Peer> Peers::Serving(absl::Time deadline, bool* unanswered) {
   const std::vector<Candidate> candidates = Resolved(deadline, &late);
   // No probe starts after the deadline.
   const std::vector<absl::StatusOr<v1::ServerInfo>> infos =
-      absl::Now() < deadline ? ProbeAll(candidates)
+      absl::Now() < deadline ? ProbeAll(candidates, deadline)
                              : std::vector<absl::StatusOr<v1::ServerInfo>>();
   if (infos.size() < candidates.size()) late = true;
   for (size_t i = 0; i < infos.size(); ++i) {

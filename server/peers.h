@@ -68,7 +68,8 @@ class Peers {
   // than this replica, most kv_cache_free_bytes first. Empty when none is
   // (or names do not resolve); failures are logged. `*unanswered` (when
   // given) says whether some address did not answer within probe_timeout
-  // (now, or when last probed within failure_backoff), or some name was
+  // or by `deadline` (now, or when last probed within failure_backoff),
+  // or some name was
   // not resolved by `deadline`: a peer too busy or paused to answer, a
   // dead pod's address or a slow DNS server, as opposed to a refused
   // connection or a peer that answered draining.
@@ -77,9 +78,9 @@ class Peers {
   // (a name still being looked up after probe_timeout, or at `deadline`,
   // is left to that thread and counts as unresolved now; a later call
   // takes its answer), and the addresses are probed at once (no probe
-  // starts after `deadline`; each ends within probe_timeout). So it
-  // returns within two probe_timeouts, and by `deadline` + probe_timeout,
-  // however many names are slow or addresses hang.
+  // starts after `deadline`; each ends within probe_timeout and by
+  // `deadline`). So it returns within two probe_timeouts, and by
+  // `deadline`, however many names are slow or addresses hang.
   std::vector<Peer> Serving(absl::Time deadline, bool* unanswered = nullptr);
 
   const PeerOptions& options() const { return options_; }
@@ -99,16 +100,18 @@ class Peers {
   static std::shared_ptr<PendingLookup> StartLookup(const HostPort& entry);
   // The entries' addresses, looked up until `deadline` (see Serving).
   std::vector<Candidate> Resolved(absl::Time deadline, bool* unanswered);
-  // Probes the candidates all at once: each one's ServerInfo when it is
-  // SERVING, in the same order.
+  // Probes the candidates all at once, each call ending by `deadline`:
+  // each one's ServerInfo when it is SERVING, in the same order.
   std::vector<absl::StatusOr<v1::ServerInfo>> ProbeAll(
-      const std::vector<Candidate>& candidates);
+      const std::vector<Candidate>& candidates, absl::Time deadline);
   // The error of a probe of `target` that failed within failure_backoff.
   std::optional<absl::Status> RecentFailure(const std::string& target);
-  // Records a probe's answers: its ServerInfo when it is SERVING.
+  // Records a probe's answers: its ServerInfo when it is SERVING. A
+  // failure is remembered for failure_backoff, but a DEADLINE_EXCEEDED
+  // when the probe was `cut` by the caller's deadline.
   absl::StatusOr<v1::ServerInfo> Judge(
       const std::string& target, absl::StatusOr<v1::ServerInfo> info,
-      absl::StatusOr<client::ServingStatus> health);
+      absl::StatusOr<client::ServingStatus> health, bool cut);
   // The client for `target`, created on first use.
   std::shared_ptr<client::AttentionClient> ClientFor(
       const std::string& target, const std::string& server_name);

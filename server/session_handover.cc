@@ -144,7 +144,7 @@ SessionHandover::Outcome SessionHandover::HandOver(
     const std::string& id, const HandoverDeadlines& deadlines) {
   const std::vector<Peer> peers =
       ServingPeers(std::exchange(refresh_, false), deadlines.send);
-  // A probe may end past the time to send (see Peers::Serving).
+  // The probes may have taken the time to send (they end by it).
   if (peers.empty() || absl::Now() >= deadlines.send) return Outcome::kNoPeer;
   absl::StatusOr<SessionSeal> seal = engine_->SealSession(
       id, std::min(deadlines.send, absl::Now() + kSealWait));

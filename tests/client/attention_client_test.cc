@@ -3,8 +3,11 @@
 // keepalive and message limits.
 #include "client/attention_client.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -381,6 +384,70 @@ TEST_F(AttentionClientTest, HealthAndInfo) {
   if (sync_unknown.ok()) {
     EXPECT_EQ(*unknown_service, *sync_unknown);
   }
+}
+
+// An asynchronous call ends by the deadline it is given, whatever the
+// client's call_timeout (infinite here): to an address that accepts
+// connections and never answers, each fails DEADLINE_EXCEEDED instead of
+// waiting for ever.
+TEST_F(AttentionClientTest, AsyncCallsEndByTheirDeadline) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(listener, 16), 0);
+  ASSERT_EQ(
+      getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  auto silent = client::AttentionClient::Connect(
+      absl::StrCat("127.0.0.1:", ntohs(address.sin_port)));
+  absl::StatusOr<client::ServingStatus> health;
+  absl::StatusOr<v1::ServerInfo> info;
+  absl::StatusOr<v1::SessionInfo> session;
+  absl::BlockingCounter pending(3);
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(200);
+  silent->CheckHealthAsync(
+      "",
+      [&](absl::StatusOr<client::ServingStatus> got) {
+        health = std::move(got);
+        pending.DecrementCount();
+      },
+      deadline);
+  silent->GetServerInfoAsync(
+      [&](absl::StatusOr<v1::ServerInfo> got) {
+        info = std::move(got);
+        pending.DecrementCount();
+      },
+      deadline);
+  silent->GetSessionAsync(
+      "no-such-session",
+      [&](absl::StatusOr<v1::SessionInfo> got) {
+        session = std::move(got);
+        pending.DecrementCount();
+      },
+      deadline);
+  pending.Wait();
+  close(listener);
+  EXPECT_EQ(health.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << health.status();
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << info.status();
+  EXPECT_EQ(session.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << session.status();
+
+  // A deadline in the future leaves the call its answer.
+  ATTN_ASSERT_OK(client().WaitForConnected(absl::Seconds(30)));
+  absl::Notification answered;
+  client().GetServerInfoAsync(
+      [&](absl::StatusOr<v1::ServerInfo> got) {
+        info = std::move(got);
+        answered.Notify();
+      },
+      absl::Now() + absl::Seconds(60));
+  answered.WaitForNotification();
+  ATTN_EXPECT_OK(info);
 }
 
 TEST_F(AttentionClientTest, UnreachableServerIsUnavailableOrDeadline) {

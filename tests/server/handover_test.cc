@@ -532,6 +532,27 @@ TEST(HandoverTest, PeersThatNeverAnswerLeaveTheDrainItsSnapshot) {
   std::filesystem::remove_all(dir);
 }
 
+// With a drain shorter than two probe timeouts, the probes of peers that
+// never answer end at the hand-over's time to send, not a probe timeout
+// later: the snapshot keeps the rest of --drain_timeout. (With probes of
+// their own 1 s, they ended as the 1 s drain did, and the session was
+// lost: "the snapshot ran out of --drain_timeout".)
+TEST(HandoverTest, ProbesEndWithAShortDrainsTimeToSend) {
+  SilentPeers silent(2);
+  const std::string dir = FreshDir("short-drain-silent-peers");
+  std::unique_ptr<Replica> a =
+      StartReplica({silent.Flag(), absl::StrCat("--snapshot_dir=", dir),
+                    "--drain_timeout=1s"});
+  ASSERT_NE(a, nullptr);
+  auto session = a->client->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  a->process->Signal(SIGTERM);
+  ExpectExitedZero(*a);
+  EXPECT_THAT(RestoredIds(dir), ::testing::ElementsAre(session->session_id()))
+      << a->process->output();
+  std::filesystem::remove_all(dir);
+}
+
 // A stand-in peer (not the project's server): it answers its probes as a
 // SERVING peer with room, takes an import's records and never answers it,
 // so that each import runs until its deadline, as on a peer too loaded to
