@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "core/session_spec.h"
 #include "core/status_macros.h"
@@ -119,13 +120,13 @@ absl::Status Truncated(absl::string_view what) {
       "; it is truncated: export the session again and send it whole"));
 }
 
-}  // namespace
-
-absl::StatusOr<ReadImport> ReadSessionImport(
-    AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
-    int64_t max_message_bytes,
+// Reads one snapshot's records from `read` in their order: the header
+// record to `on_header`, each data record's chunk to `on_chunk`; returns
+// the trailer. The stream must end right after it.
+absl::StatusOr<SnapshotTrailer> WalkSnapshotRecords(
     const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read,
-    const std::function<absl::Status()>& admit) {
+    absl::FunctionRef<absl::Status(const v1::SessionChunk&)> on_header,
+    absl::FunctionRef<absl::Status(const SnapshotChunk&)> on_chunk) {
   v1::SessionChunk record;
   ATTN_ASSIGN_OR_RETURN(bool more, read(&record));
   if (!more) return Truncated("before its header");
@@ -134,31 +135,7 @@ absl::StatusOr<ReadImport> ReadSessionImport(
         "the first record of a snapshot stream must be its header; send the "
         "records in the order ExportSession wrote them");
   }
-  if (record.keep_session_id()) {
-    if (keep == KeepSessionId::kRefused) {
-      return absl::PermissionDeniedError(
-          "keep_session_id is refused on a server that authenticates "
-          "tenants: session ids are shared by all its tenants, so keeping "
-          "one would tell whether another tenant's session has it; import "
-          "without keep_session_id to get a new id");
-    }
-    options.keep_session_id = true;
-  }
-  ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
-                        SnapshotHeaderFromProto(record.header()));
-  // The header's spec is client input until it resolves (its num_layers
-  // sizes the SessionInfo below): one that does not is refused by
-  // BeginImport, with the reason.
-  if (const absl::StatusOr<SessionSpec> resolved =
-          ResolveSessionSpec(header.spec, engine.options().sessions.limits);
-      resolved.ok()) {
-    ATTN_RETURN_IF_ERROR(CheckSessionMessageSize(*resolved, max_message_bytes));
-  }
-  ReadImport result;
-  result.kv_bytes = header.kv_bytes;
-  ATTN_ASSIGN_OR_RETURN(result.import, engine.BeginImport(header, options));
-  if (admit) ATTN_RETURN_IF_ERROR(admit());
-  SessionImport& import = *result.import;
+  ATTN_RETURN_IF_ERROR(on_header(record));
   SnapshotChunk chunk;
   while (true) {
     ATTN_ASSIGN_OR_RETURN(more, read(&record));
@@ -170,15 +147,92 @@ absl::StatusOr<ReadImport> ReadSessionImport(
           "another header or empty");
     }
     SwapSnapshotChunkFromProto(record.mutable_data(), &chunk);
-    ATTN_RETURN_IF_ERROR(import.AddChunk(chunk));
+    ATTN_RETURN_IF_ERROR(on_chunk(chunk));
   }
-  result.trailer = SnapshotTrailerFromProto(record.trailer());
+  const SnapshotTrailer trailer = SnapshotTrailerFromProto(record.trailer());
   ATTN_ASSIGN_OR_RETURN(more, read(&record));
   if (more) {
     return absl::InvalidArgumentError(
         "a snapshot stream ends with its trailer; a record follows it");
   }
+  return trailer;
+}
+
+}  // namespace
+
+absl::StatusOr<ReadImport> ReadSessionImport(
+    AttentionEngine& engine, ImportOptions options, KeepSessionId keep,
+    int64_t max_message_bytes,
+    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read,
+    const std::function<absl::Status()>& admit) {
+  ReadImport result;
+  const auto begin = [&](const v1::SessionChunk& record) -> absl::Status {
+    if (record.keep_session_id()) {
+      if (keep == KeepSessionId::kRefused) {
+        return absl::PermissionDeniedError(
+            "keep_session_id is refused on a server that authenticates "
+            "tenants: session ids are shared by all its tenants, so keeping "
+            "one would tell whether another tenant's session has it; import "
+            "without keep_session_id to get a new id");
+      }
+      options.keep_session_id = true;
+    }
+    ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
+                          SnapshotHeaderFromProto(record.header()));
+    // The header's spec is client input until it resolves (its num_layers
+    // sizes the SessionInfo below): one that does not is refused by
+    // BeginImport, with the reason.
+    if (const absl::StatusOr<SessionSpec> resolved =
+            ResolveSessionSpec(header.spec, engine.options().sessions.limits);
+        resolved.ok()) {
+      ATTN_RETURN_IF_ERROR(
+          CheckSessionMessageSize(*resolved, max_message_bytes));
+    }
+    result.kv_bytes = header.kv_bytes;
+    ATTN_ASSIGN_OR_RETURN(result.import, engine.BeginImport(header, options));
+    if (admit) ATTN_RETURN_IF_ERROR(admit());
+    return absl::OkStatus();
+  };
+  ATTN_ASSIGN_OR_RETURN(
+      result.trailer,
+      WalkSnapshotRecords(read, begin, [&](const SnapshotChunk& chunk) {
+        return result.import->AddChunk(chunk);
+      }));
   return result;
+}
+
+absl::Status CheckSnapshotRecords(
+    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read) {
+  bool known_version = true;
+  SnapshotChecksum checksum;
+  int64_t chunks = 0;
+  const absl::StatusOr<SnapshotTrailer> trailer = WalkSnapshotRecords(
+      read,
+      [&](const v1::SessionChunk& record) -> absl::Status {
+        ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
+                              SnapshotHeaderFromProto(record.header()));
+        known_version =
+            header.format_version == kSnapshotFormatVersion ||
+            header.format_version == kSnapshotFormatVersionLatentTopK;
+        // Nothing to check a later version's records with: the walk ends.
+        if (!known_version) return absl::CancelledError();
+        checksum.AddHeader(header);
+        return absl::OkStatus();
+      },
+      [&](const SnapshotChunk& chunk) {
+        checksum.AddChunk(chunk);
+        ++chunks;
+        return absl::OkStatus();
+      });
+  if (!known_version) return absl::OkStatus();
+  ATTN_RETURN_IF_ERROR(trailer.status());
+  if (trailer->num_chunks != chunks || trailer->checksum != checksum.value()) {
+    return absl::DataLossError(absl::StrCat(
+        "the snapshot is corrupted: its trailer counts ", trailer->num_chunks,
+        " data chunks with checksum ", trailer->checksum, ", its records are ",
+        chunks, " with checksum ", checksum.value()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace attention::server

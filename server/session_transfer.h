@@ -104,6 +104,17 @@ absl::StatusOr<ReadImport> ReadSessionImport(
     const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read,
     const std::function<absl::Status()>& admit = nullptr);
 
+// Reads a whole snapshot from `read`, as ReadSessionImport does, without
+// importing it, and checks its records against its trailer (the count of
+// data chunks and the checksum): for a snapshot whose import failed in a
+// way its corruption could explain (a header corrupted into a spec or a
+// size this server cannot take now). OK when they match, and for a format
+// version this build does not read (nothing to check it with); DATA_LOSS
+// when they do not match or the stream ends early, INVALID_ARGUMENT for
+// records in the wrong place or values core cannot hold.
+absl::Status CheckSnapshotRecords(
+    const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read);
+
 }  // namespace attention::server
 
 #endif  // ATTENTION_SERVER_SESSION_TRANSFER_H_

@@ -10,7 +10,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -294,104 +296,167 @@ SaveAllResult SaveAllSessions(AttentionEngine& engine, const std::string& dir,
   return result;
 }
 
+namespace {
+
+// A snapshot file's records, read one at a time, each bounded as a request
+// of its size is.
+class SnapshotFileReader {
+ public:
+  // Opens `path`, not following a link nor waiting on a FIFO: only a
+  // regular file of the directory's own is a snapshot (PERMISSION_DENIED).
+  static absl::StatusOr<std::unique_ptr<SnapshotFileReader>> Open(
+      const std::string& path) {
+    const int fd =
+        ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0 && errno == ELOOP) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(path, " is a symbolic link, not a snapshot file"));
+    }
+    if (fd < 0) return FileError("cannot open", path);
+    auto reader =
+        std::unique_ptr<SnapshotFileReader>(new SnapshotFileReader(fd, path));
+    struct stat file;
+    if (::fstat(fd, &file) != 0) return FileError("cannot stat", path);
+    if (!S_ISREG(file.st_mode)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(path, " is not a regular file, not a snapshot file"));
+    }
+    return reader;
+  }
+  ~SnapshotFileReader() { ::close(fd_); }
+
+  // The next record into `record`; false at the end of the file.
+  absl::StatusOr<bool> Read(v1::SessionChunk* record) {
+    unsigned char prefix[4];
+    ATTN_ASSIGN_OR_RETURN(
+        const bool more,
+        ReadExactly(fd_, reinterpret_cast<char*>(prefix), 4, path_));
+    if (!more) return false;
+    const uint32_t size = prefix[0] | (prefix[1] << 8) | (prefix[2] << 16) |
+                          (static_cast<uint32_t>(prefix[3]) << 24);
+    if (size > kMaxFileRecordBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("snapshot file ", path_, " has a record of ", size,
+                       " bytes, over the limit of ", kMaxFileRecordBytes));
+    }
+    bytes_.resize(size);
+    ATTN_ASSIGN_OR_RETURN(const bool whole,
+                          ReadExactly(fd_, bytes_.data(), size, path_));
+    if (!whole && size > 0) {
+      return absl::DataLossError(
+          absl::StrCat("snapshot file ", path_, " ends inside a record"));
+    }
+    // A record may take no more memory than a request of its size (64 MiB
+    // of empty sub-messages would parse into gigabytes).
+    if (const absl::Status budget =
+            proto::CheckParseBudget(bytes_, *v1::SessionChunk::descriptor());
+        !budget.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("snapshot file ", path_,
+                       " has a record the server refuses to parse (",
+                       budget.message(), ")"));
+    }
+    if (!record->ParseFromString(bytes_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("snapshot file ", path_,
+                       " holds a record that is not a SessionChunk"));
+    }
+    return true;
+  }
+
+  std::function<absl::StatusOr<bool>(v1::SessionChunk*)> AsSource() {
+    return [this](v1::SessionChunk* record) { return Read(record); };
+  }
+
+ private:
+  SnapshotFileReader(int fd, std::string path)
+      : fd_(fd), path_(std::move(path)) {}
+
+  const int fd_;
+  const std::string path_;
+  std::string bytes_;  // the record being read
+};
+
+}  // namespace
+
 absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
                                        const std::string& path) {
-  // Not following links, not waiting on a FIFO: only a regular file of the
-  // directory's own is a snapshot.
-  const int fd =
-      ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0 && errno == ELOOP) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(path, " is a symbolic link, not a snapshot file"));
-  }
-  if (fd < 0) return FileError("cannot open", path);
-  absl::Cleanup close_file = [fd] { ::close(fd); };
-  struct stat file;
-  if (::fstat(fd, &file) != 0) return FileError("cannot stat", path);
-  if (!S_ISREG(file.st_mode)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(path, " is not a regular file, not a snapshot file"));
-  }
+  ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotFileReader> file,
+                        SnapshotFileReader::Open(path));
   ImportOptions options;
   options.keep_session_id = true;
   options.keep_idle_deadline = true;
   options.keep_owner = true;
   ATTN_ASSIGN_OR_RETURN(
       ReadImport read,
-      ReadSessionImport(
-          engine, options, KeepSessionId::kAllowed,
-          std::numeric_limits<int64_t>::max(),
-          [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
-            unsigned char prefix[4];
-            ATTN_ASSIGN_OR_RETURN(
-                const bool more,
-                ReadExactly(fd, reinterpret_cast<char*>(prefix), 4, path));
-            if (!more) return false;
-            const uint32_t size = prefix[0] | (prefix[1] << 8) |
-                                  (prefix[2] << 16) |
-                                  (static_cast<uint32_t>(prefix[3]) << 24);
-            if (size > kMaxFileRecordBytes) {
-              return absl::InvalidArgumentError(absl::StrCat(
-                  "snapshot file ", path, " has a record of ", size,
-                  " bytes, over the limit of ", kMaxFileRecordBytes));
-            }
-            std::string bytes(size, '\0');
-            ATTN_ASSIGN_OR_RETURN(const bool whole,
-                                  ReadExactly(fd, bytes.data(), size, path));
-            if (!whole && size > 0) {
-              return absl::DataLossError(absl::StrCat("snapshot file ", path,
-                                                      " ends inside a record"));
-            }
-            // A record may take no more memory than a request of its size
-            // (64 MiB of empty sub-messages would parse into gigabytes).
-            if (const absl::Status budget = proto::CheckParseBudget(
-                    bytes, *v1::SessionChunk::descriptor());
-                !budget.ok()) {
-              return absl::InvalidArgumentError(
-                  absl::StrCat("snapshot file ", path,
-                               " has a record the server refuses "
-                               "to parse (",
-                               budget.message(), ")"));
-            }
-            if (!record->ParseFromString(bytes)) {
-              return absl::InvalidArgumentError(
-                  absl::StrCat("snapshot file ", path,
-                               " holds a record that is not a SessionChunk"));
-            }
-            return true;
-          }));
+      ReadSessionImport(engine, options, KeepSessionId::kAllowed,
+                        std::numeric_limits<int64_t>::max(), file->AsSource()));
   ATTN_RETURN_IF_ERROR(read.Commit().status());
   return read.kv_bytes;
 }
 
 namespace {
 
-// What becomes of a file whose restore failed with `status`: corrupt files,
+// What becomes of a file whose restore failed with `code`: corrupt files,
 // entries that are no snapshot file (PERMISSION_DENIED) and ids already
 // taken are moved aside (never restored again); a file that may restore
-// later stays for the next start, so that no session is lost to a passing
-// condition (a full pool, an I/O error; forks, which share their blocks
-// while live, are restored one whole copy each) or to this start's
+// later is kept for the next start, so that no session is lost to a
+// passing condition (a full pool, an I/O error; forks, which share their
+// blocks while live, are restored one whole copy each) or to this start's
 // configuration (a spec over --max_session_tokens, blocks too small, a
 // session kind the backend does not serve: FAILED_PRECONDITION), which a
 // later start may not share.
+enum class Disposition { kCorrupt, kRejected, kKept };
+
+Disposition DispositionOf(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kDataLoss:
+      return Disposition::kCorrupt;
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kOutOfRange:
+      return Disposition::kRejected;
+    default:
+      return Disposition::kKept;
+  }
+}
+
+// Why the file at `path` was not restored: `status`, the restore's
+// failure, unless that would keep the file and the file fails its own
+// checksum. The import checks the header before the data, so a header
+// corrupted into a spec or a size this server cannot take now fails as a
+// valid file would, and would be kept and reported at every start.
+absl::Status WhyNotRestored(const std::string& path, absl::Status status) {
+  if (DispositionOf(status.code()) != Disposition::kKept) return status;
+  absl::StatusOr<std::unique_ptr<SnapshotFileReader>> file =
+      SnapshotFileReader::Open(path);
+  if (!file.ok()) return status;
+  absl::Status checked = CheckSnapshotRecords((*file)->AsSource());
+  if (checked.ok() || DispositionOf(checked.code()) != Disposition::kCorrupt) {
+    return status;  // valid, or unreadable now (an I/O error)
+  }
+  return checked;
+}
+
 void PutAsideOrKeep(const std::string& path, const absl::Status& status,
                     RestoreAllResult& result) {
-  const absl::StatusCode code = status.code();
   const char* suffix = nullptr;
   const char* event = "snapshot_kept";
   int64_t* count = &result.kept;
-  if (code == absl::StatusCode::kInvalidArgument ||
-      code == absl::StatusCode::kDataLoss) {
-    suffix = ".corrupt";
-    event = "snapshot_corrupt";
-    count = &result.corrupt;
-  } else if (code == absl::StatusCode::kAlreadyExists ||
-             code == absl::StatusCode::kPermissionDenied ||
-             code == absl::StatusCode::kOutOfRange) {
-    suffix = ".rejected";
-    event = "snapshot_rejected";
-    count = &result.rejected;
+  switch (DispositionOf(status.code())) {
+    case Disposition::kCorrupt:
+      suffix = ".corrupt";
+      event = "snapshot_corrupt";
+      count = &result.corrupt;
+      break;
+    case Disposition::kRejected:
+      suffix = ".rejected";
+      event = "snapshot_rejected";
+      count = &result.rejected;
+      break;
+    case Disposition::kKept:
+      break;
   }
   ++*count;
   std::string moved_to = "(kept for the next start)";
@@ -405,7 +470,7 @@ void PutAsideOrKeep(const std::string& path, const absl::Status& status,
   Log(LogLevel::kError, event,
       {{"file", path},
        {"moved_to", moved_to},
-       {"code", absl::StatusCodeToString(code)},
+       {"code", absl::StatusCodeToString(status.code())},
        {"message", status.message()}});
 }
 
@@ -442,7 +507,7 @@ RestoreAllResult RestoreAllSessions(
       result.files.push_back(path);
       continue;
     }
-    PutAsideOrKeep(path, bytes.status(), result);
+    PutAsideOrKeep(path, WhyNotRestored(path, bytes.status()), result);
   }
   return result;
 }

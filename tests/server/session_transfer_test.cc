@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -1041,12 +1042,15 @@ void WriteRecordFile(const std::string& path, const std::string& record) {
   ASSERT_TRUE(out.good());
 }
 
-// Rewrites the snapshot file at `path` as its header record alone, changed
-// by `change`.
-void RewriteHeaderAlone(
+// Rewrites the snapshot file at `path` with its header record changed by
+// `change`, followed by the file's other records when `keep_records`, or
+// alone.
+void RewriteHeader(
     const std::string& path,
-    const std::function<void(v1::SessionSnapshotHeader*)>& change) {
+    const std::function<void(v1::SessionSnapshotHeader*)>& change,
+    bool keep_records = false) {
   v1::SessionChunk header;
+  std::string records;
   {
     std::ifstream in(path, std::ios::binary);
     unsigned char size_bytes[4];
@@ -1057,9 +1061,16 @@ void RewriteHeaderAlone(
     ASSERT_TRUE(in.read(bytes.data(), size));
     ASSERT_TRUE(header.ParseFromString(bytes));
     ASSERT_TRUE(header.has_header());
+    if (keep_records) {
+      records.assign(std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
+    }
   }
   change(header.mutable_header());
   WriteRecordFile(path, header.SerializeAsString());
+  std::ofstream out(path, std::ios::binary | std::ios::app);
+  out.write(records.data(), static_cast<std::streamsize>(records.size()));
+  ASSERT_TRUE(out.good());
 }
 
 TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
@@ -1076,7 +1087,7 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
             2);
   first->reset();
   const std::string path = dir + "/" + ids[0] + ".session";
-  RewriteHeaderAlone(path, [](v1::SessionSnapshotHeader* header) {
+  RewriteHeader(path, [](v1::SessionSnapshotHeader* header) {
     header->mutable_spec()->set_num_layers(-1);
     header->mutable_spec()->clear_layers();
   });
@@ -1158,7 +1169,7 @@ TEST(SnapshotDirTest, ACorruptFileThatCannotMoveIsReportedInPlace) {
   const std::vector<std::string> ids = SavedSessions(dir, 2);
   ASSERT_EQ(ids.size(), 2u);
   const std::string path = dir + "/" + ids[0] + ".session";
-  RewriteHeaderAlone(path, [](v1::SessionSnapshotHeader* header) {
+  RewriteHeader(path, [](v1::SessionSnapshotHeader* header) {
     header->mutable_spec()->set_num_layers(-1);
     header->mutable_spec()->clear_layers();
   });
@@ -1185,7 +1196,7 @@ TEST(SnapshotDirTest, ANewerServersFileIsKeptNotPutAside) {
   const std::vector<std::string> ids = SavedSessions(dir, 2);
   ASSERT_EQ(ids.size(), 2u);
   const std::string path = dir + "/" + ids[0] + ".session";
-  RewriteHeaderAlone(path, [](v1::SessionSnapshotHeader* header) {
+  RewriteHeader(path, [](v1::SessionSnapshotHeader* header) {
     header->set_format_version(3);
   });
   server::ServerOptions options = TestServerOptions();
@@ -1201,6 +1212,42 @@ TEST(SnapshotDirTest, ANewerServersFileIsKeptNotPutAside) {
   EXPECT_TRUE(absl::StrContains(metrics, "attention_snapshots_kept_total 1"));
   EXPECT_TRUE(
       absl::StrContains(metrics, "attention_snapshots_corrupt_total 0"));
+  server->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A header corrupted into one that is well formed but that this server
+// cannot take now (here: a max_tokens over --max_session_tokens) fails its
+// import as a valid file of a larger server would; its checksum tells them
+// apart, and the corrupt one is moved aside instead of being kept and
+// reported at every start. A file this server cannot take whose checksum
+// holds is still kept.
+TEST(SnapshotDirTest, AHeaderCorruptedIntoOneTheServerCannotTakeIsMovedAside) {
+  const std::string dir = TempDir("snapshot-corrupt-spec");
+  const std::vector<std::string> ids = SavedSessions(dir, 2);
+  ASSERT_EQ(ids.size(), 2u);
+  const std::string corrupted = dir + "/" + ids[0] + ".session";
+  const int64_t limit = TestServerOptions().max_session_tokens;
+  RewriteHeader(
+      corrupted,
+      [&](v1::SessionSnapshotHeader* header) {
+        header->mutable_spec()->set_max_tokens(limit + 1);
+      },
+      /*keep_records=*/true);
+  server::ServerOptions options = TestServerOptions();
+  options.snapshot_dir = dir;
+  options.max_session_tokens = 16;  // neither session fits
+  ::testing::internal::CaptureStderr();
+  auto server = StartTestServer(options);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ATTN_ASSERT_OK(server);
+  const std::string metrics = (*server)->server->metrics().TextExposition();
+  EXPECT_TRUE(
+      absl::StrContains(metrics, "attention_snapshots_corrupt_total 1"));
+  EXPECT_TRUE(absl::StrContains(metrics, "attention_snapshots_kept_total 1"));
+  EXPECT_TRUE(std::filesystem::exists(corrupted + ".corrupt"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/" + ids[1] + ".session"));
+  EXPECT_TRUE(absl::StrContains(log, "its records are")) << log;
   server->reset();
   std::filesystem::remove_all(dir);
 }
