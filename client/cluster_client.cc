@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
@@ -1133,6 +1134,12 @@ ClusterDecodeStream::Lane* ClusterDecodeStream::LaneFor(
     const std::shared_ptr<ClusterReplica>& replica) {
   std::unique_ptr<Lane>& lane = lanes_[replica.get()];
   if (lane == nullptr) {
+    // The replica's half-closed streams have had a request's time to end:
+    // those that have not are cancelled (they wait for nothing), so that
+    // at most one per replica is kept.
+    std::erase_if(closing_, [&](const std::unique_ptr<Lane>& closed) {
+      return closed->replica == replica;
+    });
     lane = std::make_unique<Lane>();
     lane->replica = replica;
     lane->stream = replica->client->OpenDecodeStream();
@@ -1281,11 +1288,14 @@ bool ClusterDecodeStream::Write(const v1::DecodeRequest& request) {
       writes_done_) {
     return false;
   }
-  CloseIdleLanes();
   entries_.push_back(std::make_unique<Entry>());
   entries_.back()->index = written_++;
   entries_.back()->request = request;
   Dispatch(entries_.back().get());
+  // After the dispatch, which may have used a lane to a draining replica
+  // that still holds the session (closed before, each such step opened a
+  // stream again).
+  CloseIdleLanes();
   return true;
 }
 

@@ -230,7 +230,8 @@ class ClusterDecodeStream {
   ClusterClient* cluster_;
   std::deque<std::unique_ptr<Entry>> entries_;  // written, not yet read
   std::map<const ClusterReplica*, std::unique_ptr<Lane>> lanes_;
-  // Half-closed by CloseIdleLanes; finished by Finish (or cancelled).
+  // Half-closed by CloseIdleLanes; finished by Finish, or cancelled when
+  // a lane to their replica opens again.
   std::vector<std::unique_ptr<Lane>> closing_;
   int64_t written_ = 0;  // requests written so far
   // The write index of the first request that failed: nothing written

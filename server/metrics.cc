@@ -225,6 +225,7 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
 
   void AddStreams(int64_t delta) {
     streams_active_.fetch_add(delta, std::memory_order_relaxed);
+    if (delta > 0) streams_opened_.fetch_add(delta, std::memory_order_relaxed);
   }
 
   void SetStateProvider(std::function<MetricsState()> provider) {
@@ -275,6 +276,10 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
     families.push_back(Scalar(
         "attention_streams_active", "Open Decode streams.", MetricType::Gauge,
         static_cast<double>(streams_active_.load(std::memory_order_relaxed))));
+    families.push_back(Scalar(
+        "attention_streams_opened_total", "Decode streams opened.",
+        MetricType::Counter,
+        static_cast<double>(streams_opened_.load(std::memory_order_relaxed))));
 
     const auto load = [](const std::atomic<int64_t>& value) {
       return static_cast<double>(value.load(std::memory_order_relaxed));
@@ -448,6 +453,7 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
   std::array<MethodCounters, kNumRpcMethods> methods_;
   AtomicHistogram<kBatchBounds.size()> decode_batch_{kBatchBounds};
   alignas(64) std::atomic<int64_t> streams_active_{0};
+  std::atomic<int64_t> streams_opened_{0};
   std::atomic<int64_t> exported_{0};
   std::atomic<int64_t> exported_bytes_{0};
   std::atomic<int64_t> imported_{0};

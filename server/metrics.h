@@ -6,6 +6,7 @@
 //   attention_request_duration_seconds{method}       histogram, 50 µs .. 10 s
 //   attention_decode_batch_size                      histogram, 1 .. 1024
 //   attention_streams_active                         gauge
+//   attention_streams_opened_total                   counter
 //   attention_tokens_total{phase="prefill"|"decode"} counter  } read from the
 //   attention_sessions_active                        gauge    } state
 //   attention_sessions_created_total                 counter  } provider at
@@ -234,7 +235,8 @@ class ServerMetrics {
   void RecordHandovers(int64_t sent, int64_t failed);
   void RecordHandoverReceived();
 
-  // Open Decode streams (attention_streams_active). Calls must pair up.
+  // Open Decode streams (attention_streams_active) and those ever opened
+  // (attention_streams_opened_total). Calls must pair up.
   void StreamOpened();
   void StreamClosed();
 

@@ -777,6 +777,49 @@ TEST(ClusterClientTest, AnIdleLaneDoesNotHoldADrainUp) {
   ATTN_ASSERT_OK(stream->Finish());
 }
 
+// Steps on a session that stays on a replica known to drain (its turn in
+// the hand-over has not come, or no peer takes it) keep using the stream
+// already open there. (Its idle lane was closed before each write and a
+// stream opened again: a stream per step through the drain, in-process
+// here.)
+TEST(ClusterClientTest, StepsOnADrainingReplicaKeepTheirStream) {
+  server::ServerOptions options = TestServerOptions();
+  options.drain_timeout = absl::Seconds(60);
+  auto server = StartTestServer(options);
+  ATTN_ASSERT_OK(server);
+  const std::string address =
+      absl::StrCat("127.0.0.1:", (*server)->server->port());
+  auto cluster = ClusterClient::Open(address, TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  Workload w = NewWorkload(**cluster, 1, kPrompt + 12);
+  PrefillAll(**cluster, w);
+  const auto streams_opened = [&] {
+    const std::string text = (*server)->server->metrics().TextExposition();
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (absl::ConsumePrefix(&line, "attention_streams_opened_total ")) {
+        return std::string(line);
+      }
+    }
+    return std::string("(absent)");
+  };
+  auto stream = (*cluster)->OpenDecodeStream();
+  const auto step = [&] {
+    auto result = stream->Step(NextStep(w, 0));
+    ATTN_ASSERT_OK(result);
+    EXPECT_EQ(result->position(), w.length);
+    ++w.length;
+  };
+  step();
+  // The drain waits for the open stream (no peers: the session stays).
+  std::thread drain([&] { (*server)->server->Shutdown(); });
+  ASSERT_TRUE(
+      AwaitState(**cluster, address, client::ReplicaStatus::State::kDraining));
+  for (int i = 0; i < 8; ++i) step();
+  EXPECT_EQ(streams_opened(), "1");
+  ATTN_EXPECT_OK(stream->Finish());
+  drain.join();
+}
+
 // A stream's idle lane to a replica whose drain ran out of time for calls
 // (this client did not probe it meanwhile, so never closed the lane): the
 // replica ends the lane's stream saying nothing sent after its last reply

@@ -100,6 +100,7 @@ TEST(ServerMetricsTest, ExposesEveryFamilyWithItsType) {
       {"attention_tokens_total", "counter"},
       {"attention_decode_batch_size", "histogram"},
       {"attention_streams_active", "gauge"},
+      {"attention_streams_opened_total", "counter"},
       {"attention_sessions_active", "gauge"},
       {"attention_sessions_created_total", "counter"},
       {"attention_sessions_expired_total", "counter"},
