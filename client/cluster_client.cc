@@ -274,6 +274,14 @@ ClusterClient::ClusterClient(ClusterTarget target, ClusterOptions options)
 absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Open(
     const std::string& target, ClusterOptions options) {
   ATTN_ASSIGN_OR_RETURN(ClusterTarget parsed, ParseClusterTarget(target));
+  if (!(options.refresh_interval > absl::ZeroDuration()) ||
+      !(options.probe_timeout > absl::ZeroDuration())) {
+    // Zero would probe every replica without a pause, or fail every probe.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClusterOptions refresh_interval (",
+        absl::FormatDuration(options.refresh_interval), ") and probe_timeout (",
+        absl::FormatDuration(options.probe_timeout), ") must be positive"));
+  }
   // Unreadable TLS files fail here rather than on every call.
   ATTN_RETURN_IF_ERROR(OpenChannel("localhost", options.client).status());
   auto cluster = absl::WrapUnique(

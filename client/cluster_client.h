@@ -107,6 +107,7 @@ struct ClusterOptions {
   // replica restarted on its address is used again within a second.
   ClientOptions client;
   // How often membership is re-resolved and every replica probed.
+  // Positive (Open refuses others, INVALID_ARGUMENT), as is probe_timeout.
   absl::Duration refresh_interval = absl::Seconds(2);
   // Deadline of each probe and each look-up of a session on a replica.
   absl::Duration probe_timeout = absl::Seconds(2);

@@ -1297,6 +1297,19 @@ TEST(ClusterClientTest, StepsThatMeetAMoveInProgressAreSentAgain) {
   }
 }
 
+// A refresh interval or probe timeout that is not positive is refused
+// (zero would probe every replica without a pause, or fail every probe).
+TEST(ClusterClientTest, NonPositiveRefreshOrProbeTimesAreRefused) {
+  ClusterOptions options = TestClusterOptions();
+  options.refresh_interval = absl::ZeroDuration();
+  ATTN_EXPECT_CODE(ClusterClient::Open("127.0.0.1:2", options),
+                   absl::StatusCode::kInvalidArgument);
+  options = TestClusterOptions();
+  options.probe_timeout = absl::Seconds(-1);
+  ATTN_EXPECT_CODE(ClusterClient::Open("127.0.0.1:2", options),
+                   absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ClusterClientTest, NoReplicaServingIsUnavailableNamingThem) {
   // Ports nothing listens on (a freed port may be taken meanwhile).
   const std::string nowhere = "127.0.0.1:2";
