@@ -162,7 +162,10 @@ void DecodeStreamReactor::OnStepDone(absl::StatusOr<AttentionOutput> output) {
     return;
   }
   FinishAppendReply(append_, *output, &result_);
-  // The stream used the session: its end restarts the idle clock.
+  // The stream used the session: held until its end, which restarts the
+  // idle clock. (Held again here: the hold at the step's start fails while
+  // the session is sealed for a move that may fail before the batch.)
+  held_.Hold(request_.session_id(), tenant_).IgnoreError();
   held_.MarkUsed(request_.session_id());
   absl::MutexLock lock(&mu_);
   writing_ = true;
