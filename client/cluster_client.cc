@@ -1300,9 +1300,8 @@ bool ClusterDecodeStream::Write(const v1::DecodeRequest& request) {
   entries_.back()->index = written_++;
   entries_.back()->request = request;
   Dispatch(entries_.back().get());
-  // After the dispatch, which may have used a lane to a draining replica
-  // that still holds the session (closed before, each such step opened a
-  // stream again).
+  // After the dispatch, so that the lane this request went to (a draining
+  // replica that still holds its session) stays open.
   CloseIdleLanes();
   return true;
 }
