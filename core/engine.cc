@@ -295,7 +295,9 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
   }
   ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass,
                         sessions_.changes().Enter());
-  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
+  ATTN_ASSIGN_OR_RETURN(
+      SessionRef session,
+      sessions_.Get(id, tenant, SessionManager::SealWait::kWait, control));
   {
     absl::MutexLock lock(&session->mu());
     ATTN_RETURN_IF_ERROR(CheckCall(control));
@@ -593,7 +595,8 @@ absl::Status AttentionEngine::RunBatch(absl::Span<const AppendRequest> requests,
         i);
     absl::StatusOr<SessionRef> session;
     if (is_first) {
-      session = sessions_.Get(request.session_id, TenantOf(request), seal_wait);
+      session = sessions_.Get(request.session_id, TenantOf(request), seal_wait,
+                              request.control);
     } else if (const BatchStep& earlier = steps[first->second];
                earlier.session) {
       session = earlier.session.Share();

@@ -240,8 +240,8 @@ class AttentionEngine {
   //
   // Delete, fork and truncate may wait (for an append that holds the
   // session, or a seal); `control` (may be null) is checked once they hold
-  // it, right before the change: a call withdrawn meanwhile changes
-  // nothing (CANCELLED or DEADLINE_EXCEEDED).
+  // it, right before the change, and ends a wait for a seal: a call
+  // withdrawn meanwhile changes nothing (CANCELLED or DEADLINE_EXCEEDED).
   absl::Status DeleteSession(const std::string& id,
                              const Tenant& tenant = DefaultTenant(),
                              const CallControl* control = nullptr);
@@ -301,7 +301,8 @@ class AttentionEngine {
 
   // Prefill / DecodeStep: appends the request's K/V to the layer and returns
   // causal attention of its queries over the layer's visible history. On a
-  // session being moved (sealed) it waits for the move to end.
+  // session being moved (sealed) it waits for the move to end, or until the
+  // request's control says the call was withdrawn.
   absl::StatusOr<AttentionOutput> Append(const AppendRequest& request);
 
   // The batched calls below serve many sessions at once, so they never wait

@@ -14,6 +14,9 @@
 namespace attention {
 namespace {
 
+// How often a call waiting for a sealed session looks at its CallControl.
+constexpr absl::Duration kSealWaitPollInterval = absl::Milliseconds(10);
+
 absl::Status SessionNotFound(const std::string& id) {
   return absl::NotFoundError(absl::StrCat(
       "session ", QuoteClientString(id),
@@ -247,12 +250,13 @@ SessionManager::Table::iterator SessionManager::Erase(
 
 absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
                                                const Tenant& tenant,
-                                               SealWait seal_wait) {
+                                               SealWait seal_wait,
+                                               const CallControl* control) {
   const absl::Time now = options_.now();
   std::vector<std::shared_ptr<Session>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
   if (seal_wait == SealWait::kWait) {
-    AwaitUnsealed(id, tenant);
+    ATTN_RETURN_IF_ERROR(AwaitUnsealed(id, tenant, control));
   } else if (SealedFor(id, tenant)) {
     return SessionMovingError(id);
   }
@@ -314,7 +318,7 @@ absl::Status SessionManager::Delete(const std::string& id, const Tenant& tenant,
   ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass, changes_.Enter());
   std::vector<std::shared_ptr<Session>> removed;  // freed outside the lock
   absl::MutexLock lock(&mu_);
-  AwaitUnsealed(id, tenant);
+  ATTN_RETURN_IF_ERROR(AwaitUnsealed(id, tenant, control));
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
     return NotFound(id, tenant);
@@ -326,7 +330,8 @@ absl::Status SessionManager::Delete(const std::string& id, const Tenant& tenant,
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Fork(
     const std::string& id, const Tenant& tenant, const CallControl* control) {
-  ATTN_ASSIGN_OR_RETURN(SessionRef parent, Get(id, tenant));
+  ATTN_ASSIGN_OR_RETURN(SessionRef parent,
+                        Get(id, tenant, SealWait::kWait, control));
   std::shared_ptr<Session> child;
   {
     absl::MutexLock lock(&parent->mu());
@@ -367,14 +372,26 @@ bool SessionManager::SealedFor(const std::string& id,
   return it != sessions_.end() && it->second->owner() == tenant.name;
 }
 
-void SessionManager::AwaitUnsealed(const std::string& id,
-                                   const Tenant& tenant) {
-  if (!SealedFor(id, tenant)) return;
+absl::Status SessionManager::AwaitUnsealed(const std::string& id,
+                                           const Tenant& tenant,
+                                           const CallControl* control) {
+  if (!SealedFor(id, tenant)) return absl::OkStatus();
   const auto unsealed = [this, &id]() {
     mu_.AssertHeld();
     return !sealed_.contains(id);
   };
-  mu_.Await(absl::Condition(&unsealed));
+  if (control == nullptr) {
+    mu_.Await(absl::Condition(&unsealed));
+    return absl::OkStatus();
+  }
+  // A move can last the whole drain; a caller that gave up stops waiting
+  // (CallControl has no wake-up of its own, so the wait looks at it now
+  // and then).
+  while (!mu_.AwaitWithTimeout(absl::Condition(&unsealed),
+                               kSealWaitPollInterval)) {
+    ATTN_RETURN_IF_ERROR(control->Check());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<SessionSeal> SessionManager::Seal(const std::string& id,

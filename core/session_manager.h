@@ -166,10 +166,13 @@ class SessionManager {
   // NOT_FOUND for an unknown or expired id, or one of another tenant (the
   // redirect for a moved one). The session is in use (it cannot expire)
   // until the returned ref goes (see SessionRef for its idle clock). While
-  // the session is sealed, and when it is `tenant`'s: as `seal_wait` says.
+  // the session is sealed, and when it is `tenant`'s: as `seal_wait` says;
+  // a wait ends CANCELLED or DEADLINE_EXCEEDED as soon as `control` (may be
+  // null) says the call was withdrawn.
   absl::StatusOr<SessionRef> Get(const std::string& id,
                                  const Tenant& tenant = DefaultTenant(),
-                                 SealWait seal_wait = SealWait::kWait);
+                                 SealWait seal_wait = SealWait::kWait,
+                                 const CallControl* control = nullptr);
 
   // The session, without using it (its idle clock keeps running): what an
   // export reads. NOT_FOUND as Get.
@@ -188,8 +191,9 @@ class SessionManager {
                                                        int64_t limit) const;
 
   // Removes the session at once. NOT_FOUND as Get; waits as Get while it
-  // is sealed, then checks `control` (may be null): a call withdrawn
-  // meanwhile removes nothing.
+  // is sealed (a call withdrawn meanwhile stops waiting), then checks
+  // `control` (may be null) again: a call withdrawn meanwhile removes
+  // nothing.
   absl::Status Delete(const std::string& id,
                       const Tenant& tenant = DefaultTenant(),
                       const CallControl* control = nullptr);
@@ -197,7 +201,8 @@ class SessionManager {
   // Creates a copy-on-write fork of `id`, of the same tenant. NOT_FOUND (as
   // Get), RESOURCE_EXHAUSTED (as Create); CANCELLED or DEADLINE_EXCEEDED
   // (nothing created) when `control` (may be null) says the call was
-  // withdrawn while it waited for the session.
+  // withdrawn while it waited for the session (its seal, as Get, or a call
+  // holding it).
   absl::StatusOr<std::shared_ptr<Session>> Fork(
       const std::string& id, const Tenant& tenant = DefaultTenant(),
       const CallControl* control = nullptr);
@@ -294,8 +299,10 @@ class SessionManager {
   // tell it that the id exists and is being moved.
   bool SealedFor(const std::string& id, const Tenant& tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Blocks while SealedFor(id, tenant).
-  void AwaitUnsealed(const std::string& id, const Tenant& tenant)
+  // Blocks while SealedFor(id, tenant). CANCELLED or DEADLINE_EXCEEDED
+  // (still sealed) once `control` (may be null) says the call was withdrawn.
+  absl::Status AwaitUnsealed(const std::string& id, const Tenant& tenant,
+                             const CallControl* control)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SessionSeal's end: unseals `session`; with `new_owner` also removes it
   // and records the move.

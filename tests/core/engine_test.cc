@@ -814,6 +814,39 @@ TEST_F(EngineTest, BatchedAppendsDoNotWaitForASeal) {
             Stateless(t, 0, 1, 2));
 }
 
+TEST_F(EngineTest, AnAppendOrTruncateWithdrawnWhileSealedChangesNothing) {
+  const std::string moving = NewSession();
+  const Tokens t(2, rng_);
+  Append(moving, 0, t, 0, 1);
+  CancellationFlag cancel;
+  AppendRequest prefill = Request(moving, 0, t, 1, 2);
+  prefill.control = &cancel;
+  const CancellationFlag expire(absl::Now() + absl::Milliseconds(50));
+  absl::Status appended, truncated;
+  absl::Notification done;
+  bool ended = false;
+  {
+    auto seal = engine_->SealSession(moving, absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(seal.ok()) << seal.status();
+    std::thread calls([&] {
+      appended = engine_->Append(prefill).status();
+      truncated = engine_->TruncateSession(moving, 0, DefaultTenant(), &expire)
+                      .status();
+      done.Notify();
+    });
+    absl::SleepFor(absl::Milliseconds(30));
+    EXPECT_FALSE(done.HasBeenNotified());  // waits while sealed
+    cancel.Cancel();
+    ended = done.WaitForNotificationWithTimeout(absl::Seconds(30));
+    seal = absl::UnavailableError("the move failed: unsealed");
+    calls.join();
+  }
+  EXPECT_TRUE(ended) << "the withdrawn calls waited for the seal";
+  EXPECT_EQ(appended.code(), absl::StatusCode::kCancelled) << appended;
+  EXPECT_EQ(truncated.code(), absl::StatusCode::kDeadlineExceeded) << truncated;
+  EXPECT_EQ(Info(moving).layer_lengths, (std::vector<int64_t>{1, 0, 0}));
+}
+
 TEST_F(EngineTest, BatchedAppendsCanSkipASessionAnotherCallHolds) {
   const std::string busy = NewSession();
   const std::string free = NewSession();

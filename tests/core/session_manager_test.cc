@@ -450,6 +450,44 @@ TEST_F(SessionManagerTest, AnUncommittedSealLetsTheWaitingCallsRun) {
   EXPECT_EQ(manager.moved_sessions(), 0);
 }
 
+TEST_F(SessionManagerTest, AWithdrawnCallStopsWaitingForASeal) {
+  SessionManager manager = MakeManager();
+  auto session = manager.Create(SmallSpec(), absl::ZeroDuration());
+  ASSERT_TRUE(session.ok());
+  const std::string id = (*session)->id();
+  auto sealed = manager.Seal(id, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  std::optional<SessionSeal> seal(*std::move(sealed));
+
+  // A cancelled lookup, then a fork and a delete whose deadline passes:
+  // each ends while the session is still sealed, and changes nothing.
+  CancellationFlag cancel;
+  const CancellationFlag expire(absl::Now() + absl::Milliseconds(50));
+  absl::Status get, fork, erase;
+  absl::Notification done;
+  std::thread calls([&] {
+    get =
+        manager
+            .Get(id, DefaultTenant(), SessionManager::SealWait::kWait, &cancel)
+            .status();
+    fork = manager.Fork(id, DefaultTenant(), &expire).status();
+    erase = manager.Delete(id, DefaultTenant(), &expire);
+    done.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(30));
+  EXPECT_FALSE(done.HasBeenNotified());  // waits while sealed
+  cancel.Cancel();
+  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(30));
+  seal.reset();  // lets the calls end if they still wait
+  calls.join();
+  EXPECT_TRUE(ended) << "the withdrawn calls waited for the seal";
+  EXPECT_EQ(get.code(), absl::StatusCode::kCancelled) << get;
+  EXPECT_EQ(fork.code(), absl::StatusCode::kDeadlineExceeded) << fork;
+  EXPECT_EQ(erase.code(), absl::StatusCode::kDeadlineExceeded) << erase;
+  EXPECT_TRUE(manager.Contains(id));
+  EXPECT_EQ(manager.size(), 1);
+}
+
 TEST_F(SessionManagerTest, ASealWaitsForRunningCallsButNotForHolds) {
   SessionManager manager = MakeManager();
   auto session = manager.Create(SmallSpec(), absl::ZeroDuration());
