@@ -326,8 +326,14 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     ATTN_ASSIGN_OR_RETURN(server->snapshot_lock_,
                           PrepareSnapshotDirectory(options.snapshot_dir));
     const absl::Time start = absl::Now();
+    OwnerQuota owner_quota;
+    if (authenticator_ptr->enabled()) {
+      owner_quota = [authenticator_ptr](const std::string& owner) {
+        return authenticator_ptr->QuotaOf(owner);
+      };
+    }
     RestoreAllResult restored = RestoreAllSessions(
-        *engine_ptr, options.snapshot_dir, options.stop_requested);
+        *engine_ptr, options.snapshot_dir, options.stop_requested, owner_quota);
     restored_files = std::move(restored.files);
     server->metrics_->RecordRestore(restored.restored, restored.corrupt,
                                     restored.rejected, restored.kept);

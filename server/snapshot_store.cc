@@ -380,13 +380,15 @@ class SnapshotFileReader {
 }  // namespace
 
 absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
-                                       const std::string& path) {
+                                       const std::string& path,
+                                       const OwnerQuota& owner_quota) {
   ATTN_ASSIGN_OR_RETURN(std::unique_ptr<SnapshotFileReader> file,
                         SnapshotFileReader::Open(path));
   ImportOptions options;
   options.keep_session_id = true;
   options.keep_idle_deadline = true;
   options.keep_owner = true;
+  options.owner_quota = owner_quota;
   ATTN_ASSIGN_OR_RETURN(
       ReadImport read,
       ReadSessionImport(engine, options, KeepSessionId::kAllowed,
@@ -476,9 +478,10 @@ void PutAsideOrKeep(const std::string& path, const absl::Status& status,
 
 }  // namespace
 
-RestoreAllResult RestoreAllSessions(
-    AttentionEngine& engine, const std::string& dir,
-    const std::function<bool()>& stop_requested) {
+RestoreAllResult RestoreAllSessions(AttentionEngine& engine,
+                                    const std::string& dir,
+                                    const std::function<bool()>& stop_requested,
+                                    const OwnerQuota& owner_quota) {
   RestoreAllResult result;
   std::vector<std::string> names;
   if (DIR* handle = ::opendir(dir.c_str()); handle != nullptr) {
@@ -490,8 +493,26 @@ RestoreAllResult RestoreAllSessions(
         {{"dir", dir}, {"message", std::strerror(errno)}});
     return result;
   }
+  const auto stopped = [&] { return stop_requested && stop_requested(); };
+  // Restores `path` (under the owners' quotas when `quota` is set); false
+  // when that failed RESOURCE_EXHAUSTED and `last_try` is false.
+  const auto restore = [&](const std::string& path, const OwnerQuota& quota,
+                           bool last_try) {
+    absl::StatusOr<int64_t> bytes = RestoreSession(engine, path, quota);
+    if (bytes.ok()) {
+      ++result.restored;
+      result.bytes += *bytes;
+      result.files.push_back(path);
+    } else if (!last_try && absl::IsResourceExhausted(bytes.status())) {
+      return false;
+    } else {
+      PutAsideOrKeep(path, WhyNotRestored(path, bytes.status()), result);
+    }
+    return true;
+  };
+  std::vector<std::string> past_quota;  // the second round's
   for (const std::string& name : names) {
-    if (stop_requested && stop_requested()) break;
+    if (stopped()) return result;
     const std::string path = absl::StrCat(dir, "/", name);
     if (HasSuffix(name, absl::StrCat(kSessionSuffix, kTemporarySuffix))) {
       // A snapshot interrupted before its rename: never complete.
@@ -500,14 +521,13 @@ RestoreAllResult RestoreAllSessions(
       continue;
     }
     if (!HasSuffix(name, kSessionSuffix)) continue;
-    absl::StatusOr<int64_t> bytes = RestoreSession(engine, path);
-    if (bytes.ok()) {
-      ++result.restored;
-      result.bytes += *bytes;
-      result.files.push_back(path);
-      continue;
+    if (!restore(path, owner_quota, /*last_try=*/!owner_quota)) {
+      past_quota.push_back(path);
     }
-    PutAsideOrKeep(path, WhyNotRestored(path, bytes.status()), result);
+  }
+  for (const std::string& path : past_quota) {
+    if (stopped()) break;
+    restore(path, nullptr, /*last_try=*/true);
   }
   return result;
 }

@@ -96,30 +96,45 @@ struct RestoreAllResult {
   std::vector<std::string> files;
 };
 
+// A tenant's quota now, by name (Authenticator::QuotaOf).
+using OwnerQuota = std::function<TenantQuota(const std::string& owner)>;
+
 // Restores every `*.session` file of `dir` with its id, idle deadline and
 // owner tenant, deleting leftover `*.tmp` files and logging every file it
 // moves aside or keeps. The restored files stay (see RestoreAllResult::files).
 // A directory that cannot be read is logged and restores nothing. Never fails.
 // When `stop_requested` (may be empty) returns true before a file, the rest are
 // left unread.
+//
+// With `owner_quota` (may be empty: no quotas) the files restore in two
+// rounds. The first admits each session under its owner's quota as it is
+// now, so that no tenant's sessions take the room of another tenant's
+// share. The second restores the files the first refused RESOURCE_EXHAUSTED
+// without quota, into the room left, so that no session waits on disk for a
+// room that is there: forks, which share their blocks while live, come back
+// as whole copies, and a quota may have been lowered since. Such a tenant is
+// over its quota until it deletes sessions (its new sessions are refused
+// meanwhile).
 RestoreAllResult RestoreAllSessions(
     AttentionEngine& engine, const std::string& dir,
-    const std::function<bool()>& stop_requested = nullptr);
+    const std::function<bool()>& stop_requested = nullptr,
+    const OwnerQuota& owner_quota = nullptr);
 
 // Removes the files of a restore and fsyncs `dir`, logging each failure: a
 // file left would restore stale state at the next start.
 void RemoveRestoredFiles(const std::string& dir,
                          const std::vector<std::string>& files);
 
-// Imports one snapshot file (with its id, idle deadline and owner tenant;
-// the sessions were admitted under their tenants' quotas before, so none is
-// applied again).
+// Imports one snapshot file (with its id, idle deadline and owner tenant),
+// under the owner's quota when `owner_quota` is set (RESOURCE_EXHAUSTED
+// past it, as ImportSession), else under none.
 // INVALID_ARGUMENT or DATA_LOSS for a malformed file, PERMISSION_DENIED
 // for an entry that is not a regular file (a link is not followed, a FIFO
 // not read); others as ImportSession (FAILED_PRECONDITION: a session this
 // server's configuration cannot hold).
 absl::StatusOr<int64_t> RestoreSession(AttentionEngine& engine,
-                                       const std::string& path);
+                                       const std::string& path,
+                                       const OwnerQuota& owner_quota = nullptr);
 
 }  // namespace attention::server
 

@@ -799,5 +799,88 @@ TEST_F(TokenTest, SnapshotDirRestoresEverySessionToItsOwner) {
   EXPECT_EQ(info->tenant_kv_bytes(), 4096);
 }
 
+// Restored forks come back as whole copies and can pass their owner's
+// quota: the sessions within each owner's quota restore first, so that one
+// tenant's forks never take the room of another tenant's sessions, and the
+// rest only into the room left.
+TEST_F(TokenTest, SnapshotRestoreFillsEveryTenantsQuotaBeforeForks) {
+  server::ServerOptions options = TestServerOptions();
+  options.auth_tokens_file = tokens_file_;
+  options.snapshot_dir = absl::StrCat(dir_, "/snapshots");
+  options.drain_timeout = absl::Seconds(60);
+  ClientOptions alice_options;
+  alice_options.auth_token = "alice-token";
+  ClientOptions bob_options;
+  bob_options.auth_token = "bob-token";
+  // 8 tokens per 4 KiB block: alice's prompt takes 2 blocks, all of her
+  // max_kv_bytes (8192); its fork shares them while live.
+  const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
+  std::string prompt_id, fork_id, bob_id;
+  {
+    auto first = Start(options);
+    ASSERT_NE(first, nullptr);
+    auto alice = Client(*first, alice_options);
+    auto bob = Client(*first, bob_options);
+    auto prompt = alice->OpenSession(spec);
+    ATTN_ASSERT_OK(prompt);
+    const Tokens tokens = RandomTokens(spec, 16, 7);
+    ATTN_ASSERT_OK(prompt->Prefill(0, tokens.q, tokens.k, tokens.v));
+    auto fork = prompt->Fork();
+    ATTN_ASSERT_OK(fork);
+    auto mine = bob->OpenSession(spec);
+    ATTN_ASSERT_OK(mine);
+    ATTN_ASSERT_OK(mine->Prefill(0, tokens.q_rows(0, 4), tokens.k_rows(0, 4),
+                                 tokens.v_rows(0, 4)));
+    prompt_id = prompt->id();
+    fork_id = fork->id();
+    bob_id = mine->id();
+    first->Shutdown();
+  }
+  const auto alice_lengths = [&](server::AttentionServer& server) {
+    auto alice = Client(server, alice_options);
+    std::vector<int64_t> lengths;
+    for (const std::string& id : {prompt_id, fork_id}) {
+      auto info = alice->GetSession(id);
+      if (info.ok()) lengths.push_back(info->layer_lengths(0));
+    }
+    return lengths;
+  };
+
+  // Room for 4 of the 5 blocks the copies need: one of alice's two (her
+  // quota full) and bob's session, whatever order the files are read in;
+  // her other one stays on disk.
+  options.kv_cache_bytes = 4 * 4096;
+  {
+    auto second = Start(options);
+    ASSERT_NE(second, nullptr);
+    auto bob = Client(*second, bob_options);
+    auto restored = bob->GetSession(bob_id);
+    ATTN_ASSERT_OK(restored);
+    EXPECT_EQ(restored->layer_lengths(0), 4);
+    EXPECT_EQ(alice_lengths(*second), std::vector<int64_t>{16});
+    int on_disk = 0;
+    for (const std::string& id : {prompt_id, fork_id}) {
+      on_disk += std::filesystem::exists(
+          absl::StrCat(options.snapshot_dir, "/", id, ".session"));
+    }
+    EXPECT_EQ(on_disk, 1);
+    second->Shutdown();
+  }
+
+  // With room for every copy the fork restores too, past alice's quota.
+  options.kv_cache_bytes = int64_t{64} << 20;
+  auto third = Start(options);
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(alice_lengths(*third), (std::vector<int64_t>{16, 16}));
+  auto alice = Client(*third, alice_options);
+  auto info = alice->GetServerInfo();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->tenant_sessions(), 2);
+  EXPECT_EQ(info->tenant_kv_bytes(), 4 * 4096);
+  // Over her quota, her new sessions wait for her to delete some.
+  ATTN_EXPECT_CODE(alice->CreateSession(spec),
+                   absl::StatusCode::kResourceExhausted);
+}
+
 }  // namespace
 }  // namespace attention::testing
