@@ -238,10 +238,12 @@ class AttentionEngine {
   absl::StatusOr<SessionHold> HoldSession(
       const std::string& id, const Tenant& tenant = DefaultTenant());
   //
-  // Delete, fork and truncate may wait (for an append that holds the
-  // session, or a seal); `control` (may be null) is checked once they hold
-  // it, right before the change, and ends a wait for a seal: a call
-  // withdrawn meanwhile changes nothing (CANCELLED or DEADLINE_EXCEEDED).
+  // Delete, fork and truncate may wait for a seal, and fork and truncate
+  // for an append that holds the session (a delete removes the session at
+  // once: an append running on it completes, as if it came first);
+  // `control` (may be null) is checked once they hold it, right before the
+  // change, and ends a wait for a seal: a call withdrawn meanwhile changes
+  // nothing (CANCELLED or DEADLINE_EXCEEDED).
   absl::Status DeleteSession(const std::string& id,
                              const Tenant& tenant = DefaultTenant(),
                              const CallControl* control = nullptr);

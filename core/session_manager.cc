@@ -177,7 +177,8 @@ void SessionManager::ReleaseImportId(const std::string& id) {
 
 bool SessionManager::Contains(const std::string& id) const {
   absl::MutexLock lock(&mu_);
-  return sessions_.contains(id);
+  auto it = sessions_.find(id);
+  return it != sessions_.end() && !it->second->Expired(options_.now());
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
@@ -209,7 +210,14 @@ absl::Status SessionManager::Insert(std::shared_ptr<Session> session,
                                     const TenantQuota& quota,
                                     int64_t reserved) {
   ATTN_ASSIGN_OR_RETURN(const ChangeGate::Pass pass, changes_.Enter());
+  std::vector<std::shared_ptr<Session>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
+  if (auto it = sessions_.find(session->id());
+      it != sessions_.end() && it->second->Expired(options_.now())) {
+    // Gone for every caller already; the reaper had not got to it.
+    Erase(it, &expired);
+    ++expired_total_;
+  }
   if (sessions_.contains(session->id())) {
     return absl::AlreadyExistsError(absl::StrCat(
         "a session with id ", QuoteClientString(session->id()),
@@ -289,6 +297,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(
 
 std::vector<std::shared_ptr<Session>> SessionManager::List(
     const std::string& after, int64_t limit, const Tenant& tenant) const {
+  const absl::Time now = options_.now();
   absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Session>> sessions;
   for (auto it = by_owner_.upper_bound({tenant.name, after});
@@ -296,7 +305,9 @@ std::vector<std::shared_ptr<Session>> SessionManager::List(
        static_cast<int64_t>(sessions.size()) < limit;
        ++it) {
     auto session = sessions_.find(it->second);
-    if (session != sessions_.end()) sessions.push_back(session->second);
+    if (session != sessions_.end() && !session->second->Expired(now)) {
+      sessions.push_back(session->second);
+    }
   }
   return sessions;
 }
@@ -322,6 +333,11 @@ absl::Status SessionManager::Delete(const std::string& id, const Tenant& tenant,
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
     return NotFound(id, tenant);
+  }
+  if (it->second->Expired(options_.now())) {
+    Erase(it, &removed);
+    ++expired_total_;
+    return SessionNotFound(id);
   }
   ATTN_RETURN_IF_ERROR(CheckCall(control));
   Erase(it, &removed);

@@ -154,6 +154,41 @@ TEST_F(SessionManagerTest, GetOfAnExpiredSessionIsNotFound) {
   EXPECT_EQ(manager.size(), 0);
 }
 
+// Before the reaper gets to it, an expired session is gone for every
+// call, as for Get: Delete, List and an import of its id see no session.
+TEST_F(SessionManagerTest, AnExpiredSessionIsGoneBeforeTheReaperRuns) {
+  SessionManager manager = MakeManager();
+  const std::string deleted =
+      (*manager.Create(SmallSpec(), absl::Seconds(5)))->id();
+  const std::string listed =
+      (*manager.Create(SmallSpec(), absl::Seconds(5)))->id();
+  auto reused = manager.Create(SmallSpec(), absl::Seconds(5));
+  ASSERT_TRUE(reused.ok());
+  const SessionSpec spec = (*reused)->spec();
+  const std::string reused_id = (*reused)->id();
+  reused->reset();
+  now_ += absl::Seconds(6);
+
+  EXPECT_EQ(manager.Delete(deleted).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(manager.List("", 10).empty());
+  EXPECT_FALSE(manager.Contains(listed));
+  // An import keeping the id of an expired session takes its place.
+  EXPECT_FALSE(manager.Contains(reused_id));
+  auto layout = manager.LayoutFor(spec);
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  auto import = std::make_shared<Session>(
+      reused_id, spec, *layout, pool_.get(), absl::Seconds(5), now_,
+      manager.UsageOf(DefaultTenant().name));
+  auto reservation = manager.ReserveMetadata(0);
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  const absl::Status adopted =
+      manager.Adopt(import, TenantQuota{}, *std::move(reservation));
+  EXPECT_TRUE(adopted.ok()) << adopted;
+  EXPECT_TRUE(manager.Contains(reused_id));
+  EXPECT_EQ(manager.expired_total(), 2);  // the deleted one, the replaced one
+  EXPECT_EQ(manager.size(), 2);           // the listed one awaits the reaper
+}
+
 TEST_F(SessionManagerTest, BackgroundReaperExpiresSessions) {
   SessionManagerOptions options;
   options.reap_interval = absl::Milliseconds(5);
