@@ -1,6 +1,7 @@
 #include "core/cpu/index_kernels.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 namespace attention::cpu {
@@ -10,6 +11,8 @@ int IndexDimPadded(int dim) {
 }
 
 namespace {
+
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
 // The canonical dot product (index_kernels.h) of a padded query row and a
 // key row of `dim` floats.
@@ -37,7 +40,9 @@ void ScalarScores(const IndexQuery& query, DType key_type,
     float score = 0.0f;
     for (int j = 0; j < query.heads; ++j) {
       float dot = ScalarDot(query.q + int64_t{j} * stride, key.data(), dim);
-      if (query.f == IndexScore::kRelu) dot = std::max(dot, 0.0f);
+      if (query.f == IndexScore::kRelu && dot != -kInfinity) {
+        dot = std::max(dot, 0.0f);
+      }
       score += query.w[j] * dot;
     }
     scores[s] = score;

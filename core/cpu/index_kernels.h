@@ -9,7 +9,9 @@
 //     separate add (never a fused multiply-add); the lanes are then reduced
 //     pairwise, lanes[l] += lanes[l + w] for w = 8, 4, 2, 1, and lane 0 is
 //     the dot;
-//   * f is the identity or ReLU (max(x, 0) keeping -0 and NaN as they are);
+//   * f is the identity or ReLU (max(x, 0) keeping -0, NaN and -inf as they
+//     are: a dot that overflowed float32 leaves the score not finite, which
+//     fails the call, instead of vanishing into a 0);
 //   * the score starts at 0 and adds the rounded w[j] * f(dot_j) for
 //     j = 0, 1, ... in order.
 // A key's score depends on its key and the query alone, so it is the same

@@ -64,6 +64,7 @@ void Scores(const IndexQuery& query, const std::byte* keys, int64_t n,
   const int stride = IndexDimPadded(dim);
   const int64_t row_bytes = int64_t{dim} * kElement;
   const __m256 zero = _mm256_setzero_ps();
+  const __m256 minus_infinity = _mm256_set1_ps(-__builtin_inff());
   for (int64_t s0 = 0; s0 < n; s0 += kBlock) {
     const int count = n - s0 < kBlock ? static_cast<int>(n - s0) : kBlock;
     __m256 score = zero;
@@ -74,8 +75,11 @@ void Scores(const IndexQuery& query, const std::byte* keys, int64_t n,
         dots[i] = Dot<T>(q, keys + (s0 + i) * row_bytes, dim);
       }
       __m256 f = _mm256_load_ps(dots);
-      // max(0, x) keeps -0 and NaN, as std::max(x, 0.0f).
-      if (query.f == IndexScore::kRelu) f = _mm256_max_ps(zero, f);
+      // max(0, x) keeps -0 and NaN, as std::max(x, 0.0f); the blend -inf.
+      if (query.f == IndexScore::kRelu) {
+        f = _mm256_blendv_ps(_mm256_max_ps(zero, f), f,
+                             _mm256_cmp_ps(f, minus_infinity, _CMP_EQ_OQ));
+      }
       score =
           _mm256_add_ps(score, _mm256_mul_ps(_mm256_set1_ps(query.w[j]), f));
     }

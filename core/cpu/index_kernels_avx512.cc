@@ -66,6 +66,7 @@ void Scores(const IndexQuery& query, const std::byte* keys, int64_t n,
   const int stride = IndexDimPadded(dim);
   const int64_t row_bytes = int64_t{dim} * kElement;
   const __m512 zero = _mm512_setzero_ps();
+  const __m512 minus_infinity = _mm512_set1_ps(-__builtin_inff());
   for (int64_t s0 = 0; s0 < n; s0 += kBlock) {
     const int count = n - s0 < kBlock ? static_cast<int>(n - s0) : kBlock;
     __m512 score = zero;
@@ -76,8 +77,12 @@ void Scores(const IndexQuery& query, const std::byte* keys, int64_t n,
         dots[i] = Dot<T>(q, keys + (s0 + i) * row_bytes, dim);
       }
       __m512 f = _mm512_load_ps(dots);
-      // max(0, x) keeps -0 and NaN, as std::max(x, 0.0f).
-      if (query.f == IndexScore::kRelu) f = _mm512_max_ps(zero, f);
+      // max(0, x) keeps -0 and NaN, as std::max(x, 0.0f); the mask -inf.
+      if (query.f == IndexScore::kRelu) {
+        f = _mm512_mask_mov_ps(
+            _mm512_max_ps(zero, f),
+            _mm512_cmp_ps_mask(f, minus_infinity, _CMP_EQ_OQ), f);
+      }
       score =
           _mm512_add_ps(score, _mm512_mul_ps(_mm512_set1_ps(query.w[j]), f));
     }

@@ -83,7 +83,8 @@ TEST(IndexKernelsTest, ScalarIsTheCanonicalArithmetic) {
       for (int width = 8; width >= 1; width /= 2) {
         for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
       }
-      const float f = std::max(lanes[0], 0.0f);
+      const float f =
+          lanes[0] == -INFINITY ? lanes[0] : std::max(lanes[0], 0.0f);
       const float term = in.w[j] * f;
       score += term;
     }
@@ -111,6 +112,46 @@ TEST(IndexKernelsTest, EveryIsaIsBitwiseTheScalarKernel) {
           IndexScoresFor(isa)(in.query, dtype, in.keys.data(), n, got.data());
           EXPECT_EQ(Bits(got), Bits(want));
         }
+      }
+    }
+  }
+}
+
+// A dot product that overflows float32 leaves the score not finite under
+// either f (the call then fails): ReLU does not turn a -inf into a 0. Each
+// key's dot overflows at a different point: the first in a product, the
+// second only in the lane reduction, the third in one lane although its
+// true sum is finite (2 * -3.4e38 + 2 * 3e38).
+TEST(IndexKernelsTest, AnOverflowedDotIsNeverHidden) {
+  const int dim = 48;
+  const int stride = IndexDimPadded(dim);
+  std::vector<float> q(stride, 0.0f);
+  std::vector<float> keys(3 * dim, 0.0f);
+  q[0] = 1e30f;
+  keys[0] = -1e30f;  // key 0: -1e60
+  for (int d = 16; d < 32; ++d) {
+    q[d] = 1.0f;
+    keys[dim + d] = -3e38f;  // key 1: lanes of -3e38, reduced: -inf
+  }
+  q[1] = q[2] = q[3] = 1.0f;
+  keys[2 * dim + 1] = -3.4e38f;  // key 2: lane 1 -3.4e38 - 3.4e38
+  keys[2 * dim + 17] = -3.4e38f;
+  keys[2 * dim + 2] = 3e38f;
+  keys[2 * dim + 3] = 3e38f;
+  const float w = 0.5f;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (!CpuIsaSupported(isa) || IndexScoresFor(isa) == nullptr) continue;
+    for (IndexScore f : {IndexScore::kIdentity, IndexScore::kRelu}) {
+      const IndexQuery query{
+          .q = q.data(), .w = &w, .heads = 1, .dim = dim, .f = f};
+      std::vector<float> scores(3);
+      IndexScoresFor(isa)(query, DType::kFloat32,
+                          reinterpret_cast<const std::byte*>(keys.data()), 3,
+                          scores.data());
+      for (int s = 0; s < 3; ++s) {
+        EXPECT_FALSE(std::isfinite(scores[s]))
+            << CpuIsaName(isa) << (f == IndexScore::kRelu ? " relu" : "")
+            << " key " << s << ": " << scores[s];
       }
     }
   }

@@ -115,6 +115,15 @@ AppendRequest Request(const std::string& id, int layer, const Tokens& t,
   return r;
 }
 
+// Sets every element of row `row` of `x` to `value`.
+void SetRow(HostTensor& x, int64_t row, float value) {
+  std::vector<float> values = x.values;
+  const int64_t width = NumElements(x.shape) / x.shape[0];
+  std::fill(values.begin() + row * width, values.begin() + (row + 1) * width,
+            value);
+  x = FloatTensor(x.shape, values);
+}
+
 // The float64 reference selection of the query at `position` (tie: lower
 // position first), increasing.
 std::vector<int64_t> ReferenceSelection(const Tokens& t, int64_t row,
@@ -463,6 +472,32 @@ TEST(TopKAttentionTest, BadIndexInputsFailAndChangeNothing) {
   EXPECT_EQ(after->kv_cache_bytes, 0);
 }
 
+// An index q . k that overflows float32 fails the call under ReLU too (a
+// -inf would otherwise become a score of 0), and changes nothing.
+TEST(TopKAttentionTest, AnOverflowedIndexScoreFailsUnderEitherFunction) {
+  auto engine = MakeEngine();
+  auto info = engine->CreateSession(TopKSpec(2), absl::ZeroDuration());
+  ASSERT_TRUE(info.ok());
+  Tokens t(4, 3);
+  SetRow(t.index_k, 0, -1e30f);
+  SetRow(t.index_q, 3, 1e30f);
+  for (int layer : {0, 1}) {  // identity, ReLU
+    const absl::Status status =
+        engine->Append(Request(info->session_id, layer, t, 0, 4, true))
+            .status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument)
+        << "layer " << layer << ": " << status;
+    EXPECT_NE(status.message().find(
+                  "index score of key 0 for the query at position 3"),
+              absl::string_view::npos)
+        << status;
+  }
+  auto after = engine->GetSession(info->session_id);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->layer_lengths, std::vector<int64_t>(3, 0));
+  EXPECT_EQ(after->kv_cache_bytes, 0);
+}
+
 // An overflow in a row's attention over its shortlist names the row's and
 // the key's positions in the session, not those inside the shortlist.
 TEST(TopKAttentionTest, AnOverflowNamesThePositionsOfTheSession) {
@@ -472,18 +507,11 @@ TEST(TopKAttentionTest, AnOverflowNamesThePositionsOfTheSession) {
   Tokens t(101, 5);
   // Token 100: its query and key overflow Q @ K^T, and its index key
   // scores highest, so that its own key is in its shortlist.
-  const auto set_row = [](HostTensor& x, int64_t row, float value) {
-    std::vector<float> values = x.values;
-    const int64_t width = NumElements(x.shape) / x.shape[0];
-    std::fill(values.begin() + row * width, values.begin() + (row + 1) * width,
-              value);
-    x = FloatTensor(x.shape, values);
-  };
-  set_row(t.q, 100, 1e20f);
-  set_row(t.k, 100, 1e20f);
-  set_row(t.index_k, 100, 3.0f);
-  set_row(t.index_q, 100, 2.0f);
-  set_row(t.index_w, 100, 2.0f);
+  SetRow(t.q, 100, 1e20f);
+  SetRow(t.k, 100, 1e20f);
+  SetRow(t.index_k, 100, 3.0f);
+  SetRow(t.index_q, 100, 2.0f);
+  SetRow(t.index_w, 100, 2.0f);
   ASSERT_TRUE(
       engine->Append(Request(info->session_id, 0, t, 0, 100, true)).ok());
   const absl::Status status =
