@@ -299,6 +299,8 @@ struct DensePlan {
   std::vector<int64_t> group_ends;
   std::vector<Item> items;
   int64_t partial_floats = 0;
+  // Of kMaxPartialFloats, what the units with shared chunks take.
+  int64_t shared_partial_floats = 0;
   bool inline_run = false;
 };
 
@@ -373,6 +375,7 @@ void PlanSharedChunks(absl::Span<const AttentionProblem> problems,
     floats += need;
     admitted[u] = 1;
   }
+  plan->shared_partial_floats = floats;
   for (cpu::SharedChunk& chunk : plan->shared) {
     std::erase_if(chunk.members, [&](const cpu::SharedChunkMember& member) {
       return !admitted[member.unit];
@@ -445,6 +448,9 @@ void PlanItems(absl::Span<const AttentionProblem> problems,
     plan->items.push_back(Item{-1, 0, 0, static_cast<int64_t>(s)});
   }
   int64_t u = 0;
+  // The other split units' states, after the shared ones' (wherever those
+  // come in unit order).
+  int64_t other_floats = 0;
   for (const int64_t end : plan->group_ends) {
     const Unit& first = plan->units[u];
     const int64_t count = first.chunks_end - first.chunks_begin;
@@ -456,11 +462,14 @@ void PlanItems(absl::Span<const AttentionProblem> problems,
     // kMaxPartialFloats (a group of many heads per KV head and wide values
     // over a long history took gigabytes of chunk states). Units with
     // shared chunks are within it already (PlanSharedChunks).
+    const bool has_shared = HasSharedChunks(*plan, first);
     const bool split =
-        HasSharedChunks(*plan, first) ||
+        has_shared ||
         (count > chunks_per_piece &&
          problems[first.problem].weights == nullptr &&
-         plan->partial_floats + group_floats <= kMaxPartialFloats);
+         plan->shared_partial_floats + other_floats + group_floats <=
+             kMaxPartialFloats);
+    if (split && !has_shared) other_floats += group_floats;
     for (int64_t k = u; k < end; ++k) {
       Unit& unit = plan->units[k];
       unit.split = split;
