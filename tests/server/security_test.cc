@@ -258,10 +258,26 @@ class TokenTest : public SecurityTest {
         server::DigestTokenHex(bob_token), "  -  -   # no limits\n");
   }
 
-  std::unique_ptr<AttentionClient> WithToken(const std::string& token) {
+  static ClientOptions TokenOptions(const std::string& token) {
     ClientOptions options;
     options.auth_token = token;
-    return Client(*server_, options);
+    return options;
+  }
+
+  std::unique_ptr<AttentionClient> WithToken(const std::string& token) {
+    return Client(*server_, TokenOptions(token));
+  }
+
+  // A server with these tokens that keeps its sessions in a snapshot
+  // directory across restarts.
+  server::ServerOptions SnapshotDirOptions() const {
+    server::ServerOptions options = TestServerOptions();
+    options.auth_tokens_file = tokens_file_;
+    options.snapshot_dir = absl::StrCat(dir_, "/snapshots");
+    // The snapshot gets the second half of the drain: generous for slow
+    // (sanitizer) builds; the drain still ends once the snapshot is written.
+    options.drain_timeout = absl::Seconds(60);
+    return options;
   }
 
   std::string tokens_file_;
@@ -758,18 +774,11 @@ TEST_F(TokenTest, SnapshotsCarryTheirTenantAndCountTowardsTheImporter) {
 }
 
 TEST_F(TokenTest, SnapshotDirRestoresEverySessionToItsOwner) {
-  server::ServerOptions options = TestServerOptions();
-  options.auth_tokens_file = tokens_file_;
-  options.snapshot_dir = absl::StrCat(dir_, "/snapshots");
-  // The snapshot gets the second half of the drain: generous for slow
-  // (sanitizer) builds; the drain still ends once the snapshot is written.
-  options.drain_timeout = absl::Seconds(60);
+  const server::ServerOptions options = SnapshotDirOptions();
   auto first = Start(options);
   ASSERT_NE(first, nullptr);
-  ClientOptions alice_options;
-  alice_options.auth_token = "alice-token";
-  ClientOptions bob_options;
-  bob_options.auth_token = "bob-token";
+  const ClientOptions alice_options = TokenOptions("alice-token");
+  const ClientOptions bob_options = TokenOptions("bob-token");
   const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
   std::string id;
   {
@@ -804,14 +813,9 @@ TEST_F(TokenTest, SnapshotDirRestoresEverySessionToItsOwner) {
 // tenant's forks never take the room of another tenant's sessions, and the
 // rest only into the room left.
 TEST_F(TokenTest, SnapshotRestoreFillsEveryTenantsQuotaBeforeForks) {
-  server::ServerOptions options = TestServerOptions();
-  options.auth_tokens_file = tokens_file_;
-  options.snapshot_dir = absl::StrCat(dir_, "/snapshots");
-  options.drain_timeout = absl::Seconds(60);
-  ClientOptions alice_options;
-  alice_options.auth_token = "alice-token";
-  ClientOptions bob_options;
-  bob_options.auth_token = "bob-token";
+  server::ServerOptions options = SnapshotDirOptions();
+  const ClientOptions alice_options = TokenOptions("alice-token");
+  const ClientOptions bob_options = TokenOptions("bob-token");
   // 8 tokens per 4 KiB block: alice's prompt takes 2 blocks, all of her
   // max_kv_bytes (8192); its fork shares them while live.
   const v1::SessionSpec spec = MakeSpec(1, 1, 1, 64);
