@@ -1,6 +1,7 @@
 #include "core/session_manager.h"
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <random>
 #include <utility>
@@ -178,7 +179,7 @@ void SessionManager::ReleaseImportId(const std::string& id) {
 bool SessionManager::Contains(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(id);
-  return it != sessions_.end() && !it->second->Expired(options_.now());
+  return it != sessions_.end() && !IdledOut(*it->second, options_.now());
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
@@ -213,10 +214,9 @@ absl::Status SessionManager::Insert(std::shared_ptr<Session> session,
   std::vector<std::shared_ptr<Session>> expired;  // freed outside the lock
   absl::MutexLock lock(&mu_);
   if (auto it = sessions_.find(session->id());
-      it != sessions_.end() && it->second->Expired(options_.now())) {
+      it != sessions_.end() && IdledOut(*it->second, options_.now())) {
     // Gone for every caller already; the reaper had not got to it.
-    Erase(it, &expired);
-    ++expired_total_;
+    EraseExpired(it, &expired);
   }
   if (sessions_.contains(session->id())) {
     return absl::AlreadyExistsError(absl::StrCat(
@@ -256,6 +256,16 @@ SessionManager::Table::iterator SessionManager::Erase(
   return sessions_.erase(it);
 }
 
+bool SessionManager::IdledOut(const Session& session, absl::Time now) const {
+  return session.Expired(now) && !sealed_.contains(session.id());
+}
+
+SessionManager::Table::iterator SessionManager::EraseExpired(
+    Table::iterator it, std::vector<std::shared_ptr<Session>>* removed) {
+  ++expired_total_;
+  return Erase(it, removed);
+}
+
 absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
                                                const Tenant& tenant,
                                                SealWait seal_wait,
@@ -273,9 +283,8 @@ absl::StatusOr<SessionRef> SessionManager::Get(const std::string& id,
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
     return NotFound(id, tenant);
   }
-  if (it->second->Expired(now)) {
-    Erase(it, &expired);
-    ++expired_total_;
+  if (IdledOut(*it->second, now)) {
+    EraseExpired(it, &expired);
     return SessionNotFound(id);
   }
   // Taken under the lock, so the reaper cannot expire it in between. The
@@ -291,7 +300,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Find(
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
     return NotFound(id, tenant);
   }
-  if (it->second->Expired(options_.now())) return SessionNotFound(id);
+  if (IdledOut(*it->second, options_.now())) return SessionNotFound(id);
   return it->second;
 }
 
@@ -305,7 +314,7 @@ std::vector<std::shared_ptr<Session>> SessionManager::List(
        static_cast<int64_t>(sessions.size()) < limit;
        ++it) {
     auto session = sessions_.find(it->second);
-    if (session != sessions_.end() && !session->second->Expired(now)) {
+    if (session != sessions_.end() && !IdledOut(*session->second, now)) {
       sessions.push_back(session->second);
     }
   }
@@ -334,9 +343,8 @@ absl::Status SessionManager::Delete(const std::string& id, const Tenant& tenant,
   if (it == sessions_.end() || it->second->owner() != tenant.name) {
     return NotFound(id, tenant);
   }
-  if (it->second->Expired(options_.now())) {
-    Erase(it, &removed);
-    ++expired_total_;
+  if (IdledOut(*it->second, options_.now())) {
+    EraseExpired(it, &removed);
     return SessionNotFound(id);
   }
   ATTN_RETURN_IF_ERROR(CheckCall(control));
@@ -416,7 +424,7 @@ absl::StatusOr<SessionSeal> SessionManager::Seal(const std::string& id,
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end() || it->second->Expired(options_.now())) {
+    if (it == sessions_.end() || IdledOut(*it->second, options_.now())) {
       return SessionNotFound(id);
     }
     if (!sealed_.insert(id).second) {
@@ -454,14 +462,9 @@ int64_t SessionManager::ExpireIdle(absl::Time now) {
   std::vector<std::shared_ptr<Session>> expired;
   absl::MutexLock lock(&mu_);
   for (auto it = sessions_.begin(); it != sessions_.end();) {
-    // A sealed session's hand-over decides its fate.
-    if (it->second->Expired(now) && !sealed_.contains(it->first)) {
-      it = Erase(it, &expired);
-    } else {
-      ++it;
-    }
+    it =
+        IdledOut(*it->second, now) ? EraseExpired(it, &expired) : std::next(it);
   }
-  expired_total_ += static_cast<int64_t>(expired.size());
   return static_cast<int64_t>(expired.size());
 }
 

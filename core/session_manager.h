@@ -315,6 +315,14 @@ class SessionManager {
   Table::iterator Erase(Table::iterator it,
                         std::vector<std::shared_ptr<Session>>* removed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `session` is gone for its idle timeout at `now`: past it, and
+  // not sealed (a sealed session's hand-over decides its fate).
+  bool IdledOut(const Session& session, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Erase of a session that IdledOut, counted in expired_total_.
+  Table::iterator EraseExpired(Table::iterator it,
+                               std::vector<std::shared_ptr<Session>>* removed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReaperMain();
 
   BlockPool* const pool_;
