@@ -1,9 +1,11 @@
 // engine_ops_fuzzer: drives a small AttentionEngine (CPU backend, a few KV
 // blocks, small dimensions) through random session operations — create
-// with random layer specs, prefill, decode, AppendBatch, AppendEach, fork,
+// with random layer specs (window, sinks, top-k sparse layers, the shared
+// latent layout of MLA), prefill, decode, AppendBatch, AppendEach, fork,
 // truncate, delete, idle expiry on a fuzzer-driven clock — and checks it
-// against a model kept here: the K/V history of every (session, layer),
-// every output against the float64 reference of tests/core, failed calls
+// against a model kept here: the K/V (and index key) history of every
+// (session, layer), every output against the float64 reference of
+// tests/core, every top-k selection against one computed here, failed calls
 // changing nothing, and the block pool's accounting after each step.
 #include <algorithm>
 #include <limits>
@@ -106,8 +108,11 @@ struct ModelSession {
   std::string id;
   SessionSpec spec;  // resolved
   absl::Duration timeout;
-  // K/V as stored (rounded to kv_dtype), per layer: [len, H_kv, d(v)].
+  // K/V as stored (rounded to kv_dtype), per layer: [len, H_kv, d(v)]. A
+  // shared-latent session's v is the leading value_dim entries of its k.
   std::vector<std::vector<float>> k, v;
+  // Index keys as stored, per layer: [len, index_dim] (top-k layers).
+  std::vector<std::vector<float>> index_k;
   int64_t group = 0;  // sessions of one group may share blocks (forks)
   // The idle clock: the last call certainly / possibly touching it.
   absl::Time last_sure, last_maybe;
@@ -125,6 +130,9 @@ struct PlannedAppend {
   // Made invalid on purpose: how, or empty.
   std::string corrupt;
   std::vector<float> q, k, v;
+  // Top-k layers: index keys [T, index_dim], queries [T, index_heads,
+  // index_dim] and weights [T, index_heads].
+  std::vector<float> index_k, index_q, index_w;
   std::vector<std::byte> destination;
   int64_t destination_offset = 0;
   AppendRequest request;
@@ -202,6 +210,15 @@ class EngineOpsFuzzer {
     return out;
   }
 
+  // Small integers in [-4, 4]: index weights with which every index score
+  // of Values() inputs is exact in float32, so that the selection is the
+  // one computed here whatever the kernel's order of summation.
+  std::vector<float> SmallIntegers(int64_t count) {
+    std::vector<float> out(count);
+    for (float& x : out) x = in_.ConsumeIntegralInRange<int>(-4, 4);
+    return out;
+  }
+
   DType PickDType() {
     return in_.PickValueInArray(
         {DType::kFloat32, DType::kFloat16, DType::kBFloat16});
@@ -219,6 +236,13 @@ class EngineOpsFuzzer {
     if (in_.ConsumeBool()) {
       spec.scale = in_.ConsumeIntegralInRange<int>(1, 16) / 16.0f;
     }
+    if (in_.ConsumeIntegralInRange<int>(0, 3) == 0) {
+      // MLA: one latent per token, values its leading entries; a scale.
+      spec.kv_layout = KvLayout::kSharedLatent;
+      spec.num_kv_heads = 1;
+      spec.value_dim = in_.ConsumeIntegralInRange<int32_t>(1, spec.head_dim);
+      spec.scale = in_.ConsumeIntegralInRange<int>(1, 16) / 16.0f;
+    }
     spec.max_tokens = in_.ConsumeIntegralInRange<int64_t>(0, kMaxTokens);
     const int layer_specs = in_.PickValueInArray({0, 1, spec.num_layers});
     for (int i = 0; i < layer_specs; ++i) {
@@ -232,6 +256,13 @@ class EngineOpsFuzzer {
           layer.sink_logits.push_back(in_.ConsumeIntegralInRange<int>(-24, 24) /
                                       8.0f);
         }
+      }
+      if (in_.ConsumeIntegralInRange<int>(0, 2) == 0) {
+        layer.topk = in_.ConsumeIntegralInRange<int32_t>(1, 6);
+        layer.index_score =
+            in_.ConsumeBool() ? IndexScore::kRelu : IndexScore::kIdentity;
+        spec.index_dim = in_.ConsumeIntegralInRange<int32_t>(1, 4);
+        spec.index_heads = in_.ConsumeIntegralInRange<int32_t>(1, 3);
       }
       spec.layers.push_back(std::move(layer));
     }
@@ -249,6 +280,13 @@ class EngineOpsFuzzer {
       }
       case 2:
         spec.max_tokens = kMaxTokens + 1;
+        break;
+      case 3:  // a top-k layer without an index, or an index without one
+        spec.index_dim = spec.index_dim == 0 ? 2 : 0;
+        break;
+      case 4:  // a shared latent needs one KV head and a scale
+        spec.kv_layout = KvLayout::kSharedLatent;
+        if (spec.num_kv_heads == 1) spec.scale = 0.0f;
         break;
       default:
         break;
@@ -286,6 +324,7 @@ class EngineOpsFuzzer {
         timeout == absl::ZeroDuration() ? absl::Seconds(100) : timeout;
     session.k.resize(resolved.num_layers);
     session.v.resize(resolved.num_layers);
+    session.index_k.resize(resolved.num_layers);
     session.group = next_group_++;
     session.last_sure = session.last_maybe = FuzzClock();
     sessions_.push_back(std::move(session));
@@ -307,22 +346,36 @@ class EngineOpsFuzzer {
       spec.head_dim = spec.value_dim = 4;
     }
     plan.layer = in_.ConsumeIntegralInRange<int>(0, spec.num_layers - 1);
+    const bool latent = spec.kv_layout == KvLayout::kSharedLatent;
+    const bool sparse = plan.session >= 0 && spec.layers[plan.layer].topk > 0;
     const int64_t t =
         decode ? 1 : in_.ConsumeIntegralInRange<int64_t>(1, kMaxPrefill);
     plan.q = Values(t * spec.num_q_heads * spec.head_dim);
     plan.k = Values(t * spec.num_kv_heads * spec.head_dim);
-    plan.v = Values(t * spec.num_kv_heads * spec.value_dim);
+    if (!latent) plan.v = Values(t * spec.num_kv_heads * spec.value_dim);
     AppendRequest& r = plan.request;
     r.session_id = plan.session >= 0 ? sessions_[plan.session].id
                                      : std::string("no-such-session");
     r.layer = plan.layer;
     r.q = FloatView(plan.q, {t, spec.num_q_heads, spec.head_dim});
     r.k = FloatView(plan.k, {t, spec.num_kv_heads, spec.head_dim});
-    r.v = FloatView(plan.v, {t, spec.num_kv_heads, spec.value_dim});
+    if (!latent) {
+      r.v = FloatView(plan.v, {t, spec.num_kv_heads, spec.value_dim});
+    }
+    if (sparse) {
+      plan.index_k = Values(t * spec.index_dim);
+      plan.index_q = Values(t * spec.index_heads * spec.index_dim);
+      plan.index_w = SmallIntegers(t * spec.index_heads);
+      r.index_k = FloatView(plan.index_k, {t, spec.index_dim});
+      r.index_q =
+          FloatView(plan.index_q, {t, spec.index_heads, spec.index_dim});
+      r.index_weights = FloatView(plan.index_w, {t, spec.index_heads});
+      r.return_topk_indices = in_.ConsumeBool();
+    }
     if (decode) r.required_tokens = 1;
     r.output_dtype = PickDType();
     r.return_lse = in_.ConsumeBool();
-    switch (in_.ConsumeIntegralInRange<int>(0, 23)) {
+    switch (in_.ConsumeIntegralInRange<int>(0, 27)) {
       case 0:  // a layer past the end
         r.layer = spec.num_layers;
         plan.corrupt = "layer past the end";
@@ -336,8 +389,30 @@ class EngineOpsFuzzer {
         plan.corrupt = "k bytes not matching its shape";
         break;
       case 3:  // not finite
-        plan.v[0] = std::nanf("");
-        plan.corrupt = "NaN in v";
+        (latent ? plan.k : plan.v)[0] = std::nanf("");
+        plan.corrupt = "NaN in k or v";
+        break;
+      case 4:  // a v for a shared latent, or none for separate values
+        if (latent) {
+          plan.v = Values(t * spec.value_dim);
+          r.v = FloatView(plan.v, {t, 1, spec.value_dim});
+        } else {
+          r.v = TensorView();
+        }
+        plan.corrupt = "v present iff the values are not the latent";
+        break;
+      case 5:  // index inputs on a dense layer, or none on a top-k layer
+        if (sparse) {
+          r.index_weights = TensorView();
+        } else {
+          r.return_topk_indices = true;
+        }
+        plan.corrupt = "index inputs iff the layer is top-k";
+        break;
+      case 6:  // an index query of the wrong width
+        if (!sparse) break;
+        r.index_q.shape[2] += 1;
+        plan.corrupt = "index_q of the wrong width";
         break;
       default:
         break;
@@ -359,8 +434,66 @@ class EngineOpsFuzzer {
     return plan;
   }
 
-  // The expected output of `plan` over the session's current history.
-  testing::ReferenceOutputs Expected(const PlannedAppend& plan) {
+  // The values `s` stores for appended keys `k` (as stored) and values `v`
+  // (as sent): the keys' leading value_dim entries for a shared latent.
+  static std::vector<float> StoredValues(const ModelSession& s,
+                                         const std::vector<float>& k,
+                                         const std::vector<float>& v) {
+    if (s.spec.kv_layout != KvLayout::kSharedLatent) {
+      return StoredAs(s.spec.kv_dtype, v);
+    }
+    std::vector<float> values;
+    for (size_t begin = 0; begin < k.size(); begin += s.spec.head_dim) {
+      values.insert(values.end(), k.begin() + begin,
+                    k.begin() + begin + s.spec.value_dim);
+    }
+    return values;
+  }
+
+  // The positions query `row` of `plan` selects on a top-k layer over the
+  // session's history and the plan's own keys, increasing: the `topk`
+  // visible keys of highest index score, ties to the lower position. The
+  // scores are exact (see SmallIntegers), so computed here in double.
+  std::vector<int64_t> Selection(const PlannedAppend& plan, int64_t row,
+                                 const MaskSpec& mask) {
+    const ModelSession& s = sessions_[plan.session];
+    const SessionSpec& spec = s.spec;
+    const LayerSpec& layer = spec.layers[plan.layer];
+    std::vector<float> keys = s.index_k[plan.layer];
+    const std::vector<float> stored = StoredAs(spec.kv_dtype, plan.index_k);
+    keys.insert(keys.end(), stored.begin(), stored.end());
+    const int64_t position = mask.query_start + row;
+    std::vector<std::pair<double, int64_t>> scored;
+    for (int64_t key = 0; key <= position; ++key) {
+      if (!testing::ReferenceKeyVisible(mask, position, key)) continue;
+      double score = 0;
+      for (int j = 0; j < spec.index_heads; ++j) {
+        double dot = 0;
+        for (int d = 0; d < spec.index_dim; ++d) {
+          dot +=
+              double{
+                  plan.index_q[(row * spec.index_heads + j) * spec.index_dim +
+                               d]} *
+              keys[key * spec.index_dim + d];
+        }
+        if (layer.index_score == IndexScore::kRelu) dot = std::max(dot, 0.0);
+        score += plan.index_w[row * spec.index_heads + j] * dot;
+      }
+      scored.emplace_back(-score, key);  // sorted: highest score first
+    }
+    std::sort(scored.begin(), scored.end());
+    scored.resize(std::min<size_t>(scored.size(), layer.topk));
+    std::vector<int64_t> positions;
+    for (const auto& [score, key] : scored) positions.push_back(key);
+    std::sort(positions.begin(), positions.end());
+    return positions;
+  }
+
+  // The expected output of `plan` over the session's current history, and
+  // on a top-k layer each query's selection.
+  testing::ReferenceOutputs Expected(
+      const PlannedAppend& plan,
+      std::vector<std::vector<int64_t>>* selections = nullptr) {
     const ModelSession& s = sessions_[plan.session];
     const SessionSpec& spec = s.spec;
     const LayerSpec& layer = spec.layers[plan.layer];
@@ -375,7 +508,7 @@ class EngineOpsFuzzer {
     in.k = s.k[plan.layer];
     in.v = s.v[plan.layer];
     const std::vector<float> k = StoredAs(spec.kv_dtype, plan.k);
-    const std::vector<float> v = StoredAs(spec.kv_dtype, plan.v);
+    const std::vector<float> v = StoredValues(s, k, plan.v);
     in.k.insert(in.k.end(), k.begin(), k.end());
     in.v.insert(in.v.end(), v.begin(), v.end());
     in.mask = MaskSpec{.causal = true,
@@ -384,6 +517,17 @@ class EngineOpsFuzzer {
                        .query_start = s.length(plan.layer)};
     in.sink_logits = layer.sink_logits;
     in.scale = spec.scale;
+    if (layer.topk > 0) {
+      // Attention over the selected keys only: the others biased to -inf.
+      in.bias_rank = 2;
+      in.bias.assign(in.num_queries * in.num_keys,
+                     -std::numeric_limits<float>::infinity());
+      for (int64_t row = 0; row < in.num_queries; ++row) {
+        std::vector<int64_t> selected = Selection(plan, row, in.mask);
+        for (int64_t key : selected) in.bias[row * in.num_keys + key] = 0.0f;
+        if (selections != nullptr) selections->push_back(std::move(selected));
+      }
+    }
     absl::StatusOr<testing::ReferenceOutputs> out =
         testing::ReferenceAttention(in);
     Check(out.ok(), absl::StrCat("reference: ", out.status().ToString()));
@@ -394,7 +538,8 @@ class EngineOpsFuzzer {
   void Commit(const PlannedAppend& plan, const AttentionOutput& output) {
     ModelSession& s = sessions_[plan.session];
     const AppendRequest& r = plan.request;
-    const testing::ReferenceOutputs want = Expected(plan);
+    std::vector<std::vector<int64_t>> selections;
+    const testing::ReferenceOutputs want = Expected(plan, &selections);
     const int64_t n = static_cast<int64_t>(want.output.size());
     Check(output.position == s.length(plan.layer), "wrong position");
     std::vector<float> got(n);
@@ -430,10 +575,38 @@ class EngineOpsFuzzer {
             absl::StrCat("lse[", i, "] = ", lse, ", reference ", want.lse[i]));
       }
     }
+    CheckSelections(plan, selections, output.topk_indices);
     const std::vector<float> k = StoredAs(s.spec.kv_dtype, plan.k);
-    const std::vector<float> v = StoredAs(s.spec.kv_dtype, plan.v);
+    const std::vector<float> v = StoredValues(s, k, plan.v);
+    const std::vector<float> index_k = StoredAs(s.spec.kv_dtype, plan.index_k);
     s.k[plan.layer].insert(s.k[plan.layer].end(), k.begin(), k.end());
     s.v[plan.layer].insert(s.v[plan.layer].end(), v.begin(), v.end());
+    s.index_k[plan.layer].insert(s.index_k[plan.layer].end(), index_k.begin(),
+                                 index_k.end());
+  }
+
+  // The selected positions a successful append returned: [T, topk], each
+  // row the expected selection padded with -1; none unless asked for.
+  void CheckSelections(const PlannedAppend& plan,
+                       const std::vector<std::vector<int64_t>>& selections,
+                       const std::vector<int64_t>& got) {
+    if (!plan.request.return_topk_indices) {
+      Check(got.empty(), "selected positions nobody asked for");
+      return;
+    }
+    const int64_t topk = sessions_[plan.session].spec.layers[plan.layer].topk;
+    Check(got.size() == selections.size() * topk,
+          absl::StrCat(got.size(), " selected positions for ",
+                       selections.size(), " rows of top-", topk));
+    for (size_t row = 0; row < selections.size(); ++row) {
+      std::vector<int64_t> want = selections[row];
+      want.resize(topk, -1);
+      Check(std::equal(want.begin(), want.end(), got.begin() + row * topk),
+            absl::StrCat("row ", row, " selected [",
+                         absl::StrJoin(got.begin() + row * topk,
+                                       got.begin() + (row + 1) * topk, ","),
+                         "], expected [", absl::StrJoin(want, ","), "]"));
+    }
   }
 
   // Whether a failed append's status is one it may fail with.
@@ -569,6 +742,9 @@ class EngineOpsFuzzer {
       if (s.length(l) > length) {
         s.k[l].resize(length * kv_row);
         s.v[l].resize(length * v_row);
+        if (s.spec.layers[l].topk > 0) {
+          s.index_k[l].resize(length * s.spec.index_dim);
+        }
       }
     }
   }

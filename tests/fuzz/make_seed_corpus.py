@@ -42,11 +42,13 @@ def step(layer, h, hkv, d, dv, dtype, seed):
         tensor("v", dtype, [1, hkv, dv], seed + 2)])
 
 
-# (file, type byte, session byte, message, text). Session specs (low 2 bits
-# of byte 1, modulo 3): 0: H 2, H_kv 1, d 4, layers full + window 4/sink
+# (file, type byte, session byte, message, text). Session specs (low 4 bits
+# of byte 1, modulo 5): 0: H 2, H_kv 1, d 4, layers full + window 4/sink
 # 1/learned sinks; 1: H 4, H_kv 2, d 8, value_dim 2, fp16 KV; 2: H 1,
-# H_kv 1, d 2, 3 window layers, bf16 KV. Bit 7 of the session byte
-# prefills bits 4-6 + 1 tokens.
+# H_kv 1, d 2, 3 window layers, bf16 KV; 3: MLA, H 2, d 6, value_dim 4,
+# layers top-3 (index 2 heads x 2) + window 5; 4: H 2, H_kv 2, d 4, bf16,
+# layers top-2 ReLU window 4/sink 1/learned sinks (index 1 head x 3) +
+# full. Bit 7 of the session byte prefills bits 4-6 + 1 tokens.
 PROTO_SEEDS = [
     ("create_session", 0, 0, "CreateSessionRequest",
      "spec { num_layers: 2 num_q_heads: 4 num_kv_heads: 2 head_dim: 8 "
@@ -71,6 +73,21 @@ PROTO_SEEDS = [
          tensor("q", F32, [3, 2, 4], 40), tensor("k", F32, [5, 1, 4], 41),
          tensor("v", F32, [5, 1, 4], 42), tensor("bias", F32, [3, 5], 43))),
     ("truncate", 6, 0xA0, "TruncateSessionRequest", "length: 2"),
+    # Session 3 (MLA, top-k layer 0), one token prefilled: no v.
+    ("decode_latent_topk", 2, 0x83, "DecodeRequest",
+     "layer: 0 %s %s %s %s %s return_topk_indices: true" % (
+         tensor("q", F32, [1, 2, 6], 50), tensor("k", F32, [1, 1, 6], 51),
+         tensor("index_k", F32, [1, 2], 52),
+         tensor("index_q", F32, [1, 2, 2], 53),
+         tensor("index_weights", F32, [1, 2], 54))),
+    # Session 4 (top-k ReLU window layer 0), two tokens prefilled.
+    ("prefill_topk", 1, 0x94, "PrefillRequest",
+     "layer: 0 %s %s %s %s %s %s return_topk_indices: true "
+     "output_dtype: DTYPE_BFLOAT16" % (
+         tensor("q", F32, [3, 2, 4], 60), tensor("k", F32, [3, 2, 4], 61),
+         tensor("v", F32, [3, 2, 4], 62), tensor("index_k", F32, [3, 3], 63),
+         tensor("index_q", F32, [3, 1, 3], 64),
+         tensor("index_weights", F32, [3, 1], 65))),
     ("session_calls", 7, 0x81, "GetSessionRequest", ""),
 ]
 

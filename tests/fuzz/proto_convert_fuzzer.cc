@@ -6,7 +6,8 @@
 // Input: byte 0 picks the request type (low 3 bits) and whether the
 // request's own session ids are kept (bit 7; otherwise they are replaced by
 // a live session's id so that calls get past the lookup); byte 1 picks one
-// of three fixed session specs (low 2 bits, modulo 3) and whether that
+// of five fixed session specs (low 4 bits, modulo 5: three dense ones, a
+// shared-latent (MLA) one with a top-k layer, a top-k one) and whether that
 // session is first prefilled (bit 7) with 1-8 tokens (bits 4-6); the rest
 // is the serialized request. Inputs whose work would be large are skipped
 // so the fuzzer stays fast. Checks, besides not crashing: failed
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,7 +81,7 @@ bool SmallEnough(const v1::Tensor& q, const v1::Tensor& k,
   return SaturatingProduct({Dim(q, 0), Dim(k, 0), Dim(q, 1), dim}) <= kMaxWork;
 }
 
-// The fixed session specs byte 1 chooses from (`which` % 3).
+// The fixed session specs byte 1 chooses from (`which` % 5).
 SessionSpec FixedSpec(int which) {
   SessionSpec spec;
   spec.max_tokens = kMaxTokens;
@@ -101,7 +103,7 @@ SessionSpec FixedSpec(int which) {
       spec.value_dim = 2;
       spec.kv_dtype = DType::kFloat16;
       break;
-    default:
+    case 2:
       spec.num_layers = 3;
       spec.num_q_heads = 1;
       spec.num_kv_heads = 1;
@@ -109,6 +111,36 @@ SessionSpec FixedSpec(int which) {
       spec.kv_dtype = DType::kBFloat16;
       spec.layers = {
           LayerSpec{.window = 3, .num_sink_tokens = 0, .sink_logits = {}}};
+      break;
+    case 3:  // MLA: a top-k layer and a dense window layer
+      spec.num_layers = 2;
+      spec.num_q_heads = 2;
+      spec.num_kv_heads = 1;
+      spec.head_dim = 6;
+      spec.value_dim = 4;
+      spec.scale = 0.5f;
+      spec.kv_dtype = DType::kFloat16;
+      spec.kv_layout = KvLayout::kSharedLatent;
+      spec.index_dim = 2;
+      spec.index_heads = 2;
+      spec.layers.resize(2);
+      spec.layers[0].topk = 3;
+      spec.layers[1].window = 5;
+      break;
+    default:  // a top-k window layer with sinks (ReLU index), a dense one
+      spec.num_layers = 2;
+      spec.num_q_heads = 2;
+      spec.num_kv_heads = 2;
+      spec.head_dim = 4;
+      spec.kv_dtype = DType::kBFloat16;
+      spec.index_dim = 3;
+      spec.index_heads = 1;
+      spec.layers = {LayerSpec{.window = 4,
+                               .num_sink_tokens = 1,
+                               .sink_logits = {1.0f, -1.0f},
+                               .topk = 2,
+                               .index_score = IndexScore::kRelu},
+                     LayerSpec{}};
       break;
   }
   return spec;
@@ -162,7 +194,7 @@ class ProtoConvertFuzzer {
     const int payload_size = static_cast<int>(size - 2);
 
     absl::StatusOr<SessionInfo> session = engine_->CreateSession(
-        FixedSpec((session_choice & 0x3) % 3), absl::ZeroDuration());
+        FixedSpec((session_choice & 0xF) % 5), absl::ZeroDuration());
     Check(session.ok(), session.status().ToString());
     session_ = *session;
     if (session_choice & 0x80)
@@ -221,13 +253,25 @@ class ProtoConvertFuzzer {
     std::vector<float> q(t * spec.num_q_heads * spec.head_dim, 0.25f);
     std::vector<float> k(t * spec.num_kv_heads * spec.head_dim, -0.5f);
     std::vector<float> v(t * spec.num_kv_heads * spec.value_dim, 1.0f);
+    std::vector<float> index(t * spec.index_heads * spec.index_dim, 0.5f);
+    const auto index_rows = [&](Shape shape) {
+      return FloatView(absl::MakeConstSpan(index).first(NumElements(shape)),
+                       shape);
+    };
     for (int layer = 0; layer < spec.num_layers; ++layer) {
       AppendRequest r;
       r.session_id = session_.session_id;
       r.layer = layer;
       r.q = FloatView(q, {t, spec.num_q_heads, spec.head_dim});
       r.k = FloatView(k, {t, spec.num_kv_heads, spec.head_dim});
-      r.v = FloatView(v, {t, spec.num_kv_heads, spec.value_dim});
+      if (spec.kv_layout != KvLayout::kSharedLatent) {
+        r.v = FloatView(v, {t, spec.num_kv_heads, spec.value_dim});
+      }
+      if (spec.layers[layer].topk > 0) {
+        r.index_k = index_rows({t, spec.index_dim});
+        r.index_q = index_rows({t, spec.index_heads, spec.index_dim});
+        r.index_weights = index_rows({t, spec.index_heads});
+      }
       absl::StatusOr<AttentionOutput> out = engine_->Append(r);
       Check(out.ok(), out.status().ToString());
     }
@@ -263,6 +307,29 @@ class ProtoConvertFuzzer {
     Check(result.output().data().size() ==
               static_cast<size_t>(output.output.size_bytes()),
           "output bytes");
+    Check(result.topk_indices_size() ==
+              static_cast<int>(output.topk_indices.size()),
+          "selected positions lost in the reply");
+  }
+
+  // Checks a successful append's result: T * H * value_dim output elements
+  // of the session's spec (an MLA request has no v to take value_dim
+  // from), and T * topk selected positions when asked.
+  void CheckAppendResult(const AppendRequest& request,
+                         const AttentionOutput& output) {
+    std::optional<SessionSpec> spec;
+    for (const SessionInfo& info :
+         engine_->ListSessions("", std::numeric_limits<int64_t>::max())) {
+      if (info.session_id == request.session_id) spec = info.spec;
+    }
+    Check(spec.has_value(), "the appended session is gone");
+    const int64_t t = request.q.shape[0];
+    CheckResult(output, t * spec->num_q_heads * spec->value_dim);
+    const int64_t topk = spec->layers[request.layer].topk;
+    Check(static_cast<int64_t>(output.topk_indices.size()) ==
+              (request.return_topk_indices ? t * topk : 0),
+          absl::StrCat(output.topk_indices.size(), " selected positions for ",
+                       t, " tokens of top-", topk));
   }
 
   int64_t LayerLength(const std::string& id, int32_t layer) const {
@@ -314,7 +381,7 @@ class ProtoConvertFuzzer {
     Check(out->position == length, "position");
     Check(LayerLength(request->session_id, request->layer) == length + t,
           "layer length after append");
-    CheckResult(*out, t * request->q.shape[1] * request->v.shape[2]);
+    CheckAppendResult(*request, *out);
   }
 
   void Prefill(v1::PrefillRequest& request) {
@@ -349,7 +416,7 @@ class ProtoConvertFuzzer {
       }
       Check(out->size() == steps.size(), "batch result count");
       for (size_t i = 0; i < steps.size(); ++i) {
-        CheckResult((*out)[i], steps[i].q.shape[1] * steps[i].v.shape[2]);
+        CheckAppendResult(steps[i], (*out)[i]);
       }
       return;
     }
@@ -360,7 +427,7 @@ class ProtoConvertFuzzer {
     for (size_t i = 0; i < steps.size(); ++i) {
       if (!out[i].ok()) continue;
       any_ok = true;
-      CheckResult(*out[i], steps[i].q.shape[1] * steps[i].v.shape[2]);
+      CheckAppendResult(steps[i], *out[i]);
     }
     if (!any_ok && !steps.empty()) {
       CheckUnchanged(before, out[0].status(), "AppendEach");

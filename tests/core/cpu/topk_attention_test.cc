@@ -222,6 +222,85 @@ TEST(TopKAttentionTest, SelectionMatchesReferenceAndOutputIsDenseOverIt) {
   }
 }
 
+// MLA with top-k layers (DeepSeek-V3.2): one latent per token, shared by
+// every query head, the values its leading value_dim entries. Each row's
+// selection matches the reference, and its output is bitwise dense
+// attention over the selected latents, for a prefill and for the decode
+// steps after it.
+TEST(TopKAttentionTest, SharedLatentSelectionMatchesAndOutputIsDenseOverIt) {
+  auto engine = MakeEngine();
+  SessionSpec spec = TopKSpec(12);
+  spec.kv_layout = KvLayout::kSharedLatent;
+  spec.num_kv_heads = 1;
+  spec.scale = 0.2f;
+  auto info = engine->CreateSession(spec, absl::ZeroDuration());
+  ASSERT_TRUE(info.ok()) << info.status();
+  const int64_t prompt = 60, total = 90;
+  for (int layer = 0; layer < 2; ++layer) {
+    const Tokens t(total, 21 + layer, kIndexHeads, kIndexDim, kHeads,
+                   /*kv_heads=*/1);
+    std::vector<float> output, lse;
+    std::vector<int64_t> selected;
+    // The prompt, then one decode step per token.
+    for (int64_t begin = 0; begin < total;) {
+      const int64_t end = begin == 0 ? prompt : begin + 1;
+      AppendRequest r = Request(info->session_id, layer, t, begin, end,
+                                /*index=*/true);
+      r.v = TensorView();  // the values are the latents' leading entries
+      auto out = engine->Append(r);
+      ASSERT_TRUE(out.ok()) << out.status();
+      const std::vector<float> o = ToFloats(out->output);
+      const std::vector<float> l = ToFloats(*out->lse);
+      output.insert(output.end(), o.begin(), o.end());
+      lse.insert(lse.end(), l.begin(), l.end());
+      selected.insert(selected.end(), out->topk_indices.begin(),
+                      out->topk_indices.end());
+      begin = end;
+    }
+    ASSERT_EQ(selected.size(), static_cast<size_t>(total * 12));
+    for (int64_t row = 0; row < total; ++row) {
+      const std::vector<int64_t> want =
+          ReferenceSelection(t, row, row, spec.layers[layer]);
+      std::vector<int64_t> got(selected.begin() + row * 12,
+                               selected.begin() + (row + 1) * 12);
+      for (size_t i = want.size(); i < got.size(); ++i) {
+        EXPECT_EQ(got[i], -1) << "padding of row " << row;
+      }
+      got.resize(want.size());
+      ASSERT_EQ(got, want) << "layer " << layer << " row " << row;
+
+      std::vector<float> k, v;
+      for (int64_t s : want) {
+        const auto latent = t.k.values.begin() + s * kDim;
+        k.insert(k.end(), latent, latent + kDim);
+        v.insert(v.end(), latent, latent + kValueDim);
+      }
+      const int64_t n = static_cast<int64_t>(want.size());
+      const HostTensor keys = FloatTensor({n, 1, kDim}, k);
+      const HostTensor values = FloatTensor({n, 1, kValueDim}, v);
+      StatelessRequest dense;
+      dense.q = t.q.rows(row, row + 1);
+      dense.k = keys.view();
+      dense.v = values.view();
+      dense.mask.causal = false;
+      dense.sink_logits = spec.layers[layer].sink_logits;
+      dense.scale = spec.scale;
+      dense.return_lse = true;
+      auto oracle = engine->Attend(dense);
+      ASSERT_TRUE(oracle.ok()) << oracle.status();
+      const std::vector<float> expected = ToFloats(oracle->output);
+      for (int i = 0; i < kHeads * kValueDim; ++i) {
+        ASSERT_EQ(output[row * kHeads * kValueDim + i], expected[i])
+            << "layer " << layer << " row " << row << " element " << i;
+      }
+      const std::vector<float> expected_lse = ToFloats(*oracle->lse);
+      for (int h = 0; h < kHeads; ++h) {
+        ASSERT_EQ(lse[row * kHeads + h], expected_lse[h]) << "row " << row;
+      }
+    }
+  }
+}
+
 // k >= every row's visible count: dense attention. On a full causal layer
 // the selected keys are [0, p], so even the chunking is the dense one:
 // bitwise equal to the dense layer of the same session.
