@@ -38,22 +38,8 @@ absl::Status ValidateSessionId(const std::string& id) {
 // Everything about the header that does not depend on the server's state.
 absl::Status ValidateHeader(const SnapshotHeader& header,
                             const SpecLimits& limits) {
-  if (header.format_version != kSnapshotFormatVersion &&
-      header.format_version != kSnapshotFormatVersionLatentTopK) {
-    // A later version is a valid snapshot of a newer server (kept by
-    // --snapshot_dir for a start that reads it), not a broken one.
-    return absl::Status(
-        header.format_version > kSnapshotFormatVersionLatentTopK
-            ? absl::StatusCode::kFailedPrecondition
-            : absl::StatusCode::kInvalidArgument,
-        absl::StrCat("snapshot format version ", header.format_version,
-                     " is not supported: this server reads versions ",
-                     kSnapshotFormatVersion, " and ",
-                     kSnapshotFormatVersionLatentTopK,
-                     " (written by server version ",
-                     QuoteClientString(header.server_version),
-                     "); import it into a server of that version"));
-  }
+  ATTN_RETURN_IF_ERROR(
+      CheckSnapshotFormatVersion(header.format_version, header.server_version));
   absl::StatusOr<SessionSpec> resolved =
       ResolveSessionSpec(header.spec, limits);
   if (!resolved.ok()) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
+#include "core/client_string.h"
 #include "core/crc32c.h"
 
 namespace attention {
@@ -40,6 +42,24 @@ int64_t IndexScoreNumber(IndexScore score) {
 }
 
 }  // namespace
+
+absl::Status CheckSnapshotFormatVersion(uint32_t format_version,
+                                        absl::string_view server_version) {
+  if (format_version == kSnapshotFormatVersion ||
+      format_version == kSnapshotFormatVersionLatentTopK) {
+    return absl::OkStatus();
+  }
+  return absl::Status(
+      format_version > kSnapshotFormatVersionLatentTopK
+          ? absl::StatusCode::kFailedPrecondition
+          : absl::StatusCode::kInvalidArgument,
+      absl::StrCat(
+          "snapshot format version ", format_version,
+          " is not supported: this server reads versions ",
+          kSnapshotFormatVersion, " and ", kSnapshotFormatVersionLatentTopK,
+          " (written by server version ", QuoteClientString(server_version),
+          "); import it into a server of that version"));
+}
 
 uint32_t SnapshotFormatFor(const SessionSpec& spec) {
   bool topk = false;

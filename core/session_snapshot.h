@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/dtype.h"
 #include "core/session_spec.h"
@@ -38,6 +39,15 @@ inline constexpr uint32_t kSnapshotFormatVersionLatentTopK = 2;
 // The version a snapshot of a session with the resolved `spec` is written
 // in (and must be read in).
 uint32_t SnapshotFormatFor(const SessionSpec& spec);
+
+// OK for a format version this build reads. A later one is a valid
+// snapshot of a newer server (kept by --snapshot_dir for a start that reads
+// it, not a broken one): FAILED_PRECONDITION; 0 is INVALID_ARGUMENT.
+// `server_version` (the header's, client input) is named in the message.
+// Checked before anything else of a header is read, as a later version may
+// hold values (a dtype, a layout) this build does not know.
+absl::Status CheckSnapshotFormatVersion(uint32_t format_version,
+                                        absl::string_view server_version);
 
 // Rows per data chunk are chosen to fill about this many bytes (k + v +
 // index_k)...

@@ -32,6 +32,10 @@ void SnapshotHeaderToProto(const SnapshotHeader& header,
 
 absl::StatusOr<SnapshotHeader> SnapshotHeaderFromProto(
     const v1::SessionSnapshotHeader& header) {
+  // First: a later version's fields may hold values this build does not
+  // know, which would otherwise read as a broken snapshot.
+  ATTN_RETURN_IF_ERROR(CheckSnapshotFormatVersion(header.format_version(),
+                                                  header.server_version()));
   SnapshotHeader out;
   out.format_version = header.format_version();
   out.session_id = header.session_id();
@@ -203,20 +207,19 @@ absl::StatusOr<ReadImport> ReadSessionImport(
 
 absl::Status CheckSnapshotRecords(
     const std::function<absl::StatusOr<bool>(v1::SessionChunk*)>& read) {
-  bool known_version = true;
+  bool later_version = false;
   SnapshotChecksum checksum;
   int64_t chunks = 0;
   const absl::StatusOr<SnapshotTrailer> trailer = WalkSnapshotRecords(
       read,
       [&](const v1::SessionChunk& record) -> absl::Status {
-        ATTN_ASSIGN_OR_RETURN(const SnapshotHeader header,
-                              SnapshotHeaderFromProto(record.header()));
-        known_version =
-            header.format_version == kSnapshotFormatVersion ||
-            header.format_version == kSnapshotFormatVersionLatentTopK;
+        const absl::StatusOr<SnapshotHeader> header =
+            SnapshotHeaderFromProto(record.header());
         // Nothing to check a later version's records with: the walk ends.
-        if (!known_version) return absl::CancelledError();
-        checksum.AddHeader(header);
+        later_version = absl::IsFailedPrecondition(header.status());
+        if (later_version) return absl::CancelledError();
+        ATTN_RETURN_IF_ERROR(header.status());
+        checksum.AddHeader(*header);
         return absl::OkStatus();
       },
       [&](const SnapshotChunk& chunk) {
@@ -224,7 +227,7 @@ absl::Status CheckSnapshotRecords(
         ++chunks;
         return absl::OkStatus();
       });
-  if (!known_version) return absl::OkStatus();
+  if (later_version) return absl::OkStatus();
   ATTN_RETURN_IF_ERROR(trailer.status());
   if (trailer->num_chunks != chunks || trailer->checksum != checksum.value()) {
     return absl::DataLossError(absl::StrCat(

@@ -20,7 +20,9 @@ namespace attention::server {
 
 // Record mapping. The *FromProto functions take the proto's bytes fields
 // (swapping, no copy) and fail with INVALID_ARGUMENT for values core cannot
-// hold (an unknown dtype, a bad spec field).
+// hold (an unknown dtype, a bad spec field). SnapshotHeaderFromProto checks
+// the format version first (CheckSnapshotFormatVersion): a later version's
+// header is FAILED_PRECONDITION whatever values it holds.
 void SnapshotHeaderToProto(const SnapshotHeader& header,
                            v1::SessionSnapshotHeader* out);
 absl::StatusOr<SnapshotHeader> SnapshotHeaderFromProto(
@@ -108,8 +110,8 @@ absl::StatusOr<ReadImport> ReadSessionImport(
 // importing it, and checks its records against its trailer (the count of
 // data chunks and the checksum): for a snapshot whose import failed in a
 // way its corruption could explain (a header corrupted into a spec or a
-// size this server cannot take now). OK when they match, and for a format
-// version this build does not read (nothing to check it with); DATA_LOSS
+// size this server cannot take now). OK when they match, and for a later
+// format version than this build reads (nothing to check it with); DATA_LOSS
 // when they do not match or the stream ends early, INVALID_ARGUMENT for
 // records in the wrong place or values core cannot hold.
 absl::Status CheckSnapshotRecords(

@@ -408,6 +408,12 @@ TEST_F(SessionSnapshotTest, MalformedStreamsLeaveNothingBehind) {
   records = *good;
   records[0].mutable_header()->set_format_version(7);
   expect_refused(records, absl::StatusCode::kFailedPrecondition, "version 7");
+  // A later version's header may hold values this build does not know: it
+  // is still a newer server's snapshot, not a broken one.
+  records[0].mutable_header()->set_kv_dtype(static_cast<v1::DType>(42));
+  records[0].mutable_header()->mutable_spec()->set_kv_layout(
+      static_cast<v1::KvLayout>(9));
+  expect_refused(records, absl::StatusCode::kFailedPrecondition, "version 7");
   records = *good;
   records[0].mutable_header()->set_kv_bytes(1);
   expect_refused(records, absl::StatusCode::kInvalidArgument, "kv_bytes");
@@ -1190,7 +1196,8 @@ TEST(SnapshotDirTest, ACorruptFileThatCannotMoveIsReportedInPlace) {
 
 // A file in a later format version than this server reads (written by a
 // newer server before a rollback) is kept for a start that reads it, not
-// put aside as corrupt.
+// put aside as corrupt, also when it holds values this build does not know
+// (here a dtype and an index score).
 TEST(SnapshotDirTest, ANewerServersFileIsKeptNotPutAside) {
   const std::string dir = TempDir("snapshot-newer");
   const std::vector<std::string> ids = SavedSessions(dir, 2);
@@ -1198,6 +1205,9 @@ TEST(SnapshotDirTest, ANewerServersFileIsKeptNotPutAside) {
   const std::string path = dir + "/" + ids[0] + ".session";
   RewriteHeader(path, [](v1::SessionSnapshotHeader* header) {
     header->set_format_version(3);
+    header->set_kv_dtype(static_cast<v1::DType>(42));
+    header->mutable_spec()->mutable_layers(0)->set_index_score(
+        static_cast<v1::IndexScore>(7));
   });
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
