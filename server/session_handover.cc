@@ -62,6 +62,15 @@ SessionHandover::Doubt SessionHandover::DoubtOf(const grpc::Status& status,
   }
 }
 
+SessionHandover::AfterDoubt SessionHandover::NextAfterDoubt(int attempt,
+                                                            Doubt first,
+                                                            Doubt doubt,
+                                                            bool out_of_time) {
+  if (attempt == 0) return {.ask_again = true, .settle = out_of_time};
+  // Still in doubt: moved if either answer may mean the peer created it.
+  return {.moved = first == Doubt::kUnknown || doubt == Doubt::kUnknown};
+}
+
 HandoverDeadlines HandoverDeadlines::For(absl::Time start, absl::Time end) {
   const absl::Duration time = std::max(end - start, absl::ZeroDuration());
   const absl::Duration reserve =
@@ -216,16 +225,15 @@ absl::Status SessionHandover::MoveTo(
       return sent;
     }
     const absl::Time now = absl::Now();
-    const bool out_of_time = now >= deadlines.send;
-    if (attempt == 1 || (out_of_time && doubt != Doubt::kUnknown)) {
-      // Still in doubt: moved if either answer may mean the peer created it.
-      *moved = first == Doubt::kUnknown || doubt == Doubt::kUnknown;
+    const AfterDoubt next =
+        NextAfterDoubt(attempt, first, doubt, now >= deadlines.send);
+    if (!next.ask_again) {
+      *moved = next.moved;
       return sent;
     }
-    // An answer that may mean the peer created it, at the end of the time
-    // (its deadline cut the import): asked again in a short extension, the
-    // peer settles it (ALREADY_EXISTS, or it takes the session now).
-    if (out_of_time) current = deadlines.Settling(now);
+    // Asked again, the peer settles it (ALREADY_EXISTS, or it takes the
+    // session now); at the end of the time, in a short extension.
+    if (next.settle) current = deadlines.Settling(now);
     Log(LogLevel::kWarning, "handover_doubt",
         {{"session", seal.session().id()},
          {"to", peer.advertise_address},

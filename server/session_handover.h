@@ -48,8 +48,10 @@
 // import in flight when the time runs out ends with the peer's answer, not
 // with a doubt (a deadline the peer may meet before or after it created
 // the session: counted as moved, the session could be on neither replica).
-// An import the end cut all the same (a loaded peer) is asked again once,
-// with the reserve again to send and to answer, past the hand-over's end.
+// An import that ends in doubt at the end all the same (cut by the end on
+// a loaded peer, or its connection broken as the end came) is asked again
+// once, with the reserve again to send and to answer, past the hand-over's
+// end.
 // When no peer serves but one did not answer its probe in time (busy, or
 // paused), the hand-over probes again every second until one serves or its
 // time is up, instead of giving up on every session at once.
@@ -128,6 +130,19 @@ class SessionHandover {
   // whether every record was written, `refused` whether the peer's import
   // handler said it refused (its trailer).
   static Doubt DoubtOf(const grpc::Status& status, bool all_sent, bool refused);
+
+  // What a move to one peer does after its attempt `attempt` (0, then 1)
+  // ended in doubt `doubt` (not kNone), its first attempt's being `first`.
+  struct AfterDoubt {
+    bool ask_again = false;  // the same peer, once more...
+    bool settle = false;     // ...in the extension past the time's end
+    bool moved = false;      // not asked again: counted as moved
+  };
+  // The first doubt, of either kind, is asked again, past the end of the
+  // time when it is up (HandoverDeadlines::Settling); after the second,
+  // the session counts as moved unless both answers were kBroken.
+  static AfterDoubt NextAfterDoubt(int attempt, Doubt first, Doubt doubt,
+                                   bool out_of_time);
 
  private:
   // kFailed may succeed later (busy, or every peer refused); kRefused will

@@ -52,6 +52,34 @@ TEST(SessionHandoverTest, AnImportsEndSaysWhatThePeerMayHold) {
 // The hand-over stops sending an eighth of its time before its end, at
 // least 250 ms (or half of it) and at most 2 s, leaving that for the peer's
 // answer to the last import; a cut import is asked again with as much.
+// Any first doubt is asked again, in the extension once the time is up:
+// also a broken connection at the end, which may follow the peer's commit
+// (left unasked, the session would stay here and be live on both). After
+// the second answer it counts as moved unless both were broken.
+TEST(SessionHandoverTest, EveryFirstDoubtIsAskedAgainEvenAtTheEnd) {
+  using After = SessionHandover::AfterDoubt;
+  for (const Doubt doubt : {Doubt::kBroken, Doubt::kUnknown}) {
+    for (const bool out_of_time : {false, true}) {
+      const After next =
+          SessionHandover::NextAfterDoubt(0, doubt, doubt, out_of_time);
+      EXPECT_TRUE(next.ask_again) << static_cast<int>(doubt);
+      EXPECT_EQ(next.settle, out_of_time) << static_cast<int>(doubt);
+    }
+  }
+  for (const bool out_of_time : {false, true}) {
+    auto moved = [&](Doubt first, Doubt second) {
+      const After next =
+          SessionHandover::NextAfterDoubt(1, first, second, out_of_time);
+      EXPECT_FALSE(next.ask_again);
+      return next.moved;
+    };
+    EXPECT_FALSE(moved(Doubt::kBroken, Doubt::kBroken));
+    EXPECT_TRUE(moved(Doubt::kBroken, Doubt::kUnknown));
+    EXPECT_TRUE(moved(Doubt::kUnknown, Doubt::kBroken));
+    EXPECT_TRUE(moved(Doubt::kUnknown, Doubt::kUnknown));
+  }
+}
+
 TEST(SessionHandoverTest, TheLastImportHasTimeForItsAnswer) {
   const absl::Time start = absl::FromUnixSeconds(1000);
   const HandoverDeadlines drain =
