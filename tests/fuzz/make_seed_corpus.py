@@ -4,7 +4,11 @@
 proto_convert_fuzzer inputs: [type byte][session byte][serialized request],
 one valid request of each type (see proto_convert_fuzzer.cc), encoded with
 `protoc --encode`. engine_ops_fuzzer inputs: fixed pseudo-random bytes
-(FuzzedDataProvider turns any bytes into operations).
+(FuzzedDataProvider turns any bytes into operations). The corpora also
+hold inputs that this script does not write: regression_* (inputs that
+once failed) and engine_ops_fuzzer/latent_topk_* (inputs libFuzzer found
+that create MLA and top-k sessions and append to them with a history, so
+that every replay checks those paths).
 """
 import math
 import pathlib
