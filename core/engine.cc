@@ -186,11 +186,11 @@ AttentionEngine::AttentionEngine(std::unique_ptr<AttentionBackend> backend,
 AttentionEngine::~AttentionEngine() = default;
 
 absl::StatusOr<SessionInfo> AttentionEngine::CreateSession(
-    const SessionSpec& spec, absl::Duration idle_timeout,
-    const Tenant& tenant) {
+    const SessionSpec& spec, absl::Duration idle_timeout, const Tenant& tenant,
+    const CallControl* control) {
   ATTN_RETURN_IF_ERROR(backend_->CheckSessionSpec(spec));
   ATTN_ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
-                        sessions_.Create(spec, idle_timeout, tenant));
+                        sessions_.Create(spec, idle_timeout, tenant, control));
   return session->Info();
 }
 

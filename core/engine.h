@@ -208,9 +208,13 @@ class AttentionEngine {
   const AttentionBackend& backend() const { return *backend_; }
   const EngineOptions& options() const { return options_; }
 
+  // `control` (may be null) is checked right before the session is added:
+  // a call withdrawn by then creates nothing (its caller would never learn
+  // the id).
   absl::StatusOr<SessionInfo> CreateSession(
       const SessionSpec& spec, absl::Duration idle_timeout,
-      const Tenant& tenant = DefaultTenant());
+      const Tenant& tenant = DefaultTenant(),
+      const CallControl* control = nullptr);
   // A use of the session: a successful lookup restarts its idle clock.
   absl::StatusOr<SessionInfo> GetSession(
       const std::string& id, const Tenant& tenant = DefaultTenant());

@@ -183,8 +183,8 @@ bool SessionManager::Contains(const std::string& id) const {
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
-    const SessionSpec& spec, absl::Duration idle_timeout,
-    const Tenant& tenant) {
+    const SessionSpec& spec, absl::Duration idle_timeout, const Tenant& tenant,
+    const CallControl* control) {
   ATTN_ASSIGN_OR_RETURN(SessionSpec resolved,
                         ResolveSessionSpec(spec, options_.limits));
   if (idle_timeout < absl::ZeroDuration()) {
@@ -203,6 +203,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Create(
   auto session = std::make_shared<Session>(
       NewSessionId(), std::move(resolved), layout, pool_, idle_timeout,
       options_.now(), UsageOf(tenant.name));
+  ATTN_RETURN_IF_ERROR(CheckCall(control));
   ATTN_RETURN_IF_ERROR(Insert(session, tenant.quota));
   return session;
 }

@@ -152,10 +152,13 @@ class SessionManager {
   // INVALID_ARGUMENT for a bad spec or timeout (including a per-token KV
   // size larger than one pool block); RESOURCE_EXHAUSTED at max_sessions or
   // at the tenant's quota.max_sessions. idle_timeout zero means the
-  // default. The session belongs to `tenant`.
+  // default. The session belongs to `tenant`. `control` (may be null) is
+  // checked right before the session is added: a call withdrawn by then
+  // creates nothing (CANCELLED or DEADLINE_EXCEEDED).
   absl::StatusOr<std::shared_ptr<Session>> Create(
       const SessionSpec& spec, absl::Duration idle_timeout,
-      const Tenant& tenant = DefaultTenant());
+      const Tenant& tenant = DefaultTenant(),
+      const CallControl* control = nullptr);
 
   // What a lookup of a session sealed for a move does (when the session is
   // the caller's): wait for the move to end (then the redirect, or the

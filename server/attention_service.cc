@@ -221,11 +221,15 @@ grpc::Status AttentionServiceImpl::CreateSession(
         const SessionSpec resolved,
         ResolveSessionSpec(spec, engine_->options().sessions.limits));
     ATTN_RETURN_IF_ERROR(CheckSessionMessageSize(resolved, max_message_bytes_));
-    ATTN_ASSIGN_OR_RETURN(
-        SessionInfo info, UnlessDraining([&] {
-          return engine_->CreateSession(
-              spec, absl::Seconds(request->idle_timeout_seconds()), tenant);
-        }));
+    // A call cancelled or past its deadline (say, while it waited for a
+    // handler thread) creates nothing: its caller would never learn the id.
+    const GrpcCallControl control(context);
+    ATTN_ASSIGN_OR_RETURN(SessionInfo info, UnlessDraining([&] {
+                            return engine_->CreateSession(
+                                spec,
+                                absl::Seconds(request->idle_timeout_seconds()),
+                                tenant, &control);
+                          }));
     SessionReply(info, response);
     return absl::OkStatus();
   }(), context));
@@ -599,7 +603,12 @@ grpc::Status AttentionServiceImpl::ImportSession(
     // Nor once the drain began: its hand-over may have listed the sessions
     // already, and this one would be lost.
     ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
-                          UnlessDraining([&] { return read.Commit(); }));
+                          UnlessDraining([&]() -> absl::StatusOr<SessionInfo> {
+                            // Nor once the call was withdrawn: its caller would
+                            // take it for a session not created.
+                            ATTN_RETURN_IF_ERROR(control.Check());
+                            return read.Commit();
+                          }));
     if (metrics_ != nullptr) {
       metrics_->RecordImport(read.kv_bytes);
       if (handover) metrics_->RecordHandoverReceived();

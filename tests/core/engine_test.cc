@@ -638,6 +638,38 @@ TEST_F(EngineTest, WithdrawnCallsStopAndChangeNothing) {
             absl::StatusCode::kCancelled);
 }
 
+// A create withdrawn before the session is added (a cancelled call, or one
+// whose deadline passed while it waited for a handler) creates nothing:
+// its caller would never learn the id, and the session would hold a slot
+// of max_sessions and of its tenant's quota until it expired.
+TEST_F(EngineTest, AWithdrawnCreateCreatesNothing) {
+  const int64_t sessions = engine_->stats().active_sessions;
+  CancellationFlag cancelled;
+  cancelled.Cancel();
+  EXPECT_EQ(engine_
+                ->CreateSession(TestSpec(), absl::ZeroDuration(),
+                                DefaultTenant(), &cancelled)
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+  const CancellationFlag late(absl::Now() - absl::Seconds(1));
+  EXPECT_EQ(engine_
+                ->CreateSession(TestSpec(), absl::ZeroDuration(),
+                                DefaultTenant(), &late)
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(engine_->stats().active_sessions, sessions);
+  EXPECT_EQ(engine_->ListSessions("", 100).size(),
+            static_cast<size_t>(sessions));
+  const CancellationFlag live;
+  EXPECT_TRUE(engine_
+                  ->CreateSession(TestSpec(), absl::ZeroDuration(),
+                                  DefaultTenant(), &live)
+                  .ok());
+  EXPECT_EQ(engine_->stats().active_sessions, sessions + 1);
+}
+
 // Delete, fork and truncate check their control once they hold the
 // session: here they wait for a hand-over's seal, meanwhile their client
 // gives up, and once the seal goes they change nothing.
