@@ -276,10 +276,15 @@ absl::StatusOr<int64_t> SessionHandle::TokenCount(
         "the session handle has no resolved spec (was it built from the "
         "server's SessionInfo?)");
   }
+  // Divisions, not products: a spec from a malformed reply may hold rows
+  // whose product with T overflows.
+  const auto holds = [](size_t size, int64_t row, int64_t tokens) {
+    const int64_t n = static_cast<int64_t>(size);
+    return row == 0 ? n == 0 : n % row == 0 && n / row == tokens;
+  };
   const int64_t tokens = static_cast<int64_t>(q.size()) / q_row;
-  if (tokens < 1 || static_cast<int64_t>(q.size()) != tokens * q_row ||
-      static_cast<int64_t>(k.size()) != tokens * k_row ||
-      static_cast<int64_t>(v.size()) != tokens * v_row) {
+  if (tokens < 1 || !holds(q.size(), q_row, tokens) ||
+      !holds(k.size(), k_row, tokens) || !holds(v.size(), v_row, tokens)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "q, k, v hold ", q.size(), ", ", k.size(), ", ", v.size(),
         " floats; for T tokens they need T*", q_row, ", T*", k_row, ", T*",

@@ -30,8 +30,16 @@ absl::StatusOr<DType> CoreDType(v1::DType dtype) {
 }  // namespace
 
 int64_t NumElements(absl::Span<const int64_t> shape) {
+  for (int64_t dim : shape) {
+    if (dim < 0) return -1;
+  }
+  for (int64_t dim : shape) {
+    if (dim == 0) return 0;
+  }
   int64_t count = 1;
-  for (int64_t dim : shape) count *= dim;
+  for (int64_t dim : shape) {
+    if (__builtin_mul_overflow(count, dim, &count)) return -1;
+  }
   return count;
 }
 

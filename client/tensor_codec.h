@@ -11,7 +11,9 @@
 
 namespace attention::client {
 
-// Number of elements of `shape` (1 for rank 0).
+// Number of elements of `shape` (1 for rank 0); -1 when a dimension is
+// negative or the product does not fit an int64 (a shape from a malformed
+// reply): check it before sizing a buffer from it.
 int64_t NumElements(absl::Span<const int64_t> shape);
 
 // Bytes per element of `dtype`: 4 or 2; 0 for DTYPE_UNSPECIFIED or an

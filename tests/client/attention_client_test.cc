@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -102,6 +103,23 @@ TEST_F(AttentionClientTest, HelpersRejectInconsistentSizesLocally) {
   auto info = session->Info();
   ATTN_ASSERT_OK(info);
   EXPECT_EQ(info->layer_lengths(0), 0);
+}
+
+// A handle built from a malformed spec (rows of 2^31 - 1 KV heads of
+// 2^31 - 1 values) checks sizes without overflowing (UBSan runs this).
+TEST_F(AttentionClientTest, HelpersCheckSizesOfAnySpecWithoutOverflow) {
+  v1::SessionInfo info;
+  info.set_session_id("malformed");
+  v1::SessionSpec* spec = info.mutable_spec();
+  spec->set_num_layers(1);
+  spec->set_num_q_heads(1);
+  spec->set_head_dim(1);
+  spec->set_num_kv_heads(std::numeric_limits<int32_t>::max());
+  spec->set_value_dim(std::numeric_limits<int32_t>::max());
+  const client::SessionHandle handle(&client(), info);
+  const std::vector<float> three(3, 0.5f);
+  ATTN_EXPECT_CODE(handle.MakePrefillRequest(0, three, three, three),
+                   absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(AttentionClientTest, DecodeStreamResultsComeInOrder) {

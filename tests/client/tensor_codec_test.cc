@@ -91,5 +91,19 @@ TEST(TensorCodecTest, DecodingChecksSizeAndDType) {
   EXPECT_EQ(NumElements({2, 3, 4}), 24);
 }
 
+// A shape from a malformed reply never overflows: -1 for a negative
+// dimension or a product past int64, so that no buffer is sized from it.
+TEST(TensorCodecTest, NumElementsOfAnyShapeIsDefined) {
+  EXPECT_EQ(NumElements({}), 1);
+  EXPECT_EQ(NumElements({7, 0, 3}), 0);
+  EXPECT_EQ(NumElements({int64_t{1} << 40, 0, int64_t{1} << 40}), 0);
+  EXPECT_EQ(NumElements({4, -1}), -1);
+  EXPECT_EQ(NumElements({0, -1}), -1);
+  EXPECT_EQ(NumElements({int64_t{1} << 31, int64_t{1} << 31}),
+            int64_t{1} << 62);
+  EXPECT_EQ(NumElements({int64_t{1} << 32, int64_t{1} << 31}), -1);
+  EXPECT_EQ(NumElements({3, std::numeric_limits<int64_t>::max()}), -1);
+}
+
 }  // namespace
 }  // namespace attention::client
