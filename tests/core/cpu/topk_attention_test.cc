@@ -171,6 +171,49 @@ std::pair<HostTensor, HostTensor> Gather(const Tokens& t,
           FloatTensor({n, kKvHeads, kValueDim}, v)};
 }
 
+// Row `row` of `selected` ([T, topk] as an append returns them) is `want`
+// padded with -1.
+void ExpectSelection(const std::vector<int64_t>& selected, int topk,
+                     int64_t row, const std::vector<int64_t>& want) {
+  std::vector<int64_t> got(selected.begin() + row * topk,
+                           selected.begin() + (row + 1) * topk);
+  for (size_t i = want.size(); i < got.size(); ++i) {
+    EXPECT_EQ(got[i], -1) << "padding of row " << row;
+  }
+  got.resize(want.size());
+  ASSERT_EQ(got, want) << "row " << row;
+}
+
+// Row `row` of an append's `output` [T, kHeads, kValueDim] and `lse` [T,
+// kHeads] is bitwise dense non-causal attention of query `row` of `t`
+// over exactly `keys` and `values` (the selected ones), with `layer`'s
+// learned sinks.
+void ExpectDenseOver(AttentionEngine& engine, const Tokens& t, int64_t row,
+                     const HostTensor& keys, const HostTensor& values,
+                     const LayerSpec& layer, float scale,
+                     const std::vector<float>& output,
+                     const std::vector<float>& lse) {
+  StatelessRequest dense;
+  dense.q = t.q.rows(row, row + 1);
+  dense.k = keys.view();
+  dense.v = values.view();
+  dense.mask.causal = false;
+  dense.sink_logits = layer.sink_logits;
+  dense.scale = scale;
+  dense.return_lse = true;
+  auto oracle = engine.Attend(dense);
+  ASSERT_TRUE(oracle.ok()) << oracle.status();
+  const std::vector<float> expected = ToFloats(oracle->output);
+  for (int i = 0; i < kHeads * kValueDim; ++i) {
+    ASSERT_EQ(output[row * kHeads * kValueDim + i], expected[i])
+        << "row " << row << " element " << i;
+  }
+  const std::vector<float> expected_lse = ToFloats(*oracle->lse);
+  for (int h = 0; h < kHeads; ++h) {
+    ASSERT_EQ(lse[row * kHeads + h], expected_lse[h]) << "row " << row;
+  }
+}
+
 TEST(TopKAttentionTest, SelectionMatchesReferenceAndOutputIsDenseOverIt) {
   auto engine = MakeEngine();
   const SessionSpec spec = TopKSpec(12);
@@ -187,37 +230,14 @@ TEST(TopKAttentionTest, SelectionMatchesReferenceAndOutputIsDenseOverIt) {
     const std::vector<float> lse = ToFloats(*out->lse);
     const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
     for (int64_t row = 0; row < total; ++row) {
+      SCOPED_TRACE(::testing::Message() << "layer " << layer);
       const std::vector<int64_t> want =
           ReferenceSelection(t, row, row, spec.layers[layer]);
-      std::vector<int64_t> got(out->topk_indices.begin() + row * 12,
-                               out->topk_indices.begin() + (row + 1) * 12);
-      for (size_t i = want.size(); i < got.size(); ++i) {
-        EXPECT_EQ(got[i], -1) << "padding of row " << row;
-      }
-      got.resize(want.size());
-      ASSERT_EQ(got, want) << "layer " << layer << " row " << row;
-
-      // Dense non-causal attention over exactly the selected keys.
-      auto [k, v] = Gather(t, want);
-      StatelessRequest dense;
-      dense.q = t.q.rows(row, row + 1);
-      dense.k = k.view();
-      dense.v = v.view();
-      dense.mask.causal = false;
-      dense.sink_logits = spec.layers[layer].sink_logits;
-      dense.scale = scale;
-      dense.return_lse = true;
-      auto oracle = engine->Attend(dense);
-      ASSERT_TRUE(oracle.ok()) << oracle.status();
-      const std::vector<float> expected = ToFloats(oracle->output);
-      for (int i = 0; i < kHeads * kValueDim; ++i) {
-        ASSERT_EQ(output[row * kHeads * kValueDim + i], expected[i])
-            << "layer " << layer << " row " << row << " element " << i;
-      }
-      const std::vector<float> expected_lse = ToFloats(*oracle->lse);
-      for (int h = 0; h < kHeads; ++h) {
-        ASSERT_EQ(lse[row * kHeads + h], expected_lse[h]);
-      }
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectSelection(out->topk_indices, 12, row, want));
+      const auto [k, v] = Gather(t, want);
+      ASSERT_NO_FATAL_FAILURE(ExpectDenseOver(
+          *engine, t, row, k, v, spec.layers[layer], scale, output, lse));
     }
   }
 }
@@ -259,16 +279,10 @@ TEST(TopKAttentionTest, SharedLatentSelectionMatchesAndOutputIsDenseOverIt) {
     }
     ASSERT_EQ(selected.size(), static_cast<size_t>(total * 12));
     for (int64_t row = 0; row < total; ++row) {
+      SCOPED_TRACE(::testing::Message() << "layer " << layer);
       const std::vector<int64_t> want =
           ReferenceSelection(t, row, row, spec.layers[layer]);
-      std::vector<int64_t> got(selected.begin() + row * 12,
-                               selected.begin() + (row + 1) * 12);
-      for (size_t i = want.size(); i < got.size(); ++i) {
-        EXPECT_EQ(got[i], -1) << "padding of row " << row;
-      }
-      got.resize(want.size());
-      ASSERT_EQ(got, want) << "layer " << layer << " row " << row;
-
+      ASSERT_NO_FATAL_FAILURE(ExpectSelection(selected, 12, row, want));
       std::vector<float> k, v;
       for (int64_t s : want) {
         const auto latent = t.k.values.begin() + s * kDim;
@@ -276,27 +290,10 @@ TEST(TopKAttentionTest, SharedLatentSelectionMatchesAndOutputIsDenseOverIt) {
         v.insert(v.end(), latent, latent + kValueDim);
       }
       const int64_t n = static_cast<int64_t>(want.size());
-      const HostTensor keys = FloatTensor({n, 1, kDim}, k);
-      const HostTensor values = FloatTensor({n, 1, kValueDim}, v);
-      StatelessRequest dense;
-      dense.q = t.q.rows(row, row + 1);
-      dense.k = keys.view();
-      dense.v = values.view();
-      dense.mask.causal = false;
-      dense.sink_logits = spec.layers[layer].sink_logits;
-      dense.scale = spec.scale;
-      dense.return_lse = true;
-      auto oracle = engine->Attend(dense);
-      ASSERT_TRUE(oracle.ok()) << oracle.status();
-      const std::vector<float> expected = ToFloats(oracle->output);
-      for (int i = 0; i < kHeads * kValueDim; ++i) {
-        ASSERT_EQ(output[row * kHeads * kValueDim + i], expected[i])
-            << "layer " << layer << " row " << row << " element " << i;
-      }
-      const std::vector<float> expected_lse = ToFloats(*oracle->lse);
-      for (int h = 0; h < kHeads; ++h) {
-        ASSERT_EQ(lse[row * kHeads + h], expected_lse[h]) << "row " << row;
-      }
+      ASSERT_NO_FATAL_FAILURE(
+          ExpectDenseOver(*engine, t, row, FloatTensor({n, 1, kDim}, k),
+                          FloatTensor({n, 1, kValueDim}, v), spec.layers[layer],
+                          spec.scale, output, lse));
     }
   }
 }
