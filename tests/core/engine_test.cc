@@ -644,29 +644,21 @@ TEST_F(EngineTest, WithdrawnCallsStopAndChangeNothing) {
 // of max_sessions and of its tenant's quota until it expired.
 TEST_F(EngineTest, AWithdrawnCreateCreatesNothing) {
   const int64_t sessions = engine_->stats().active_sessions;
+  const auto create = [&](const CallControl& control) {
+    return engine_
+        ->CreateSession(TestSpec(), absl::ZeroDuration(), DefaultTenant(),
+                        &control)
+        .status();
+  };
   CancellationFlag cancelled;
   cancelled.Cancel();
-  EXPECT_EQ(engine_
-                ->CreateSession(TestSpec(), absl::ZeroDuration(),
-                                DefaultTenant(), &cancelled)
-                .status()
-                .code(),
-            absl::StatusCode::kCancelled);
+  EXPECT_EQ(create(cancelled).code(), absl::StatusCode::kCancelled);
   const CancellationFlag late(absl::Now() - absl::Seconds(1));
-  EXPECT_EQ(engine_
-                ->CreateSession(TestSpec(), absl::ZeroDuration(),
-                                DefaultTenant(), &late)
-                .status()
-                .code(),
-            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(create(late).code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(engine_->stats().active_sessions, sessions);
   EXPECT_EQ(engine_->ListSessions("", 100).size(),
             static_cast<size_t>(sessions));
-  const CancellationFlag live;
-  EXPECT_TRUE(engine_
-                  ->CreateSession(TestSpec(), absl::ZeroDuration(),
-                                  DefaultTenant(), &live)
-                  .ok());
+  EXPECT_TRUE(create(CancellationFlag()).ok());
   EXPECT_EQ(engine_->stats().active_sessions, sessions + 1);
 }
 
