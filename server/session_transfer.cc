@@ -215,7 +215,8 @@ absl::Status CheckSnapshotRecords(
       [&](const v1::SessionChunk& record) -> absl::Status {
         const absl::StatusOr<SnapshotHeader> header =
             SnapshotHeaderFromProto(record.header());
-        // Nothing to check a later version's records with: the walk ends.
+        // Nothing to check a later version's records with (the conversion's
+        // only FAILED_PRECONDITION): the walk ends.
         later_version = absl::IsFailedPrecondition(header.status());
         if (later_version) return absl::CancelledError();
         ATTN_RETURN_IF_ERROR(header.status());
