@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -317,12 +316,10 @@ class ProtoConvertFuzzer {
   // from), and T * topk selected positions when asked.
   void CheckAppendResult(const AppendRequest& request,
                          const AttentionOutput& output) {
-    std::optional<SessionSpec> spec;
-    for (const SessionInfo& info :
-         engine_->ListSessions("", std::numeric_limits<int64_t>::max())) {
-      if (info.session_id == request.session_id) spec = info.spec;
-    }
-    Check(spec.has_value(), "the appended session is gone");
+    const absl::StatusOr<SessionInfo> info =
+        engine_->PeekSession(request.session_id);
+    Check(info.ok(), "the appended session is gone");
+    const SessionSpec* spec = &info->spec;
     const int64_t t = request.q.shape[0];
     CheckResult(output, t * spec->num_q_heads * spec->value_dim);
     const int64_t topk = spec->layers[request.layer].topk;
