@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "client/call_outcome.h"
 #include "client/placement.h"
 #include "core/client_string.h"
 #include "core/status_macros.h"
@@ -29,44 +30,6 @@ namespace {
 // Redirects one call follows before giving up (a session moves once per
 // drain; more means replicas disagree about it).
 constexpr int kMaxMoves = 4;
-
-// True when the call failed before any connection to the replica existed,
-// so the replica never saw it: gRPC fails such a call with UNAVAILABLE
-// "failed to connect to all addresses" (no transport was ready to carry
-// it), or, when the replica's name no longer resolves (a deleted pod),
-// "DNS resolution failed" or "empty address list". A call cut after it was
-// sent fails otherwise (reset, GOAWAY, ...).
-bool NeverSent(const absl::Status& status) {
-  if (status.code() != absl::StatusCode::kUnavailable) return false;
-  for (absl::string_view before_sending :
-       {"failed to connect to all addresses", "DNS resolution failed",
-        "empty address list"}) {
-    if (absl::StrContains(status.message(), before_sending)) return true;
-  }
-  return false;
-}
-
-// Whether a CreateSession that failed with `status` may have created the
-// session: the replica saw the call and gRPC, not the replica, failed it
-// (a cut connection; a reply over the receive limit).
-bool CreationInDoubt(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kUnavailable:
-      // The replica's own refusals (draining, overloaded) say so first.
-      return !NeverSent(status) &&
-             !absl::StartsWith(status.message(), "the server is ");
-    case absl::StatusCode::kResourceExhausted:
-      return absl::StartsWith(status.message(),
-                              "Received message larger than max");
-    case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kUnknown:
-    case absl::StatusCode::kInternal:
-      return true;
-    default:
-      return false;
-  }
-}
 
 // Starts start(i, done) for every i < n, each an asynchronous call that
 // runs its `done` once with its answer (on a gRPC thread), and returns the
@@ -747,8 +710,12 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
         "replica restarts with its --snapshot_dir"));
   }
   SetOwner(session_id, AddressOf(*found));
-  // A call the replica never saw may go to the session's new place.
-  if (resend == Resend::kIfFoundElsewhere || NeverSent(status)) return found;
+  // A call the replica never saw, or refused itself (overloaded, draining),
+  // may go to the session's new place.
+  if (resend == Resend::kIfFoundElsewhere || NeverSent(status) ||
+      RefusedByServer(status)) {
+    return found;
+  }
   return absl::UnavailableError(absl::StrCat(
       method, " on session ", QuoteClientString(session_id), ": replica ", from,
       " became unreachable (", status.message(), "); the session is now on ",

@@ -58,8 +58,9 @@
 // Found: it is used from then on, and the call is re-sent when that is
 // safe (it failed with NOT_FOUND, or it may be repeated: GetSession,
 // TruncateSession, DeleteSession, ExportSession before any record, or any
-// call that never reached the replica: gRPC found no connection to it). An
-// append or a fork that failed with UNAVAILABLE otherwise is never re-sent
+// call that never reached the replica: gRPC found no connection to it, or
+// the replica refused it itself, overloaded or draining). An append or a
+// fork that failed with UNAVAILABLE otherwise is never re-sent
 // (it may have been applied): the error names the replica and where the
 // session is now. Not found: NOT_FOUND only when every replica answered
 // that it does not hold the session, else UNAVAILABLE naming the replicas

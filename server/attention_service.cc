@@ -100,8 +100,9 @@ class TransferCaller {
 
 absl::Status Draining() {
   return absl::UnavailableError(
-      "the server is draining (shutting down) and takes no new sessions; "
-      "create the session on another replica");
+      "the server is draining (shutting down) and takes no new sessions: "
+      "create or import it on another replica; fork a session where it "
+      "lives once the drain has moved it (GetSession names its replica)");
 }
 
 }  // namespace

@@ -1367,6 +1367,66 @@ TEST(ClusterClientTest, ACreationInDoubtIsNotRepeatedOnAnotherReplica) {
   ATTN_EXPECT_OK((*cluster)->CreateSession(MakeSpec(1, 2, 1, 8)));
 }
 
+// A replica's own UNAVAILABLE refusal ("the server is overloaded", or
+// draining) applied nothing: when the session turns out to be on another
+// replica, the call goes there, instead of failing as one that "may or may
+// not have been applied".
+TEST(ClusterClientTest, ACallTheReplicaRefusedGoesWhereTheSessionIs) {
+  Fleet fleet(2);
+  fleet.AddFlags(0, {"--max_rpc_threads=16", "--transfer_stall_timeout=60s"});
+  ASSERT_TRUE(fleet.Start(0)) << fleet.replica(0).output();
+  ASSERT_TRUE(fleet.ok()) << fleet.errors();
+  auto first = client::AttentionClient::Connect(fleet.address(0));
+  auto second = client::AttentionClient::Connect(fleet.address(1));
+  auto session = first->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  const std::string id = session->session_id();
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  ATTN_ASSERT_OK((*cluster)->GetSession(id));
+  ASSERT_EQ((*cluster)->OwnerOf(id), fleet.address(0));
+
+  // The session moves to the second replica behind the cluster's back.
+  std::vector<v1::SessionChunk> records;
+  ATTN_ASSERT_OK(first->ExportSession(id, [&](const v1::SessionChunk& record) {
+    records.push_back(record);
+    return absl::OkStatus();
+  }));
+  size_t next = 0;
+  ATTN_ASSERT_OK(second->ImportSession(
+      [&](v1::SessionChunk* record) -> absl::StatusOr<bool> {
+        if (next == records.size()) return false;
+        *record = records[next++];
+        return true;
+      },
+      /*keep_session_id=*/true));
+  ATTN_ASSERT_OK(first->DeleteSession(id));
+
+  // Imports that send nothing hold every synchronous thread of the first
+  // replica, which then refuses ForkSession and GetSession as overloaded.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientWriter<v1::SessionChunk>>> stalled;
+  v1::SessionInfo unused;
+  absl::Status refusal;
+  for (int i = 0; i < 64 && refusal.ok(); ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    stalled.push_back(
+        first->stub()->ImportSession(contexts.back().get(), &unused));
+    refusal = first->GetSession(id).status();
+    if (refusal.code() == absl::StatusCode::kNotFound) refusal = {};
+  }
+  ASSERT_EQ(refusal.code(), absl::StatusCode::kUnavailable) << refusal;
+  ASSERT_TRUE(absl::StartsWith(refusal.message(), "the server is overloaded"))
+      << refusal;
+
+  auto fork = (*cluster)->ForkSession(id);
+  ATTN_ASSERT_OK(fork);
+  EXPECT_EQ((*cluster)->OwnerOf(id), fleet.address(1));
+  ATTN_EXPECT_OK(second->GetSession(fork->session_id()));
+  for (auto& context : contexts) context->TryCancel();
+  for (auto& writer : stalled) (void)writer->Finish();
+}
+
 // A replica the membership no longer lists is kept while it answers, and
 // forgotten once unreachable for forget_unreachable_after; a listed one
 // never is. A stream still using the forgotten replica carries on, and a
