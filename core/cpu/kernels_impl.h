@@ -468,8 +468,12 @@ constexpr int PvBlocks() {
 
 // acc[rh][d0, d0 + kBlocks * kLanes) = fma(alpha, acc, sum_j p_j v_j) for
 // the kHeads row-heads rhs[]: each value block is loaded and converted once
-// for all of them. p_j v_j for an invisible key is +-0 added to a sum that
-// is never -0, so it changes nothing. With kSumP the pass also sets
+// for all of them. p_j v_j for an invisible key is +-0, which can change
+// only the sign of a zero sum (visible products that underflowed to -0,
+// then +0 * v): so the sum is taken + +0 (a zero becomes +0, nothing else
+// changes) before it meets acc, and a row's output does not depend on which
+// invisible keys share its tiles (later rows of the call, rows padding a
+// window). With kSumP the pass also sets
 // l = fma(alpha, l, sum_j p_j), the p_j added in key order one at a time
 // from +0 (invisible keys add +0: exact), riding on the P.V loop.
 template <ElementType kType, int kHeads, int kBlocks, bool kSumP>
@@ -542,7 +546,8 @@ inline void JointValues(const TileJob& job, const int* rhs, int d0,
     const V alpha = Splat(V{}, job.alpha[rh]);
 #pragma GCC unroll 16
     for (int b = 0; b < kBlocks; ++b) {
-      Store(acc + b * kLanes, Fma(alpha, Load(acc + b * kLanes), pv[i][b]));
+      Store(acc + b * kLanes,
+            Fma(alpha, Load(acc + b * kLanes), Add(pv[i][b], Zero())));
     }
     if constexpr (kSumP) job.l[rh] = Fma(job.alpha[rh], job.l[rh], p_sum[i]);
   }

@@ -292,6 +292,48 @@ TEST_P(CpuBackendIsaTest, OverflowingValueSumsAreRejected) {
   }
 }
 
+// A row whose visible products underflow to -0 (tiny values far behind
+// its largest logit) gets the same zero whether or not later rows of a
+// causal prefill share its last tile (their keys add +0 * v to it): one
+// token's output, alone or prefilled with the next, bit for bit.
+TEST_P(CpuBackendIsaTest, AZeroOutputDoesNotDependOnLaterRows) {
+  constexpr int kDim = 16;
+  std::vector<float> k(66 * kDim, 0.0f), v(66 * kDim, 0.0f);
+  v[0] = -1e-30f;
+  for (int j = 32; j < 64; ++j) k[j * kDim] = 80.0f;  // logit 80
+  v[64 * kDim] = -1e-20f;  // the row's own key: logit 0
+  v[65 * kDim] = 1.0f;     // the next row's key
+  std::vector<float> first_row;
+  for (int rows : {1, 2}) {
+    SCOPED_TRACE(rows);
+    Config config;
+    config.num_queries = rows;
+    config.num_heads = 1;
+    config.num_kv_heads = 1;
+    config.scale = 1.0f;
+    config.mask.causal = true;
+    config.mask.query_start = 64;
+    Case c(config);
+    std::vector<float> q(rows * kDim, 0.0f);
+    for (int r = 0; r < rows; ++r) q[r * kDim] = 1.0f;
+    const int64_t keys = 64 + rows;
+    c.q = testing::Store(DType::kFloat32, c.q.shape, q);
+    c.k = testing::Store(DType::kFloat32, c.k.shape,
+                         {k.begin(), k.begin() + keys * kDim});
+    c.v = testing::Store(DType::kFloat32, c.v.shape,
+                         {v.begin(), v.begin() + keys * kDim});
+    const AttentionProblem problem = c.Problem();
+    ASSERT_TRUE(Make(1)->Attend({&problem, 1}).ok());
+    const std::vector<float> row(c.output.begin(), c.output.begin() + kDim);
+    EXPECT_EQ(row[0], 0.0f);
+    if (first_row.empty()) {
+      first_row = row;
+    } else {
+      ExpectBitwiseEqual(row, first_row, "row 64");
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, CpuBackendIsaTest,
                          ::testing::Values(CpuIsa::kScalar, CpuIsa::kAvx2,
                                            CpuIsa::kAvx512),
