@@ -37,6 +37,8 @@ namespace cuda {
 namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
+// bfloat16's largest finite value (bits 0x7f7f).
+constexpr float kBFloat16Max = 3.38953139e38f;
 constexpr int kSimtDimChunk = 64;
 constexpr int kSimtKeyStride = kSimtDimChunk + 1;
 
@@ -340,13 +342,16 @@ __global__ void PrepareQueriesKernel(const ProblemParams* __restrict__ problems,
       }
     }
     if (!p.use_mma) continue;
-    // fp16 KV with a q that is not fp16: scale the row by 2^-e so its
-    // largest magnitude lies in [2^14, 2^15) and hi + lo keep ~22 bits
-    // without overflowing fp16; FinishLogit multiplies the dot by 2^e
-    // again. e is not clamped: every finite float32 row fits (e in
-    // [-163, 113]), so no q overflows here that the CPU computes.
+    // A q that is not in the KV's type is split into hi + lo in that type,
+    // the row scaled by 2^-e first; FinishLogit multiplies the dot by 2^e
+    // again. fp16 KV: the largest magnitude goes to [2^14, 2^15), so hi +
+    // lo keep ~22 bits without overflowing fp16. e is not clamped: every
+    // finite float32 row fits (e in [-163, 113]). bf16 KV: bf16 has
+    // float32's range, so only a row past bf16's largest finite value
+    // (whose hi would round to inf) is halved. No q overflows here that
+    // the CPU computes.
     int exponent = 0;
-    if (p.kv_dtype == kF16 && p.split_q) {
+    if (p.split_q) {
       float max_abs = 0.0f;
       for (int d = lane; d < dim; d += 32) {
         max_abs = fmaxf(max_abs, fabsf(LoadElement(p.q_dtype, src, d)));
@@ -354,7 +359,11 @@ __global__ void PrepareQueriesKernel(const ProblemParams* __restrict__ problems,
       for (int offset = 16; offset > 0; offset >>= 1) {
         max_abs = fmaxf(max_abs, __shfl_xor_sync(kFullMask, max_abs, offset));
       }
-      if (max_abs > 0.0f) exponent = ilogbf(max_abs) - 14;
+      if (p.kv_dtype == kF16) {
+        if (max_abs > 0.0f) exponent = ilogbf(max_abs) - 14;
+      } else if (max_abs > kBFloat16Max) {
+        exponent = 1;
+      }
     }
     const int stride = p.q_stride;
     for (int d = lane; d < stride; d += 32) {

@@ -731,6 +731,45 @@ TEST_F(CudaBackendTest, OverflowingValueSumsAreInvalidArgumentAsOnTheCpu) {
   }
 }
 
+// A float32 query element past bfloat16's largest finite value, over bf16
+// KV, whose logit float32 still holds: served as on the CPU, not refused
+// as an overflow (the tensor cores' bf16 copy of q would round it to inf).
+TEST_F(CudaBackendTest, AQueryPastBFloat16sRangeIsNotAnOverflow) {
+  std::mt19937 rng(4);
+  constexpr int kKeys = 3;
+  std::vector<float> k(kKeys * 32, 0.0f);
+  k[0] = 0.5f;  // key 0: logit 3.4e38 * 0.5; keys 1 and 2: logit 0
+  HostTensor k_t = RandomTensor({kKeys, 1, 32}, rng, DType::kBFloat16);
+  const HostTensor v_t = RandomTensor({kKeys, 1, 32}, rng, DType::kBFloat16);
+  ConvertFromFloat(k.data(), kKeys * 32, DType::kBFloat16, k_t.bytes.data());
+  ConvertToFloat(DType::kBFloat16, k_t.bytes.data(), kKeys * 32,
+                 k_t.values.data());
+  std::vector<float> q(2 * 32, 0.0f);
+  q[0] = 3.4e38f;  // row 0: past bf16's 3.3895e38; row 1: zeros
+  const HostTensor q_t = testing::FloatTensor({2, 1, 32}, q);
+  Query query;
+  query.q = q_t.view();
+  query.mask.query_start = kKeys - 2;
+  query.scale = 1.0f;
+  Outputs gpu_out;
+  Outputs cpu_out;
+  auto gpu_kv = MakePagedKv(*gpu_, DType::kBFloat16, k_t, v_t, 32);
+  auto cpu_kv = MakePagedKv(*cpu_, DType::kBFloat16, k_t, v_t, 32);
+  ASSERT_NE(gpu_kv, nullptr);
+  ASSERT_NE(cpu_kv, nullptr);
+  const absl::Status cpu_status =
+      AttendOne(*cpu_, query, cpu_kv->View(kKeys), &cpu_out);
+  ASSERT_TRUE(cpu_status.ok()) << cpu_status;
+  const absl::Status gpu_status =
+      AttendOne(*gpu_, query, gpu_kv->View(kKeys), &gpu_out);
+  ASSERT_TRUE(gpu_status.ok()) << gpu_status;
+  // Row 0 puts all its weight on key 0; its lse is that logit.
+  for (int d = 0; d < 32; ++d) EXPECT_EQ(cpu_out.out[d], v_t.values[d]) << d;
+  EXPECT_EQ(cpu_out.lse[0], 1.7e38f);
+  ExpectClose(gpu_out.out, cpu_out.out, Tolerance(DType::kBFloat16), "out");
+  ExpectClose(gpu_out.lse, cpu_out.lse, Tolerance(DType::kBFloat16), "lse");
+}
+
 // CUDA failures are statuses, never aborts, and the backend stays usable.
 TEST_F(CudaBackendTest, DeviceErrorsAreStatuses) {
   const absl::StatusOr<std::unique_ptr<DeviceArena>> huge =
