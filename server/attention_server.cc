@@ -4,6 +4,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_initializer.h>
 #include <grpcpp/security/server_credentials.h>
+#include <arpa/inet.h>
 #include <grpcpp/server_builder.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/backend_factory.h"
+#include "core/client_string.h"
 #include "core/read_file.h"
 #include "core/status_macros.h"
 #include "server/auth_interceptor.h"
@@ -74,6 +76,19 @@ absl::Status ValidateOptions(const ServerOptions& options) {
         "max_message_bytes ", options.max_message_bytes,
         " must be in [4096, ", kMaxMessageLimit, "]"));
   }
+  // The metrics endpoint's HTTP server takes each octet of a malformed
+  // IPv4 address modulo 256 (999.1.1.1 binds 231.1.1.1).
+  if (!options.metrics_address.empty() &&
+      options.metrics_address.find_first_not_of("0123456789.") ==
+          std::string::npos) {
+    in_addr parsed;
+    if (inet_pton(AF_INET, options.metrics_address.c_str(), &parsed) != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics_address ",
+                       QuoteClientString(options.metrics_address),
+                       " is not an IPv4 address (four numbers 0-255)"));
+    }
+  }
   if (options.max_call_flops <= 0 || options.max_sessions <= 0 ||
       options.max_session_metadata_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -109,6 +124,23 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_connection_age ", absl::FormatDuration(options.max_connection_age),
         " must be at least 1s (or inf): every client reconnects that often"));
+  }
+  // Shorter would spin the thread that checks: the tokens file's watcher,
+  // the transfers' stall watchdog (which would also cancel every transfer
+  // that pauses for a moment).
+  if (options.auth_reload_interval < absl::ZeroDuration() ||
+      (options.auth_reload_interval > absl::ZeroDuration() &&
+       options.auth_reload_interval < absl::Milliseconds(10))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "auth_reload_interval ",
+        absl::FormatDuration(options.auth_reload_interval),
+        " must be 0 (re-read on SIGHUP only) or at least 10ms"));
+  }
+  if (options.transfer_stall_timeout < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer_stall_timeout ",
+        absl::FormatDuration(options.transfer_stall_timeout),
+        " must be at least 1s"));
   }
   if (options.max_queued_prefills < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -68,7 +68,8 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
           "max_sessions max_kv_bytes' ('-' = no limit, # comments). Re-read "
           "when it changes and on SIGHUP; a bad file keeps the previous one.");
 ABSL_FLAG(absl::Duration, auth_reload_interval, absl::Seconds(1),
-          "How often --auth_tokens_file is checked for changes.");
+          "How often --auth_tokens_file is checked for changes (SIGHUP "
+          "re-reads it at once); 0: on SIGHUP only. 0 or at least 10ms.");
 ABSL_FLAG(bool, reflection, true,
           "Serve grpc.reflection (authenticated like the API when auth is "
           "on).");
@@ -116,7 +117,7 @@ ABSL_FLAG(absl::Duration, metrics_linger, absl::ZeroDuration(),
 ABSL_FLAG(absl::Duration, transfer_stall_timeout, absl::Seconds(60),
           "An ExportSession or ImportSession that moves no message for this "
           "long is cancelled (CANCELLED), freeing the KV blocks and the "
-          "thread it held.");
+          "thread it held. At least 1s.");
 ABSL_FLAG(int64_t, max_queued_prefills, 64,
           "Prefills waiting for a prefill thread (4) before new ones get "
           "UNAVAILABLE (overloaded); each holds its request.");

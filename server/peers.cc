@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
+#include "core/client_string.h"
 #include "server/log.h"
 
 namespace attention::server {
@@ -104,6 +105,11 @@ absl::StatusOr<std::unique_ptr<Peers>> Peers::Create(PeerOptions options) {
         ParseHostPort(absl::StripAsciiWhitespace(entry), "--peers entry");
     if (!parsed.ok()) return parsed.status();
     entries.push_back(*std::move(parsed));
+  }
+  if (entries.empty() && !absl::StripAsciiWhitespace(options.peers).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--peers ", QuoteClientString(options.peers),
+        " names no peer: give host:port entries separated by commas"));
   }
   return std::unique_ptr<Peers>(
       new Peers(std::move(options), std::move(entries)));

@@ -741,6 +741,38 @@ TEST(ServerOptionsTest, ThreadCountsOutOfRangeAreRefused) {
   }
 }
 
+// A tokens-file check or a transfer stall check that often would spin its
+// thread (and cancel every transfer that pauses), a --peers naming no
+// peer, and a malformed IPv4 metrics address (bound elsewhere): refused.
+// 0 checks the tokens file on SIGHUP only.
+TEST(ServerOptionsTest, SpinningChecksAndMalformedAddressesAreRefused) {
+  for (absl::Duration interval :
+       {-absl::Seconds(5), absl::Nanoseconds(1), absl::Milliseconds(9)}) {
+    server::ServerOptions options = TestServerOptions();
+    options.auth_reload_interval = interval;
+    ATTN_EXPECT_CODE(StartTestServer(options), StatusCode::kInvalidArgument);
+  }
+  for (absl::Duration stall : {absl::Nanoseconds(1), absl::Milliseconds(999)}) {
+    server::ServerOptions options = TestServerOptions();
+    options.transfer_stall_timeout = stall;
+    ATTN_EXPECT_CODE(StartTestServer(options), StatusCode::kInvalidArgument);
+  }
+  for (const char* peers : {",", " , ,"}) {
+    server::ServerOptions options = TestServerOptions();
+    options.peers = peers;
+    ATTN_EXPECT_CODE(StartTestServer(options), StatusCode::kInvalidArgument);
+  }
+  for (const char* address : {"999.1.1.1", "1.2.3", "256.0.0.1"}) {
+    server::ServerOptions options = TestServerOptions();
+    options.metrics_address = address;
+    ATTN_EXPECT_CODE(StartTestServer(options), StatusCode::kInvalidArgument);
+  }
+  server::ServerOptions options = TestServerOptions();
+  options.auth_reload_interval = absl::ZeroDuration();
+  options.transfer_stall_timeout = absl::Seconds(1);
+  ATTN_EXPECT_OK(StartTestServer(options));
+}
+
 // A connection age under a second would have every client reconnect
 // constantly (and one under a millisecond means no age to gRPC).
 TEST(ServerOptionsTest, ConnectionAgesUnderASecondAreRefused) {
