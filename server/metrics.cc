@@ -52,13 +52,16 @@ constexpr std::array<absl::string_view, kNumGrpcCodes> kCodeNames = {
     "UNAUTHENTICATED",
 };
 
-// 1-2.5-5 steps from 50 µs to 10 s, in nanoseconds so that recording
+// 1-2.5-5 steps from 50 µs to 250 s (prefills near --max_call_flops on a
+// CPU, transfers of large sessions), in nanoseconds so that recording
 // compares integers.
-constexpr std::array<int64_t, 17> kDurationBoundsNanos = {
-    50'000,        100'000,       250'000,     500'000,       1'000'000,
-    2'500'000,     5'000'000,     10'000'000,  25'000'000,    50'000'000,
-    100'000'000,   250'000'000,   500'000'000, 1'000'000'000, 2'500'000'000,
-    5'000'000'000, 10'000'000'000};
+constexpr std::array<int64_t, 21> kDurationBoundsNanos = {
+    50'000,          100'000,         250'000,        500'000,
+    1'000'000,       2'500'000,       5'000'000,      10'000'000,
+    25'000'000,      50'000'000,      100'000'000,    250'000'000,
+    500'000'000,     1'000'000'000,   2'500'000'000,  5'000'000'000,
+    10'000'000'000,  25'000'000'000,  50'000'000'000, 100'000'000'000,
+    250'000'000'000};
 
 constexpr std::array<int64_t, 11> kBatchBounds = {1,  2,   4,   8,   16,  32,
                                                   64, 128, 256, 512, 1024};
@@ -147,9 +150,13 @@ MetricFamily Scalar(absl::string_view name, absl::string_view help,
   return family;
 }
 
-std::vector<double> ToDoubles(absl::Span<const int64_t> values, double unit) {
+// values[i] / per_unit, each the double nearest the exact quotient (250 s
+// is 250, not 250.00000000000003 as 250e9 * 1e-9 gives), so that the
+// buckets' `le` labels read as the bounds.
+std::vector<double> ToDoubles(absl::Span<const int64_t> values,
+                              double per_unit) {
   std::vector<double> out;
-  for (int64_t v : values) out.push_back(static_cast<double>(v) * unit);
+  for (int64_t v : values) out.push_back(static_cast<double>(v) / per_unit);
   return out;
 }
 
@@ -475,7 +482,7 @@ class ServerMetrics::Collector final : public prometheus::Collectable {
 
 const std::vector<double>& ServerMetrics::RequestDurationBuckets() {
   static const auto* const buckets =
-      new std::vector<double>(ToDoubles(kDurationBoundsNanos, 1e-9));
+      new std::vector<double>(ToDoubles(kDurationBoundsNanos, 1e9));
   return *buckets;
 }
 

@@ -3,7 +3,7 @@
 //
 // Families (Prometheus naming: base units, `_total` counters):
 //   attention_requests_total{method,code}            counter
-//   attention_request_duration_seconds{method}       histogram, 50 µs .. 10 s
+//   attention_request_duration_seconds{method}       histogram, 50 µs .. 250 s
 //   attention_decode_batch_size                      histogram, 1 .. 1024
 //   attention_streams_active                         gauge
 //   attention_streams_opened_total                   counter

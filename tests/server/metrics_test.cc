@@ -253,7 +253,8 @@ TEST(ServerMetricsTest, DurationHistogramBucketsAreCumulativeAndInclusive) {
   std::vector<absl::Duration> observed = {
       absl::ZeroDuration(),   -absl::Seconds(1),       absl::Microseconds(10),
       absl::Microseconds(50), absl::Microseconds(300), absl::Milliseconds(1),
-      absl::Milliseconds(7),  absl::Seconds(10),       absl::Seconds(11)};
+      absl::Milliseconds(7),  absl::Seconds(10),       absl::Seconds(11),
+      absl::Seconds(240),     absl::Seconds(250),      absl::Seconds(400)};
   for (absl::Duration d : observed) {
     metrics->RecordRequest(RpcMethod::kAttention, grpc::StatusCode::OK, d);
   }
@@ -294,11 +295,14 @@ TEST(ServerMetricsTest, DurationHistogramBucketsAreCumulativeAndInclusive) {
       0u);
 }
 
-TEST(ServerMetricsTest, DurationBucketsSpan50MicrosecondsTo10Seconds) {
+TEST(ServerMetricsTest, DurationBucketsSpan50MicrosecondsTo250Seconds) {
   const std::vector<double>& bounds = ServerMetrics::RequestDurationBuckets();
   ASSERT_GE(bounds.size(), 2u);
-  EXPECT_DOUBLE_EQ(bounds.front(), 50e-6);
-  EXPECT_DOUBLE_EQ(bounds.back(), 10.0);
+  // Exactly the decimal bounds, as their `le` labels show them.
+  EXPECT_EQ(bounds.front(), 50e-6);
+  EXPECT_EQ(bounds[10], 0.1);
+  EXPECT_EQ(bounds[16], 10.0);
+  EXPECT_EQ(bounds.back(), 250.0);
   for (size_t i = 1; i < bounds.size(); ++i) {
     // Roughly exponential: each bound is 2 to 2.5 times the previous one.
     EXPECT_GE(bounds[i] / bounds[i - 1], 2.0 - 1e-9) << i;
