@@ -17,7 +17,9 @@ attnctl="${BUILD_DIR}/client/attnctl"
 port_file="$(mktemp)"
 rm -f "${port_file}"
 
-"${server}" --port="${PORT:-0}" --port_file="${port_file}" --backend=auto \
+# Loopback only: the demo server has neither TLS nor tokens.
+"${server}" --listen_address=127.0.0.1 --port="${PORT:-0}" \
+  --port_file="${port_file}" --backend=auto \
   --kv_cache_bytes=$((256 << 20)) --metrics_port=-1 &
 server_pid=$!
 stop_server() {
@@ -41,7 +43,7 @@ if [[ ! -s "${port_file}" ]]; then
   echo "run-demo: attention-server did not start within 60 s" >&2
   exit 1
 fi
-target="localhost:$(cat "${port_file}")"
+target="127.0.0.1:$(cat "${port_file}")"
 
 run() {
   echo
