@@ -1,10 +1,10 @@
 #include "server/attention_server.h"
 
+#include <arpa/inet.h>
 #include <grpc/grpc.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/impl/server_initializer.h>
 #include <grpcpp/security/server_credentials.h>
-#include <arpa/inet.h>
 #include <grpcpp/server_builder.h>
 #include <unistd.h>
 
@@ -83,10 +83,9 @@ absl::Status ValidateOptions(const ServerOptions& options) {
           std::string::npos) {
     in_addr parsed;
     if (inet_pton(AF_INET, options.metrics_address.c_str(), &parsed) != 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("metrics_address ",
-                       QuoteClientString(options.metrics_address),
-                       " is not an IPv4 address (four numbers 0-255)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics_address ", QuoteClientString(options.metrics_address),
+          " is not an IPv4 address (four numbers 0-255)"));
     }
   }
   if (options.max_call_flops <= 0 || options.max_sessions <= 0 ||
@@ -131,16 +130,16 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   if (options.auth_reload_interval < absl::ZeroDuration() ||
       (options.auth_reload_interval > absl::ZeroDuration() &&
        options.auth_reload_interval < absl::Milliseconds(10))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "auth_reload_interval ",
-        absl::FormatDuration(options.auth_reload_interval),
-        " must be 0 (re-read on SIGHUP only) or at least 10ms"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("auth_reload_interval ",
+                     absl::FormatDuration(options.auth_reload_interval),
+                     " must be 0 (re-read on SIGHUP only) or at least 10ms"));
   }
   if (options.transfer_stall_timeout < absl::Seconds(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transfer_stall_timeout ",
-        absl::FormatDuration(options.transfer_stall_timeout),
-        " must be at least 1s"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer_stall_timeout ",
+                     absl::FormatDuration(options.transfer_stall_timeout),
+                     " must be at least 1s"));
   }
   if (options.max_queued_prefills < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
