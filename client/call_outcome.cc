@@ -19,6 +19,11 @@ bool RefusedByServer(const absl::Status& status) {
          absl::StartsWith(status.message(), "the server is ");
 }
 
+bool RefusedWhileDraining(const absl::Status& status) {
+  return RefusedByServer(status) &&
+         absl::StartsWith(status.message(), "the server is draining");
+}
+
 bool CreationInDoubt(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kUnavailable:

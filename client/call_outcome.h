@@ -26,6 +26,11 @@ bool NeverSent(const absl::Status& status);
 // refusal's message starts with "the server is "; gRPC's failures never do.
 bool RefusedByServer(const absl::Status& status);
 
+// True for RefusedByServer's refusal of a draining server: it takes no new
+// sessions (CreateSession, ForkSession, ImportSession) while it hands its
+// own over or saves them.
+bool RefusedWhileDraining(const absl::Status& status);
+
 // Whether a CreateSession (or ForkSession, ImportSession) that failed with
 // `status` may have created the session: the server saw the call and
 // gRPC, not the server, failed it (a cut connection, a reply over the

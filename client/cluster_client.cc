@@ -237,6 +237,11 @@ ClusterClient::ClusterClient(ClusterTarget target, ClusterOptions options)
 absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Open(
     const std::string& target, ClusterOptions options) {
   ATTN_ASSIGN_OR_RETURN(ClusterTarget parsed, ParseClusterTarget(target));
+  if (options.move_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClusterOptions move_wait (", absl::FormatDuration(options.move_wait),
+        ") must not be negative"));
+  }
   if (!(options.refresh_interval > absl::ZeroDuration()) ||
       !(options.probe_timeout > absl::ZeroDuration())) {
     // Zero would probe every replica without a pause, or fail every probe.
@@ -653,6 +658,19 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::OwnerReplica(
                        DescribeReplicas(), ")")));
 }
 
+absl::StatusOr<v1::SessionInfo> ClusterClient::AwaitMove(
+    absl::string_view session_id, const Replica& replica) {
+  const absl::Time deadline = absl::Now() + options_.move_wait;
+  absl::Duration pause = absl::Milliseconds(20);
+  absl::StatusOr<v1::SessionInfo> here;
+  do {
+    absl::SleepFor(std::min(pause, deadline - absl::Now()));
+    pause = std::min(2 * pause, absl::Milliseconds(500));
+    here = replica.probe->GetSession(session_id);
+  } while (here.ok() && absl::Now() < deadline);
+  return here;
+}
+
 absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
     absl::string_view session_id, absl::string_view method,
     const Replica& replica, const absl::Status& status, Resend resend) {
@@ -683,9 +701,15 @@ absl::StatusOr<std::shared_ptr<ClusterReplica>> ClusterClient::Recover(
                            NoLongerAnywhere(session_id, from, status));
   }
   if (status.code() != absl::StatusCode::kUnavailable) return status;
+  absl::StatusOr<v1::SessionInfo> here = replica.probe->GetSession(session_id);
+  if (here.ok() && RefusedWhileDraining(status)) {
+    // A fork refused by a drain that has not moved the session yet: it
+    // goes where the drain moves it.
+    MarkDraining(replica);
+    here = AwaitMove(session_id, replica);
+  }
   // The replica's own UNAVAILABLE (overloaded) while it holds the session:
   // the server's answer stands.
-  absl::StatusOr<v1::SessionInfo> here = replica.probe->GetSession(session_id);
   if (here.ok()) return status;
   std::shared_ptr<Replica> found;
   Location location;

@@ -112,6 +112,14 @@ struct ClusterOptions {
   absl::Duration refresh_interval = absl::Seconds(2);
   // Deadline of each probe and each look-up of a session on a replica.
   absl::Duration probe_timeout = absl::Seconds(2);
+  // How long a fork that the session's draining replica refused (it takes
+  // no new sessions) waits for the drain to hand the session over to a
+  // peer, asking the replica every 20-500 ms; the fork then goes to the
+  // session's new replica. Past it (the drain moves no session: no peer
+  // serves) the fork fails with the replica's refusal. A drain hands its
+  // sessions over within the first half of its --drain_timeout (12.5 s by
+  // default). Zero: no wait. Not negative (Open refuses it).
+  absl::Duration move_wait = absl::Seconds(15);
   // Placement ties: replicas whose free KV is within this fraction of the
   // largest capacity of the most free one (PlacementOrder).
   double placement_tie_fraction = 1.0 / 32;
@@ -375,6 +383,10 @@ class ClusterClient {
   static absl::Status NotOnAnyReplica(absl::string_view session_id,
                                       const Location& location,
                                       absl::Status not_found);
+  // Asks `replica` for the session until it no longer holds it (moved by
+  // its drain, or gone) or move_wait has passed; the last answer.
+  absl::StatusOr<v1::SessionInfo> AwaitMove(absl::string_view session_id,
+                                            const Replica& replica);
   // After `status` from `replica` for `method` on the session: the replica
   // to send the call to again, or the error to return.
   absl::StatusOr<std::shared_ptr<Replica>> Recover(absl::string_view session_id,

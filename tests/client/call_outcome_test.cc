@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/attention_client.h"
 #include "gtest/gtest.h"
@@ -56,6 +57,9 @@ TEST(CallOutcomeTest, TheServersOwnRefusalsAppliedNothing) {
         "the server is shutting down and has saved its sessions"}) {
     const absl::Status status = absl::UnavailableError(message);
     EXPECT_TRUE(RefusedByServer(status)) << status;
+    EXPECT_EQ(RefusedWhileDraining(status),
+              absl::StartsWith(message, "the server is draining"))
+        << status;
     EXPECT_FALSE(NeverSent(status)) << status;
     EXPECT_FALSE(CreationInDoubt(status)) << status;
   }

@@ -1300,7 +1300,12 @@ TEST(ClusterClientTest, StepsThatMeetAMoveInProgressAreSentAgain) {
 // A refresh interval or probe timeout that is not positive is refused
 // (zero would probe every replica without a pause, or fail every probe).
 TEST(ClusterClientTest, NonPositiveRefreshOrProbeTimesAreRefused) {
+  // And a negative move_wait.
   ClusterOptions options = TestClusterOptions();
+  options.move_wait = -absl::Seconds(1);
+  ATTN_EXPECT_CODE(ClusterClient::Open("127.0.0.1:2", options),
+                   absl::StatusCode::kInvalidArgument);
+  options = TestClusterOptions();
   options.refresh_interval = absl::ZeroDuration();
   ATTN_EXPECT_CODE(ClusterClient::Open("127.0.0.1:2", options),
                    absl::StatusCode::kInvalidArgument);
@@ -1425,6 +1430,48 @@ TEST(ClusterClientTest, ACallTheReplicaRefusedGoesWhereTheSessionIs) {
   ATTN_EXPECT_OK(second->GetSession(fork->session_id()));
   for (auto& context : contexts) context->TryCancel();
   for (auto& writer : stalled) (void)writer->Finish();
+}
+
+// A fork that the session's draining replica refused (it takes no new
+// sessions) before its drain moved the session waits for the move and is
+// made at the session's new replica. Here the drain cannot move it until
+// its only peer, paused, answers again.
+TEST(ClusterClientTest, AForkADrainRefusedIsMadeWhereTheSessionMoves) {
+  Fleet fleet(2, {}, /*peers=*/true);
+  ASSERT_TRUE(fleet.ok()) << fleet.errors();
+  auto first = client::AttentionClient::Connect(fleet.address(0));
+  auto session = first->CreateSession(MakeSpec(1, 2, 1, 8));
+  ATTN_ASSERT_OK(session);
+  const std::string id = session->session_id();
+  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  ATTN_ASSERT_OK(cluster);
+  ATTN_ASSERT_OK((*cluster)->GetSession(id));
+  ASSERT_EQ((*cluster)->OwnerOf(id), fleet.address(0));
+
+  ASSERT_TRUE(fleet.replica(1).Freeze());
+  fleet.replica(0).Signal(SIGTERM);
+  absl::StatusOr<client::ServingStatus> health;
+  for (int i = 0; i < 500; ++i) {
+    health = first->CheckHealth();
+    if (health.ok() && *health == client::ServingStatus::kNotServing) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(health.ok() && *health == client::ServingStatus::kNotServing);
+  // Draining, and still holding the session: its peer does not answer.
+  const absl::Status refused = first->ForkSession(id).status();
+  ASSERT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  ATTN_ASSERT_OK(first->GetSession(id));
+  std::thread resume([&] {
+    absl::SleepFor(absl::Milliseconds(1500));
+    fleet.replica(1).Signal(SIGCONT);
+  });
+  auto fork = (*cluster)->ForkSession(id);
+  resume.join();
+  ATTN_ASSERT_OK(fork);
+  EXPECT_EQ((*cluster)->OwnerOf(id), fleet.address(1));
+  auto second = client::AttentionClient::Connect(fleet.address(1));
+  ATTN_EXPECT_OK(second->GetSession(id));
+  ATTN_EXPECT_OK(second->GetSession(fork->session_id()));
 }
 
 // A replica the membership no longer lists is kept while it answers, and
