@@ -41,9 +41,22 @@ struct KvWrite {
   TensorView v;  // empty with layout.shared_values
   // Index keys [T, index_dim] when layout.index_dim > 0, any dtype.
   TensorView index_k;
-  // Base address of every block of the layer (indexed by logical block);
-  // the blocks covering [start, start + T) are non-null and writable.
+  // Base address of every block of the layer, listed as KvView::k_blocks
+  // (logical blocks [gap_begin, gap_begin + gap_blocks) dropped, not
+  // listed); read with block(b). The blocks covering [start, start + T) are
+  // non-null and writable.
   absl::Span<std::byte* const> blocks;
+  int64_t gap_begin = 0;
+  int64_t gap_blocks = 0;
+
+  // Logical blocks, listed and dropped.
+  int64_t num_blocks() const {
+    return static_cast<int64_t>(blocks.size()) + gap_blocks;
+  }
+  // REQUIRES: 0 <= b < num_blocks().
+  std::byte* block(int64_t b) const {
+    return ListedBlock(blocks, gap_begin, gap_blocks, b);
+  }
 };
 
 // Thread-safety: every method may be called concurrently from any thread;

@@ -43,8 +43,11 @@ class BlockTable {
   }
 
   // Every stored entry (each block the table references, and kNoBlock
-  // entries), in logical order.
+  // entries), in logical order: logical block b is stored()[b] below
+  // gap_begin(), stored()[b - gap()] from gap_begin() + gap() on.
   absl::Span<const BlockId> stored() const { return stored_; }
+  int64_t gap_begin() const { return gap_begin_; }
+  int64_t gap() const { return gap_; }
   // Host memory of the stored entries.
   int64_t bytes() const {
     return static_cast<int64_t>(stored_.size()) * kBlockTableEntryBytes;

@@ -4,7 +4,8 @@ namespace attention {
 
 KvView PagedKvView(const KvBlockLayout& layout, int64_t length,
                    absl::Span<const std::byte* const> k_blocks,
-                   absl::Span<const std::byte* const> v_blocks) {
+                   absl::Span<const std::byte* const> v_blocks,
+                   int64_t gap_begin, int64_t gap_blocks) {
   KvView view;
   view.dtype = layout.dtype;
   view.num_kv_heads = layout.num_kv_heads;
@@ -14,6 +15,8 @@ KvView PagedKvView(const KvBlockLayout& layout, int64_t length,
   view.tokens_per_block = layout.tokens_per_block;
   view.k_blocks = k_blocks;
   view.v_blocks = v_blocks;
+  view.gap_begin = gap_begin;
+  view.gap_blocks = gap_blocks;
   // [num_kv_heads][tokens_per_block][dim] inside a block.
   view.k_token_stride = layout.head_dim;
   view.k_head_stride = layout.tokens_per_block * layout.head_dim;

@@ -56,6 +56,17 @@ struct KvBlockLayout {
   }
 };
 
+// Logical block b of a layer's block table listed without the run of
+// blocks [gap_begin, gap_begin + gap_blocks) it has dropped: nullptr in the
+// run. (KvView and KvWrite list their blocks so.)
+template <typename Block>
+Block* ListedBlock(absl::Span<Block* const> listed, int64_t gap_begin,
+                   int64_t gap_blocks, int64_t b) {
+  if (b < gap_begin) return listed[b];
+  if (b < gap_begin + gap_blocks) return nullptr;
+  return listed[b - gap_blocks];
+}
+
 struct KvView {
   DType dtype = DType::kFloat32;
   int num_kv_heads = 0;
@@ -66,10 +77,17 @@ struct KvView {
   // Position `pos` lives in block pos / tokens_per_block at row
   // pos % tokens_per_block.
   int64_t tokens_per_block = 0;
-  // Base address of each block's keys and values; nullptr for a block that a
-  // sliding-window layer has dropped (kernels never read masked positions).
+  // Base address of each listed block's keys and values; nullptr for a
+  // block that a sliding-window layer has dropped (kernels never read masked
+  // positions). Logical blocks [gap_begin, gap_begin + gap_blocks) are
+  // dropped and not listed (a window layer's table without the run it has
+  // dropped, so that a view costs the blocks held, not the layer's length):
+  // k_blocks[i] is logical block i below gap_begin, else i + gap_blocks.
+  // Read them with k_block(b) and v_block(b).
   absl::Span<const std::byte* const> k_blocks;
   absl::Span<const std::byte* const> v_blocks;
+  int64_t gap_begin = 0;
+  int64_t gap_blocks = 0;
   // Element strides inside a block.
   int64_t k_token_stride = 0;
   int64_t k_head_stride = 0;
@@ -81,32 +99,42 @@ struct KvView {
   int index_dim = 0;
   int64_t index_offset_bytes = 0;
 
+  // Base of logical block b's keys (values); nullptr when dropped.
+  // REQUIRES: 0 <= b < k_blocks.size() + gap_blocks (v_blocks: alike).
+  const std::byte* k_block(int64_t b) const {
+    return ListedBlock(k_blocks, gap_begin, gap_blocks, b);
+  }
+  const std::byte* v_block(int64_t b) const {
+    return ListedBlock(v_blocks, gap_begin, gap_blocks, b);
+  }
+
   const std::byte* key(int64_t pos, int head) const {
-    const std::byte* block = k_blocks[pos / tokens_per_block];
+    const std::byte* block = k_block(pos / tokens_per_block);
     return block + ((pos % tokens_per_block) * k_token_stride +
                     head * k_head_stride) *
                        DTypeSize(dtype);
   }
   const std::byte* index_key(int64_t pos) const {
-    const std::byte* block = k_blocks[pos / tokens_per_block];
+    const std::byte* block = k_block(pos / tokens_per_block);
     return block + index_offset_bytes +
            (pos % tokens_per_block) * index_dim * DTypeSize(dtype);
   }
   const std::byte* value(int64_t pos, int head) const {
-    const std::byte* block = v_blocks[pos / tokens_per_block];
+    const std::byte* block = v_block(pos / tokens_per_block);
     return block + ((pos % tokens_per_block) * v_token_stride +
                     head * v_head_stride) *
                        DTypeSize(dtype);
   }
 };
 
-// A view of paged blocks. `k_blocks[i]` is block i's base address and
-// `v_blocks[i]` = k_blocks[i] + layout.value_offset_bytes() (or both null).
-// With layout.shared_values the value strides are the key strides.
-// The spans must outlive the view.
+// A view of paged blocks. `k_blocks[i]` is the base address of listed block
+// i (see KvView::gap_begin) and `v_blocks[i]` = k_blocks[i] +
+// layout.value_offset_bytes() (or both null). With layout.shared_values the
+// value strides are the key strides. The spans must outlive the view.
 KvView PagedKvView(const KvBlockLayout& layout, int64_t length,
                    absl::Span<const std::byte* const> k_blocks,
-                   absl::Span<const std::byte* const> v_blocks);
+                   absl::Span<const std::byte* const> v_blocks,
+                   int64_t gap_begin = 0, int64_t gap_blocks = 0);
 
 // A view of contiguous k [T_k, H_kv, head_dim] and v [T_k, H_kv, value_dim]
 // tensors, as one block. `block_storage` (2 entries) holds the block

@@ -165,15 +165,18 @@ KvWrite LayerKvCache::PendingAppend::write_target() const {
   KvWrite write;
   write.layout = layout_;
   write.start = start_;
-  write.blocks = absl::MakeConstSpan(bases_.data(), table_.size());
+  write.blocks = absl::MakeConstSpan(bases_.data(), table_.stored().size());
+  write.gap_begin = table_.gap_begin();
+  write.gap_blocks = table_.gap();
   return write;
 }
 
 KvView LayerKvCache::PendingAppend::view() const {
-  const size_t n = static_cast<size_t>(table_.size());
+  const size_t n = table_.stored().size();
   return PagedKvView(layout_, new_length(),
                      absl::Span<const std::byte* const>(bases_.data(), n),
-                     absl::Span<const std::byte* const>(bases_.data() + n, n));
+                     absl::Span<const std::byte* const>(bases_.data() + n, n),
+                     table_.gap_begin(), table_.gap());
 }
 
 int64_t LayerKvCache::BlocksToStage(int64_t count) const {
@@ -217,11 +220,11 @@ absl::StatusOr<LayerKvCache::PendingAppend> LayerKvCache::PrepareAppend(
   }
 
   const int64_t value_offset = layout_.value_offset_bytes();
-  const int64_t n = pending.table_.size();
+  const absl::Span<const BlockId> stored = pending.table_.stored();
+  const size_t n = stored.size();
   pending.bases_.resize(2 * n);
-  for (int64_t i = 0; i < n; ++i) {
-    const BlockId id = pending.table_.at(i);
-    std::byte* base = id == kNoBlock ? nullptr : pool_->data(id);
+  for (size_t i = 0; i < n; ++i) {
+    std::byte* base = stored[i] == kNoBlock ? nullptr : pool_->data(stored[i]);
     pending.bases_[i] = base;
     pending.bases_[n + i] = base == nullptr ? nullptr : base + value_offset;
   }
@@ -316,13 +319,13 @@ KvView LayerKvCache::view(std::vector<const std::byte*>* k_storage,
   k_storage->clear();
   v_storage->clear();
   const int64_t value_offset = layout_.value_offset_bytes();
-  for (int64_t b = 0; b < table_.size(); ++b) {
-    const BlockId id = table_.at(b);
+  for (const BlockId id : table_.stored()) {
     const std::byte* base = id == kNoBlock ? nullptr : pool_->data(id);
     k_storage->push_back(base);
     v_storage->push_back(base == nullptr ? nullptr : base + value_offset);
   }
-  return PagedKvView(layout_, length_, *k_storage, *v_storage);
+  return PagedKvView(layout_, length_, *k_storage, *v_storage,
+                     table_.gap_begin(), table_.gap());
 }
 
 }  // namespace attention

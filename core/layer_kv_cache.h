@@ -118,10 +118,10 @@ class LayerKvCache {
     BlockTable table_;                // the staged block table
     std::vector<BlockId> allocated_;  // owned until commit
     std::vector<BlockId> replaced_;   // originals replaced by COW copies
-    // Per logical block of table_ (n of them): the keys' base address in
-    // [0, n), the values' in [n, 2n); nullptr where the table has no block.
-    // One buffer, so a step allocates it once. (n follows the layer's
-    // length: attention's views index blocks from position 0.)
+    // Per stored entry of table_ (n of them, without its skipped run, so
+    // that a step costs the blocks the layer holds, not its length): the
+    // keys' base address in [0, n), the values' in [n, 2n); nullptr where
+    // the entry has no block. One buffer, so a step allocates it once.
     std::vector<std::byte*> bases_;
     bool committed_ = false;
   };

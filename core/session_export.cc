@@ -101,7 +101,7 @@ absl::StatusOr<bool> SessionExport::NextChunk(SnapshotChunk* chunk,
   const int64_t index_offset = layout.index_offset_bytes();
   for (int64_t pos = position_; pos < position_ + count;) {
     const int64_t b = pos / tpb;
-    const std::byte* source = view.k_blocks[b];
+    const std::byte* source = view.k_block(b);
     if (source != block_source_) {
       ATTN_RETURN_IF_ERROR(
           backend_->ReadBlock(source, block_.data(), layout.used_bytes()));

@@ -237,8 +237,9 @@ void UnitRunner::FindRows(int64_t t0, int64_t t1, bool values,
       (values ? kv.v_token_stride : kv.k_token_stride) * element;
   const int64_t head_offset =
       unit_.kv_head * (values ? kv.v_head_stride : kv.k_head_stride) * element;
-  const absl::Span<const std::byte* const> blocks =
-      values ? kv.v_blocks : kv.k_blocks;
+  auto block_base = [&kv, values](int64_t block) {
+    return values ? kv.v_block(block) : kv.k_block(block);
+  };
   for (int i = 0; i < unit_.keys.count; ++i) {
     const int64_t b = std::max(unit_.keys.begin[i], t0);
     const int64_t e = std::min(unit_.keys.end[i], t1);
@@ -246,13 +247,13 @@ void UnitRunner::FindRows(int64_t t0, int64_t t1, bool values,
     // Walk the blocks incrementally (one division per run, not per key).
     int64_t block = b / kv.tokens_per_block;
     int64_t row = b % kv.tokens_per_block;
-    const std::byte* p = blocks[block] + head_offset + row * token_stride;
+    const std::byte* p = block_base(block) + head_offset + row * token_stride;
     for (int64_t pos = b; pos < e; ++pos) {
       rows[pos - t0] = p;
       p += token_stride;
       if (++row == kv.tokens_per_block && pos + 1 < e) {
         row = 0;
-        p = blocks[++block] + head_offset;
+        p = block_base(++block) + head_offset;
       }
     }
   }

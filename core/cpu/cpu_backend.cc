@@ -163,8 +163,7 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
   const int64_t first_block = write.start / tokens_per_block;
   const int64_t last_block = (write.start + num_tokens - 1) / tokens_per_block;
   for (int64_t block = first_block; block <= last_block; ++block) {
-    if (block >= static_cast<int64_t>(write.blocks.size()) ||
-        write.blocks[block] == nullptr) {
+    if (block >= write.num_blocks() || write.block(block) == nullptr) {
       return absl::InternalError(
           absl::StrCat("KV block ", block, " for positions from ",
                        std::max(write.start, block * tokens_per_block),
@@ -178,7 +177,7 @@ absl::Status CpuBackend::WriteKv(const KvWrite& write) {
     const int64_t end = std::min(num_tokens, (task + 1) * kTokensPerTask);
     for (int64_t t = task * kTokensPerTask; t < end; ++t) {
       const int64_t pos = write.start + t;
-      std::byte* block = write.blocks[pos / tokens_per_block];
+      std::byte* block = write.block(pos / tokens_per_block);
       const int64_t row = pos % tokens_per_block;
       if (layout.index_dim > 0) {
         const int64_t index_element = DTypeSize(write.index_k.dtype);

@@ -42,8 +42,8 @@ bool ChunkKey(const AttentionProblem& problem, const ProblemInfo& info,
   const int64_t c1 = c0 + kKeysPerSplit;
   const int64_t first_block = c0 / kv.tokens_per_block;
   const int64_t last_block = (c1 - 1) / kv.tokens_per_block;
-  if (last_block >= static_cast<int64_t>(kv.k_blocks.size()) ||
-      last_block >= static_cast<int64_t>(kv.v_blocks.size())) {
+  if (last_block >= static_cast<int64_t>(kv.k_blocks.size()) + kv.gap_blocks ||
+      last_block >= static_cast<int64_t>(kv.v_blocks.size()) + kv.gap_blocks) {
     return false;
   }
   std::string& key = *key_out;
@@ -62,11 +62,9 @@ bool ChunkKey(const AttentionProblem& problem, const ProblemInfo& info,
   AppendBytes(kv.v_head_stride, &key);
   AppendBytes(problem.scale, &key);
   for (int64_t b = first_block; b <= last_block; ++b) {
-    if (kv.k_blocks[b] == nullptr || kv.v_blocks[b] == nullptr) {
-      return false;
-    }
-    AppendBytes(kv.k_blocks[b], &key);
-    AppendBytes(kv.v_blocks[b], &key);
+    if (kv.k_block(b) == nullptr || kv.v_block(b) == nullptr) return false;
+    AppendBytes(kv.k_block(b), &key);
+    AppendBytes(kv.v_block(b), &key);
   }
   return true;
 }

@@ -54,14 +54,16 @@ KvView SelectedKvView(const KvView& kv, const std::vector<int64_t>& positions,
   for (size_t i = 0; i < positions.size(); ++i) {
     const int64_t block = positions[i] / kv.tokens_per_block;
     const int64_t row = positions[i] % kv.tokens_per_block;
-    (*k_table)[i] = kv.k_blocks[block] + row * kv.k_token_stride * element;
-    (*v_table)[i] = kv.v_blocks[block] + row * kv.v_token_stride * element;
+    (*k_table)[i] = kv.k_block(block) + row * kv.k_token_stride * element;
+    (*v_table)[i] = kv.v_block(block) + row * kv.v_token_stride * element;
   }
   KvView view = kv;
   view.length = static_cast<int64_t>(positions.size());
   view.tokens_per_block = 1;
   view.k_blocks = *k_table;
   view.v_blocks = *v_table;
+  view.gap_begin = 0;
+  view.gap_blocks = 0;
   view.index_dim = 0;
   view.index_offset_bytes = 0;
   return view;

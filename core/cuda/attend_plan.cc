@@ -119,7 +119,7 @@ absl::StatusOr<KvPlacement> LocateKv(
   uintptr_t highest = 0;
   uintptr_t low_bits = 0;
   for (int64_t b = 0; b < num_blocks; ++b) {
-    for (const std::byte* block : {kv.k_blocks[b], kv.v_blocks[b]}) {
+    for (const std::byte* block : {kv.k_block(b), kv.v_block(b)}) {
       if (block == nullptr) continue;
       const auto address = reinterpret_cast<uintptr_t>(block);
       lowest = std::min(lowest, address);
@@ -139,7 +139,7 @@ absl::StatusOr<KvPlacement> LocateKv(
   }
   for (int64_t b = 0; !fast_device && b < num_blocks; ++b) {
     for (int values = 0; values < 2; ++values) {
-      const std::byte* block = values ? kv.v_blocks[b] : kv.k_blocks[b];
+      const std::byte* block = values ? kv.v_block(b) : kv.k_block(b);
       if (block == nullptr) continue;
       const int64_t bytes = BlockExtentBytes(kv, b, values != 0);
       if (bytes <= 0) continue;
@@ -212,12 +212,15 @@ absl::Status AttendPlan::Classify(int64_t i, const AttentionProblem& problem,
   pl.num_blocks = kv.length <= 0 ? 0
                                  : (kv.length + kv.tokens_per_block - 1) /
                                        kv.tokens_per_block;
-  if (static_cast<int64_t>(kv.k_blocks.size()) < pl.num_blocks ||
-      static_cast<int64_t>(kv.v_blocks.size()) < pl.num_blocks) {
+  if (static_cast<int64_t>(kv.k_blocks.size()) + kv.gap_blocks <
+          pl.num_blocks ||
+      static_cast<int64_t>(kv.v_blocks.size()) + kv.gap_blocks <
+          pl.num_blocks) {
     return absl::InternalError(absl::StrCat(
         "problem ", i, ": its block tables hold ", kv.k_blocks.size(),
-        " key and ", kv.v_blocks.size(), " value blocks but ", kv.length,
-        " positions need ", pl.num_blocks, "; this is a bug in the caller"));
+        " key and ", kv.v_blocks.size(), " value blocks (", kv.gap_blocks,
+        " dropped, not listed) but ", kv.length, " positions need ",
+        pl.num_blocks, "; this is a bug in the caller"));
   }
   ATTN_ASSIGN_OR_RETURN(const KvPlacement placement,
                         LocateKv(i, kv, pl.num_blocks, is_device_memory));
@@ -474,7 +477,7 @@ void AttendPlan::LayoutUpload(absl::Span<const AttentionProblem> problems) {
     for (int64_t b = 0; b < pl.num_blocks; ++b) {
       for (int values = 0; values < 2; ++values) {
         const std::byte* block =
-            values ? problem.kv.v_blocks[b] : problem.kv.k_blocks[b];
+            values ? problem.kv.v_block(b) : problem.kv.k_block(b);
         const int64_t bytes = BlockExtentBytes(problem.kv, b, values != 0);
         if (block == nullptr || bytes <= 0) continue;
         HostCopy& copy = values ? pl.v_copies[b] : pl.k_copies[b];
@@ -662,11 +665,9 @@ void AttendPlan::FillUpload(std::byte* pinned, std::byte* device_base) const {
     uint64_t* k_table = reinterpret_cast<uint64_t*>(pinned + pl.k_table);
     uint64_t* v_table = reinterpret_cast<uint64_t*>(pinned + pl.v_table);
     static_assert(sizeof(const std::byte*) == sizeof(uint64_t));
-    if (pl.kv_on_device) {
-      std::memcpy(k_table, problem.kv.k_blocks.data(),
-                  static_cast<size_t>(pl.num_blocks) * sizeof(uint64_t));
-      std::memcpy(v_table, problem.kv.v_blocks.data(),
-                  static_cast<size_t>(pl.num_blocks) * sizeof(uint64_t));
+    for (int64_t b = 0; pl.kv_on_device && b < pl.num_blocks; ++b) {
+      k_table[b] = reinterpret_cast<uint64_t>(problem.kv.k_block(b));
+      v_table[b] = reinterpret_cast<uint64_t>(problem.kv.v_block(b));
     }
     for (int64_t b = 0; !pl.kv_on_device && b < pl.num_blocks; ++b) {
       const HostCopy& k = pl.k_copies[b];

@@ -261,15 +261,15 @@ absl::Status CudaBackend::WriteKvImpl(const KvWrite& write) {
   const int64_t tokens_per_block = layout.tokens_per_block;
   const int64_t first_block = write.start / tokens_per_block;
   const int64_t last_block = (write.start + num_tokens - 1) / tokens_per_block;
-  if (last_block >= static_cast<int64_t>(write.blocks.size())) {
+  if (last_block >= write.num_blocks()) {
     return absl::InternalError(
         absl::StrCat("WriteKv: positions up to ", write.start + num_tokens - 1,
                      " need block ", last_block, " but the layer has ",
-                     write.blocks.size(), " blocks"));
+                     write.num_blocks(), " blocks"));
   }
   for (int64_t b = first_block; b <= last_block; ++b) {
-    if (write.blocks[b] == nullptr ||
-        !IsArenaMemory(write.blocks[b], layout.used_bytes())) {
+    if (write.block(b) == nullptr ||
+        !IsArenaMemory(write.block(b), layout.used_bytes())) {
       return absl::InternalError(
           absl::StrCat("WriteKv: block ", b,
                        " is missing or not in this backend's GPU KV pool"));
@@ -293,8 +293,10 @@ absl::Status CudaBackend::WriteKvImpl(const KvWrite& write) {
   std::byte* device = ctx->scratch.data();
   std::memcpy(pinned, write.k.data, static_cast<size_t>(k_bytes));
   std::memcpy(pinned + v_offset, write.v.data, static_cast<size_t>(v_bytes));
-  std::memcpy(pinned + table_offset, write.blocks.data() + first_block,
-              static_cast<size_t>(num_blocks) * sizeof(std::byte*));
+  std::byte** table = reinterpret_cast<std::byte**>(pinned + table_offset);
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    table[b] = write.block(first_block + b);
+  }
 
   cuda::KvWriteParams params;
   params.k = device;

@@ -143,8 +143,9 @@ TEST_F(LayerKvCacheTest, TruncateRespectsDroppedWindowKeys) {
 }
 
 // The table of a window layer stores no entry for the blocks it dropped:
-// its memory follows the window, however long the layer grows, while views
-// still index blocks from position 0.
+// its memory follows the window, however long the layer grows, and so do
+// its views and a staged append's (which list the blocks held and the run
+// dropped), while they still address blocks from position 0.
 TEST_F(LayerKvCacheTest, AWindowLayersTableFollowsItsWindowNotItsLength) {
   LayerSpec mask;
   mask.window = 8;
@@ -159,11 +160,30 @@ TEST_F(LayerKvCacheTest, AWindowLayersTableFollowsItsWindowNotItsLength) {
   EXPECT_EQ(cache.FirstHeldPosition(), 97 * 4);
   std::vector<const std::byte*> ks, vs;
   const KvView view = cache.view(&ks, &vs);
-  ASSERT_EQ(view.k_blocks.size(), 100u);
-  EXPECT_NE(view.k_blocks[0], nullptr);
-  EXPECT_EQ(view.k_blocks[1], nullptr);
-  EXPECT_EQ(view.k_blocks[96], nullptr);
-  EXPECT_NE(view.k_blocks[97], nullptr);
+  EXPECT_EQ(view.k_blocks.size(), 4u);
+  EXPECT_EQ(view.gap_begin, 1);
+  EXPECT_EQ(view.gap_blocks, 96);
+  EXPECT_NE(view.k_block(0), nullptr);
+  EXPECT_EQ(view.k_block(1), nullptr);
+  EXPECT_EQ(view.k_block(96), nullptr);
+  EXPECT_NE(view.k_block(97), nullptr);
+  EXPECT_EQ(view.v_block(97), view.k_block(97) + layout_.value_offset_bytes());
+  {
+    // The next append stages the held blocks and one new one.
+    absl::StatusOr<LayerKvCache::PendingAppend> pending =
+        cache.PrepareAppend(1);
+    ASSERT_TRUE(pending.ok()) << pending.status();
+    const KvView staged = pending->view();
+    EXPECT_EQ(staged.k_blocks.size(), 5u);
+    EXPECT_EQ(staged.length, 401);
+    EXPECT_EQ(staged.k_block(97), view.k_block(97));
+    EXPECT_EQ(staged.k_block(50), nullptr);
+    const KvWrite write = pending->write_target();
+    EXPECT_EQ(write.blocks.size(), 5u);
+    EXPECT_EQ(write.num_blocks(), 101);
+    EXPECT_NE(write.block(100), nullptr);
+    EXPECT_EQ(write.block(100), staged.k_block(100));
+  }
   EXPECT_EQ(KeyAt(cache, 1, 1, 3), sinks.values[(1 * kHeads + 1) * kDim + 3]);
   EXPECT_EQ(KeyAt(cache, 399, 0, 2), last.values[2]);
   // A fork shares the compact table; writing its tail copies that block.
@@ -190,7 +210,10 @@ TEST_F(LayerKvCacheTest, ACutInsideTheDroppedBlocksTakesNewOnes) {
   EXPECT_EQ(cache.referenced_blocks(), 1);
   EXPECT_EQ(KeyAt(cache, 22, 1, 0), next.values[(2 * kHeads + 1) * kDim]);
   std::vector<const std::byte*> ks, vs;
-  EXPECT_EQ(cache.view(&ks, &vs).k_blocks.size(), 6u);
+  const KvView view = cache.view(&ks, &vs);
+  EXPECT_EQ(static_cast<int64_t>(view.k_blocks.size()) + view.gap_blocks, 6);
+  EXPECT_EQ(view.k_block(4), nullptr);
+  EXPECT_NE(view.k_block(5), nullptr);
   cache.Truncate(0);
   EXPECT_EQ(pool_->stats().blocks_used, 0);
   Append(cache, 5);

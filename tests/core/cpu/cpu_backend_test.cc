@@ -558,6 +558,25 @@ TEST_F(CpuBackendTest, PagedViewWithEvictedBlocksIsBitwiseContiguous) {
     ASSERT_TRUE(backend_.Attend({&problem, 1}).ok());
     ExpectBitwiseEqual(c.output, want_output, "paged output");
     ExpectBitwiseEqual(c.lse, want_lse, "paged lse");
+
+    // The same blocks listed without the run dropped between the sinks and
+    // the window, as a window layer's table lists them.
+    size_t gap_begin = 0;
+    while (paged.k_blocks[gap_begin] != nullptr) ++gap_begin;
+    size_t gap_end = gap_begin;
+    while (paged.k_blocks[gap_end] == nullptr) ++gap_end;
+    std::vector<const std::byte*> k_listed = paged.k_blocks;
+    std::vector<const std::byte*> v_listed = paged.v_blocks;
+    k_listed.erase(k_listed.begin() + gap_begin, k_listed.begin() + gap_end);
+    v_listed.erase(v_listed.begin() + gap_begin, v_listed.begin() + gap_end);
+    EXPECT_GT(gap_end - gap_begin, 180u);
+    c.ResetOutputs();
+    const AttentionProblem listed = c.ProblemWith(PagedKvView(
+        paged.layout, 1500, k_listed, v_listed, static_cast<int64_t>(gap_begin),
+        static_cast<int64_t>(gap_end - gap_begin)));
+    ASSERT_TRUE(backend_.Attend({&listed, 1}).ok());
+    ExpectBitwiseEqual(c.output, want_output, "listed output");
+    ExpectBitwiseEqual(c.lse, want_lse, "listed lse");
   }
 }
 
