@@ -55,6 +55,14 @@ class BlockTable {
 
   // Appends logical block size().
   void push_back(BlockId id) { stored_.push_back(id); }
+  // Appends `count` >= 0 dropped logical blocks as (the end of) the
+  // skipped run. REQUIRES: the table has no skipped run, or it ends at
+  // size().
+  void PushDropped(int64_t count) {
+    if (count <= 0) return;
+    if (gap_ == 0) gap_begin_ = static_cast<int64_t>(stored_.size());
+    gap_ += count;
+  }
   void reserve(int64_t logical_blocks) {
     stored_.reserve(static_cast<size_t>(logical_blocks - gap_));
   }

@@ -54,12 +54,32 @@ LayerKvCache LayerKvCache::Fork() const {
 
 namespace {
 
-// Whether logical block `b` holds a carried position.
-bool BlockCarried(int64_t b, int64_t tpb, const CarriedRanges& ranges) {
-  const int64_t begin = b * tpb;
-  const int64_t end = begin + tpb;
-  return (begin < ranges.sink_end) ||
-         (end > ranges.window_start && begin < ranges.length);
+// The logical blocks of a restored layer: [0, blocks), of which the run
+// [dropped_begin, dropped_end) holds no carried position (empty when every
+// block holds one). Worked out without a walk over the blocks: an import
+// sizes itself from an untrusted header before its admission.
+struct RestoredBlocks {
+  int64_t blocks = 0;
+  int64_t dropped_begin = 0;
+  int64_t dropped_end = 0;
+
+  int64_t carried() const { return blocks - (dropped_end - dropped_begin); }
+};
+
+RestoredBlocks RestoredBlocksOf(const KvBlockLayout& layout,
+                                const CarriedRanges& ranges) {
+  // The sink's blocks [0, sink_end_block) and the window's
+  // [window_start / tpb, blocks) hold carried positions.
+  const int64_t tpb = layout.tokens_per_block;
+  RestoredBlocks restored;
+  restored.blocks = CeilDiv(ranges.length, tpb);
+  const int64_t sink_end_block =
+      std::min(restored.blocks, CeilDiv(ranges.sink_end, tpb));
+  const int64_t window_block =
+      std::min(restored.blocks, ranges.window_start / tpb);
+  restored.dropped_begin = sink_end_block;
+  restored.dropped_end = std::max(sink_end_block, window_block);
+  return restored;
 }
 
 }  // namespace
@@ -67,55 +87,44 @@ bool BlockCarried(int64_t b, int64_t tpb, const CarriedRanges& ranges) {
 int64_t LayerKvCache::RestoreBlocks(const KvBlockLayout& layout,
                                     const LayerSpec& mask, int64_t length,
                                     int64_t first_position) {
-  // The blocks BlockCarried() says, counted without a walk over them (an
-  // import sizes itself from an untrusted header before its admission):
-  // the sink's blocks [0, sink_end_block) and the window's
-  // [window_start / tpb, blocks), of the blocks [0, blocks) of `length`.
-  const int64_t tpb = layout.tokens_per_block;
-  const CarriedRanges ranges =
-      CarriedPositions(length, mask.num_sink_tokens, first_position);
-  const int64_t blocks = CeilDiv(length, tpb);
-  const int64_t sink_end_block =
-      std::min(blocks, CeilDiv(ranges.sink_end, tpb));
-  const int64_t window_block = std::min(blocks, ranges.window_start / tpb);
-  return window_block <= sink_end_block
-             ? blocks
-             : sink_end_block + (blocks - window_block);
+  return RestoredBlocksOf(layout, CarriedPositions(length, mask.num_sink_tokens,
+                                                   first_position))
+      .carried();
 }
 
 absl::StatusOr<LayerKvCache> LayerKvCache::Restore(
     BlockPool* pool, const KvBlockLayout& layout, const LayerSpec& mask,
     int64_t length, int64_t first_position, std::shared_ptr<TenantUsage> usage,
     BlockReservation* reservation) {
-  const int64_t tpb = layout.tokens_per_block;
   const CarriedRanges ranges =
       CarriedPositions(length, mask.num_sink_tokens, first_position);
+  const RestoredBlocks restored = RestoredBlocksOf(layout, ranges);
   std::vector<BlockId> blocks;
-  ATTN_RETURN_IF_ERROR(pool->Allocate(
-      RestoreBlocks(layout, mask, length, first_position), &blocks));
+  ATTN_RETURN_IF_ERROR(pool->Allocate(restored.carried(), &blocks));
   LayerKvCache layer(pool, layout, mask, std::move(usage));
   layer.TakeReserved(blocks, reservation);
   layer.length_ = length;
   layer.first_held_ =
       ranges.window_start > ranges.sink_end ? ranges.window_start : 0;
-  size_t next = 0;
-  layer.table_.reserve(CeilDiv(length, tpb));
-  for (int64_t b = 0; b < CeilDiv(length, tpb); ++b) {
-    layer.table_.push_back(BlockCarried(b, tpb, ranges) ? blocks[next++]
-                                                        : kNoBlock);
+  // The table as a window layer keeps it: the dropped run skipped.
+  auto next = blocks.begin();
+  for (int64_t b = 0; b < restored.dropped_begin; ++b) {
+    layer.table_.push_back(*next++);
   }
-  layer.table_.Compact();
+  layer.table_.PushDropped(restored.dropped_end - restored.dropped_begin);
+  while (next != blocks.end()) layer.table_.push_back(*next++);
   return layer;
 }
 
-std::vector<std::byte*> LayerKvCache::restore_blocks() const {
-  std::vector<std::byte*> blocks;
-  blocks.reserve(table_.size());
-  for (int64_t b = 0; b < table_.size(); ++b) {
-    const BlockId id = table_.at(b);
-    blocks.push_back(id == kNoBlock ? nullptr : pool_->data(id));
+LayerKvCache::ListedBlocks LayerKvCache::restore_blocks() const {
+  ListedBlocks listed;
+  listed.blocks.reserve(table_.stored().size());
+  for (const BlockId id : table_.stored()) {
+    listed.blocks.push_back(id == kNoBlock ? nullptr : pool_->data(id));
   }
-  return blocks;
+  listed.gap_begin = table_.gap_begin();
+  listed.gap_blocks = table_.gap();
+  return listed;
 }
 
 int64_t LayerKvCache::FirstHeldPosition() const {

@@ -73,9 +73,16 @@ class LayerKvCache {
   static int64_t RestoreBlocks(const KvBlockLayout& layout,
                                const LayerSpec& mask, int64_t length,
                                int64_t first_position);
-  // Base address of every block (nullptr where none), for KvWrite while
-  // restoring. REQUIRES: this layer shares no block (fresh from Restore).
-  std::vector<std::byte*> restore_blocks() const;
+  // The layer's blocks as KvWrite lists them (KvWrite::blocks, gap_begin,
+  // gap_blocks: the stored entries' base addresses, nullptr where none,
+  // without the run a window layer dropped), for the writes that restore
+  // it. REQUIRES: this layer shares no block (fresh from Restore).
+  struct ListedBlocks {
+    std::vector<std::byte*> blocks;
+    int64_t gap_begin = 0;
+    int64_t gap_blocks = 0;
+  };
+  ListedBlocks restore_blocks() const;
   // Drops the blocks this server's window slack does not keep.
   void CompleteRestore() { DropUnneededBlocks(); }
 

@@ -389,7 +389,10 @@ absl::Status SessionImport::AddChunk(const SnapshotChunk& chunk) {
   const KvBlockLayout& layout = layers_[layer_].layout();
   ATTN_ASSIGN_OR_RETURN(KvWrite write,
                         ChunkWrite(chunk, layout, num_chunks_, layer_));
-  write.blocks = blocks_[layer_];
+  const LayerKvCache::ListedBlocks& listed = blocks_[layer_];
+  write.blocks = listed.blocks;
+  write.gap_begin = listed.gap_begin;
+  write.gap_blocks = listed.gap_blocks;
   ATTN_RETURN_IF_ERROR(backend_->WriteKv(write));
   checksum_.AddChunk(chunk);
   ++num_chunks_;

@@ -123,7 +123,7 @@ class SessionImport {
   // What the staged tables take, until the session takes it over.
   MetadataReservation metadata_;
   std::vector<LayerKvCache> layers_;  // staged; freed unless finished
-  std::vector<std::vector<std::byte*>> blocks_;
+  std::vector<LayerKvCache::ListedBlocks> blocks_;
   SnapshotChecksum checksum_;
   int64_t num_chunks_ = 0;
   int64_t remaining_tokens_ = 0;

@@ -268,6 +268,36 @@ TEST(LayerKvCacheRestoreTest, RestoreBlocksCountsTheCarriedBlocks) {
       int64_t{1} << 50);
 }
 
+// A restored window layer's table, and the blocks its restore writes
+// through, follow the blocks it carries, not its length: a header may
+// claim any length up to max_tokens.
+TEST_F(LayerKvCacheTest, ARestoredWindowLayerListsOnlyItsCarriedBlocks) {
+  LayerSpec mask;
+  mask.window = 8;
+  mask.num_sink_tokens = 2;
+  constexpr int64_t kLength = int64_t{1} << 20;  // 262144 blocks of 4
+  const int64_t first = kLength - 8;
+  ASSERT_EQ(LayerKvCache::RestoreBlocks(layout_, mask, kLength, first), 3);
+  absl::StatusOr<LayerKvCache> layer = LayerKvCache::Restore(
+      pool_.get(), layout_, mask, kLength, first, nullptr, nullptr);
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_EQ(layer->referenced_blocks(), 3);
+  EXPECT_EQ(layer->table_bytes(), 3 * kBlockTableEntryBytes);
+  const LayerKvCache::ListedBlocks listed = layer->restore_blocks();
+  EXPECT_EQ(listed.blocks.size(), 3u);
+  EXPECT_EQ(listed.gap_begin, 1);
+  EXPECT_EQ(listed.gap_blocks, kLength / 4 - 3);
+  KvWrite write;
+  write.blocks = listed.blocks;
+  write.gap_begin = listed.gap_begin;
+  write.gap_blocks = listed.gap_blocks;
+  EXPECT_EQ(write.num_blocks(), kLength / 4);
+  EXPECT_NE(write.block(0), nullptr);
+  EXPECT_EQ(write.block(1), nullptr);
+  EXPECT_NE(write.block(kLength / 4 - 2), nullptr);
+  EXPECT_EQ(layer->FirstHeldPosition(), first);
+}
+
 TEST_F(LayerKvCacheTest, DestructionReleasesEverything) {
   {
     LayerKvCache cache(pool_.get(), layout_, LayerSpec{});
