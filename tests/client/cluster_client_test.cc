@@ -1372,6 +1372,27 @@ TEST(ClusterClientTest, ACreationInDoubtIsNotRepeatedOnAnotherReplica) {
   ATTN_EXPECT_OK((*cluster)->CreateSession(MakeSpec(1, 2, 1, 8)));
 }
 
+// Creates a session on replica 0 directly and opens a ClusterClient that
+// has found it there: its id, or empty (with a failure added).
+std::string FoundOnTheFirstReplica(Fleet& fleet,
+                                   std::unique_ptr<ClusterClient>* cluster) {
+  auto session = client::AttentionClient::Connect(fleet.address(0))
+                     ->CreateSession(MakeSpec(1, 2, 1, 8));
+  auto opened = ClusterClient::Open(fleet.List(), TestClusterOptions());
+  if (!session.ok() || !opened.ok()) {
+    ADD_FAILURE() << session.status() << "; " << opened.status();
+    return "";
+  }
+  *cluster = *std::move(opened);
+  const absl::Status found = (*cluster)->GetSession(session->session_id()).status();
+  if (!found.ok() ||
+      (*cluster)->OwnerOf(session->session_id()) != fleet.address(0)) {
+    ADD_FAILURE() << "not found on replica 0: " << found;
+    return "";
+  }
+  return session->session_id();
+}
+
 // A replica's own UNAVAILABLE refusal ("the server is overloaded", or
 // draining) applied nothing: when the session turns out to be on another
 // replica, the call goes there, instead of failing as one that "may or may
@@ -1383,13 +1404,9 @@ TEST(ClusterClientTest, ACallTheReplicaRefusedGoesWhereTheSessionIs) {
   ASSERT_TRUE(fleet.ok()) << fleet.errors();
   auto first = client::AttentionClient::Connect(fleet.address(0));
   auto second = client::AttentionClient::Connect(fleet.address(1));
-  auto session = first->CreateSession(MakeSpec(1, 2, 1, 8));
-  ATTN_ASSERT_OK(session);
-  const std::string id = session->session_id();
-  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
-  ATTN_ASSERT_OK(cluster);
-  ATTN_ASSERT_OK((*cluster)->GetSession(id));
-  ASSERT_EQ((*cluster)->OwnerOf(id), fleet.address(0));
+  std::unique_ptr<ClusterClient> cluster;
+  const std::string id = FoundOnTheFirstReplica(fleet, &cluster);
+  ASSERT_FALSE(id.empty());
 
   // The session moves to the second replica behind the cluster's back.
   std::vector<v1::SessionChunk> records;
@@ -1424,9 +1441,9 @@ TEST(ClusterClientTest, ACallTheReplicaRefusedGoesWhereTheSessionIs) {
   ASSERT_TRUE(absl::StartsWith(refusal.message(), "the server is overloaded"))
       << refusal;
 
-  auto fork = (*cluster)->ForkSession(id);
+  auto fork = cluster->ForkSession(id);
   ATTN_ASSERT_OK(fork);
-  EXPECT_EQ((*cluster)->OwnerOf(id), fleet.address(1));
+  EXPECT_EQ(cluster->OwnerOf(id), fleet.address(1));
   ATTN_EXPECT_OK(second->GetSession(fork->session_id()));
   for (auto& context : contexts) context->TryCancel();
   for (auto& writer : stalled) (void)writer->Finish();
@@ -1440,13 +1457,9 @@ TEST(ClusterClientTest, AForkADrainRefusedIsMadeWhereTheSessionMoves) {
   Fleet fleet(2, {}, /*peers=*/true);
   ASSERT_TRUE(fleet.ok()) << fleet.errors();
   auto first = client::AttentionClient::Connect(fleet.address(0));
-  auto session = first->CreateSession(MakeSpec(1, 2, 1, 8));
-  ATTN_ASSERT_OK(session);
-  const std::string id = session->session_id();
-  auto cluster = ClusterClient::Open(fleet.List(), TestClusterOptions());
-  ATTN_ASSERT_OK(cluster);
-  ATTN_ASSERT_OK((*cluster)->GetSession(id));
-  ASSERT_EQ((*cluster)->OwnerOf(id), fleet.address(0));
+  std::unique_ptr<ClusterClient> cluster;
+  const std::string id = FoundOnTheFirstReplica(fleet, &cluster);
+  ASSERT_FALSE(id.empty());
 
   ASSERT_TRUE(fleet.replica(1).Freeze());
   fleet.replica(0).Signal(SIGTERM);
@@ -1465,10 +1478,10 @@ TEST(ClusterClientTest, AForkADrainRefusedIsMadeWhereTheSessionMoves) {
     absl::SleepFor(absl::Milliseconds(1500));
     fleet.replica(1).Signal(SIGCONT);
   });
-  auto fork = (*cluster)->ForkSession(id);
+  auto fork = cluster->ForkSession(id);
   resume.join();
   ATTN_ASSERT_OK(fork);
-  EXPECT_EQ((*cluster)->OwnerOf(id), fleet.address(1));
+  EXPECT_EQ(cluster->OwnerOf(id), fleet.address(1));
   auto second = client::AttentionClient::Connect(fleet.address(1));
   ATTN_EXPECT_OK(second->GetSession(id));
   ATTN_EXPECT_OK(second->GetSession(fork->session_id()));
