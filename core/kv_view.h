@@ -6,6 +6,7 @@
 #ifndef ATTENTION_CORE_KV_VIEW_H_
 #define ATTENTION_CORE_KV_VIEW_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -99,8 +100,13 @@ struct KvView {
   int index_dim = 0;
   int64_t index_offset_bytes = 0;
 
+  // Logical blocks both lists cover, listed and dropped.
+  int64_t num_blocks() const {
+    return static_cast<int64_t>(std::min(k_blocks.size(), v_blocks.size())) +
+           gap_blocks;
+  }
   // Base of logical block b's keys (values); nullptr when dropped.
-  // REQUIRES: 0 <= b < k_blocks.size() + gap_blocks (v_blocks: alike).
+  // REQUIRES: 0 <= b < num_blocks().
   const std::byte* k_block(int64_t b) const {
     return ListedBlock(k_blocks, gap_begin, gap_blocks, b);
   }

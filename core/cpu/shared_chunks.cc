@@ -42,10 +42,7 @@ bool ChunkKey(const AttentionProblem& problem, const ProblemInfo& info,
   const int64_t c1 = c0 + kKeysPerSplit;
   const int64_t first_block = c0 / kv.tokens_per_block;
   const int64_t last_block = (c1 - 1) / kv.tokens_per_block;
-  if (last_block >= static_cast<int64_t>(kv.k_blocks.size()) + kv.gap_blocks ||
-      last_block >= static_cast<int64_t>(kv.v_blocks.size()) + kv.gap_blocks) {
-    return false;
-  }
+  if (last_block >= kv.num_blocks()) return false;
   std::string& key = *key_out;
   key.clear();
   AppendBytes(chunk, &key);

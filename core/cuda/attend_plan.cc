@@ -212,10 +212,7 @@ absl::Status AttendPlan::Classify(int64_t i, const AttentionProblem& problem,
   pl.num_blocks = kv.length <= 0 ? 0
                                  : (kv.length + kv.tokens_per_block - 1) /
                                        kv.tokens_per_block;
-  if (static_cast<int64_t>(kv.k_blocks.size()) + kv.gap_blocks <
-          pl.num_blocks ||
-      static_cast<int64_t>(kv.v_blocks.size()) + kv.gap_blocks <
-          pl.num_blocks) {
+  if (kv.num_blocks() < pl.num_blocks) {
     return absl::InternalError(absl::StrCat(
         "problem ", i, ": its block tables hold ", kv.k_blocks.size(),
         " key and ", kv.v_blocks.size(), " value blocks (", kv.gap_blocks,
