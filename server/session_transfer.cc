@@ -89,6 +89,25 @@ SnapshotTrailer SnapshotTrailerFromProto(
   return out;
 }
 
+namespace {
+
+// A data record no stream under `max_message_bytes` can carry: gRPC would
+// refuse to send it without naming the flag that sets the limit.
+absl::Status CheckRecordSize(const v1::SessionChunk& record,
+                             int64_t max_message_bytes) {
+  const int64_t bytes = static_cast<int64_t>(record.ByteSizeLong());
+  if (bytes <= max_message_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "one token's rows of layer ", record.data().layer(), " take ", bytes,
+      " bytes in an export record, over the server's message limit of ",
+      max_message_bytes,
+      " bytes (--max_message_bytes; the session was restored from a "
+      "snapshot saved under a larger one); nothing was changed. Export it "
+      "from a server with a limit of at least that size"));
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> WriteSessionExport(
     SessionExport& session_export,
     const std::function<absl::Status(v1::SessionChunk&)>& write,
@@ -105,6 +124,7 @@ absl::StatusOr<int64_t> WriteSessionExport(
     if (!more) break;
     v1::SessionSnapshotData* data = record.mutable_data();
     SwapSnapshotChunkToProto(&chunk, data);
+    ATTN_RETURN_IF_ERROR(CheckRecordSize(record, max_message_bytes));
     ATTN_RETURN_IF_ERROR(write(record));
     // Take the buffers back for the next chunk.
     chunk.k.swap(*data->mutable_k());

@@ -42,7 +42,10 @@ SnapshotTrailer SnapshotTrailerFromProto(
 // message is reused between calls; `write` may modify it), the K/V rows of
 // each data record within half of `max_message_bytes` unless one row alone
 // is larger.
-// Returns the K/V bytes sent; the first error of `write` or of the export.
+// Returns the K/V bytes sent; the first error of `write` or of the export;
+// RESOURCE_EXHAUSTED, before the record is written, for a data record over
+// `max_message_bytes` (one token's row of a session restored from a
+// snapshot saved under a larger limit), which no stream could carry.
 absl::StatusOr<int64_t> WriteSessionExport(
     SessionExport& session_export,
     const std::function<absl::Status(v1::SessionChunk&)>& write,

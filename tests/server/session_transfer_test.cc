@@ -1472,6 +1472,44 @@ TEST(SnapshotDirTest, AGetSessionThatCannotBeAnsweredLeavesTheIdleClock) {
   std::filesystem::remove_all(dir);
 }
 
+// An export of such a session whose one token's rows could not be sent
+// fails RESOURCE_EXHAUSTED before its first data record, naming the flag
+// that limits it (gRPC's own refusal to send the record named none).
+TEST(SnapshotDirTest, AnExportWhoseRowCouldNotBeSentSaysWhy) {
+  const std::string dir = TempDir("snapshot-row-limit");
+  // One token of 8 heads of 1024 float32 K and V: 64 KiB of rows.
+  const v1::SessionSpec wide = MakeSpec(1, 8, 8, 1024);
+  server::ServerOptions options = TestServerOptions();
+  options.kv_block_bytes = 64 << 10;
+  std::string id;
+  {
+    auto first = StartTestServer(options);
+    ATTN_ASSERT_OK(first);
+    auto session = (*first)->client->OpenSession(wide);
+    ATTN_ASSERT_OK(session);
+    id = session->id();
+    const Tokens tokens = RandomTokens(session->spec(), 1, 3);
+    ATTN_ASSERT_OK(session->Prefill(0, tokens.q_rows(0, 1), tokens.k_rows(0, 1),
+                                    tokens.v_rows(0, 1)));
+    EXPECT_EQ(server::SaveAllSessions((*first)->server->engine(), dir,
+                                      absl::Now() + absl::Minutes(1))
+                  .written,
+              1);
+  }
+  options.snapshot_dir = dir;
+  options.max_message_bytes = 48 << 10;
+  auto second = StartTestServer(options);
+  ATTN_ASSERT_OK(second);
+  auto records = Export(*(*second)->client, id);
+  ATTN_EXPECT_CODE(records, absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(records.status().message().find("--max_message_bytes"),
+            std::string::npos)
+      << records.status();
+  ATTN_EXPECT_OK((*second)->client->GetSession(id));
+  second->reset();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SnapshotDirTest, SessionsPastTheDeadlineAreCountedAndLeaveNoFile) {
   const std::string dir = TempDir("snapshot-late");
   auto server = StartTestServer();
