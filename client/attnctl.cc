@@ -6,8 +6,9 @@
 //   attnctl plan --preset=NAME | --num_layers=... [--context=N]
 //                                     KV-cache bytes per token and context
 //   attnctl health                    grpc.health.v1 check; exit codes like
-//                                     grpc_health_probe (0 serving, 2 cannot
-//                                     connect, 3 RPC failed, 4 not serving)
+//                                     grpc_health_probe (0 serving, 1 bad
+//                                     flags or files, 2 cannot connect, 3 RPC
+//                                     failed, 4 not serving)
 //   attnctl cluster --cluster=T       the replicas of a fleet: address, state,
 //                                     sessions, KV used/capacity, version
 //
@@ -232,8 +233,10 @@ int RunInfo() {
 int RunHealth() {
   auto made = MakeClient();
   if (!made.ok()) {
+    // Our own configuration (a TLS or token file, a flag), not the server:
+    // a probe tells the two apart by the exit code.
     std::cerr << "attnctl health: " << made.status() << std::endl;
-    return 2;
+    return 1;
   }
   std::unique_ptr<AttentionClient> client = *std::move(made);
   const absl::Duration timeout = absl::GetFlag(FLAGS_timeout);
@@ -903,8 +906,8 @@ int main(int argc, char** argv) {
       "stateless attention\n"
       "  attnctl plan     KV-cache bytes per token and per context "
       "(--preset or --num_layers ...)\n"
-      "  attnctl health   grpc.health.v1 check (exit 0 serving, 2 cannot "
-      "connect, 3 RPC failed, 4 not serving)\n"
+      "  attnctl health   grpc.health.v1 check (exit 0 serving, 1 bad flags "
+      "or files, 2 cannot connect, 3 RPC failed, 4 not serving)\n"
       "  attnctl cluster  --cluster=NAME:PORT|LIST: the replicas of a fleet "
       "(state, sessions, KV usage, version)\n"
       "  attnctl export   --session=ID --out=FILE: a session's snapshot to a "

@@ -254,6 +254,12 @@ TEST_F(AttnctlServerTest, HealthExitCodes) {
   // Nothing listens on port 1.
   EXPECT_EQ(RunAttnctl("health --target=127.0.0.1:1 --timeout=300ms").exit_code,
             2);
+  // A probe's own configuration is at fault, not the server.
+  const CommandResult no_ca =
+      RunAttnctl("health --tls_ca_file=/nonexistent/ca.pem " + target_);
+  EXPECT_EQ(no_ca.exit_code, 1) << no_ca.output;
+  EXPECT_NE(no_ca.output.find("/nonexistent/ca.pem"), std::string::npos)
+      << no_ca.output;
 }
 
 // attnctl against a server with TLS and bearer tokens (certificates made
