@@ -138,10 +138,14 @@ absl::StatusOr<int64_t> WriteSessionExport(
 
 namespace {
 
+// gRPC ends a stream's reads at a record that does not parse as it does
+// at the stream's end, and tells the handler neither.
 absl::Status Truncated(absl::string_view what) {
   return absl::DataLossError(absl::StrCat(
       "the snapshot stream ended ", what,
-      "; it is truncated: export the session again and send it whole"));
+      " (or its next record was not a SessionChunk within the parse "
+      "budget); it is truncated or damaged: export the session again and "
+      "send it whole"));
 }
 
 // Reads one snapshot's records from `read` in their order: the header
