@@ -194,17 +194,21 @@ absl::StatusOr<SessionInfo> AttentionEngine::CreateSession(
   return session->Info();
 }
 
-absl::StatusOr<SessionInfo> AttentionEngine::GetSession(const std::string& id,
-                                                        const Tenant& tenant) {
-  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
+absl::StatusOr<SessionInfo> AttentionEngine::GetSession(
+    const std::string& id, const Tenant& tenant, const CallControl* control) {
+  ATTN_ASSIGN_OR_RETURN(
+      SessionRef session,
+      sessions_.Get(id, tenant, SessionManager::SealWait::kWait, control));
   session.MarkUsed();
   return session->Info();
 }
 
-absl::StatusOr<SessionInfo> AttentionEngine::PeekSession(const std::string& id,
-                                                         const Tenant& tenant) {
+absl::StatusOr<SessionInfo> AttentionEngine::PeekSession(
+    const std::string& id, const Tenant& tenant, const CallControl* control) {
   // A ref that is not marked used leaves the idle clock as it was.
-  ATTN_ASSIGN_OR_RETURN(SessionRef session, sessions_.Get(id, tenant));
+  ATTN_ASSIGN_OR_RETURN(
+      SessionRef session,
+      sessions_.Get(id, tenant, SessionManager::SealWait::kWait, control));
   return session->Info();
 }
 

@@ -215,15 +215,20 @@ class AttentionEngine {
       const SessionSpec& spec, absl::Duration idle_timeout,
       const Tenant& tenant = DefaultTenant(),
       const CallControl* control = nullptr);
-  // A use of the session: a successful lookup restarts its idle clock.
-  absl::StatusOr<SessionInfo> GetSession(
-      const std::string& id, const Tenant& tenant = DefaultTenant());
+  // A use of the session: a successful lookup restarts its idle clock. A
+  // lookup of a session being moved waits for the move to end, or until
+  // `control` (may be null) says the call was withdrawn (CANCELLED or
+  // DEADLINE_EXCEEDED).
+  absl::StatusOr<SessionInfo> GetSession(const std::string& id,
+                                         const Tenant& tenant = DefaultTenant(),
+                                         const CallControl* control = nullptr);
   // The same answer (waiting out a seal as GetSession does) without using
   // the session: its idle clock keeps running. For checks before a call
   // that may still fail, since a failed call changes nothing, the idle
   // clock included.
   absl::StatusOr<SessionInfo> PeekSession(
-      const std::string& id, const Tenant& tenant = DefaultTenant());
+      const std::string& id, const Tenant& tenant = DefaultTenant(),
+      const CallControl* control = nullptr);
   // Up to `page_size` (>= 1) of `tenant`'s sessions whose ids follow
   // `after` ("" = from the first), in increasing id order: page through all
   // of them by passing the last id of one page as `after` of the next. The

@@ -173,10 +173,11 @@ absl::StatusOr<Tenant> AttentionServiceImpl::Caller(
 }
 
 absl::Status AttentionServiceImpl::CheckSessionMessageSizeOf(
-    const std::string& session_id, const Tenant& tenant) const {
+    const std::string& session_id, const Tenant& tenant,
+    const CallControl& control) const {
   // Not a use: the call this check guards may still fail.
   ATTN_ASSIGN_OR_RETURN(const SessionInfo info,
-                        engine_->PeekSession(session_id, tenant));
+                        engine_->PeekSession(session_id, tenant, &control));
   return CheckSessionMessageSize(info.spec, max_message_bytes_);
 }
 
@@ -245,10 +246,12 @@ grpc::Status AttentionServiceImpl::GetSession(
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
     // A session restored under a larger --max_message_bytes may have a
     // SessionInfo this server cannot send; a lookup that fails so is no use.
+    const GrpcCallControl control(context);
     ATTN_RETURN_IF_ERROR(
-        CheckSessionMessageSizeOf(request->session_id(), tenant));
-    ATTN_ASSIGN_OR_RETURN(SessionInfo info,
-                          engine_->GetSession(request->session_id(), tenant));
+        CheckSessionMessageSizeOf(request->session_id(), tenant, control));
+    ATTN_ASSIGN_OR_RETURN(
+        SessionInfo info,
+        engine_->GetSession(request->session_id(), tenant, &control));
     SessionReply(info, response);
     return absl::OkStatus();
   }(), context));
@@ -328,15 +331,16 @@ grpc::Status AttentionServiceImpl::ForkSession(
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
+    const GrpcCallControl control(context);
     if (draining_.load(std::memory_order_acquire)) {
       // A session handed over is forked at its new owner: say where.
       ATTN_RETURN_IF_ERROR(
-          engine_->PeekSession(request->session_id(), tenant).status());
+          engine_->PeekSession(request->session_id(), tenant, &control)
+              .status());
       return Draining();
     }
     ATTN_RETURN_IF_ERROR(
-        CheckSessionMessageSizeOf(request->session_id(), tenant));
-    const GrpcCallControl control(context);
+        CheckSessionMessageSizeOf(request->session_id(), tenant, control));
     ATTN_ASSIGN_OR_RETURN(SessionInfo info, UnlessDraining([&] {
                             return engine_->ForkSession(request->session_id(),
                                                         tenant, &control);
@@ -351,18 +355,20 @@ grpc::Status AttentionServiceImpl::TruncateSession(
     v1::SessionInfo* response) {
   RequestScope scope(metrics_, &in_flight_, RpcMethod::kTruncateSession,
                      request->session_id());
-  return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
-    ATTN_RETURN_IF_ERROR(
-        CheckSessionMessageSizeOf(request->session_id(), tenant));
-    const GrpcCallControl control(context);
-    ATTN_ASSIGN_OR_RETURN(
-        SessionInfo info,
-        engine_->TruncateSession(request->session_id(), request->length(),
-                                 tenant, &control));
-    SessionReply(info, response);
-    return absl::OkStatus();
-  }(), context));
+  return scope.Finish(ToGrpcStatus(
+      [&]() -> absl::Status {
+        ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
+        const GrpcCallControl control(context);
+        ATTN_RETURN_IF_ERROR(
+            CheckSessionMessageSizeOf(request->session_id(), tenant, control));
+        ATTN_ASSIGN_OR_RETURN(
+            SessionInfo info,
+            engine_->TruncateSession(request->session_id(), request->length(),
+                                     tenant, &control));
+        SessionReply(info, response);
+        return absl::OkStatus();
+      }(),
+      context));
 }
 
 template <typename Request>

@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "attention/v1/attention.grpc.pb.h"
+#include "core/call_control.h"
 #include "core/engine.h"
 #include "server/append_call.h"
 #include "server/arena_messages.h"
@@ -170,9 +171,11 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   void SessionReply(const SessionInfo& info, v1::SessionInfo* out) const;
   // CheckSessionMessageSize for the caller's session `session_id` (NOT_FOUND
   // when it has none of that id), before a call whose reply is its
-  // SessionInfo changes it.
+  // SessionInfo changes it. `control` ends a wait for a move (see
+  // AttentionEngine::PeekSession).
   absl::Status CheckSessionMessageSizeOf(const std::string& session_id,
-                                         const Tenant& tenant) const;
+                                         const Tenant& tenant,
+                                         const CallControl& control) const;
   // Runs `create`, which makes a session here, unless the server drains
   // (UNAVAILABLE). StartDraining waits for a running one, so that the
   // drain's hand-over and snapshot see every session made before it.

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -543,6 +544,52 @@ TEST_F(RobustnessTest, StepsOnASessionBeingMovedAnswerAtOnce) {
   auto next = client().DecodeStep(step(moving, 1));
   ATTN_ASSERT_OK(next);
   EXPECT_EQ(next->position(), 1);
+}
+
+// A lookup of a session being handed over waits for the move to end, but
+// no longer than its call: GetSession, ForkSession and TruncateSession
+// past their deadline leave their handler threads at once, while the seal
+// still holds (a hand-over of a large session takes seconds).
+TEST_F(RobustnessTest, LookupsOfASessionBeingMovedEndWithTheirCall) {
+  Start();
+  client::SessionHandle moving = Open(MakeSpec(1, 4, 2, 16));
+  auto sealed = server_->server->engine().SealSession(
+      moving.id(), absl::Now() + absl::Seconds(60));
+  ATTN_ASSERT_OK(sealed);
+  std::optional<SessionSeal> seal(*std::move(sealed));
+  const auto deadline = [] {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(300));
+    return context;
+  };
+  v1::SessionInfo reply;
+  v1::GetSessionRequest get;
+  get.set_session_id(moving.id());
+  EXPECT_EQ(
+      client().stub()->GetSession(deadline().get(), get, &reply).error_code(),
+      grpc::StatusCode::DEADLINE_EXCEEDED);
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(moving.id());
+  EXPECT_EQ(
+      client().stub()->ForkSession(deadline().get(), fork, &reply).error_code(),
+      grpc::StatusCode::DEADLINE_EXCEEDED);
+  v1::TruncateSessionRequest truncate;
+  truncate.set_session_id(moving.id());
+  EXPECT_EQ(client()
+                .stub()
+                ->TruncateSession(deadline().get(), truncate, &reply)
+                .error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The handlers ended with their calls, 57 s before the seal would.
+  EXPECT_TRUE(
+      Eventually([&] { return server_->server->calls_in_flight() == 0; },
+                 absl::Seconds(5)));
+  seal.reset();
+  // Unsealed (the move failed): the session is as it was.
+  auto info = moving.Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 0);
 }
 
 // A BatchDecode's step count is bounded before anything is sized from it:
