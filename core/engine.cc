@@ -155,6 +155,16 @@ const Tenant& TenantOf(const AppendRequest& request) {
   return request.tenant != nullptr ? *request.tenant : DefaultTenant();
 }
 
+// The shortest length from which on every layer of `session` can be cut.
+int64_t ShortestTruncation(const Session& session)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(session.mu()) {
+  int64_t shortest = 0;
+  for (int i = 0; i < session.spec().num_layers; ++i) {
+    shortest = std::max(shortest, session.layer(i).ShortestTruncation());
+  }
+  return shortest;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionEngine>> AttentionEngine::Create(
@@ -309,8 +319,11 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
     for (int i = 0; i < session->spec().num_layers; ++i) {
       if (absl::Status status = session->layer(i).CheckTruncate(length);
           !status.ok()) {
-        return absl::Status(status.code(),
-                            absl::StrCat("layer ", i, ": ", status.message()));
+        return absl::Status(
+            status.code(),
+            absl::StrCat("layer ", i, ": ", status.message(),
+                         "; this session can be truncated to 0 tokens, or to ",
+                         ShortestTruncation(*session), " tokens or more"));
       }
     }
     for (int i = 0; i < session->spec().num_layers; ++i) {

@@ -283,32 +283,42 @@ absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
   const int64_t tpb = layout_.tokens_per_block;
   const int64_t first_visible = std::max<int64_t>(0, length - mask_.window + 1);
   // A restored layer holds no rows in [num_sink_tokens, first_held_).
-  if (std::max<int64_t>(first_visible, mask_.num_sink_tokens) <
-      std::min(first_held_, length)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("truncating to ", length,
-                     " tokens needs keys from position ", first_visible,
-                     ", which this sliding-window layer (window ", mask_.window,
-                     ") did not keep when it was restored from a snapshot "
-                     "(it holds positions from ",
-                     first_held_, "); the shortest possible length is ",
-                     std::min(first_held_ + mask_.window - 1, length_)));
+  if (const int64_t first_needed =
+          std::max<int64_t>(first_visible, mask_.num_sink_tokens);
+      first_needed < std::min(first_held_, length)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "truncating to ", length, " tokens needs keys from position ",
+        first_needed, ", which this sliding-window layer (window ",
+        mask_.window,
+        ") did not keep when it was restored from a snapshot (it was "
+        "restored with positions from ",
+        first_held_, ")"));
   }
   for (int64_t b = first_visible / tpb; b <= (length - 1) / tpb; ++b) {
     if (table_.at(b) != kNoBlock) continue;
-    // Keys from the first retained block on are still here.
-    int64_t retained = table_.SkipGap(b + 1);
-    while (retained < table_.size() && table_.at(retained) == kNoBlock) {
-      retained = table_.SkipGap(retained + 1);
-    }
-    const int64_t shortest = retained * tpb + mask_.window - 1;
     return absl::FailedPreconditionError(absl::StrCat(
         "truncating to ", length, " tokens needs keys from position ",
         first_visible, ", which this sliding-window layer (window ",
-        mask_.window, ") has already dropped; the shortest possible length is ",
-        std::min(shortest, length_)));
+        mask_.window, ") has already dropped"));
   }
   return absl::OkStatus();
+}
+
+int64_t LayerKvCache::ShortestTruncation() const {
+  if (mask_.window <= 0) return 0;
+  // The layer holds every row from `first_kept` on: past the rows a restore
+  // did not carry and past its last dropped block (a window drops the
+  // blocks between its sinks and what it still reaches, so the blocks after
+  // the last dropped one are all held).
+  int64_t first_kept = first_held_;
+  for (int64_t b = table_.size() - 1; b >= 0; --b) {
+    if (table_.at(b) == kNoBlock) {
+      first_kept = std::max(first_kept, (b + 1) * layout_.tokens_per_block);
+      break;
+    }
+  }
+  if (first_kept == 0) return 0;
+  return std::min(first_kept + mask_.window - 1, length_);
 }
 
 void LayerKvCache::Truncate(int64_t length) {

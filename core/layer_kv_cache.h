@@ -153,6 +153,10 @@ class LayerKvCache {
   // OK when Truncate(length) keeps every key a query at position `length`
   // could see; FAILED_PRECONDITION when a window layer already dropped one.
   absl::Status CheckTruncate(int64_t length) const;
+  // The shortest length from which on every length passes CheckTruncate:
+  // past the last row a window layer dropped (or did not carry when it was
+  // restored), one window's span; 0 for a layer that misses no row.
+  int64_t ShortestTruncation() const;
   // Cuts the layer back to min(length(), length) tokens, releasing blocks
   // past the end. REQUIRES: CheckTruncate(length) is OK.
   void Truncate(int64_t length);
