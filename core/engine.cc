@@ -224,12 +224,16 @@ absl::StatusOr<SessionInfo> AttentionEngine::PeekSession(
 
 std::vector<SessionInfo> AttentionEngine::ListSessions(
     const std::string& after, int64_t page_size, const Tenant& tenant,
-    int64_t max_metadata_bytes) const {
+    int64_t max_metadata_bytes, bool* cut) const {
   std::vector<SessionInfo> infos;
   int64_t metadata_bytes = 0;
+  if (cut != nullptr) *cut = false;
   for (const std::shared_ptr<Session>& session :
        sessions_.List(after, page_size, tenant)) {
-    if (metadata_bytes > max_metadata_bytes) break;
+    if (metadata_bytes > max_metadata_bytes) {
+      if (cut != nullptr) *cut = true;
+      break;
+    }
     metadata_bytes += session->metadata_bytes();
     infos.push_back(session->Info());
   }

@@ -234,11 +234,13 @@ class AttentionEngine {
   // of them by passing the last id of one page as `after` of the next. The
   // page also ends with the first session that brings the sum of its
   // sessions' metadata_bytes past `max_metadata_bytes` (so the copies a
-  // page makes stay near a reply's size).
+  // page makes stay near a reply's size); `*cut` (may be null) is set to
+  // whether it ended so with sessions left.
   std::vector<SessionInfo> ListSessions(
       const std::string& after, int64_t page_size,
       const Tenant& tenant = DefaultTenant(),
-      int64_t max_metadata_bytes = std::numeric_limits<int64_t>::max()) const;
+      int64_t max_metadata_bytes = std::numeric_limits<int64_t>::max(),
+      bool* cut = nullptr) const;
   // Holds session `id` in use until the hold goes (a Decode stream holds
   // every session it has used while it is open): it cannot expire
   // meanwhile, but DeleteSession still frees it at once. NOT_FOUND for an

@@ -281,10 +281,9 @@ grpc::Status AttentionServiceImpl::ListSessions(
     // One more than the page, to know whether another page follows; no
     // more sessions copied than about a reply's worth of metadata.
     const int64_t budget = max_message_bytes_ - 1024;
+    bool cut = false;
     std::vector<SessionInfo> infos = engine_->ListSessions(
-        request->page_token(), page_size + 1, tenant, budget);
-    int64_t metadata_bytes = 0;
-    for (const SessionInfo& info : infos) metadata_bytes += info.metadata_bytes;
+        request->page_token(), page_size + 1, tenant, budget, &cut);
     // The page also ends before the reply would pass the message limit
     // (framing of each entry and the token included).
     int64_t bytes = 0;
@@ -303,8 +302,7 @@ grpc::Status AttentionServiceImpl::ListSessions(
       }
       *response->add_sessions() = std::move(entry);
     }
-    if (response->sessions_size() < static_cast<int>(infos.size()) ||
-        metadata_bytes > budget) {
+    if (response->sessions_size() < static_cast<int>(infos.size()) || cut) {
       response->set_next_page_token(
           response->sessions(response->sessions_size() - 1).session_id());
     }

@@ -220,6 +220,30 @@ TEST_F(RobustnessTest, SessionMetadataIsBoundedAndCounted) {
   EXPECT_EQ(info->active_sessions(), 0);
 }
 
+// A page ends early when the sessions' metadata (block tables and caches
+// included) passes about a reply's worth, but the last page carries no
+// next_page_token, also when its last session is the one that passed it.
+TEST_F(RobustnessTest, TheLastPageOfHeavySessionsHasNoToken) {
+  server::ServerOptions options = TestServerOptions();
+  options.max_message_bytes = 64 << 10;
+  Start(options);
+  // 1024 layers: about 190 KiB of metadata, a 3 KiB SessionInfo.
+  v1::SessionSpec heavy = MakeSpec(1024, 1, 1, 16);
+  heavy.set_max_tokens(1);
+  std::vector<std::string> ids;
+  std::vector<std::string> listed;
+  for (int i = 0; i < 3; ++i) {
+    auto info = client().CreateSession(heavy);
+    ATTN_ASSERT_OK(info);
+    EXPECT_GT(info->metadata_bytes(), 64 << 10);
+    ids.push_back(info->session_id());
+    listed.clear();
+    EXPECT_EQ(ListPages(0, &listed), std::vector<int>(ids.size(), 1));
+  }
+  EXPECT_EQ(std::set<std::string>(listed.begin(), listed.end()),
+            std::set<std::string>(ids.begin(), ids.end()));
+}
+
 TEST_F(RobustnessTest, SessionCountIsBoundedAndListingIsPaginated) {
   server::ServerOptions options = TestServerOptions();
   options.max_sessions = 250;
