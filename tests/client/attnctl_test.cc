@@ -203,10 +203,14 @@ TEST_F(AttnctlServerTest, BadFlagsFailCleanly) {
   EXPECT_NE(token.output.find("HTTP/2 header"), std::string::npos)
       << token.output;
   std::remove(token_file.c_str());
-  // A far negative timeout would otherwise mean no deadline at all.
+  // A far negative timeout would otherwise mean no deadline at all. A bad
+  // flag of the probe's own: exit 1, as grpc_health_probe's.
   const CommandResult timeout =
       RunAttnctl("health --target=127.0.0.1:1 --timeout=-inf");
-  EXPECT_EQ(timeout.exit_code, 2) << timeout.output;
+  EXPECT_EQ(timeout.exit_code, 1) << timeout.output;
+  EXPECT_NE(timeout.output.find("--timeout -inf must be positive"),
+            std::string::npos)
+      << timeout.output;
   auto info = server_->client->GetServerInfo();
   ATTN_ASSERT_OK(info);
   EXPECT_EQ(info->active_sessions(), 0);
