@@ -306,19 +306,10 @@ absl::Status LayerKvCache::CheckTruncate(int64_t length) const {
 
 int64_t LayerKvCache::ShortestTruncation() const {
   if (mask_.window <= 0) return 0;
-  // The layer holds every row from `first_kept` on: past the rows a restore
-  // did not carry and past its last dropped block (a window drops the
-  // blocks between its sinks and what it still reaches, so the blocks after
-  // the last dropped one are all held).
-  int64_t first_kept = first_held_;
-  for (int64_t b = table_.size() - 1; b >= 0; --b) {
-    if (table_.at(b) == kNoBlock) {
-      first_kept = std::max(first_kept, (b + 1) * layout_.tokens_per_block);
-      break;
-    }
-  }
-  if (first_kept == 0) return 0;
-  return std::min(first_kept + mask_.window - 1, length_);
+  // Every row from here on is held (0: every row).
+  const int64_t first_held = FirstHeldPosition();
+  if (first_held == 0) return 0;
+  return std::min(first_held + mask_.window - 1, length_);
 }
 
 void LayerKvCache::Truncate(int64_t length) {

@@ -244,9 +244,9 @@ grpc::Status AttentionServiceImpl::GetSession(
                      request->session_id());
   return scope.Finish(ToGrpcStatus([&]() -> absl::Status {
     ATTN_ASSIGN_OR_RETURN(const Tenant tenant, Caller(*context));
+    const GrpcCallControl control(context);
     // A session restored under a larger --max_message_bytes may have a
     // SessionInfo this server cannot send; a lookup that fails so is no use.
-    const GrpcCallControl control(context);
     ATTN_RETURN_IF_ERROR(
         CheckSessionMessageSizeOf(request->session_id(), tenant, control));
     ATTN_ASSIGN_OR_RETURN(
