@@ -326,8 +326,8 @@ absl::StatusOr<SessionInfo> AttentionEngine::TruncateSession(
         return absl::Status(
             status.code(),
             absl::StrCat("layer ", i, ": ", status.message(),
-                         "; this session can be truncated to 0 tokens, or to ",
-                         ShortestTruncation(*session), " tokens or more"));
+                         "; any length of ", ShortestTruncation(*session),
+                         " tokens or more works, as does 0"));
       }
     }
     for (int i = 0; i < session->spec().num_layers; ++i) {

@@ -91,14 +91,18 @@ SnapshotTrailer SnapshotTrailerFromProto(
 
 namespace {
 
-// A data record no stream under `max_message_bytes` can carry: gRPC would
+// A record no stream under `max_message_bytes` can carry: gRPC would
 // refuse to send it without naming the flag that sets the limit.
 absl::Status CheckRecordSize(const v1::SessionChunk& record,
                              int64_t max_message_bytes) {
   const int64_t bytes = static_cast<int64_t>(record.ByteSizeLong());
   if (bytes <= max_message_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      "one token's rows of layer ", record.data().layer(), " take ", bytes,
+      record.has_data()
+          ? absl::StrCat("one token's rows of layer ", record.data().layer())
+          : std::string("the session's header (its spec, every layer "
+                        "spelled out)"),
+      " take ", bytes,
       " bytes in an export record, over the server's message limit of ",
       max_message_bytes,
       " bytes (--max_message_bytes; the session was restored from a "
@@ -116,6 +120,7 @@ absl::StatusOr<int64_t> WriteSessionExport(
       std::min(kSnapshotChunkTargetBytes, max_message_bytes / 2);
   v1::SessionChunk record;
   SnapshotHeaderToProto(session_export.header(), record.mutable_header());
+  ATTN_RETURN_IF_ERROR(CheckRecordSize(record, max_message_bytes));
   ATTN_RETURN_IF_ERROR(write(record));
   SnapshotChunk chunk;
   while (true) {
@@ -143,9 +148,9 @@ namespace {
 absl::Status Truncated(absl::string_view what) {
   return absl::DataLossError(absl::StrCat(
       "the snapshot stream ended ", what,
-      " (or its next record was not a SessionChunk within the parse "
-      "budget); it is truncated or damaged: export the session again and "
-      "send it whole"));
+      " (over gRPC, also where its next record did not parse as a "
+      "SessionChunk within the parse budget); it is truncated or damaged: "
+      "export the session again and send it whole"));
 }
 
 // Reads one snapshot's records from `read` in their order: the header

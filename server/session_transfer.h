@@ -43,9 +43,10 @@ SnapshotTrailer SnapshotTrailerFromProto(
 // each data record within half of `max_message_bytes` unless one row alone
 // is larger.
 // Returns the K/V bytes sent; the first error of `write` or of the export;
-// RESOURCE_EXHAUSTED, before the record is written, for a data record over
-// `max_message_bytes` (one token's row of a session restored from a
-// snapshot saved under a larger limit), which no stream could carry.
+// RESOURCE_EXHAUSTED, before the record is written, for a record over
+// `max_message_bytes` (the header, or one token's rows, of a session
+// restored from a snapshot saved under a larger limit), which no stream
+// could carry.
 absl::StatusOr<int64_t> WriteSessionExport(
     SessionExport& session_export,
     const std::function<absl::Status(v1::SessionChunk&)>& write,

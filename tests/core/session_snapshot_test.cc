@@ -609,11 +609,13 @@ TEST(SessionSnapshotTest, TruncateAfterImportRespectsWhatWasCarried) {
     const absl::Status refused = engine.TruncateSession(session, 100).status();
     ASSERT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
     const absl::string_view message = refused.message();
-    const size_t at = message.find("or to ");
+    constexpr absl::string_view kNamed = "any length of ";
+    const size_t at = message.find(kNamed);
     ASSERT_NE(at, absl::string_view::npos) << refused;
+    const size_t begin = at + kNamed.size();
     int64_t shortest = 0;
     ASSERT_TRUE(absl::SimpleAtoi(
-        message.substr(at + 6, message.find(' ', at + 6) - at - 6), &shortest))
+        message.substr(begin, message.find(' ', begin) - begin), &shortest))
         << refused;
     for (int64_t length = shortest - 1; length <= shortest + 3; ++length) {
       auto fork = engine.ForkSession(session);

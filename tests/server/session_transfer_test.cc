@@ -1467,6 +1467,12 @@ TEST(SnapshotDirTest, AGetSessionThatCannotBeAnsweredLeavesTheIdleClock) {
   EXPECT_NE(got.status().message().find("--max_message_bytes"),
             std::string::npos)
       << got.status();
+  // Nor can an export send its header: said so before it is sent.
+  auto records = Export(*(*second)->client, id);
+  ATTN_EXPECT_CODE(records, absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(records.status().message().find("the session's header"),
+            std::string::npos)
+      << records.status();
   EXPECT_EQ(idle_deadline_ms(), before);
   second->reset();
   std::filesystem::remove_all(dir);
