@@ -6,6 +6,7 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -289,6 +290,19 @@ std::optional<int64_t> EstimateParseBytes(
   estimator.Add(sizes.Of(type));
   if (!estimator.Fields(&type, 0, 0)) return std::nullopt;
   return estimator.bytes();
+}
+
+namespace {
+thread_local const grpc::protobuf::MessageLite* unparsed_message = nullptr;
+}  // namespace
+
+const grpc::protobuf::MessageLite* TakeUnparsedMessage() {
+  return std::exchange(unparsed_message, nullptr);
+}
+
+void internal::NoteDeserialized(const grpc::protobuf::MessageLite* message,
+                                bool ok) {
+  unparsed_message = ok ? nullptr : message;
 }
 
 int64_t ParseBudget(int64_t size) {

@@ -64,6 +64,21 @@ grpc::Status CheckParseBudget(grpc::ByteBuffer& buffer,
 absl::Status CheckParseBudget(absl::string_view bytes,
                               const google::protobuf::Descriptor& type);
 
+// The message the latest deserialization on the calling thread failed to
+// fill (its bytes did not parse, or passed the budget), or null when that
+// deserialization succeeded or nothing was deserialized since the last
+// call; reading it clears it. gRPC deserializes a received message and then
+// runs the server's interceptors for it on one thread, so an interceptor's
+// POST_RECV_MESSAGE can tell a streamed message that did not parse from the
+// stream's clean end: both reach it as no message.
+const grpc::protobuf::MessageLite* TakeUnparsedMessage();
+
+namespace internal {
+// Records a deserialization of `message` on the calling thread for
+// TakeUnparsedMessage.
+void NoteDeserialized(const grpc::protobuf::MessageLite* message, bool ok);
+}  // namespace internal
+
 // gRPC serialization of `T` (as gRPC's own for protobuf) whose
 // deserialization first checks the parse budget.
 template <class T>
@@ -76,6 +91,14 @@ class BudgetedProtoTraits {
   }
   static grpc::Status Deserialize(grpc::ByteBuffer* buffer,
                                   grpc::protobuf::MessageLite* message) {
+    grpc::Status status = Parse(buffer, message);
+    internal::NoteDeserialized(message, status.ok());
+    return status;
+  }
+
+ private:
+  static grpc::Status Parse(grpc::ByteBuffer* buffer,
+                            grpc::protobuf::MessageLite* message) {
     if (buffer != nullptr) {
       grpc::Status budget = CheckParseBudget(*buffer, *T::descriptor());
       if (!budget.ok()) {

@@ -413,7 +413,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
   interceptors.push_back(std::make_unique<ParseErrorInterceptorFactory>(
-      authenticator_ptr, metrics_ptr));
+      authenticator_ptr, metrics_ptr, server->service_->unparsed_reads()));
   if (authenticator_ptr->enabled()) {
     interceptors.push_back(
         std::make_unique<AuthInterceptorFactory>(authenticator_ptr));

@@ -464,7 +464,8 @@ AttentionServiceImpl::Decode(grpc::CallbackServerContext* context) {
                                        .in_flight = &in_flight_,
                                        .max_message_bytes = max_message_bytes_,
                                        .authenticator = authenticator_,
-                                       .open_streams = &open_streams_};
+                                       .open_streams = &open_streams_,
+                                       .unparsed_reads = &unparsed_reads_};
   return new DecodeStreamReactor(context, deps);
 }
 
@@ -585,6 +586,11 @@ grpc::Status AttentionServiceImpl::ImportSession(
             const bool more = !context->IsCancelled() && reader->Read(record);
             if (context->IsCancelled()) {
               return TransferEnded(watch, "import");
+            }
+            if (!more && unparsed_reads_.Take(context)) {
+              return PrefixStatus(
+                  "a record of the snapshot stream: ",
+                  UnparsedRequest(RpcMethodPath(RpcMethod::kImportSession)));
             }
             watch.Progress();
             return more;

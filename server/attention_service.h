@@ -53,6 +53,7 @@
 #include "server/request_scope.h"
 #include "server/server_options.h"
 #include "server/stall_watchdog.h"
+#include "server/unparsed_reads.h"
 
 namespace attention::server {
 
@@ -110,6 +111,9 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   // The drain's time for calls is over: open Decode streams end as soon as
   // they wait for their client (OpenStreams::EndIdle).
   void EndIdleStreams() { open_streams_.EndIdle(); }
+  // Where the server's ParseErrorInterceptor notes the streams whose reads
+  // ended at a message that did not parse (Decode, ImportSession).
+  UnparsedReads* unparsed_reads() { return &unparsed_reads_; }
 
   grpc::Status CreateSession(grpc::ServerContext* context,
                              const v1::CreateSessionRequest* request,
@@ -217,6 +221,7 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   const DecodeStepTimingHook on_decode_step_timing_;
   InFlightCounter in_flight_;
   OpenStreams open_streams_;
+  UnparsedReads unparsed_reads_;
   StallWatchdog transfer_watchdog_;
   // Written under drain_mu_ (read without it where a late answer is fine).
   absl::Mutex drain_mu_;

@@ -117,8 +117,17 @@ void DecodeStreamReactor::OnReadDone(bool ok) {
     reading_ = false;
     if (ended_) return;
   }
-  // The client half-closed (or went away): every step it sent is answered.
   if (!ok) {
+    // gRPC ended the reads at a request that did not parse: it fails the
+    // stream as a bad request does.
+    if (deps_.unparsed_reads != nullptr &&
+        deps_.unparsed_reads->Take(context_)) {
+      scope_.Restart("");
+      OnStepDone(UnparsedRequest(RpcMethodPath(RpcMethod::kDecode)));
+      return;
+    }
+    // The client half-closed (or went away): every step it sent is
+    // answered.
     Close(grpc::Status::OK);
     return;
   }

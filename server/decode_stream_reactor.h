@@ -12,8 +12,9 @@
 //
 // The first failing request ends the stream with its status, prefixed with
 // `requests[i]: ` (the client has seen i results); earlier steps stay
-// applied. Every session the stream has used stays in use (it cannot
-// expire) until the stream ends. When the server's tenants change (a
+// applied. So does a request whose bytes do not parse (INVALID_ARGUMENT;
+// server/unparsed_reads.h). Every session the stream has used stays in use (it
+// cannot expire) until the stream ends. When the server's tenants change (a
 // reloaded tokens file) the stream authenticates again at once if it waits
 // for its client (OpenStreams calls it), else before its next step or
 // read: a revoked token ends it with UNAUTHENTICATED, a token that now
@@ -55,6 +56,7 @@
 #include "server/metrics.h"
 #include "server/open_streams.h"
 #include "server/request_scope.h"
+#include "server/unparsed_reads.h"
 
 namespace attention::server {
 
@@ -71,6 +73,10 @@ class DecodeStreamReactor final
     int64_t max_message_bytes;
     const Authenticator* authenticator;  // may be null: no authentication
     OpenStreams* open_streams;           // may be null
+    // Where the server notes a read that ended at a request that did not
+    // parse; may be null (such a request then ends the stream as its
+    // client's half-close would).
+    UnparsedReads* unparsed_reads;
   };
 
   // Authenticates the caller (ending the stream at once when that fails).

@@ -167,8 +167,15 @@ absl::string_view RpcMethodName(RpcMethod method) {
   return index >= 0 && index < kNumRpcMethods ? kMethodNames[index] : "unknown";
 }
 
+constexpr absl::string_view kServicePathPrefix =
+    "/attention.v1.AttentionService/";
+
+std::string RpcMethodPath(RpcMethod method) {
+  return absl::StrCat(kServicePathPrefix, RpcMethodName(method));
+}
+
 std::optional<RpcMethod> RpcMethodOfPath(absl::string_view path) {
-  if (!absl::ConsumePrefix(&path, "/attention.v1.AttentionService/")) {
+  if (!absl::ConsumePrefix(&path, kServicePathPrefix)) {
     return std::nullopt;
   }
   for (int i = 0; i < kNumRpcMethods; ++i) {

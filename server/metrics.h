@@ -103,6 +103,8 @@ absl::string_view RpcMethodName(RpcMethod method);
 // The method of a gRPC path ("/attention.v1.AttentionService/Prefill");
 // nullopt for any other service's.
 std::optional<RpcMethod> RpcMethodOfPath(absl::string_view path);
+// The gRPC path of `method` (the inverse of RpcMethodOfPath).
+std::string RpcMethodPath(RpcMethod method);
 
 // gRPC's canonical code name ("OK", "INVALID_ARGUMENT", ...), the `code`
 // label value. Codes outside 0..16 are reported as "UNKNOWN".

@@ -16,10 +16,11 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
  public:
   ParseErrorInterceptor(grpc::experimental::ServerRpcInfo* info,
                         const Authenticator* authenticator,
-                        ServerMetrics* metrics)
+                        ServerMetrics* metrics, UnparsedReads* unparsed_reads)
       : info_(info),
         authenticator_(authenticator),
         metrics_(metrics),
+        unparsed_reads_(unparsed_reads),
         method_(info->method() != nullptr ? info->method() : ""),
         single_request_(
             info->type() == grpc::experimental::ServerRpcInfo::Type::UNARY ||
@@ -28,6 +29,9 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods)
       override {
+    if (!single_request_ && unparsed_reads_ != nullptr) {
+      NoteStreamedRead(methods);
+    }
     // No received message where the method takes exactly one means its
     // bytes did not parse. A streaming request also ends with no message,
     // at its clean end, so there a missing message says nothing.
@@ -84,9 +88,38 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   }
 
   // A call that ends without a close is counted as it is.
-  ~ParseErrorInterceptor() override { Record(); }
+  ~ParseErrorInterceptor() override {
+    Record();
+    if (noted_) unparsed_reads_->Forget(info_->server_context());
+  }
 
  private:
+  // A streamed read: the message it is to fill (named as the read starts,
+  // with no hook point of its own), then whether that message did not
+  // parse (POST_RECV_MESSAGE, which runs on the thread that deserialized
+  // it, before the handler learns of the read). A clean end or a
+  // cancellation deserializes nothing.
+  void NoteStreamedRead(grpc::experimental::InterceptorBatchMethods* methods) {
+    // A cancellation's batch has no messages (gRPC asserts on the question).
+    if (methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::PRE_SEND_CANCEL)) {
+      return;
+    }
+    void* const message = methods->GetRecvMessage();
+    if (!methods->QueryInterceptionHookPoint(
+            InterceptionHookPoints::POST_RECV_MESSAGE)) {
+      if (message != nullptr) receiving_ = message;
+      return;
+    }
+    // Taken at every read, so that no note outlives the read it was for.
+    // (gRPC's messages derive from MessageLite alone: the same address.)
+    const void* const unparsed = proto::TakeUnparsedMessage();
+    if (message == nullptr && unparsed != nullptr && unparsed == receiving_) {
+      unparsed_reads_->Note(info_->server_context());
+      noted_ = true;
+    }
+  }
+
   // Counts the call once, with to_record_ (if set).
   void Record() {
     const std::optional<RpcMethod> method = RpcMethodOfPath(method_);
@@ -122,23 +155,20 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
                             std::string(tenant.status().message()));
       }
     }
-    return grpc::Status(
-        grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat(
-            "the request bytes are not a valid protobuf message for ", method_,
-            ", or parsing them would take more than ", proto::kParseBudgetRatio,
-            " times their size in memory (at least ",
-            proto::kParseBudgetFloor >> 20,
-            " MiB: too many sub-messages, repeated values or unknown "
-            "fields for their size); encode the request with the "
-            "attention.v1 proto (proto/attention/v1/attention.proto)"));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        std::string(UnparsedRequest(method_).message()));
   }
 
   grpc::experimental::ServerRpcInfo* const info_;
   const Authenticator* const authenticator_;
   ServerMetrics* const metrics_;
+  UnparsedReads* const unparsed_reads_;
   const std::string method_;
   const bool single_request_;
+  // The message a streamed read is to fill; whether a read of the call
+  // was noted in unparsed_reads_.
+  const void* receiving_ = nullptr;
+  bool noted_ = false;
   bool unparsed_ = false;
   absl::Time failed_at_;  // when the request turned out missing
   // The status to count for a request that did not parse, until counted.
@@ -151,7 +181,8 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
 grpc::experimental::Interceptor*
 ParseErrorInterceptorFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
-  return new ParseErrorInterceptor(info, authenticator_, metrics_);
+  return new ParseErrorInterceptor(info, authenticator_, metrics_,
+                                   unparsed_reads_);
 }
 
 }  // namespace attention::server

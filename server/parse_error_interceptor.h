@@ -8,9 +8,10 @@
 // fails, answers without calling it. The interceptor notes the failure
 // (POST_RECV_MESSAGE without a message, on a method that takes one request
 // message) and rewrites that status when it is sent (PRE_SEND_STATUS).
-// Streaming reads that fail end the stream inside gRPC, which does not let
-// the server choose their status; their clean end also arrives as no
-// message, so streaming requests are left alone. A caller the
+// A streamed message that does not parse ends the stream's reads inside
+// gRPC as its clean end does (no message either way); the interceptor
+// tells the two apart and notes such a call in UnparsedReads, for its
+// handler to answer INVALID_ARGUMENT itself. A caller the
 // server's authenticator refuses gets UNAUTHENTICATED instead, as it would
 // with a valid message: the handler that would have said so never ran.
 // The interceptor also counts such a call in attention_requests_total,
@@ -25,17 +26,22 @@
 
 #include "server/authenticator.h"
 #include "server/metrics.h"
+#include "server/unparsed_reads.h"
 
 namespace attention::server {
 
 class ParseErrorInterceptorFactory final
     : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  // `authenticator` (may be null: no authentication) and `metrics` (may be
-  // null) must outlive the server.
+  // `authenticator` (may be null: no authentication), `metrics` (may be
+  // null) and `unparsed_reads` (may be null: streamed reads are not
+  // watched) must outlive the server.
   ParseErrorInterceptorFactory(const Authenticator* authenticator,
-                               ServerMetrics* metrics)
-      : authenticator_(authenticator), metrics_(metrics) {}
+                               ServerMetrics* metrics,
+                               UnparsedReads* unparsed_reads)
+      : authenticator_(authenticator),
+        metrics_(metrics),
+        unparsed_reads_(unparsed_reads) {}
 
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
@@ -43,6 +49,7 @@ class ParseErrorInterceptorFactory final
  private:
   const Authenticator* const authenticator_;
   ServerMetrics* const metrics_;
+  UnparsedReads* const unparsed_reads_;
 };
 
 }  // namespace attention::server

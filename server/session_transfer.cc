@@ -143,14 +143,11 @@ absl::StatusOr<int64_t> WriteSessionExport(
 
 namespace {
 
-// gRPC ends a stream's reads at a record that does not parse as it does
-// at the stream's end, and tells the handler neither.
 absl::Status Truncated(absl::string_view what) {
   return absl::DataLossError(absl::StrCat(
       "the snapshot stream ended ", what,
-      " (over gRPC, also where its next record did not parse as a "
-      "SessionChunk within the parse budget); it is truncated or damaged: "
-      "export the session again and send it whole"));
+      "; it is truncated or damaged: export the session again and send it "
+      "whole"));
 }
 
 // Reads one snapshot's records from `read` in their order: the header

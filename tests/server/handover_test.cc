@@ -43,6 +43,7 @@
 #include "gtest/gtest.h"
 #include "server/tokens_file.h"
 #include "tests/server/http_get.h"
+#include "tests/server/scoped_temp_dir.h"
 #include "tests/server/server_process.h"
 #include "tests/server/test_certificates.h"
 #include "tests/server/test_server.h"
@@ -432,14 +433,6 @@ TEST(HandoverTest, SigtermMovesEverySessionToPeersAndDecodingContinues) {
   }
 }
 
-std::string FreshDir(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/handover-", name, "-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 // The session ids `replica` restores from `dir`.
 std::vector<std::string> RestoredIds(const std::string& dir) {
   std::unique_ptr<Replica> restarted =
@@ -456,7 +449,8 @@ std::vector<std::string> RestoredIds(const std::string& dir) {
 }
 
 TEST(HandoverTest, WithoutAServingPeerSessionsGoToTheSnapshot) {
-  const std::string dir = FreshDir("no-peer");
+  const ScopedTempDir scoped_dir("handover-no-peer");
+  const std::string& dir = scoped_dir.path();
   // Nothing listens on port 1.
   std::unique_ptr<Replica> a = StartReplica(
       {"--peers=127.0.0.1:1", absl::StrCat("--snapshot_dir=", dir)});
@@ -466,7 +460,6 @@ TEST(HandoverTest, WithoutAServingPeerSessionsGoToTheSnapshot) {
   a->process->Signal(SIGTERM);
   ExpectExitedZero(*a);
   EXPECT_THAT(RestoredIds(dir), ::testing::ElementsAre(session->session_id()));
-  std::filesystem::remove_all(dir);
 }
 
 // Peer addresses that take a connection and never answer, as a hung pod's
@@ -513,7 +506,8 @@ class SilentPeers {
 // took 16 s, past the snapshot's deadline and the orchestrator's kill.)
 TEST(HandoverTest, PeersThatNeverAnswerLeaveTheDrainItsSnapshot) {
   SilentPeers silent(8);
-  const std::string dir = FreshDir("silent-peers");
+  const ScopedTempDir scoped_dir("handover-silent-peers");
+  const std::string& dir = scoped_dir.path();
   std::unique_ptr<Replica> a =
       StartReplica({silent.Flag(), absl::StrCat("--snapshot_dir=", dir),
                     "--drain_timeout=4s"});
@@ -529,7 +523,6 @@ TEST(HandoverTest, PeersThatNeverAnswerLeaveTheDrainItsSnapshot) {
   EXPECT_LT(drain, absl::Seconds(5)) << a->process->output();
   EXPECT_THAT(RestoredIds(dir), ::testing::ElementsAre(session->session_id()))
       << a->process->output();
-  std::filesystem::remove_all(dir);
 }
 
 // With a drain shorter than two probe timeouts, the probes of peers that
@@ -539,7 +532,8 @@ TEST(HandoverTest, PeersThatNeverAnswerLeaveTheDrainItsSnapshot) {
 // lost: "the snapshot ran out of --drain_timeout".)
 TEST(HandoverTest, ProbesEndWithAShortDrainsTimeToSend) {
   SilentPeers silent(2);
-  const std::string dir = FreshDir("short-drain-silent-peers");
+  const ScopedTempDir scoped_dir("handover-short-drain-silent-peers");
+  const std::string& dir = scoped_dir.path();
   std::unique_ptr<Replica> a =
       StartReplica({silent.Flag(), absl::StrCat("--snapshot_dir=", dir),
                     "--drain_timeout=1s"});
@@ -550,7 +544,6 @@ TEST(HandoverTest, ProbesEndWithAShortDrainsTimeToSend) {
   ExpectExitedZero(*a);
   EXPECT_THAT(RestoredIds(dir), ::testing::ElementsAre(session->session_id()))
       << a->process->output();
-  std::filesystem::remove_all(dir);
 }
 
 // A stand-in peer (not the project's server): it answers its probes as a
@@ -692,7 +685,8 @@ absl::flat_hash_set<std::string> SnapshotFailures(const std::string& log) {
 TEST(HandoverTest, AHandoverOutOfTimeLosesNoSession) {
   std::unique_ptr<Replica> b = StartReplica({});
   ASSERT_NE(b, nullptr);
-  const std::string dir = FreshDir("out-of-time");
+  const ScopedTempDir scoped_dir("handover-out-of-time");
+  const std::string& dir = scoped_dir.path();
   // The hand-over sends for 250 ms of the drain's first half second:
   // fewer sessions than this on a fast machine (1,600-2,000 here; with a
   // 2 s drain, 750 ms moved all 6,000 in one of four runs).
@@ -738,7 +732,6 @@ TEST(HandoverTest, AHandoverOutOfTimeLosesNoSession) {
   EXPECT_GT(moved, 0) << summary;
   EXPECT_LT(moved, kSessions) << summary;
   EXPECT_GT(restored.size(), 0u) << summary;
-  std::filesystem::remove_all(dir);
 }
 
 TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
@@ -769,7 +762,8 @@ TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
   }
   // With B alone: it falls back to the snapshot.
   {
-    const std::string dir = FreshDir("full-peer");
+    const ScopedTempDir scoped_dir("handover-full-peer");
+    const std::string& dir = scoped_dir.path();
     std::unique_ptr<Replica> a =
         StartReplica({absl::StrCat("--peers=", b->address),
                       absl::StrCat("--snapshot_dir=", dir)});
@@ -780,7 +774,6 @@ TEST(HandoverTest, AFullPeerIsSkippedForTheNextOrTheSnapshot) {
     ExpectExitedZero(*a);
     EXPECT_THAT(RestoredIds(dir),
                 ::testing::ElementsAre(session->session_id()));
-    std::filesystem::remove_all(dir);
   }
 }
 
@@ -842,7 +835,8 @@ TEST(HandoverTest, APeerHoldingAnotherCopyOfTheIdRefusesTheSession) {
   // drain created B's copy, so B's ALREADY_EXISTS is a refusal: A keeps the
   // session (and snapshots it whole) instead of redirecting to the stale
   // copy.
-  const std::string dir = FreshDir("copy-on-peer");
+  const ScopedTempDir scoped_dir("handover-copy-on-peer");
+  const std::string& dir = scoped_dir.path();
   std::unique_ptr<Replica> b = StartReplica({});
   ASSERT_NE(b, nullptr);
   std::unique_ptr<Replica> a =
@@ -885,7 +879,6 @@ TEST(HandoverTest, APeerHoldingAnotherCopyOfTheIdRefusesTheSession) {
   auto restored = restarted->client->GetSession(session->id());
   ATTN_ASSERT_OK(restored);
   EXPECT_EQ(restored->layer_lengths(0), 30);
-  std::filesystem::remove_all(dir);
 }
 
 void WriteFile(const std::string& path, const std::string& text) {
@@ -894,7 +887,8 @@ void WriteFile(const std::string& path, const std::string& text) {
 }
 
 TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
-  const std::string dir = FreshDir("tenants");
+  const ScopedTempDir scoped_dir("handover-tenants");
+  const std::string& dir = scoped_dir.path();
   const std::string tokens_file = dir + "/tokens";
   WriteFile(tokens_file,
             absl::StrCat("alice ", server::DigestTokenHex("alice-token"),
@@ -1000,7 +994,6 @@ TEST(HandoverTest, RedirectsAndImportsKeepTenantsApart) {
   stream.reset();
   bob_on_a.reset();
   ExpectExitedZero(*a);
-  std::filesystem::remove_all(dir);
 }
 
 TEST(HandoverTest, PeersTalkTlsWithThePeerToken) {

@@ -711,6 +711,44 @@ TEST_F(RobustnessTest, UnparseableRequestsAreInvalidArgument) {
   ATTN_EXPECT_OK(client().GetServerInfo());
 }
 
+// A Decode stream's request whose bytes do not parse (here a proto3 string
+// of invalid UTF-8) ended the stream as its client's half-close does, with
+// OK: gRPC ends the reads the same way for both. It now fails the stream as
+// a bad request does, naming it; the step before it stays applied, the one
+// after it is not.
+TEST_F(RobustnessTest, AStreamedRequestThatDoesNotParseEndsItsStream) {
+  Start();
+  client::SessionHandle session = Open(MakeSpec(1, 2, 1, 8), absl::Seconds(60));
+  const Tokens tokens = RandomTokens(session.spec(), 3, 9);
+  const auto step = [&](int64_t t) {
+    return *session.MakeDecodeRequest(0, tokens.q_rows(t, 1),
+                                      tokens.k_rows(t, 1), tokens.v_rows(t, 1));
+  };
+  v1::DecodeRequest unparsable = step(1);
+  unparsable.set_session_id("\xff\xfe");
+  grpc::ClientContext context;
+  auto stream = client().stub()->Decode(&context);
+  ASSERT_TRUE(stream->Write(step(0)));
+  v1::AttentionResult result;
+  ASSERT_TRUE(stream->Read(&result));
+  ASSERT_TRUE(stream->Write(unparsable));
+  stream->Write(step(1));
+  stream->WritesDone();
+  EXPECT_FALSE(stream->Read(&result));
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << status.error_message();
+  EXPECT_TRUE(absl::StartsWith(
+      status.error_message(),
+      "requests[1]: the request bytes are not a valid protobuf message for "
+      "/attention.v1.AttentionService/Decode"))
+      << status.error_message();
+  AwaitRecorded("Decode", "INVALID_ARGUMENT");
+  auto info = session.Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 1);
+}
+
 // 8 MiB of empty BatchDecode steps (or session layers) would have parsed
 // into gigabytes of objects; they are refused before they are parsed.
 TEST_F(RobustnessTest, RequestsThatWouldParseIntoGigabytesAreRefused) {

@@ -32,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "tests/server/frozen_reader.h"
 #include "tests/server/http_get.h"
+#include "tests/server/scoped_temp_dir.h"
 #include "tests/server/server_process.h"
 #include "tests/server/test_server.h"
 
@@ -41,6 +42,7 @@ namespace attention {
 namespace {
 
 using ::attention::testing::HttpGet;
+using ::attention::testing::ScopedTempDir;
 using ::attention::testing::ServerProcess;
 
 const std::vector<std::string> kSmallServer = {"--port=0",
@@ -286,15 +288,6 @@ TEST(ServerBinaryTest, BusyPortFailsToStart) {
   EXPECT_EQ(WEXITSTATUS(first.Wait()), 0);
 }
 
-// A snapshot directory of its own, empty.
-std::string FreshDir(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/", name, "-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 std::vector<float> Random(int64_t count, std::mt19937& rng) {
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
   std::vector<float> values(static_cast<size_t>(count));
@@ -367,7 +360,8 @@ void ExpectRestoredWhole(client::AttentionClient& client,
 }
 
 TEST(ServerBinaryTest, SessionsSurviveASigtermRestart) {
-  const std::string dir = FreshDir("binary-snapshot");
+  const ScopedTempDir scoped_dir("binary-snapshot");
+  const std::string& dir = scoped_dir.path();
   std::vector<std::string> flags = kSmallServer;
   flags.push_back("--snapshot_dir=" + dir);
   std::vector<KnownSession> sessions;
@@ -401,13 +395,13 @@ TEST(ServerBinaryTest, SessionsSurviveASigtermRestart) {
   }
   restarted.Signal(SIGKILL);
   restarted.Wait();
-  std::filesystem::remove_all(dir);
 }
 
 // A start that fails after restoring (its port taken) keeps the snapshot
 // files: the next start restores the sessions whole.
 TEST(ServerBinaryTest, AStartThatFailsKeepsTheSnapshot) {
-  const std::string dir = FreshDir("binary-failed-start");
+  const ScopedTempDir scoped_dir("binary-failed-start");
+  const std::string& dir = scoped_dir.path();
   std::vector<std::string> flags = kSmallServer;
   flags.push_back("--snapshot_dir=" + dir);
   KnownSession known;
@@ -450,7 +444,6 @@ TEST(ServerBinaryTest, AStartThatFailsKeepsTheSnapshot) {
   EXPECT_FALSE(std::filesystem::exists(file));
   restarted.Signal(SIGKILL);
   restarted.Wait();
-  std::filesystem::remove_all(dir);
 }
 
 // A server whose stdout is a pipe nobody reads any more (`... | tee log`
@@ -466,7 +459,8 @@ TEST(ServerBinaryTest, AClosedStdoutDoesNotStopTheDrain) {
         << ServerProcess::DefaultBinary() << " \"$@\"\n";
   }
   std::filesystem::permissions(script, std::filesystem::perms::owner_all);
-  const std::string dir = FreshDir("binary-closed-stdout");
+  const ScopedTempDir scoped_dir("binary-closed-stdout");
+  const std::string& dir = scoped_dir.path();
   std::vector<std::string> flags = kSmallServer;
   flags.back() = "--metrics_port=-1";
   flags.push_back("--snapshot_dir=" + dir);
@@ -483,7 +477,6 @@ TEST(ServerBinaryTest, AClosedStdoutDoesNotStopTheDrain) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_TRUE(
       std::filesystem::exists(absl::StrCat(dir, "/", known.id, ".session")));
-  std::filesystem::remove_all(dir);
   std::remove(script.c_str());
 }
 
@@ -554,7 +547,8 @@ bool WaitForOutput(const ServerProcess& server, const std::string& text,
 // gRPC port is closed by then. A second SIGTERM ends the linger at once;
 // otherwise it ends by itself. Both exit 0.
 TEST(ServerBinaryTest, MetricsStayUpAfterTheDrainForTheLastScrape) {
-  const std::string dir = FreshDir("binary-linger");
+  const ScopedTempDir scoped_dir("binary-linger");
+  const std::string& dir = scoped_dir.path();
   std::vector<std::string> flags = kSmallServer;
   flags.push_back("--snapshot_dir=" + dir);
   flags.push_back("--metrics_linger=300s");
@@ -592,7 +586,6 @@ TEST(ServerBinaryTest, MetricsStayUpAfterTheDrainForTheLastScrape) {
     EXPECT_EQ(WEXITSTATUS(status), 0);
     EXPECT_LT(absl::Now() - second_signal, absl::Seconds(60));
   }
-  std::filesystem::remove_all(dir);
 
   flags = kSmallServer;
   flags.push_back("--metrics_linger=1s");
@@ -617,7 +610,8 @@ TEST(ServerBinaryTest, KillDuringTheSnapshotLeavesSessionsWholeOrAbsent) {
   // writing a file, between files, around the renames.
   for (int delay_ms : {0, 3, 10, 25, 60}) {
     SCOPED_TRACE(absl::StrCat("kill -9 ", delay_ms, " ms into the snapshot"));
-    const std::string dir = FreshDir("binary-kill");
+    const ScopedTempDir scoped_dir("binary-kill");
+    const std::string& dir = scoped_dir.path();
     std::vector<std::string> with_dir = flags;
     with_dir.push_back("--snapshot_dir=" + dir);
     std::vector<KnownSession> sessions;
@@ -663,7 +657,6 @@ TEST(ServerBinaryTest, KillDuringTheSnapshotLeavesSessionsWholeOrAbsent) {
     }
     restarted.Signal(SIGKILL);
     restarted.Wait();
-    std::filesystem::remove_all(dir);
   }
   std::cout << "kill -9 during the snapshot: " << restored
             << " sessions restored whole, " << absent << " absent" << std::endl;

@@ -28,6 +28,7 @@
 #include "server/snapshot_store.h"
 #include "tests/core/hold_at_first_check.h"
 #include "tests/server/frozen_reader.h"
+#include "tests/server/scoped_temp_dir.h"
 #include "tests/server/test_server.h"
 
 namespace attention::testing {
@@ -389,6 +390,21 @@ TEST_F(SessionSnapshotTest, MalformedStreamsLeaveNothingBehind) {
   Records records = *good;
   records.pop_back();  // no trailer
   expect_refused(records, absl::StatusCode::kDataLoss, "truncated");
+  // A record whose bytes do not parse (a proto3 string of invalid UTF-8)
+  // ends gRPC's reads as the stream's end does: it was DATA_LOSS in the
+  // middle of the stream, and after the trailer the import succeeded.
+  v1::SessionChunk unparsable;
+  unparsable.mutable_header()->set_session_id("\xff\xfe");
+  records = *good;
+  records.insert(records.begin() + 2, unparsable);
+  expect_refused(records, absl::StatusCode::kInvalidArgument,
+                 "a record of the snapshot stream: the request bytes are not "
+                 "a valid protobuf message for "
+                 "/attention.v1.AttentionService/ImportSession");
+  records = *good;
+  records.push_back(unparsable);
+  expect_refused(records, absl::StatusCode::kInvalidArgument,
+                 "a record of the snapshot stream: ");
   expect_refused({}, absl::StatusCode::kDataLoss, "truncated");
   records = *good;
   records.erase(records.begin() + 1);  // a data chunk missing
@@ -794,14 +810,6 @@ TEST(DrainingImportTest, AHeldIdIsStillAlreadyExistsWhileDraining) {
       << holding.status();
 }
 
-std::string TempDir(absl::string_view name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/", name, "-", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 // `count` filled sessions written into `dir` by a server that is gone
 // since: their ids.
 std::vector<std::string> SavedSessions(const std::string& dir, int count) {
@@ -822,7 +830,8 @@ std::vector<std::string> SavedSessions(const std::string& dir, int count) {
 // The snapshot does not wait for it: it is written in time, and holds the
 // session.
 TEST(SnapshotDirTest, AFrozenClientDoesNotHoldUpTheSnapshot) {
-  const std::string dir = TempDir("snapshot-frozen");
+  const ScopedTempDir scoped_dir("snapshot-frozen");
+  const std::string& dir = scoped_dir.path();
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
   options.drain_timeout = absl::Seconds(4);
@@ -869,7 +878,8 @@ TEST(SnapshotDirTest, AFrozenClientDoesNotHoldUpTheSnapshot) {
 }
 
 TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
-  const std::string dir = TempDir("snapshot-dir");
+  const ScopedTempDir scoped_dir("snapshot-dir");
+  const std::string& dir = scoped_dir.path();
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
   // The snapshot gets the second half of the drain: generous for slow
@@ -929,13 +939,13 @@ TEST(SnapshotDirTest, DrainWritesAndStartRestoresBitwise) {
   EXPECT_EQ(left, (std::vector<std::string>{
                       ".lock", "0123456789abcdef.session.corrupt"}));
   second->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // --snapshot_dir carries MLA shared-latent and top-k sessions across a
 // restart like dense ones.
 TEST(SnapshotDirTest, LatentAndTopKSessionsSurviveARestartBitwise) {
-  const std::string dir = TempDir("snapshot-sparse");
+  const ScopedTempDir scoped_dir("snapshot-sparse");
+  const std::string& dir = scoped_dir.path();
   server::ServerOptions options = TestServerOptions();
   options.snapshot_dir = dir;
   // The snapshot gets the second half of the drain: generous for slow
@@ -979,13 +989,13 @@ TEST(SnapshotDirTest, LatentAndTopKSessionsSurviveARestartBitwise) {
         << ids[i];
   }
   second->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // Files damaged after the snapshot (cut short, a flipped byte) are moved
 // aside and counted; the others are restored; the start goes on.
 TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
-  const std::string dir = TempDir("snapshot-damaged");
+  const ScopedTempDir scoped_dir("snapshot-damaged");
+  const std::string& dir = scoped_dir.path();
   server::ServerOptions options = TestServerOptions();
   auto first = StartTestServer(options);
   ATTN_ASSERT_OK(first);
@@ -1027,7 +1037,6 @@ TEST(SnapshotDirTest, DamagedFilesAreMovedAsideAndTheRestRestored) {
   ATTN_ASSERT_OK(info);
   EXPECT_EQ(info->active_sessions(), 1);
   second->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // A file whose header spec declares an absurd num_layers (and no layers)
@@ -1080,7 +1089,8 @@ void RewriteHeader(
 }
 
 TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
-  const std::string dir = TempDir("snapshot-layers");
+  const ScopedTempDir scoped_dir("snapshot-layers");
+  const std::string& dir = scoped_dir.path();
   server::ServerOptions options = TestServerOptions();
   auto first = StartTestServer(options);
   ATTN_ASSERT_OK(first);
@@ -1107,7 +1117,6 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
   EXPECT_TRUE(absl::StrContains((*second)->server->metrics().TextExposition(),
                                 "attention_snapshots_corrupt_total 1"));
   second->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // A session that a call holds through the drain (a long prefill that
@@ -1116,7 +1125,8 @@ TEST(SnapshotDirTest, AHeaderWithABadLayerCountIsMovedAside) {
 // the snapshot waited for it in list order, and the sessions after it ran
 // out of time.)
 TEST(SnapshotDirTest, ASessionACallHoldsCostsOnlyItsOwnFile) {
-  const std::string dir = TempDir("snapshot-busy");
+  const ScopedTempDir scoped_dir("snapshot-busy");
+  const std::string& dir = scoped_dir.path();
   auto server = StartTestServer();
   ATTN_ASSERT_OK(server);
   AttentionEngine& engine = (*server)->server->engine();
@@ -1164,14 +1174,14 @@ TEST(SnapshotDirTest, ASessionACallHoldsCostsOnlyItsOwnFile) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/" + ids[1] + ".session"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/" + ids[0] + ".session"));
   server->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // A corrupt file that cannot be moved aside (here its .corrupt name is
 // taken by a directory) stays where it is, and the log says so rather
 // than naming a file that does not exist.
 TEST(SnapshotDirTest, ACorruptFileThatCannotMoveIsReportedInPlace) {
-  const std::string dir = TempDir("snapshot-unmovable");
+  const ScopedTempDir scoped_dir("snapshot-unmovable");
+  const std::string& dir = scoped_dir.path();
   const std::vector<std::string> ids = SavedSessions(dir, 2);
   ASSERT_EQ(ids.size(), 2u);
   const std::string path = dir + "/" + ids[0] + ".session";
@@ -1191,7 +1201,6 @@ TEST(SnapshotDirTest, ACorruptFileThatCannotMoveIsReportedInPlace) {
   EXPECT_TRUE(absl::StrContains(log, "event=snapshot_corrupt")) << log;
   EXPECT_TRUE(absl::StrContains(log, "moved_to=\"(not moved: ")) << log;
   server->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // A file in a later format version than this server reads (written by a
@@ -1199,7 +1208,8 @@ TEST(SnapshotDirTest, ACorruptFileThatCannotMoveIsReportedInPlace) {
 // put aside as corrupt, also when it holds values this build does not know
 // (here a dtype and an index score).
 TEST(SnapshotDirTest, ANewerServersFileIsKeptNotPutAside) {
-  const std::string dir = TempDir("snapshot-newer");
+  const ScopedTempDir scoped_dir("snapshot-newer");
+  const std::string& dir = scoped_dir.path();
   const std::vector<std::string> ids = SavedSessions(dir, 2);
   ASSERT_EQ(ids.size(), 2u);
   const std::string path = dir + "/" + ids[0] + ".session";
@@ -1223,7 +1233,6 @@ TEST(SnapshotDirTest, ANewerServersFileIsKeptNotPutAside) {
   EXPECT_TRUE(
       absl::StrContains(metrics, "attention_snapshots_corrupt_total 0"));
   server->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // A header corrupted into one that is well formed but that this server
@@ -1233,7 +1242,8 @@ TEST(SnapshotDirTest, ANewerServersFileIsKeptNotPutAside) {
 // reported at every start. A file this server cannot take whose checksum
 // holds is still kept.
 TEST(SnapshotDirTest, AHeaderCorruptedIntoOneTheServerCannotTakeIsMovedAside) {
-  const std::string dir = TempDir("snapshot-corrupt-spec");
+  const ScopedTempDir scoped_dir("snapshot-corrupt-spec");
+  const std::string& dir = scoped_dir.path();
   const std::vector<std::string> ids = SavedSessions(dir, 2);
   ASSERT_EQ(ids.size(), 2u);
   const std::string corrupted = dir + "/" + ids[0] + ".session";
@@ -1259,7 +1269,6 @@ TEST(SnapshotDirTest, AHeaderCorruptedIntoOneTheServerCannotTakeIsMovedAside) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/" + ids[1] + ".session"));
   EXPECT_TRUE(absl::StrContains(log, "its records are")) << log;
   server->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // A stop requested while a start restores (a rollout replacing the pod)
@@ -1267,7 +1276,8 @@ TEST(SnapshotDirTest, AHeaderCorruptedIntoOneTheServerCannotTakeIsMovedAside) {
 // start restores every session (before, the restore ran to its end, the
 // files were removed, and the drain that followed could be cut short).
 TEST(SnapshotDirTest, AStopDuringTheRestoreKeepsTheFiles) {
-  const std::string dir = TempDir("snapshot-stopped");
+  const ScopedTempDir scoped_dir("snapshot-stopped");
+  const std::string& dir = scoped_dir.path();
   const std::vector<std::string> ids = SavedSessions(dir, 3);
   ASSERT_EQ(ids.size(), 3u);
   server::ServerOptions options = TestServerOptions();
@@ -1287,7 +1297,6 @@ TEST(SnapshotDirTest, AStopDuringTheRestoreKeepsTheFiles) {
     ATTN_EXPECT_OK((*second)->client->GetSession(id));
   }
   second->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // Valid files a server cannot take now (here: past --max_sessions; forks,
@@ -1295,7 +1304,8 @@ TEST(SnapshotDirTest, AStopDuringTheRestoreKeepsTheFiles) {
 // directory, counted, and the next start that has room restores them: no
 // session is lost to a smaller server.
 TEST(SnapshotDirTest, FilesTheServerCannotTakeNowAreKeptForTheNextStart) {
-  const std::string dir = TempDir("snapshot-kept");
+  const ScopedTempDir scoped_dir("snapshot-kept");
+  const std::string& dir = scoped_dir.path();
   const std::vector<std::string> ids = SavedSessions(dir, 3);
   ASSERT_EQ(ids.size(), 3u);
   server::ServerOptions options = TestServerOptions();
@@ -1324,14 +1334,14 @@ TEST(SnapshotDirTest, FilesTheServerCannotTakeNowAreKeptForTheNextStart) {
     ATTN_EXPECT_OK((*third)->client->GetSession(id));
   }
   third->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // Valid files this start's configuration cannot hold (here: a lower
 // --max_session_tokens than their sessions' max_tokens) are kept, not put
 // aside: a start with the configuration rolled back restores them.
 TEST(SnapshotDirTest, FilesAConfigurationCannotHoldAreKeptForTheNextStart) {
-  const std::string dir = TempDir("snapshot-config");
+  const ScopedTempDir scoped_dir("snapshot-config");
+  const std::string& dir = scoped_dir.path();
   const std::vector<std::string> ids = SavedSessions(dir, 2);
   ASSERT_EQ(ids.size(), 2u);
   server::ServerOptions options = TestServerOptions();
@@ -1353,15 +1363,16 @@ TEST(SnapshotDirTest, FilesAConfigurationCannotHoldAreKeptForTheNextStart) {
     ATTN_EXPECT_OK((*restored)->client->GetSession(id));
   }
   restored->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // Only regular files are snapshots: a FIFO does not hold up the start and
 // a link is not followed (both are moved aside as rejected); and a
 // directory serves one server at a time.
 TEST(SnapshotDirTest, OnlyRegularFilesAreRestoredAndOneServerUsesTheDir) {
-  const std::string dir = TempDir("snapshot-odd");
-  const std::string elsewhere = TempDir("snapshot-elsewhere");
+  const ScopedTempDir scoped_dir("snapshot-odd");
+  const std::string& dir = scoped_dir.path();
+  const ScopedTempDir scoped_elsewhere("snapshot-elsewhere");
+  const std::string& elsewhere = scoped_elsewhere.path();
   const std::vector<std::string> ids = SavedSessions(elsewhere, 1);
   ASSERT_EQ(ids.size(), 1u);
   ASSERT_EQ(::mkfifo((dir + "/fifo.session").c_str(), 0600), 0);
@@ -1393,8 +1404,6 @@ TEST(SnapshotDirTest, OnlyRegularFilesAreRestoredAndOneServerUsesTheDir) {
   // Once the first one is gone, the directory is free again.
   auto fourth = StartTestServer(again);
   ATTN_EXPECT_OK(fourth);
-  std::filesystem::remove_all(dir);
-  std::filesystem::remove_all(elsewhere);
 }
 
 // A record within the size limit that would parse into far more memory
@@ -1404,7 +1413,8 @@ TEST(SnapshotDirTest, OnlyRegularFilesAreRestoredAndOneServerUsesTheDir) {
 TEST(SnapshotDirTest, ARecordOverItsParseBudgetIsRefusedUnparsed) {
   auto server = StartTestServer(TestServerOptions());
   ATTN_ASSERT_OK(server);
-  const std::string dir = TempDir("snapshot-budget");
+  const ScopedTempDir scoped_dir("snapshot-budget");
+  const std::string& dir = scoped_dir.path();
   const std::string path = dir + "/0123456789abcdef.session";
   std::string record;
   for (int i = 0; i < (4 << 20); ++i) record += "\x7b\x7c";  // field 15
@@ -1419,7 +1429,6 @@ TEST(SnapshotDirTest, ARecordOverItsParseBudgetIsRefusedUnparsed) {
       server::RestoreAllSessions((*server)->server->engine(), dir);
   EXPECT_EQ(all.corrupt, 1);
   EXPECT_TRUE(std::filesystem::exists(path + ".corrupt"));
-  std::filesystem::remove_all(dir);
 }
 
 // A snapshot that runs out of time counts what it could not write and
@@ -1429,7 +1438,8 @@ TEST(SnapshotDirTest, ARecordOverItsParseBudgetIsRefusedUnparsed) {
 // loses no session for it). GetSession then fails, and a failed call
 // changes nothing: the idle clock keeps running.
 TEST(SnapshotDirTest, AGetSessionThatCannotBeAnsweredLeavesTheIdleClock) {
-  const std::string dir = TempDir("snapshot-limit");
+  const ScopedTempDir scoped_dir("snapshot-limit");
+  const std::string& dir = scoped_dir.path();
   // A 1 KiB layer entry spelled out for 64 layers: about 66 KB.
   v1::SessionSpec wide = MakeSpec(64, 256, 1, 16);
   wide.clear_layers();
@@ -1475,14 +1485,14 @@ TEST(SnapshotDirTest, AGetSessionThatCannotBeAnsweredLeavesTheIdleClock) {
       << records.status();
   EXPECT_EQ(idle_deadline_ms(), before);
   second->reset();
-  std::filesystem::remove_all(dir);
 }
 
 // An export of such a session whose one token's rows could not be sent
 // fails RESOURCE_EXHAUSTED before its first data record, naming the flag
 // that limits it (gRPC's own refusal to send the record named none).
 TEST(SnapshotDirTest, AnExportWhoseRowCouldNotBeSentSaysWhy) {
-  const std::string dir = TempDir("snapshot-row-limit");
+  const ScopedTempDir scoped_dir("snapshot-row-limit");
+  const std::string& dir = scoped_dir.path();
   // One token of 8 heads of 1024 float32 K and V: 64 KiB of rows.
   const v1::SessionSpec wide = MakeSpec(1, 8, 8, 1024);
   server::ServerOptions options = TestServerOptions();
@@ -1513,11 +1523,11 @@ TEST(SnapshotDirTest, AnExportWhoseRowCouldNotBeSentSaysWhy) {
       << records.status();
   ATTN_EXPECT_OK((*second)->client->GetSession(id));
   second->reset();
-  std::filesystem::remove_all(dir);
 }
 
 TEST(SnapshotDirTest, SessionsPastTheDeadlineAreCountedAndLeaveNoFile) {
-  const std::string dir = TempDir("snapshot-late");
+  const ScopedTempDir scoped_dir("snapshot-late");
+  const std::string& dir = scoped_dir.path();
   auto server = StartTestServer();
   ATTN_ASSERT_OK(server);
   ASSERT_EQ(FilledSessions(*(*server)->client, 2, 30, 70).size(), 2u);
@@ -1526,7 +1536,6 @@ TEST(SnapshotDirTest, SessionsPastTheDeadlineAreCountedAndLeaveNoFile) {
   EXPECT_EQ(saved.written, 0);
   EXPECT_EQ(saved.failed, 2);
   EXPECT_TRUE(std::filesystem::is_empty(dir));
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
