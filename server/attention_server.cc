@@ -424,7 +424,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Start(
     builder.RegisterService(service);
   }
   if (options.reflection) {
-    server->reflection_ = std::make_unique<ReflectionService>();
+    server->reflection_ =
+        std::make_unique<ReflectionService>(server->service_->unparsed_reads());
     builder.RegisterService(server->reflection_.get());
   }
   server->server_ = builder.BuildAndStart();

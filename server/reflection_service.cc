@@ -97,14 +97,24 @@ void AnswerExtensionNumbers(const std::string& name, Response* response) {
 class ReflectionReactor final
     : public grpc::ServerBidiReactor<Request, Response> {
  public:
-  explicit ReflectionReactor(const ReflectionService* service)
-      : service_(service) {
+  ReflectionReactor(const ReflectionService* service,
+                    grpc::CallbackServerContext* context,
+                    UnparsedReads* unparsed_reads)
+      : service_(service), context_(context), unparsed_reads_(unparsed_reads) {
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Finish(grpc::Status::OK);
+      Finish(
+          unparsed_reads_ != nullptr && unparsed_reads_->Take(context_)
+              ? grpc::Status(
+                    grpc::StatusCode::INVALID_ARGUMENT,
+                    std::string(UnparsedRequest(
+                                    "/grpc.reflection.v1alpha.ServerReflection/"
+                                    "ServerReflectionInfo")
+                                    .message()))
+              : grpc::Status::OK);
       return;
     }
     response_ = service_->Answer(request_);
@@ -124,6 +134,8 @@ class ReflectionReactor final
 
  private:
   const ReflectionService* const service_;
+  grpc::CallbackServerContext* const context_;
+  UnparsedReads* const unparsed_reads_;
   Request request_;
   Response response_;
 };
@@ -193,9 +205,8 @@ Response ReflectionService::Answer(const Request& request) const {
 
 grpc::ServerBidiReactor<ReflectionService::Request,
                         ReflectionService::Response>*
-ReflectionService::ServerReflectionInfo(
-    grpc::CallbackServerContext* /*context*/) {
-  return new ReflectionReactor(this);
+ReflectionService::ServerReflectionInfo(grpc::CallbackServerContext* context) {
+  return new ReflectionReactor(this, context, unparsed_reads_);
 }
 
 }  // namespace attention::server

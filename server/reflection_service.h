@@ -13,7 +13,8 @@
 // error_response (NOT_FOUND, quoting at most a short prefix of the name;
 // UNIMPLEMENTED for a request that asks nothing; INVALID_ARGUMENT, echoing
 // nothing, for one over 64 KiB, since an answer echoes its request), and
-// the stream goes on.
+// the stream goes on. A request whose bytes do not parse ends the stream
+// with INVALID_ARGUMENT (server/unparsed_reads.h).
 //
 // Thread-safety: SetServices and the streams may run concurrently.
 #ifndef ATTENTION_SERVER_REFLECTION_SERVICE_H_
@@ -28,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "server/unparsed_reads.h"
 
 namespace attention::server {
 
@@ -36,6 +38,11 @@ class ReflectionService final
  public:
   using Request = grpc::reflection::v1alpha::ServerReflectionRequest;
   using Response = grpc::reflection::v1alpha::ServerReflectionResponse;
+
+  // `unparsed_reads` (may be null: a request that does not parse then ends
+  // the stream as its client's half-close would) must outlive the service.
+  explicit ReflectionService(UnparsedReads* unparsed_reads)
+      : unparsed_reads_(unparsed_reads) {}
 
   // The services list_services names (fully qualified): those of the
   // server once it is built. None until then.
@@ -48,6 +55,7 @@ class ReflectionService final
       grpc::CallbackServerContext* context) override;
 
  private:
+  UnparsedReads* const unparsed_reads_;
   mutable absl::Mutex mu_;
   std::vector<std::string> services_ ABSL_GUARDED_BY(mu_);
 };

@@ -187,16 +187,30 @@ TEST_F(ReflectionServiceTest, ALargeRequestIsRefusedWithoutAnEcho) {
 }
 
 // 4 Mi empty groups of an unknown field (8 MiB) would parse into hundreds
-// of MiB of unknown-field records. The request is refused unparsed: gRPC
-// ends a stream whose message does not deserialize, so no answer comes,
-// where a parsed request would have been answered (it asks nothing: an
-// UNIMPLEMENTED error_response). The server serves on.
+// of MiB of unknown-field records. The request is refused unparsed: no
+// answer comes, where a parsed request would have been answered (it asks
+// nothing: an UNIMPLEMENTED error_response), and the stream ends with
+// INVALID_ARGUMENT, as it does for bytes that are not a request at all
+// (after answering the request before them). The server serves on.
 TEST_F(ReflectionServiceTest, ARequestOverItsParseBudgetIsNotParsed) {
   std::string groups;
   for (int i = 0; i < (4 << 20); ++i) groups += "\x7b\x7c";  // field 15
   const ReflectionExchange refused =
       ExchangeWithReflection(server_->client->channel(), {groups});
   EXPECT_TRUE(refused.responses.empty());
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find(
+                "/grpc.reflection.v1alpha.ServerReflection/"
+                "ServerReflectionInfo, or parsing them would take more than"),
+            std::string::npos)
+      << refused.status.error_message();
+  const ReflectionExchange garbage = ExchangeWithReflection(
+      server_->client->channel(),
+      {SymbolRequest("attention.v1.AttentionService").SerializeAsString(),
+       "\xff\xff\xff\xff\x0f"});
+  EXPECT_EQ(garbage.responses.size(), 1u);
+  EXPECT_EQ(garbage.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << garbage.status.error_message();
   const ReflectionExchange small =
       ExchangeWithReflection(server_->client->channel(), {"\x7b\x7c"});
   ASSERT_EQ(small.responses.size(), 1u);
