@@ -441,9 +441,9 @@ absl::Status DecodeStream::EndStatus() {
     return absl::OkStatus();
   }
   if (status.ok() && answered_ < sent) {
-    // The server ends a stream with an error of its own; one that took a
-    // request gRPC could not parse for the stream's end did not (this
-    // server says so itself, see the proto's Decode).
+    // The server ends a stream with an error of its own. Servers before
+    // December 2026 ended it with OK at a request gRPC could not parse
+    // for them (this one answers INVALID_ARGUMENT, see the proto's Decode).
     status = absl::InvalidArgumentError(absl::StrCat(
         "requests[", answered_,
         "]: the server ended the Decode stream "

@@ -254,9 +254,9 @@ class DecodeStream {
   bool Write(const v1::DecodeRequest& request);
   // The next result. When the stream has ended: its error, or OUT_OF_RANGE
   // when it ended cleanly. A stream the server ended with OK before it
-  // answered every request sent (a server that took a request gRPC could
-  // not parse for it for the stream's end) ends with INVALID_ARGUMENT
-  // naming the first unanswered request; one a draining
+  // answered every request sent ends with INVALID_ARGUMENT naming the
+  // first unanswered request (servers before December 2026 ended a stream
+  // so at a request gRPC could not parse for them); one a draining
   // server ended (IsStreamDrained) after WritesDone and an answer to every
   // request sent ended cleanly. A result for no request sent (a server that
   // breaks the protocol) cancels the stream and ends it with INTERNAL (at

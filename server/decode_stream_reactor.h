@@ -12,12 +12,12 @@
 //
 // The first failing request ends the stream with its status, prefixed with
 // `requests[i]: ` (the client has seen i results); earlier steps stay
-// applied. So does a request whose bytes do not parse (INVALID_ARGUMENT;
-// server/unparsed_reads.h). Every session the stream has used stays in use (it
-// cannot expire) until the stream ends. When the server's tenants change (a
-// reloaded tokens file) the stream authenticates again at once if it waits
-// for its client (OpenStreams calls it), else before its next step or
-// read: a revoked token ends it with UNAUTHENTICATED, a token that now
+// applied. A request whose bytes do not parse is such a failing request
+// (INVALID_ARGUMENT; server/unparsed_reads.h). Every session the stream has
+// used stays in use (it cannot expire) until the stream ends. When the server's
+// tenants change (a reloaded tokens file) the stream authenticates again at
+// once if it waits for its client (OpenStreams calls it), else before its next
+// step or read: a revoked token ends it with UNAUTHENTICATED, a token that now
 // names another tenant lets the old tenant's sessions go, and a changed
 // quota applies from the next step on. At the end of a drain's time for
 // calls (OpenStreams::EndIdle) the stream ends as soon as it waits for its

@@ -29,8 +29,14 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods)
       override {
+    // Taken at every received message, whatever the method, so that no
+    // failed deserialization's note outlives the read it was for.
+    const void* const unparsed = methods->QueryInterceptionHookPoint(
+                                     InterceptionHookPoints::POST_RECV_MESSAGE)
+                                     ? proto::TakeUnparsedMessage()
+                                     : nullptr;
     if (!single_request_ && unparsed_reads_ != nullptr) {
-      NoteStreamedRead(methods);
+      NoteStreamedRead(methods, unparsed);
     }
     // No received message where the method takes exactly one means its
     // bytes did not parse. A streaming request also ends with no message,
@@ -97,9 +103,11 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   // A streamed read: the message it is to fill (named as the read starts,
   // with no hook point of its own), then whether that message did not
   // parse (POST_RECV_MESSAGE, which runs on the thread that deserialized
-  // it, before the handler learns of the read). A clean end or a
-  // cancellation deserializes nothing.
-  void NoteStreamedRead(grpc::experimental::InterceptorBatchMethods* methods) {
+  // it, before the handler learns of the read: `unparsed` is the message
+  // that failed there, if any). A clean end or a cancellation deserializes
+  // nothing.
+  void NoteStreamedRead(grpc::experimental::InterceptorBatchMethods* methods,
+                        const void* unparsed) {
     // A cancellation's batch has no messages (gRPC asserts on the question).
     if (methods->QueryInterceptionHookPoint(
             InterceptionHookPoints::PRE_SEND_CANCEL)) {
@@ -111,9 +119,7 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
       if (message != nullptr) receiving_ = message;
       return;
     }
-    // Taken at every read, so that no note outlives the read it was for.
     // (gRPC's messages derive from MessageLite alone: the same address.)
-    const void* const unparsed = proto::TakeUnparsedMessage();
     if (message == nullptr && unparsed != nullptr && unparsed == receiving_) {
       unparsed_reads_->Note(info_->server_context());
       noted_ = true;

@@ -5,6 +5,7 @@
 #include "proto/parse_budget.h"
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "attention/v1/attention.grpc.pb.h"
@@ -212,6 +213,32 @@ TEST(ParseBudgetTest, DeserializationRefusesOnlyWhatPassesTheBudget) {
   // Malformed bytes fail as before (here from the scan).
   grpc::ByteBuffer garbage = Buffer(std::string(1 << 20, '\xff'));
   EXPECT_FALSE(Traits::Deserialize(&garbage, &parsed).ok());
+}
+
+// The server's interceptor tells a streamed message that did not parse
+// from the stream's end by the thread's note of the failed message.
+TEST(ParseBudgetTest, AFailedDeserializationIsNotedForItsThreadOnce) {
+  using Traits = grpc::SerializationTraits<v1::DecodeRequest>;
+  EXPECT_EQ(TakeUnparsedMessage(), nullptr);
+  v1::DecodeRequest message;
+  grpc::ByteBuffer garbage = Buffer("\xff\xff\xff\xff\x0f");
+  ASSERT_FALSE(Traits::Deserialize(&garbage, &message).ok());
+  EXPECT_EQ(TakeUnparsedMessage(), &message);
+  EXPECT_EQ(TakeUnparsedMessage(), nullptr);  // taken
+  // A later success on the thread clears an untaken note; so would a
+  // deserialization on another thread not.
+  ASSERT_FALSE(Traits::Deserialize(&garbage, &message).ok());
+  std::thread([] {
+    v1::DecodeRequest other;
+    grpc::ByteBuffer also_garbage = Buffer("\xff\xff\xff\xff\x0f");
+    EXPECT_FALSE(Traits::Deserialize(&also_garbage, &other).ok());
+  }).join();
+  EXPECT_EQ(TakeUnparsedMessage(), &message);
+  ASSERT_FALSE(Traits::Deserialize(&garbage, &message).ok());
+  grpc::ByteBuffer valid = Buffer(std::string("\x0a\x01s", 3));
+  ASSERT_TRUE(Traits::Deserialize(&valid, &message).ok());
+  EXPECT_EQ(message.session_id(), "s");
+  EXPECT_EQ(TakeUnparsedMessage(), nullptr);
 }
 
 }  // namespace

@@ -747,6 +747,39 @@ TEST_F(RobustnessTest, AStreamedRequestThatDoesNotParseEndsItsStream) {
   auto info = session.Info();
   ATTN_ASSERT_OK(info);
   EXPECT_EQ(info->layer_lengths(0), 1);
+
+  // As the first request, and after unary requests that did not parse: a
+  // clean end stays OK.
+  grpc::ClientContext first_context;
+  auto first = client().stub()->Decode(&first_context);
+  ASSERT_TRUE(first->Write(unparsable));
+  first->WritesDone();
+  EXPECT_FALSE(first->Read(&result));
+  const grpc::Status first_status = first->Finish();
+  EXPECT_TRUE(absl::StartsWith(first_status.error_message(), "requests[0]: "))
+      << first_status.error_message();
+  for (int call = 0; call < 8; ++call) {
+    v1::AttentionResult unary;
+    grpc::ClientContext unary_context;
+    EXPECT_EQ(client()
+                  .stub()
+                  ->DecodeStep(&unary_context, unparsable, &unary)
+                  .error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  for (int t = 1; t < 3; ++t) {
+    grpc::ClientContext clean_context;
+    auto clean = client().stub()->Decode(&clean_context);
+    ASSERT_TRUE(clean->Write(step(t)));
+    clean->WritesDone();
+    EXPECT_TRUE(clean->Read(&result));
+    EXPECT_FALSE(clean->Read(&result));
+    const grpc::Status clean_status = clean->Finish();
+    EXPECT_TRUE(clean_status.ok()) << clean_status.error_message();
+  }
+  info = session.Info();
+  ATTN_ASSERT_OK(info);
+  EXPECT_EQ(info->layer_lengths(0), 3);
 }
 
 // 8 MiB of empty BatchDecode steps (or session layers) would have parsed

@@ -404,7 +404,9 @@ TEST_F(SessionSnapshotTest, MalformedStreamsLeaveNothingBehind) {
   records = *good;
   records.push_back(unparsable);
   expect_refused(records, absl::StatusCode::kInvalidArgument,
-                 "a record of the snapshot stream: ");
+                 "a record of the snapshot stream: the request bytes are not "
+                 "a valid protobuf message for "
+                 "/attention.v1.AttentionService/ImportSession");
   expect_refused({}, absl::StatusCode::kDataLoss, "truncated");
   records = *good;
   records.erase(records.begin() + 1);  // a data chunk missing
