@@ -33,6 +33,7 @@
 #include "server/parse_error_interceptor.h"
 #include "server/session_handover.h"
 #include "server/snapshot_store.h"
+#include "server/tenant_queue_share.h"
 #include "server/transport_limits.h"
 #include "server/transport_security.h"
 
@@ -49,6 +50,9 @@ DecodeBatcherOptions BatcherOptions(const ServerOptions& options) {
   batcher.max_batch_size = options.max_batch_size;
   batcher.max_queued_steps = options.max_queued_decode_steps;
   batcher.max_queued_bytes = options.max_queued_decode_bytes;
+  batcher.tenant_bounds = TenantQueueBounds::ShareOf(
+      options.tenant_queue_share, options.max_queued_decode_steps,
+      options.max_queued_decode_bytes);
   batcher.on_batch = options.on_decode_batch;
   return batcher;
 }
@@ -149,6 +153,11 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_queued_prefill_bytes ",
                      options.max_queued_prefill_bytes, " must be >= 0"));
+  }
+  if (!(options.tenant_queue_share > 0 && options.tenant_queue_share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant_queue_share ", options.tenant_queue_share,
+                     " must be in (0, 1] (1 = no per-tenant bound)"));
   }
   if (options.max_rpc_threads < 16) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -121,6 +121,10 @@ AttentionServiceImpl::AttentionServiceImpl(AttentionEngine* engine,
       authenticator_(authenticator),
       on_decode_step_timing_(options.on_decode_step_timing),
       transfer_watchdog_(options.transfer_stall_timeout),
+      prefill_share_("prefills", TenantQueueBounds::ShareOf(
+                                     options.tenant_queue_share,
+                                     options.max_queued_prefills,
+                                     options.max_queued_prefill_bytes)),
       prefill_executor_(kPrefillThreads, options.max_queued_prefills,
                         options.max_queued_prefill_bytes) {
   SetMessageAllocatorFor_Prefill(&prefill_messages_);
@@ -393,15 +397,25 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Prefill(
     return call;
   }
   const int64_t bytes = HeldBytes(call->appends[0]);
+  const std::string& tenant = call->tenant->name;
+  if (absl::Status refused = prefill_share_.Admit(tenant, 1, bytes);
+      !refused.ok()) {
+    call->Reply(refused);
+    return call;
+  }
   const CallExecutor::Admission admission = prefill_executor_.TrySchedule(
-      [this, call, response] {
+      [this, call, response, bytes] {
+        prefill_share_.Release(call->tenant->name, 1, bytes);
         const absl::StatusOr<AttentionOutput> output =
             engine_->Append(call->appends[0]);
         if (output.ok()) FinishAppendReply(call->appends[0], *output, response);
         call->Reply(output.status());
       },
       bytes);
-  if (!admission.queued) call->Reply(PrefillsOverloaded(admission, bytes));
+  if (!admission.queued) {
+    prefill_share_.Release(tenant, 1, bytes);
+    call->Reply(PrefillsOverloaded(admission, bytes));
+  }
   return call;
 }
 

@@ -53,6 +53,7 @@
 #include "server/request_scope.h"
 #include "server/server_options.h"
 #include "server/stall_watchdog.h"
+#include "server/tenant_queue_share.h"
 #include "server/unparsed_reads.h"
 
 namespace attention::server {
@@ -71,7 +72,7 @@ class AttentionServiceImpl final : public AttentionServiceBase {
   // the service uses max_message_bytes, transfer_stall_timeout (an
   // ExportSession or ImportSession that moves no message that long is
   // cancelled: server/stall_watchdog.h), max_queued_prefills,
-  // max_queued_prefill_bytes and
+  // max_queued_prefill_bytes, tenant_queue_share (of the prefill queue) and
   // on_decode_step_timing (when set, it receives the timing of every
   // successful DecodeStep). `metrics` may be null (no metrics); otherwise
   // it must outlive the service too. So must `authenticator`, which names
@@ -235,6 +236,8 @@ class AttentionServiceImpl final : public AttentionServiceBase {
       decode_step_messages_;
   ArenaMessageAllocator<v1::BatchDecodeRequest, v1::BatchDecodeResponse>
       batch_decode_messages_;
+  // What each tenant has waiting in prefill_executor_'s queue.
+  TenantQueueShare prefill_share_;
   // Runs Prefills. Last: destroyed (drained and joined) first.
   CallExecutor prefill_executor_;
 };

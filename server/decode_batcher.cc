@@ -25,6 +25,10 @@ StepKey KeyOf(const AppendRequest& request) {
   return {request.session_id, request.layer};
 }
 
+const std::string& TenantName(const AppendRequest& request) {
+  return (request.tenant != nullptr ? *request.tenant : DefaultTenant()).name;
+}
+
 }  // namespace
 
 absl::Status DecodeBatcher::ValidateOptions(
@@ -48,6 +52,13 @@ absl::Status DecodeBatcher::ValidateOptions(
   if (options.max_queued_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_queued_decode_bytes ", options.max_queued_bytes, " must be >= 0"));
+  }
+  if (options.tenant_bounds.max_items < 1 ||
+      options.tenant_bounds.max_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant_bounds (", options.tenant_bounds.max_items,
+                     " steps, ", options.tenant_bounds.max_bytes,
+                     " bytes) must allow at least 1 step and 0 bytes"));
   }
   if (options.overlap_replies_step_time < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -80,6 +91,7 @@ void DecodeBatcher::AppendAsync(const AppendRequest& request, StepDone done,
   entry->step_done = std::move(done);
   entry->times = times;
   entry->bytes = HeldBytes(request);
+  if (options_.tenant_bounds.bounded()) entry->tenant = TenantName(request);
   if (run_inline == RunInline::kWhenIdle && ClaimIdle()) {
     std::vector<std::unique_ptr<Entry>> batch;
     batch.push_back(std::move(entry));
@@ -106,6 +118,8 @@ void DecodeBatcher::AppendAtomicAsync(absl::Span<const AppendRequest> requests,
   for (const AppendRequest& request : requests) {
     entry->bytes += HeldBytes(request);
   }
+  // One call: one tenant.
+  if (options_.tenant_bounds.bounded()) entry->tenant = TenantName(requests[0]);
   Submit(std::move(entry));
 }
 
@@ -143,6 +157,7 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
   const int64_t steps = static_cast<int64_t>(entry->requests.size());
   int64_t queued = 0;
   int64_t queued_bytes = 0;
+  absl::Status tenant_refusal;
   {
     absl::MutexLock lock(&mu_);
     queued = queued_steps_;
@@ -157,35 +172,45 @@ void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {
     // or atomic group at a time, as the prefill queue does).
     const bool full = queued >= options_.max_queued_steps ||
                       (queued > 0 && queued_bytes >= options_.max_queued_bytes);
-    if (fits || (oversize && !full)) {
-      queued_steps_ += steps;
-      queued_bytes_ += entry->bytes;
-      queue_.push_back(std::move(entry));
-      last_arrival_ = absl::Now();
-      ++arrivals_;
-      return;
+    // A tenant past its share is told so, whatever the queue holds.
+    tenant_refusal = tenant_share_.Admit(entry->tenant, steps, entry->bytes);
+    if (tenant_refusal.ok()) {
+      if (fits || (oversize && !full)) {
+        queued_steps_ += steps;
+        queued_bytes_ += entry->bytes;
+        queue_.push_back(std::move(entry));
+        last_arrival_ = absl::Now();
+        ++arrivals_;
+        return;
+      }
+      tenant_share_.Release(entry->tenant, steps, entry->bytes);
     }
   }
   absl::Status refusal =
-      queued + steps > options_.max_queued_steps
-          ? absl::UnavailableError(absl::StrCat(
-                "the server is overloaded: ", queued,
-                " decode steps are already queued (limit ",
-                options_.max_queued_steps,
-                "); nothing was applied, retry with backoff (or raise "
-                "--max_queued_decode_steps)"))
-          : absl::UnavailableError(absl::StrCat(
-                "the server is overloaded: the decode steps already queued "
-                "hold ",
-                queued_bytes, " bytes of tensors and these ", entry->bytes,
-                " more would pass the limit of ", options_.max_queued_bytes,
-                "; nothing was applied, retry with backoff (or raise "
-                "--max_queued_decode_bytes)"));
+      tenant_refusal.ok() ? QueueFull(queued, queued_bytes, steps, entry->bytes)
+                          : std::move(tenant_refusal);
   if (entry->atomic) {
     entry->group_done(std::move(refusal));
   } else {
     entry->step_done(std::move(refusal));
   }
+}
+
+absl::Status DecodeBatcher::QueueFull(int64_t queued, int64_t queued_bytes,
+                                      int64_t steps, int64_t bytes) const {
+  if (queued + steps > options_.max_queued_steps) {
+    return absl::UnavailableError(absl::StrCat(
+        "the server is overloaded: ", queued,
+        " decode steps are already queued (limit ", options_.max_queued_steps,
+        "); nothing was applied, retry with backoff (or raise "
+        "--max_queued_decode_steps)"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "the server is overloaded: the decode steps already queued hold ",
+      queued_bytes, " bytes of tensors and these ", bytes,
+      " more would pass the limit of ", options_.max_queued_bytes,
+      "; nothing was applied, retry with backoff (or raise "
+      "--max_queued_decode_bytes)"));
 }
 
 bool DecodeBatcher::ClaimIdle() {
@@ -273,8 +298,10 @@ std::vector<std::unique_ptr<DecodeBatcher::Entry>> DecodeBatcher::TakeBatch(
     absl::Time now) {
   std::vector<std::unique_ptr<Entry>> batch = SelectBatch(now);
   for (const std::unique_ptr<Entry>& entry : batch) {
-    queued_steps_ -= static_cast<int64_t>(entry->requests.size());
+    const int64_t steps = static_cast<int64_t>(entry->requests.size());
+    queued_steps_ -= steps;
     queued_bytes_ -= entry->bytes;
+    tenant_share_.Release(entry->tenant, steps, entry->bytes);
   }
   return batch;
 }
@@ -339,8 +366,10 @@ void DecodeBatcher::Requeue(std::vector<std::unique_ptr<Entry>> entries) {
                            (int64_t{1} << std::min(entry.busy_tries, 16)),
                        kMaxBusyRetry);
     ++entry.busy_tries;
-    queued_steps_ += static_cast<int64_t>(entry.requests.size());
+    const int64_t steps = static_cast<int64_t>(entry.requests.size());
+    queued_steps_ += steps;
     queued_bytes_ += entry.bytes;
+    tenant_share_.Readmit(entry.tenant, steps, entry.bytes);
     queue_.push_front(std::move(*it));
   }
 }

@@ -75,7 +75,10 @@
 //     `max_queued_bytes`, a new submission fails at once with UNAVAILABLE
 //     instead of queueing. A submission larger than a bound on its own
 //     (a BatchDecode of more steps) is refused only when the queue is
-//     full, and otherwise waits behind what is queued.
+//     full, and otherwise waits behind what is queued. With
+//     `tenant_bounds`, a submission that would take its tenant's waiting
+//     steps past them fails with RESOURCE_EXHAUSTED instead
+//     (TenantQueueShare), so that other tenants still find room.
 //
 // Results are bitwise those of AttentionEngine::Append (the engine
 // guarantees batch invariance); each step succeeds or fails on its own.
@@ -92,6 +95,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -105,6 +109,7 @@
 #include "core/engine.h"
 #include "server/call_executor.h"
 #include "server/decode_step_timing.h"
+#include "server/tenant_queue_share.h"
 
 namespace attention::server {
 
@@ -128,6 +133,11 @@ struct DecodeBatcherOptions {
   // UNAVAILABLE, unless it holds more on its own and the queue holds less
   // (an empty queue takes any submission: 0 queues one at a time).
   int64_t max_queued_bytes = int64_t{1} << 30;
+  // What one tenant's waiting steps may hold of the queue (steps, and
+  // bytes as max_queued_bytes counts them); past them its submission fails
+  // with RESOURCE_EXHAUSTED (server/tenant_queue_share.h). Unbounded by
+  // default.
+  TenantQueueBounds tenant_bounds;
   // Shortest engine time per step (the batch's engine call over its steps)
   // for which a batch's callbacks may move to the reply thread so that the
   // next batch starts at once (see the design note): zero whenever steps
@@ -159,10 +169,12 @@ class DecodeBatcher {
   enum class RunInline { kNo, kWhenIdle };
 
   // Receives a step's result (what AttentionEngine::Append returns) or
-  // UNAVAILABLE when the queue was full.
+  // UNAVAILABLE when the queue was full (RESOURCE_EXHAUSTED: its tenant's
+  // part of it).
   using StepDone = absl::AnyInvocable<void(absl::StatusOr<AttentionOutput>)>;
   // Receives an atomic group's results (what AppendBatch returns) or
-  // UNAVAILABLE when the queue was full.
+  // UNAVAILABLE when the queue was full (RESOURCE_EXHAUSTED: its tenant's
+  // part of it).
   using GroupDone =
       absl::AnyInvocable<void(absl::StatusOr<std::vector<AttentionOutput>>)>;
 
@@ -184,7 +196,7 @@ class DecodeBatcher {
   // once. `done` runs exactly once: with what AttentionEngine::Append would
   // return (same status codes, same bits), after the step ran, on the batch
   // thread or the reply thread; or with UNAVAILABLE when the queue is full
-  // (nothing applied;
+  // (RESOURCE_EXHAUSTED when its tenant's part of it is; nothing applied,
   // retry later), on this thread before AppendAsync returns. `request` (and
   // the tensors it views, its output destination, control and tenant) must
   // stay valid until `done` runs. When `times` is not null, it receives when
@@ -226,6 +238,8 @@ class DecodeBatcher {
     GroupDone group_done;  // atomic
     BatchTimes* times = nullptr;
     int64_t bytes = 0;  // what its requests hold (max_queued_bytes)
+    // Its tenant's name when tenant_bounds are bounded, else empty.
+    std::string tenant;
     // Left out of batches because a session was busy: how often, and when
     // it may be tried again.
     int busy_tries = 0;
@@ -234,8 +248,13 @@ class DecodeBatcher {
     bool waiting(absl::Time now) const { return retry_at > now; }
   };
 
-  // Queues `entry`, or answers it with UNAVAILABLE when the queue is full.
+  // Queues `entry`, or answers it with UNAVAILABLE when the queue is full
+  // (RESOURCE_EXHAUSTED past its tenant's bounds).
   void Submit(std::unique_ptr<Entry> entry);
+  // The UNAVAILABLE of a submission of `steps` holding `bytes` that the
+  // queue, holding `queued` steps and `queued_bytes`, has no room for.
+  absl::Status QueueFull(int64_t queued, int64_t queued_bytes, int64_t steps,
+                         int64_t bytes) const;
   // True, with the batcher marked running, when nothing is queued or
   // running, no batch's callbacks wait on the reply thread, and the last
   // batch was a lone step: the caller then runs its step and calls
@@ -298,6 +317,9 @@ class DecodeBatcher {
   // Batches whose callbacks are queued or running on the reply thread
   // (incremented by the batch thread, decremented by the reply thread).
   int deferred_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  // What each tenant has queued (options_.tenant_bounds); kept with
+  // queued_steps_ and queued_bytes_, under mu_.
+  TenantQueueShare tenant_share_{"decode steps", options_.tenant_bounds};
   // The reply thread; before batch_thread_, whose batches use it.
   CallExecutor replies_{1};
   // Last: started once everything above is initialized.

@@ -125,6 +125,11 @@ ABSL_FLAG(int64_t, max_queued_prefill_bytes, int64_t{1} << 30,
           "Bytes the prefills waiting for a prefill thread may hold "
           "(requests and reply buffers) before new ones get UNAVAILABLE "
           "(overloaded).");
+ABSL_FLAG(double, tenant_queue_share, 1.0,
+          "What one tenant may have waiting in the decode and prefill "
+          "queues, as a share in (0, 1] of their bounds (steps or prefills, "
+          "and bytes); past it its calls get RESOURCE_EXHAUSTED while other "
+          "tenants' still queue. 1 = no per-tenant bound.");
 ABSL_FLAG(int, max_rpc_threads, 1024,
           "Most threads the synchronous RPCs (all but Prefill, DecodeStep, "
           "Decode and BatchDecode) may take; past it they get "
@@ -206,6 +211,7 @@ ServerOptions OptionsFromFlags() {
   options.max_queued_prefills = absl::GetFlag(FLAGS_max_queued_prefills);
   options.max_queued_prefill_bytes =
       absl::GetFlag(FLAGS_max_queued_prefill_bytes);
+  options.tenant_queue_share = absl::GetFlag(FLAGS_tenant_queue_share);
   options.snapshot_dir = absl::GetFlag(FLAGS_snapshot_dir);
   options.peers = absl::GetFlag(FLAGS_peers);
   options.peer_token_file = absl::GetFlag(FLAGS_peer_token_file);

@@ -96,7 +96,8 @@ class ParseErrorInterceptor final : public grpc::experimental::Interceptor {
   // A call that ends without a close is counted as it is.
   ~ParseErrorInterceptor() override {
     Record();
-    if (noted_) unparsed_reads_->Forget(info_->server_context());
+    // A note the handler did not take goes with the call.
+    if (noted_) unparsed_reads_->Take(info_->server_context());
   }
 
  private:

@@ -145,6 +145,11 @@ struct ServerOptions {
   // Bytes those waiting prefills may hold (requests and reply buffers)
   // before new ones get UNAVAILABLE; one may always wait alone.
   int64_t max_queued_prefill_bytes = int64_t{1} << 30;
+  // What one tenant may have waiting in each of those two queues, as a
+  // share in (0, 1] of their bounds (steps or prefills, and bytes); past it
+  // its calls get RESOURCE_EXHAUSTED while other tenants' still queue
+  // (server/tenant_queue_share.h). 1 = no per-tenant bound.
+  double tenant_queue_share = 1.0;
   // Not a flag: called once per engine batch of decode steps with its size
   // (e.g. to export a batch-size histogram); see
   // DecodeBatcherOptions::on_batch for the rules it must follow.

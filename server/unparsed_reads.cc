@@ -15,8 +15,6 @@ bool UnparsedReads::Take(const grpc::ServerContextBase* call) {
   return calls_.erase(call) > 0;
 }
 
-void UnparsedReads::Forget(const grpc::ServerContextBase* call) { Take(call); }
-
 absl::Status UnparsedRequest(absl::string_view method) {
   return absl::InvalidArgumentError(absl::StrCat(
       "the request bytes are not a valid protobuf message for ", method,

@@ -10,7 +10,7 @@
 // handler; the handler asks with Take once its reads end, and answers
 // INVALID_ARGUMENT (UnparsedRequest) instead of treating the stream as
 // ended by its client. A note the handler never takes goes with its call
-// (Forget, when the interceptor is destroyed).
+// (the interceptor takes it when it is destroyed).
 //
 // Thread-safe.
 #ifndef ATTENTION_SERVER_UNPARSED_READS_H_
@@ -33,8 +33,6 @@ class UnparsedReads {
   // Whether `call`'s reads ended at a message that did not parse (rather
   // than at the stream's end, or its cancellation); clears the note.
   bool Take(const grpc::ServerContextBase* call);
-  // Drops `call`'s note, if any: the call is over.
-  void Forget(const grpc::ServerContextBase* call);
 
  private:
   absl::Mutex mu_;

@@ -195,20 +195,22 @@ class DecodeBatcherTest : public ::testing::Test {
   }
 
   // Creates session `index` in both engines with `history` prefilled tokens
-  // on every layer.
-  void AddSession(int history) {
+  // on every layer, owned by `tenant` (which must outlive the test).
+  void AddSession(int history, const Tenant& tenant = DefaultTenant()) {
     const int index = static_cast<int>(ids_.size());
-    auto id = engine_->CreateSession(TestSpec(), absl::ZeroDuration());
-    auto ref_id = reference_->CreateSession(TestSpec(), absl::ZeroDuration());
+    auto id = engine_->CreateSession(TestSpec(), absl::ZeroDuration(), tenant);
+    auto ref_id =
+        reference_->CreateSession(TestSpec(), absl::ZeroDuration(), tenant);
     ASSERT_TRUE(id.ok() && ref_id.ok());
     ids_.push_back(id->session_id);
     reference_ids_.push_back(ref_id->session_id);
     for (int layer = 0; layer < kLayers; ++layer) {
       Tokens prompt(history, 1000 + index * 10 + layer);
-      ASSERT_TRUE(engine_->Append(Request(ids_.back(), layer, prompt)).ok());
-      ASSERT_TRUE(
-          reference_->Append(Request(reference_ids_.back(), layer, prompt))
-              .ok());
+      AppendRequest request = Request(ids_.back(), layer, prompt);
+      request.tenant = &tenant;
+      ASSERT_TRUE(engine_->Append(request).ok());
+      request.session_id = reference_ids_.back();
+      ASSERT_TRUE(reference_->Append(request).ok());
     }
   }
 
@@ -270,6 +272,14 @@ TEST(DecodeBatcherOptionsTest, RejectsBadOptions) {
             absl::StatusCode::kInvalidArgument);
   options = DecodeBatcherOptions();
   options.max_queued_bytes = -1;
+  EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
+            absl::StatusCode::kInvalidArgument);
+  options = DecodeBatcherOptions();
+  options.tenant_bounds.max_items = 0;
+  EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
+            absl::StatusCode::kInvalidArgument);
+  options = DecodeBatcherOptions();
+  options.tenant_bounds.max_bytes = -1;
   EXPECT_EQ(DecodeBatcher::ValidateOptions(options).code(),
             absl::StatusCode::kInvalidArgument);
   options = DecodeBatcherOptions();
@@ -593,6 +603,67 @@ TEST_F(DecodeBatcherTest, AGroupLargerThanTheBoundWaitsBehindAQueueInUse) {
   EXPECT_EQ(big->size(), 3u);
   EXPECT_EQ(engine_->GetSession(ids_[3])->layer_lengths,
             (std::vector<int64_t>{4, 5}));
+}
+
+// A tenant's share of the queue: past it that tenant's steps (and atomic
+// groups) get RESOURCE_EXHAUSTED and change nothing, while another
+// tenant's still queue; once its steps have run it queues again.
+TEST_F(DecodeBatcherTest, ATenantPastItsShareIsRefusedAndOthersStillQueue) {
+  const Tenant a{"a", {}};
+  const Tenant b{"b", {}};
+  DecodeBatcherOptions options;
+  options.max_queued_steps = 8;
+  options.tenant_bounds.max_items = 2;
+  MakeBatcher(options);
+  AddSession(4);  // 0: the held first batch's (the default tenant)
+  for (int s = 1; s <= 3; ++s) AddSession(4, a);
+  AddSession(4, b);  // 4
+  StartHeldFirstBatch(0);
+  Tokens t(1, 61);
+  auto step = [&](int session, int layer, const Tenant& tenant) {
+    AppendRequest request = DecodeRequest(ids_[session], layer, t);
+    request.tenant = &tenant;
+    return request;
+  };
+  const AppendRequest a1 = step(1, 0, a), a2 = step(2, 0, a),
+                      a3 = step(3, 0, a), b1 = step(4, 0, b);
+  const std::vector<AppendRequest> a_group = {step(3, 1, a)};
+  Answer<absl::StatusOr<AttentionOutput>> r1, r2, refused, r3;
+  Answer<absl::StatusOr<std::vector<AttentionOutput>>> refused_group;
+  batcher_->AppendAsync(a1, r1.callback());
+  batcher_->AppendAsync(a2, r2.callback());
+  // Refusals are answered before the submission returns.
+  batcher_->AppendAsync(a3, refused.callback());
+  ASSERT_TRUE(refused.done.HasBeenNotified());
+  EXPECT_EQ(refused.result.status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.result.status().message().find(
+                "tenant 'a' already has 2 decode steps waiting"),
+            std::string::npos)
+      << refused.result.status();
+  batcher_->AppendAtomicAsync(a_group, -1, refused_group.callback());
+  ASSERT_TRUE(refused_group.done.HasBeenNotified());
+  EXPECT_EQ(refused_group.result.status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // The queue (8) has room, and tenant b has its own share.
+  batcher_->AppendAsync(b1, r3.callback());
+  EXPECT_FALSE(r3.done.HasBeenNotified()) << r3.result.status();
+  EXPECT_EQ(batcher_->queued_steps(), 3);
+  recorder_->Release();
+  for (auto* answer : {&r1, &r2, &r3}) {
+    ASSERT_TRUE(answer->Arrives());
+    EXPECT_TRUE(answer->result.ok()) << answer->result.status();
+  }
+  FinishFirstBatch(0);
+  EXPECT_EQ(engine_->GetSession(ids_[3], a)->layer_lengths,
+            (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(engine_->GetSession(ids_[4], b)->layer_lengths,
+            (std::vector<int64_t>{5, 4}));
+  // Its steps ran: tenant a queues again.
+  auto accepted = batcher_->Append(a3);
+  EXPECT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(engine_->GetSession(ids_[3], a)->layer_lengths,
+            (std::vector<int64_t>{5, 4}));
 }
 
 TEST_F(DecodeBatcherTest, QueuedBytesAreBoundedToo) {

@@ -2,6 +2,7 @@
 // grpc.health.v1 health service, server reflection, and graceful shutdown.
 #include <grpcpp/grpcpp.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
@@ -123,6 +124,22 @@ TEST(AdvertiseAddressTest, AMalformedAddressIsRefused) {
                   ::testing::HasSubstr("advertise_address"));
     }
   }
+}
+
+TEST(TenantQueueShareOptionTest, ASharePastOneOrNotPositiveIsRefused) {
+  for (const double bad : {0.0, -0.5, 1.5, std::nan("")}) {
+    server::ServerOptions options = TestServerOptions();
+    options.tenant_queue_share = bad;
+    auto server = server::AttentionServer::Start(options);
+    ATTN_EXPECT_CODE(server, absl::StatusCode::kInvalidArgument);
+    if (!server.ok()) {
+      EXPECT_THAT(std::string(server.status().message()),
+                  ::testing::HasSubstr("tenant_queue_share"));
+    }
+  }
+  server::ServerOptions options = TestServerOptions();
+  options.tenant_queue_share = 0.25;
+  ATTN_EXPECT_OK(StartTestServer(options));
 }
 
 TEST_F(ServerServicesTest, HealthServiceReportsServing) {
