@@ -397,8 +397,7 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Prefill(
     return call;
   }
   const int64_t bytes = HeldBytes(call->appends[0]);
-  const std::string& tenant = call->tenant->name;
-  if (absl::Status refused = prefill_share_.Admit(tenant, 1, bytes);
+  if (absl::Status refused = prefill_share_.Admit(call->tenant->name, 1, bytes);
       !refused.ok()) {
     call->Reply(refused);
     return call;
@@ -413,7 +412,8 @@ grpc::ServerUnaryReactor* AttentionServiceImpl::Prefill(
       },
       bytes);
   if (!admission.queued) {
-    prefill_share_.Release(tenant, 1, bytes);
+    // Dropped, not run: `call` is still here (once queued it may be gone).
+    prefill_share_.Release(call->tenant->name, 1, bytes);
     call->Reply(PrefillsOverloaded(admission, bytes));
   }
   return call;

@@ -56,9 +56,9 @@ absl::Status DecodeBatcher::ValidateOptions(
   if (options.tenant_bounds.max_items < 1 ||
       options.tenant_bounds.max_bytes < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tenant_bounds (", options.tenant_bounds.max_items,
-                     " steps, ", options.tenant_bounds.max_bytes,
-                     " bytes) must allow at least 1 step and 0 bytes"));
+        absl::StrCat("tenant_bounds must be at least 1 step and 0 bytes, got ",
+                     options.tenant_bounds.max_items, " steps and ",
+                     options.tenant_bounds.max_bytes, " bytes"));
   }
   if (options.overlap_replies_step_time < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -151,6 +151,11 @@ absl::StatusOr<std::vector<AttentionOutput>> DecodeBatcher::AppendAtomic(
 int64_t DecodeBatcher::queued_steps() const {
   absl::MutexLock lock(&mu_);
   return queued_steps_;
+}
+
+int64_t DecodeBatcher::queued_steps_of(absl::string_view tenant) const {
+  absl::MutexLock lock(&mu_);
+  return tenant_share_.waiting_items(tenant);
 }
 
 void DecodeBatcher::Submit(std::unique_ptr<Entry> entry) {

@@ -103,6 +103,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
@@ -212,7 +213,8 @@ class DecodeBatcher {
   // AttentionEngine::AppendBatch call (BatchDecode) with `max_reply_bytes`,
   // ordered with the other steps of the same sessions and layers. `done`
   // runs exactly once, as for AppendAsync, with AppendBatch's results and
-  // codes (or UNAVAILABLE).
+  // codes (or UNAVAILABLE, or RESOURCE_EXHAUSTED). The requests act for one
+  // tenant (one call's): the first's counts against tenant_bounds.
   void AppendAtomicAsync(absl::Span<const AppendRequest> requests,
                          int64_t max_reply_bytes, GroupDone done,
                          BatchTimes* times = nullptr);
@@ -227,6 +229,9 @@ class DecodeBatcher {
 
   // Steps waiting in the queue now (not those of the batch running).
   int64_t queued_steps() const;
+  // Those of them `tenant` submitted (counted only when tenant_bounds are
+  // bounded; 0 otherwise).
+  int64_t queued_steps_of(absl::string_view tenant) const;
 
  private:
   // One submission: a lone step or an atomic group, with its callback.
@@ -319,7 +324,8 @@ class DecodeBatcher {
   int deferred_batches_ ABSL_GUARDED_BY(mu_) = 0;
   // What each tenant has queued (options_.tenant_bounds); kept with
   // queued_steps_ and queued_bytes_, under mu_.
-  TenantQueueShare tenant_share_{"decode steps", options_.tenant_bounds};
+  TenantQueueShare tenant_share_ ABSL_GUARDED_BY(mu_){"decode steps",
+                                                      options_.tenant_bounds};
   // The reply thread; before batch_thread_, whose batches use it.
   CallExecutor replies_{1};
   // Last: started once everything above is initialized.

@@ -40,8 +40,8 @@ struct TenantQueueBounds {
   int64_t max_items = kUnbounded;
   int64_t max_bytes = kUnbounded;
 
-  // `share` (in (0, 1]) of a queue's bounds: at least one item; both
-  // unbounded for a share of 1.
+  // `share` of a queue's bounds: at least one item; both unbounded for a
+  // share of 1. REQUIRES: 0 < share <= 1 (the server checks the flag).
   static TenantQueueBounds ShareOf(double share, int64_t queue_max_items,
                                    int64_t queue_max_bytes);
   bool bounded() const {
@@ -62,9 +62,10 @@ class TenantQueueShare {
   // otherwise counts nothing and returns RESOURCE_EXHAUSTED. Always OK,
   // counting nothing, when the bounds are unbounded.
   absl::Status Admit(absl::string_view tenant, int64_t items, int64_t bytes);
-  // Counts them without a check: what was admitted before and comes back
-  // to wait again (a step sent back to the queue because its session was
-  // busy).
+  // Counts them without a check: what comes back to wait (a step sent back
+  // to the queue because its session was busy, also one that ran on its
+  // submitting thread without queueing), which its tenant's share does
+  // not refuse.
   void Readmit(absl::string_view tenant, int64_t items, int64_t bytes);
   // What Admit or Readmit counted has stopped waiting (it runs, or was
   // refused after all).

@@ -649,6 +649,8 @@ TEST_F(DecodeBatcherTest, ATenantPastItsShareIsRefusedAndOthersStillQueue) {
   batcher_->AppendAsync(b1, r3.callback());
   EXPECT_FALSE(r3.done.HasBeenNotified()) << r3.result.status();
   EXPECT_EQ(batcher_->queued_steps(), 3);
+  EXPECT_EQ(batcher_->queued_steps_of("a"), 2);
+  EXPECT_EQ(batcher_->queued_steps_of("b"), 1);
   recorder_->Release();
   for (auto* answer : {&r1, &r2, &r3}) {
     ASSERT_TRUE(answer->Arrives());
@@ -659,7 +661,9 @@ TEST_F(DecodeBatcherTest, ATenantPastItsShareIsRefusedAndOthersStillQueue) {
             (std::vector<int64_t>{4, 4}));
   EXPECT_EQ(engine_->GetSession(ids_[4], b)->layer_lengths,
             (std::vector<int64_t>{5, 4}));
-  // Its steps ran: tenant a queues again.
+  // Its steps ran: nothing of it is counted, and it queues again.
+  EXPECT_EQ(batcher_->queued_steps_of("a"), 0);
+  EXPECT_EQ(batcher_->queued_steps_of("b"), 0);
   auto accepted = batcher_->Append(a3);
   EXPECT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_EQ(engine_->GetSession(ids_[3], a)->layer_lengths,
@@ -1201,7 +1205,11 @@ TEST_F(DecodeBatcherTest, StuckRepliesHoldBackTheBatchesAfterTheNext) {
 }
 
 TEST_F(DecodeBatcherTest, StepsOnABusySessionWaitWithoutHoldingUpOthers) {
-  MakeBatcher(DecodeBatcherOptions(), /*hold_first=*/false);
+  DecodeBatcherOptions options;
+  // Bounded (not reached), so that the tenant's count follows the steps
+  // sent back and forth too.
+  options.tenant_bounds.max_items = 100;
+  MakeBatcher(options, /*hold_first=*/false);
   AddSession(5);  // 0: busy with a long prefill of its layer 1
   AddSession(6);  // 1
   testing::HoldAtFirstCheck gate;
@@ -1262,6 +1270,8 @@ TEST_F(DecodeBatcherTest, StepsOnABusySessionWaitWithoutHoldingUpOthers) {
   prefill_thread.join();
   const bool rest_ran =
       step1.Arrives() && step2.Arrives() && busy_answer.Arrives();
+  // Every step sent back was counted once more, and given back once more.
+  EXPECT_EQ(batcher_->queued_steps_of(kDefaultTenantName), 0);
   batcher_.reset();  // nothing queued may outlive this test's requests
   ASSERT_TRUE(prefill_status.ok()) << prefill_status;
   ASSERT_TRUE(rest_ran);
